@@ -1,0 +1,233 @@
+"""The raw-TCP floor: protocol, sample counts, deadlines, and the server process's lifetime."""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from pytest_tfgrpc.floor import (
+    ACK_BYTE,
+    HEADER,
+    OP_SINK_ACK,
+    FloorClient,
+    FloorError,
+    FloorServer,
+    FloorStream,
+    tcp_pingpong,
+    tcp_push_ack,
+    tcp_stream,
+)
+
+
+def _ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+HOSTS = [
+    "127.0.0.1",
+    pytest.param(
+        "::1", marks=pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+    ),
+]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0): look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture(params=HOSTS)
+def server(request: pytest.FixtureRequest) -> Iterator[FloorServer]:
+    with FloorServer(request.param) as srv:
+        yield srv
+
+
+def test_server_reports_port_and_pid(server: FloorServer) -> None:
+    assert 0 < server.port < 65536
+    assert _alive(server.pid)
+    assert server.address == (server.host, server.port)
+
+
+def test_echo_returns_exactly_the_bytes_sent(server: FloorServer) -> None:
+    rng = np.random.default_rng(7)
+    with FloorClient(*server.address) as client:
+        for size in (0, 1, 1000, 65536 + 3, 3 * 1024 * 1024 + 1):
+            data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+            assert client.echo(data) == data
+        # Two different messages back to back: the second is not mixed with the first.
+        assert client.echo(b"first") == b"first"
+        assert client.echo(b"second!") == b"second!"
+
+
+def test_ack_comes_only_after_the_whole_payload(server: FloorServer) -> None:
+    size = 256 * 1024
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(HEADER.pack(OP_SINK_ACK, size) + b"x" * (size - 1))
+        readable, _, _ = select.select([sock], [], [], 0.3)
+        assert readable == [], "acknowledged before the last byte arrived"
+        sock.sendall(b"x")
+        assert sock.recv(16) == ACK_BYTE
+    # And the connection stays in step after push_ack: an echo that follows is intact.
+    with FloorClient(*server.address) as client:
+        client.push_ack(b"y" * size)
+        assert client.echo(b"after the push") == b"after the push"
+
+
+def test_pingpong_takes_one_sample_per_iteration(server: FloorServer) -> None:
+    samples = tcp_pingpong(*server.address, 1024, iterations=57, warmup=5, max_seconds=30)
+    assert samples.dtype == np.int64
+    assert samples.shape == (57,)
+    assert (samples > 0).all()
+
+
+def test_push_ack_takes_one_sample_per_iteration(server: FloorServer) -> None:
+    samples = tcp_push_ack(*server.address, 1024 * 1024, iterations=9, warmup=1, max_seconds=30)
+    assert samples.dtype == np.int64
+    assert samples.shape == (9,)
+    assert (samples > 0).all()
+
+
+def test_stream_counts_what_it_sent(server: FloorServer) -> None:
+    result = tcp_stream(*server.address, 65536, count=40, warmup=2, max_seconds=30)
+    assert isinstance(result, FloorStream)
+    assert (result.size, result.count, result.nbytes) == (65536, 40, 40 * 65536)
+    assert result.elapsed_ns > 0
+    assert result.throughput == result.nbytes * 1e9 / result.elapsed_ns
+
+
+def test_max_seconds_stops_a_long_loop_early(server: FloorServer) -> None:
+    big = 16 * 1024 * 1024
+    with FloorClient(*server.address) as client:
+        pp = client.pingpong(big, iterations=10_000, warmup=0, max_seconds=0.001)
+        pa = client.push_ack_samples(big, iterations=10_000, warmup=0, max_seconds=0.001)
+        st = client.stream(big, count=10_000, warmup=0, max_seconds=0.001)
+        # Never empty (one operation always runs), never the whole count.
+        assert 1 <= len(pp) < 10_000
+        assert 1 <= len(pa) < 10_000
+        assert 1 <= st.count < 10_000
+        # The connection is still in step after the early stops.
+        assert client.echo(b"still in step") == b"still in step"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"iterations": 0}, "iterations"),
+        ({"iterations": 1, "warmup": -1}, "warmup"),
+        ({"iterations": 1, "max_seconds": 0}, "max_seconds"),
+    ],
+)
+def test_bad_loop_bounds_are_rejected(
+    server: FloorServer, kwargs: dict[str, float], match: str
+) -> None:
+    with FloorClient(*server.address) as client, pytest.raises(ValueError, match=match):
+        client.pingpong(8, **kwargs)  # type: ignore[arg-type]
+
+
+def test_process_is_gone_after_stop() -> None:
+    srv = FloorServer("127.0.0.1").start().ready()
+    pid = srv.pid
+    assert srv.stop() == 0
+    assert not _alive(pid)
+    assert srv.stop() == 0  # stopping twice is harmless
+
+
+def test_process_is_gone_when_the_handle_is_dropped() -> None:
+    srv = FloorServer("127.0.0.1").start().ready()
+    pid = srv.pid
+    del srv
+    gc.collect()
+    assert _wait_gone(pid)
+
+
+def test_process_exits_when_its_parent_dies() -> None:
+    # A parent that starts a floor server, prints its pid, then is killed without cleanup.
+    code = (
+        "import sys, time\n"
+        "from pytest_tfgrpc.floor import FloorServer\n"
+        "s = FloorServer('127.0.0.1').start().ready()\n"
+        "print(s.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        parent.kill()
+        parent.wait(10)
+        assert _wait_gone(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_sigterm_stops_the_server() -> None:
+    srv = FloorServer("127.0.0.1").start().ready()
+    try:
+        os.kill(srv.pid, 15)
+        assert _wait_gone(srv.pid)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("host", "match"),
+    [
+        ("not-an-address", "not a numeric IPv4/IPv6 address"),
+        ("0.0.0.0", "all interfaces"),
+        ("::", "all interfaces"),
+        # 198.18.0.0/15 is reserved for benchmarking: no interface here holds this address.
+        ("198.19.255.254", "cannot bind to '198.19.255.254'"),
+    ],
+)
+def test_bad_bind_address_errors_clearly(host: str, match: str) -> None:
+    srv = FloorServer(host).start()
+    with pytest.raises(FloorError, match=match) as info:
+        srv.ready(timeout=30)
+    assert "exited with status 2" in str(info.value)
+    assert srv.stop() == 2
+    assert not _alive(srv.pid)
+
+
+def test_connection_to_a_stopped_server_fails() -> None:
+    with FloorServer("127.0.0.1") as srv:
+        address = srv.address
+    with pytest.raises(OSError):
+        FloorClient(*address, connect_timeout=5).close()
