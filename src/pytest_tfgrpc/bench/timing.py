@@ -1,0 +1,105 @@
+"""The timed loops: warm-up, then one sample per operation, bounded in count and time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Samples = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """How long to warm up and measure one message size.
+
+    Iteration-based by default: ``iterations`` timed operations after ``warmup`` untimed
+    ones. With ``duration`` set it is time-based, as TF-gRPC-Bench is (2 s warm-up, 10 s
+    run): operations are timed for ``duration`` seconds, and ``iterations`` only caps the
+    count. Either way the measurement stops at ``max_seconds``, and the warm-up at
+    ``warmup_seconds``: every loop is bounded in count and in time.
+    """
+
+    iterations: int
+    warmup: int
+    max_seconds: float
+    warmup_seconds: float
+    duration: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be at least 1, not {self.iterations}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must not be negative, not {self.warmup}")
+        for name in ("max_seconds", "warmup_seconds"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.duration is not None and not 0 < self.duration:
+            raise ValueError(f"duration must be positive, not {self.duration}")
+
+    @property
+    def time_limit_s(self) -> float:
+        if self.duration is None:
+            return self.max_seconds
+        return min(self.duration, self.max_seconds)
+
+    def describe(self) -> dict[str, str]:
+        out = {
+            "iterations": str(self.iterations),
+            "warmup": str(self.warmup),
+            "max_seconds": f"{self.max_seconds:g}",
+            "warmup_seconds": f"{self.warmup_seconds:g}",
+        }
+        if self.duration is not None:
+            out["duration_s"] = f"{self.duration:g}"
+        return out
+
+
+def measure(op: Callable[[], object], run: RunSpec) -> tuple[Samples, int]:
+    """Warm up, then time ``op`` until the spec's count or time runs out.
+
+    Returns the samples (ns) and the wall time of the measured phase (ns).
+    """
+    clock = time.perf_counter_ns
+    warm_end = clock() + int(run.warmup_seconds * 1e9)
+    for _ in range(run.warmup):
+        op()
+        if clock() >= warm_end:
+            break
+    samples = np.empty(run.iterations, dtype=np.int64)
+    start = clock()
+    deadline = start + int(run.time_limit_s * 1e9)
+    count = 0
+    for count in range(1, run.iterations + 1):  # noqa: B007 - count is read after the loop
+        t0 = clock()
+        op()
+        t1 = clock()
+        samples[count - 1] = t1 - t0
+        if t1 >= deadline:
+            break
+    return samples[:count], clock() - start
+
+
+async def measure_async(op: Callable[[], Awaitable[object]], run: RunSpec) -> tuple[Samples, int]:
+    """:func:`measure` for operations that are coroutines."""
+    clock = time.perf_counter_ns
+    warm_end = clock() + int(run.warmup_seconds * 1e9)
+    for _ in range(run.warmup):
+        await op()
+        if clock() >= warm_end:
+            break
+    samples = np.empty(run.iterations, dtype=np.int64)
+    start = clock()
+    deadline = start + int(run.time_limit_s * 1e9)
+    count = 0
+    for count in range(1, run.iterations + 1):  # noqa: B007
+        t0 = clock()
+        await op()
+        t1 = clock()
+        samples[count - 1] = t1 - t0
+        if t1 >= deadline:
+            break
+    return samples[:count], clock() - start

@@ -1,0 +1,177 @@
+"""The benchmark driver behind the ``tfgrpc`` fixture: run, record, check budgets.
+
+It knows nothing of pytest: the plugin hands it the test's message spec, budget and run
+options, and a function that records properties on the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.budget import Budget, BudgetExceeded, check, format_breaches
+from pytest_tfgrpc.client import Server
+from pytest_tfgrpc.report import PREFIX, result_properties
+from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, run_spec
+from pytest_tfgrpc.units import UnitError, parse_sizes
+
+Recorder = Callable[[str, str], None]
+
+
+class Driver:
+    """Runs benchmarks for one test and records every result on it.
+
+    Each call returns a frozen :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures
+    become JUnit properties at once (so a later failure in the test loses none), and the
+    test's ``@budget`` marker, if any, is checked against it.
+    """
+
+    def __init__(
+        self,
+        *,
+        test: str,
+        messages: MessageSpec | None,
+        budget: Budget | None,
+        options: RunOverrides,
+        record: Recorder,
+    ) -> None:
+        self._test = test
+        self._messages = messages
+        self._budget = budget
+        self._options = options
+        self._record = record
+        self._labels: set[str] = set()
+        self._targets: set[str] = set()
+        self._fabrics: set[str] = set()
+        self.results: list[BenchmarkResult] = []
+
+    def _sizes(self, sizes: Any, call: str) -> tuple[int, ...]:
+        if sizes is None:
+            if self._messages is None:
+                raise SpecError(
+                    f"{self._test}: {call}() needs sizes: pass sizes= or mark the test with "
+                    "@pytest.mark.message_profile(...)"
+                )
+            return self._messages.sizes
+        try:
+            return parse_sizes(sizes)
+        except UnitError as exc:
+            raise SpecError(f"{self._test}: {call}() argument sizes={sizes!r}: {exc}") from None
+
+    def _run(self, default: RunSpec, call: str, **arguments: Any) -> RunSpec:
+        return run_spec(default, self._options, arguments, f"{self._test}: {call}()")
+
+    def p2p_latency(
+        self,
+        server: Server,
+        sizes: Sequence[int | str] | str | int | None = None,
+        *,
+        mode: str = "raw",
+        rpc: str = "unary",
+        iterations: int | None = None,
+        warmup: int | None = None,
+        max_seconds: float | None = None,
+        warmup_seconds: float | None = None,
+        duration: float | None = None,
+        label: str | None = None,
+    ) -> BenchmarkResult:
+        """Echo latency per message size (TF-gRPC-P2P-Latency); see the README."""
+        run = self._run(
+            bench.LATENCY_RUN,
+            "p2p_latency",
+            iterations=iterations,
+            warmup=warmup,
+            max_seconds=max_seconds,
+            warmup_seconds=warmup_seconds,
+            duration=duration,
+        )
+        self._check_label(label or "p2p_latency")
+        result = bench.p2p_latency(
+            server,
+            self._sizes(sizes, "p2p_latency"),
+            mode=mode,
+            rpc=rpc,
+            run=run,
+            label=label,
+        )
+        return self.record(result)
+
+    def p2p_bandwidth(
+        self,
+        server: Server,
+        sizes: Sequence[int | str] | str | int | None = None,
+        *,
+        mode: str = "raw",
+        rpc: str = "stream",
+        direction: str = "push",
+        chunk_bytes: int | str | None = None,
+        iterations: int | None = None,
+        warmup: int | None = None,
+        max_seconds: float | None = None,
+        warmup_seconds: float | None = None,
+        duration: float | None = None,
+        label: str | None = None,
+    ) -> BenchmarkResult:
+        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README."""
+        run = self._run(
+            bench.BANDWIDTH_RUN,
+            "p2p_bandwidth",
+            iterations=iterations,
+            warmup=warmup,
+            max_seconds=max_seconds,
+            warmup_seconds=warmup_seconds,
+            duration=duration,
+        )
+        self._check_label(label or "p2p_bandwidth")
+        extra: dict[str, Any] = {}
+        if chunk_bytes is not None:
+            try:
+                extra["chunk_bytes"] = parse_sizes(chunk_bytes)[0]
+            except UnitError as exc:
+                raise SpecError(
+                    f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
+                ) from None
+        result = bench.p2p_bandwidth(
+            server,
+            self._sizes(sizes, "p2p_bandwidth"),
+            mode=mode,
+            rpc=rpc,
+            direction=direction,
+            run=run,
+            label=label,
+            **extra,
+        )
+        return self.record(result)
+
+    def _check_label(self, label: str) -> None:
+        if "." in label or not label:
+            raise SpecError(f"{self._test}: label {label!r} must be non-empty and without dots")
+        if label in self._labels:
+            raise SpecError(
+                f"{self._test}: a second result labelled {label!r} would overwrite the first "
+                "in the JUnit XML; give each call its own label=..."
+            )
+
+    def record(self, result: BenchmarkResult) -> BenchmarkResult:
+        """Record a result on the test, then check the test's budget against it."""
+        __tracebackhide__ = True
+        self._check_label(result.label)
+        self._labels.add(result.label)
+        self.results.append(result)
+        if result.fabric not in self._fabrics:
+            self._fabrics.add(result.fabric)
+            self._record(f"{PREFIX}fabric", result.fabric)
+        if result.target not in self._targets:
+            self._targets.add(result.target)
+            self._record(f"{PREFIX}target", result.target)
+        for name, value in result_properties(result):
+            self._record(name, value)
+        if self._budget is not None and self._budget.limits:
+            breaches = check(self._budget, result)
+            if breaches:
+                checked = len(self._budget.limits) * len(result.sizes)
+                raise BudgetExceeded(format_breaches(result, breaches, checked))
+        return result

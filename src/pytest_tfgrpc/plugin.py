@@ -1,0 +1,224 @@
+"""pytest glue: options, markers, fixtures, hooks. It decides and registers; the work is
+done by modules that do not import pytest."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from pytest_tfgrpc import process
+from pytest_tfgrpc.budget import Budget
+from pytest_tfgrpc.driver import Driver
+from pytest_tfgrpc.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
+from pytest_tfgrpc.process import ServerProcess
+from pytest_tfgrpc.report import SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
+from pytest_tfgrpc.units import UnitError, parse_seconds
+
+FABRIC_HELP = (
+    "network interfaces to bind tensor servers to, e.g. lo,eth0,ib0 (repeatable; "
+    "default: lo). A fabric-bound test runs once per fabric."
+)
+RUN_OPTIONS = {
+    "iterations": "timed operations per message size (overrides each benchmark's default)",
+    "warmup": "untimed warm-up operations per message size",
+    "max_time": "seconds after which a message size stops measuring, whatever the count",
+    "warmup_time": "seconds after which warm-up stops, whatever the count",
+    "duration": "time-based runs: measure each message size for this many seconds",
+}
+MARKERS = (
+    "message_profile(name_or_sizes=None, *, sizes=None, scheme='uniform'): the message "
+    "sizes of the test's benchmarks: a list such as ['4B', '64KiB'] or a range "
+    "'1KiB..64MiB' (powers of two).",
+    "budget(**limits): limits checked on every result the test records, e.g. "
+    "budget(p99='2ms', throughput='>=1 GB/s'). Metrics: min, mean, p50, p90, p99, p999, "
+    "max, throughput, throughput_p50.",
+)
+
+
+@dataclass(frozen=True)
+class _Session:
+    fabrics: tuple[Fabric, ...]
+    options: RunOverrides
+
+
+_REPORTER_NAME = "tfgrpc-summary"
+
+_session_key = pytest.StashKey[_Session]()
+_servers_key = pytest.StashKey[list[ServerProcess]]()
+_specs_key = pytest.StashKey[tuple[MessageSpec | None, Budget | None]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tfgrpc", "gRPC tensor-traffic performance (pytest-tfgrpc)")
+    group.addoption(
+        "--fabric",
+        "--tfgrpc-fabric",
+        action="append",
+        dest="tfgrpc_fabric",
+        metavar="NAME[,NAME...]",
+        help=FABRIC_HELP,
+    )
+    parser.addini("tfgrpc_fabric", FABRIC_HELP, type="args", default=[])
+    for name, help_text in RUN_OPTIONS.items():
+        flag = "--tfgrpc-" + name.replace("_", "-")
+        group.addoption(flag, dest=f"tfgrpc_{name}", metavar="N", help=help_text)
+        parser.addini(f"tfgrpc_{name}", help_text, default=None)
+
+
+def _run_overrides(config: pytest.Config) -> RunOverrides:
+    values: dict[str, float | int | None] = {}
+    for name in RUN_OPTIONS:
+        raw = config.getoption(f"tfgrpc_{name}") or config.getini(f"tfgrpc_{name}")
+        if raw in (None, ""):
+            values[name] = None
+            continue
+        flag = "--tfgrpc-" + name.replace("_", "-")
+        try:
+            if name in ("iterations", "warmup"):
+                number = int(str(raw))
+                if number < (1 if name == "iterations" else 0):
+                    raise ValueError
+                values[name] = number
+            else:
+                values[name] = parse_seconds(str(raw))
+        except (ValueError, UnitError) as exc:
+            raise pytest.UsageError(f"{flag} / tfgrpc_{name}: invalid value {raw!r} {exc}") from None
+    return RunOverrides(
+        iterations=values["iterations"],  # type: ignore[arg-type]
+        warmup=values["warmup"],  # type: ignore[arg-type]
+        max_seconds=values["max_time"],
+        warmup_seconds=values["warmup_time"],
+        duration=values["duration"],
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    given = config.getoption("tfgrpc_fabric") or config.getini("tfgrpc_fabric") or ["lo"]
+    try:
+        fabrics = resolve_fabrics(parse_fabric_names(given))
+    except FabricError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_session_key] = _Session(fabrics=fabrics, options=_run_overrides(config))
+    if not hasattr(config, "workerinput"):  # the xdist controller or a plain run prints
+        config.pluginmanager.register(SummaryReporter(), _REPORTER_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    process.stop_all()
+    reporter = config.pluginmanager.get_plugin(_REPORTER_NAME)
+    if reporter is not None:
+        config.pluginmanager.unregister(reporter, _REPORTER_NAME)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash.get(_session_key, None)
+    if session is None:
+        return []
+    fabrics = ", ".join(
+        f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in session.fabrics
+    )
+    return [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fabric" not in metafunc.fixturenames:
+        return
+    fabrics = metafunc.config.stash[_session_key].fabrics
+    metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+
+
+def _item_specs(item: pytest.Item) -> tuple[MessageSpec | None, Budget | None]:
+    cached = item.stash.get(_specs_key, None)
+    if cached is not None:
+        return cached
+    messages: MessageSpec | None = None
+    budget: Budget | None = None
+    mark = item.get_closest_marker("message_profile")
+    if mark is not None:
+        messages = message_spec(mark.args, mark.kwargs)
+    for mark in reversed(list(item.iter_markers("budget"))):  # closest last: it wins
+        spec = budget_spec(mark.args, mark.kwargs)
+        budget = spec if budget is None else budget.merged(spec)
+    item.stash[_specs_key] = (messages, budget)
+    return messages, budget
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    try:
+        _item_specs(item)
+    except SpecError as exc:
+        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    result = yield
+    # A server that died during the test fails it, even if the test never noticed.
+    for server in item.stash.get(_servers_key, []):
+        server.check_alive()
+    return result
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    process.stop_all()
+
+
+class SummaryReporter:
+    """Collects the figures of every finished test (from its report, so it works under
+    pytest-xdist too) and prints them as one table at the end of the run."""
+
+    def __init__(self) -> None:
+        self.rows: list[SummaryRow] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown" and report.user_properties:
+            self.rows.extend(summary_rows(report.nodeid, report.user_properties))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.rows:
+            return
+        terminalreporter.section("tfgrpc")
+        for line in format_summary(self.rows):
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def fabric(request: pytest.FixtureRequest) -> Fabric:
+    """The fabric of this test run: interface name, the address it binds to, its family."""
+    param = getattr(request, "param", None)
+    if isinstance(param, Fabric):
+        return param
+    return request.config.stash[_session_key].fabrics[0]
+
+
+@pytest.fixture
+def tensor_server(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[ServerProcess]:
+    """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
+    ``.pid``. Stopped when the test ends; if it dies during the test, the test fails."""
+    server = ServerProcess.start(fabric)
+    request.node.stash.setdefault(_servers_key, []).append(server)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def tfgrpc(request: pytest.FixtureRequest) -> Driver:
+    """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``."""
+    item = request.node
+    messages, budget = _item_specs(item)
+    session = request.config.stash[_session_key]
+
+    def record(name: str, value: str) -> None:
+        item.user_properties.append((name, value))
+
+    return Driver(
+        test=item.nodeid, messages=messages, budget=budget, options=session.options, record=record
+    )

@@ -1,0 +1,236 @@
+"""Handles on tensor-server processes: start, wait until ready, detect death, stop.
+
+A server process is tied to its parent three ways, so that none outlives a test run:
+its stdin is a pipe whose closing stops it (the parent's exit closes it, even on SIGKILL),
+:meth:`ServerProcess.stop` ends it explicitly, and :func:`stop_all` (registered with
+``atexit`` and called by the plugin at session end) ends any still running. Servers run in
+their own session, so a Ctrl-C in the terminal reaches pytest, which stops them in order,
+instead of killing them under a measurement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from pytest_tfgrpc.fabric import Fabric
+
+_LIVE: set[ServerProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class ServerError(RuntimeError):
+    """A tensor server that could not start, or that died."""
+
+
+class ServerDied(ServerError):
+    """A tensor server process exited while it was in use."""
+
+    def __init__(self, name: str, returncode: int, stderr_tail: str) -> None:
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        super().__init__(
+            f"{name} exited with {describe_exit(returncode)} while in use"
+            + (f"; the end of its stderr:\n{stderr_tail}" if stderr_tail else "; stderr was empty")
+        )
+
+
+def describe_exit(returncode: int) -> str:
+    """``status 3`` or ``signal 9 (SIGKILL)``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"signal {-returncode} ({name})"
+    return f"status {returncode}"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a server said when it became ready."""
+
+    target: str
+    pid: int
+    fabric: str
+
+
+class ServerProcess:
+    """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
+
+    def __init__(
+        self, argv: Sequence[str], *, fabric: Fabric, name: str, env: dict[str, str] | None
+    ) -> None:
+        self.fabric = fabric
+        self.name = name
+        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="tfgrpc-server-", suffix=".err")
+        self._proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+            env=env,
+        )
+        self._stopped = False
+        self.info: ServerInfo | None = None
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    @classmethod
+    def start(
+        cls,
+        fabric: Fabric,
+        *,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 30.0,
+        name: str | None = None,
+    ) -> ServerProcess:
+        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves."""
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest_tfgrpc.server",
+            "--fabric",
+            fabric.name,
+            "--exit-on-stdin-eof",
+            *extra_args,
+        ]
+        handle = cls(argv, fabric=fabric, name=name or f"tensor server on {fabric.name}", env=env)
+        try:
+            handle._wait_ready(ready_timeout)
+        except BaseException:
+            handle.stop()
+            raise
+        return handle
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def target(self) -> str:
+        if self.info is None:
+            raise ServerError(f"{self.name} is not ready")
+        return self.info.target
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._proc.stdout, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ServerError(
+                        f"{self.name} did not become ready within {timeout:g} s"
+                        + self._stderr_suffix()
+                    )
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self._proc.stdout.fileno(), 4096)
+                if not chunk:
+                    code = self._proc.wait(timeout=5)
+                    raise ServerError(
+                        f"{self.name} exited with {describe_exit(code)} before it was ready"
+                        + self._stderr_suffix()
+                    )
+                line += chunk
+        fields = json.loads(line)
+        self.info = ServerInfo(target=fields["target"], pid=fields["pid"], fabric=fields["fabric"])
+
+    def _stderr_suffix(self) -> str:
+        tail = self.stderr_tail()
+        return f"; the end of its stderr:\n{tail}" if tail else ""
+
+    def stderr_tail(self, max_lines: int = 20, max_bytes: int = 8192) -> str:
+        """The last lines the server wrote to stderr."""
+        try:
+            size = os.fstat(self._stderr.fileno()).st_size
+            self._stderr.seek(max(0, size - max_bytes))
+            text = self._stderr.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        return "\n".join(text.strip().splitlines()[-max_lines:])
+
+    def poll(self) -> int | None:
+        """The exit status if the process has ended, else None."""
+        return self._proc.poll()
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerDied` (exit status, stderr tail) if the process has ended."""
+        code = self._proc.poll()
+        if code is not None and not self._stopped:
+            raise ServerDied(self.name, code, self.stderr_tail())
+
+    def died(self, grace: float = 0.5) -> ServerDied | None:
+        """After an RPC failed: the death that explains it, waiting ``grace`` s for the exit."""
+        if self._stopped:
+            return None
+        try:
+            code = self._proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return None
+        return ServerDied(self.name, code, self.stderr_tail())
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Stop the server (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
+        self._stopped = True
+        try:
+            if self._proc.stdin is not None and not self._proc.stdin.closed:
+                self._proc.stdin.close()
+            try:
+                return self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.terminate()
+            try:
+                return self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                return self._proc.wait()
+        finally:
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._stderr.close()
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.info.target if self.info else "starting"
+        return f"<ServerProcess {self.name} pid={self.pid} {where}>"
+
+
+def live_servers() -> tuple[ServerProcess, ...]:
+    """Server processes started here and not yet stopped."""
+    with _LIVE_LOCK:
+        return tuple(_LIVE)
+
+
+def stop_all() -> int:
+    """Stop every server still running; return how many there were."""
+    servers = live_servers()
+    for server in servers:
+        server.stop(timeout=2.0)
+    return len(servers)
+
+
+atexit.register(stop_all)

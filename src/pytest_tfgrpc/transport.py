@@ -1,0 +1,54 @@
+"""gRPC settings shared by tensor servers and clients, and the method paths they speak.
+
+One place decides the channel arguments, so a server and its clients never disagree on
+message limits or flow control.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: TensorFlow sets both message limits to INT32_MAX on channels and servers
+#: (grpc_channel.cc, grpc_server_lib.cc); gRPC's own receive default (4 MiB) would refuse
+#: the weight tensors of real models.
+MAX_MESSAGE_BYTES: Final = 2**31 - 1
+
+#: Streamed tensors travel in slices of this many bytes unless a test asks otherwise.
+DEFAULT_CHUNK_BYTES: Final = 1 << 20
+
+#: A fixed HTTP/2 stream window instead of BDP probing: probing let fresh connections
+#: stick at a third of the bandwidth pulling 4 MiB tensors on this kind of machine.
+LOOKAHEAD_BYTES: Final = 8 << 20
+
+COMMON_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
+)
+
+#: ``so_reuseport`` off: with gRPC's default a second server "binds" a port already in use
+#: and clients are silently balanced across two unrelated servers.
+SERVER_OPTIONS: Final = (*COMMON_OPTIONS, ("grpc.so_reuseport", 0))
+
+CHANNEL_OPTIONS: Final = (
+    *COMMON_OPTIONS,
+    # Each benchmark gets its own connection, never one shared with another channel.
+    ("grpc.use_local_subchannel_pool", 1),
+)
+
+#: Metadata key announcing the size of one streamed message, in bytes.
+MESSAGE_BYTES_KEY: Final = "x-tfgrpc-message-bytes"
+
+PROTOBUF_SERVICE: Final = "tfgrpc.TensorService"
+RAW_SERVICE: Final = "tfgrpc.RawTensorService"
+MODES: Final = ("raw", "protobuf")
+
+
+def method(mode: str, name: str) -> str:
+    """The full method path of ``name`` in the service of ``mode`` ("raw" or "protobuf")."""
+    if mode == "raw":
+        return f"/{RAW_SERVICE}/{name}"
+    if mode == "protobuf":
+        return f"/{PROTOBUF_SERVICE}/{name}"
+    raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
