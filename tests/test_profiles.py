@@ -523,3 +523,15 @@ def test_keras_duplicate_names_are_reported() -> None:
     )
     with pytest.raises(ValueError, match=r"Keras model tiny_keras: tensor #1 .*duplicate name"):
         load_profile(model)
+
+
+class _KerasOnTorchModel(_FakeKerasModel):
+    """Keras 3 on the torch backend: the model is also an ``nn.Module``."""
+
+    def named_parameters(self) -> Iterator[tuple[str, _FakeParameter]]:
+        yield "_tracked.0", _FakeParameter((4, 8), "torch.float32")
+
+
+def test_keras_model_on_torch_backend_keeps_keras_names() -> None:
+    model = _KerasOnTorchModel([_FakeVariable("dense/kernel", "kernel", (4, 8), "float32")])
+    assert [s.name for s in load_profile(model).tensors] == ["dense/kernel"]

@@ -525,10 +525,12 @@ def load_profile(source: object, *, name: str | None = None) -> Profile:
         return _load_json(Path(source), name)
     if isinstance(source, Mapping):
         return _from_mapping(source, name)
-    if _is_torch_module(source):
-        return _from_torch(source, name)
+    # Keras first: a Keras 3 model on the torch backend is also an nn.Module, and its Keras
+    # variable paths are the better names.
     if _is_keras_model(source):
         return _from_keras(source, name)
+    if _is_torch_module(source):
+        return _from_torch(source, name)
     raise ValueError(
         f"cannot make a profile from {type(source).__name__}: expected a profile name, a JSON "
         "path, a mapping of names to arrays or shapes, a PyTorch module or a Keras model"
