@@ -286,6 +286,27 @@ def test_an_up_interface_without_addresses_is_refused(links: None) -> None:
     assert str(info.value) == f"fabric '{bare.root_if}' has no IPv4 or IPv6 address"
 
 
+def test_only_tentative_ipv6_addresses_are_named_in_the_error(
+    links: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with veth_link(ipv4=False, link_local=False) as bare:
+        table = tmp_path / "if_inet6"
+        table.write_text(f"20010002000000000000000000000009 63 40 00 c0 {bare.root_if}\n")
+        monkeypatch.setattr(fabric_module, "_PROC_IF_INET6", table)
+        with pytest.raises(FabricStateError) as info:
+            resolve_fabric(bare.root_if)
+    assert str(info.value) == (
+        f"fabric '{bare.root_if}' has no IPv4 or IPv6 address (IPv6 2001:2::9 still tentative:"
+        " duplicate address detection has not finished, try again in a few seconds)"
+    )
+
+
+def test_ipv4_is_chosen_over_ipv6_when_both_are_there(links: None) -> None:
+    with veth_link(ipv4=True, ipv6=True) as dual:
+        fabric = resolve_fabric(dual.root_if)
+    assert (fabric.family, fabric.address) == ("ipv4", dual.root_addr)
+
+
 def test_down_and_unknown_fabrics_are_reported_together(link: VethLink) -> None:
     subprocess.run(["ip", "link", "set", "dev", link.root_if, "down"], check=True, timeout=10)
     with pytest.raises(FabricError) as info:

@@ -46,7 +46,9 @@ _SIOCGIFADDR = 0x8915
 _IFF_UP = 0x1
 
 _LINK_TYPES = {772: "loopback", 1: "ether", 32: "infiniband"}
-_DOWN_STATES = frozenset({"down", "lowerlayerdown", "notpresent", "dormant", "testing"})
+# RFC 2863 states as /sys/class/net/<if>/operstate reports them; "unknown" (lo, tun) is usable.
+_DOWN = frozenset({"down", "lowerlayerdown", "notpresent"})
+_DOWN_STATES = _DOWN | {"dormant", "testing"}
 
 # /proc/net/if_inet6 scope column (kernel IPV6_ADDR_* scope bits).
 _SCOPE_GLOBAL = 0x00
@@ -245,11 +247,10 @@ def resolve_fabric(name: str) -> Fabric:
     if operstate is None or flags is None:
         raise _unknown(name)  # disappeared between the listing and the reads
     if operstate in _DOWN_STATES:
-        if flags & _IFF_UP and operstate == "down":
-            why = "it is set up but has no carrier: is the cable or the peer end up?"
-        else:
-            why = f"bring it up with 'ip link set dev {name} up'"
-        raise FabricStateError(f"fabric {name!r} is down (operstate: {operstate}); {why}")
+        raise FabricStateError(
+            f"fabric {name!r} is {'down' if operstate in _DOWN else 'not up'}"
+            f" (operstate: {operstate}); {_down_hint(name, operstate, flags)}"
+        )
     if not flags & _IFF_UP:
         raise FabricStateError(
             f"fabric {name!r} is down (operstate: {operstate}, IFF_UP not set); bring it up"
@@ -330,6 +331,18 @@ def _unknown(name: str) -> FabricNameError:
     return FabricNameError(
         f"unknown fabric {name!r}: no such network interface; interfaces here: {here}"
     )
+
+
+def _down_hint(name: str, operstate: str, flags: int) -> str:
+    if operstate == "down" and flags & _IFF_UP:
+        return "it is set up but has no carrier: is the cable or the peer end up?"
+    if operstate == "down":
+        return f"bring it up with 'ip link set dev {name} up'"
+    if operstate == "lowerlayerdown":
+        return "the interface it is stacked on is down"
+    if operstate == "notpresent":
+        return "its device is not present"
+    return "it cannot pass traffic yet"
 
 
 def _combine(problems: Sequence[FabricError], kind: type[FabricError] | None) -> FabricError:
