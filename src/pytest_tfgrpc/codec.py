@@ -93,7 +93,8 @@ def encode_header(dtype: str, shape: tuple[int, ...], content_bytes: int) -> byt
     """
     number = DTYPES.get(dtype)
     if number is None:
-        raise CodecError(f"dtype {dtype!r} has no TensorFlow DataType here; known: {sorted(DTYPES)}")
+        known = ", ".join(sorted(DTYPES))
+        raise CodecError(f"dtype {dtype!r} has no TensorFlow DataType here; known: {known}")
     dims = b"".join(
         _len_field(2, _field(1, _WIRE_VARINT) + varint(size) if size else b"") for size in shape
     )
@@ -207,8 +208,11 @@ def decode_tensor(data: bytes | memoryview) -> DecodedTensor:
 
 def encode_ack(bytes_received: int, messages: int) -> bytes:
     """An encoded ``tfgrpc.Ack`` (bytes_received = 1, messages = 2)."""
-    return _field(1, _WIRE_VARINT) + varint(bytes_received) + _field(2, _WIRE_VARINT) + varint(
-        messages
+    return (
+        _field(1, _WIRE_VARINT)
+        + varint(bytes_received)
+        + _field(2, _WIRE_VARINT)
+        + varint(messages)
     )
 
 

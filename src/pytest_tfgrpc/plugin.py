@@ -4,12 +4,11 @@ done by modules that do not import pytest."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import pytest
 
-from pytest_tfgrpc import process
 from pytest_tfgrpc.budget import Budget
 from pytest_tfgrpc.driver import Driver
 from pytest_tfgrpc.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
@@ -43,6 +42,11 @@ MARKERS = (
 class _Session:
     fabrics: tuple[Fabric, ...]
     options: RunOverrides
+    servers: list[ServerProcess] = field(default_factory=list)
+
+    def stop_servers(self) -> None:
+        while self.servers:
+            self.servers.pop().stop()
 
 
 _REPORTER_NAME = "tfgrpc-summary"
@@ -86,7 +90,8 @@ def _run_overrides(config: pytest.Config) -> RunOverrides:
             else:
                 values[name] = parse_seconds(str(raw))
         except (ValueError, UnitError) as exc:
-            raise pytest.UsageError(f"{flag} / tfgrpc_{name}: invalid value {raw!r} {exc}") from None
+            message = f"{flag} / tfgrpc_{name}: invalid value {raw!r} {exc}".rstrip()
+            raise pytest.UsageError(message) from None
     return RunOverrides(
         iterations=values["iterations"],  # type: ignore[arg-type]
         warmup=values["warmup"],  # type: ignore[arg-type]
@@ -110,7 +115,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    process.stop_all()
+    session = config.stash.get(_session_key, None)
+    if session is not None:
+        session.stop_servers()
     reporter = config.pluginmanager.get_plugin(_REPORTER_NAME)
     if reporter is not None:
         config.pluginmanager.unregister(reporter, _REPORTER_NAME)
@@ -153,7 +160,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         _item_specs(item)
     except SpecError as exc:
-        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+        problem = f"{item.nodeid}: {exc}"
+    else:
+        return
+    pytest.fail(problem, pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -166,7 +176,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    process.stop_all()
+    # Normally every fixture has stopped its server by now; after a Ctrl-C or an internal
+    # error some may not have run their teardown.
+    state = session.config.stash.get(_session_key, None)
+    if state is not None:
+        state.stop_servers()
 
 
 class SummaryReporter:
@@ -201,12 +215,16 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 def tensor_server(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[ServerProcess]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails."""
+    started = request.config.stash[_session_key].servers
     server = ServerProcess.start(fabric)
+    started.append(server)
     request.node.stash.setdefault(_servers_key, []).append(server)
     try:
         yield server
     finally:
         server.stop()
+        if server in started:
+            started.remove(server)
 
 
 @pytest.fixture

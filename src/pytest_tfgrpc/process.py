@@ -74,7 +74,10 @@ class ServerProcess:
     ) -> None:
         self.fabric = fabric
         self.name = name
-        self._stderr: IO[bytes] = tempfile.TemporaryFile(prefix="tfgrpc-server-", suffix=".err")
+        # Owned by the handle and closed in stop(): it outlives any one block.
+        self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix="tfgrpc-server-", suffix=".err"
+        )
         self._proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.PIPE,

@@ -127,7 +127,7 @@ def format_summary(rows: Sequence[SummaryRow]) -> list[str]:
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     lines = []
     for line in table:
-        cells = [cell.ljust(width) for cell, width in zip(line[:3], widths[:3])]
-        cells += [cell.rjust(width) for cell, width in zip(line[3:], widths[3:])]
+        cells = [cell.ljust(width) for cell, width in zip(line[:3], widths[:3], strict=True)]
+        cells += [cell.rjust(width) for cell, width in zip(line[3:], widths[3:], strict=True)]
         lines.append("  ".join(cells).rstrip())
     return lines

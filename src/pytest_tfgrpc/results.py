@@ -77,7 +77,7 @@ class SizeResult:
         """Every figure of this size; ``rates`` adds the throughput figures."""
         s = self.summary
         times = (s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns)
-        out = [Figure(name, float(v), "ns") for name, v in zip(TIME_FIGURES, times)]
+        out = [Figure(name, float(v), "ns") for name, v in zip(TIME_FIGURES, times, strict=True)]
         if rates:
             out.append(Figure("throughput", self.throughput_Bps, "B/s"))
             out.append(Figure("throughput_p50", self.throughput_p50_Bps, "B/s"))

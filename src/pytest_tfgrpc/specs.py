@@ -38,11 +38,12 @@ def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
     if unknown:
         raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes name, sizes, scheme")
     if len(args) > 1:
-        raise SpecError(f"{where} takes one positional argument (a profile or sizes), not {len(args)}")
+        raise SpecError(f"{where} takes one positional argument (sizes), not {len(args)}")
     scheme = kwargs.get("scheme", "uniform")
     if scheme not in SCHEMES:
+        known = ", ".join(SCHEMES)
         raise SpecError(
-            f"{where} argument scheme={scheme!r}: unknown payload scheme; known: {', '.join(SCHEMES)}"
+            f"{where} argument scheme={scheme!r}: unknown payload scheme; known: {known}"
         )
     positional = args[0] if args else kwargs.get("name")
     sizes = kwargs.get("sizes")

@@ -78,10 +78,7 @@ def _settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
 
 
 def _verify_echo(tensor: Tensor, mode: str, reply: bytes) -> None:
-    if mode == "protobuf":
-        content = codec.decode_tensor(reply).content
-    else:
-        content = memoryview(reply)
+    content = codec.decode_tensor(reply).content if mode == "protobuf" else memoryview(reply)
     if content != memoryview(tensor.content):
         raise BenchmarkError(
             f"the echo of a {tensor.nbytes} B tensor came back different ({len(content)} B)"

@@ -37,7 +37,7 @@ class RunSpec:
         for name in ("max_seconds", "warmup_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
-        if self.duration is not None and not 0 < self.duration:
+        if self.duration is not None and not self.duration > 0:
             raise ValueError(f"duration must be positive, not {self.duration}")
 
     @property
@@ -73,7 +73,7 @@ def measure(op: Callable[[], object], run: RunSpec) -> tuple[Samples, int]:
     start = clock()
     deadline = start + int(run.time_limit_s * 1e9)
     count = 0
-    for count in range(1, run.iterations + 1):  # noqa: B007 - count is read after the loop
+    for count in range(1, run.iterations + 1):
         t0 = clock()
         op()
         t1 = clock()
@@ -95,7 +95,7 @@ async def measure_async(op: Callable[[], Awaitable[object]], run: RunSpec) -> tu
     start = clock()
     deadline = start + int(run.time_limit_s * 1e9)
     count = 0
-    for count in range(1, run.iterations + 1):  # noqa: B007
+    for count in range(1, run.iterations + 1):
         t0 = clock()
         await op()
         t1 = clock()

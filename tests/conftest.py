@@ -1,0 +1,31 @@
+"""Shared test helpers: quick run options, JUnit reading, process checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/netns.py as a plain module
+
+#: Run options that keep pytester runs short; measured figures stay real.
+QUICK = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3", "--tfgrpc-max-time=2")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def quick() -> tuple[str, ...]:
+    return QUICK

@@ -1,0 +1,213 @@
+"""The plugin end to end: real servers on loopback, real figures, JUnit read back."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import pid_alive
+from junitparser.xunit2 import JUnitXml
+
+
+def properties(xml_path: Path) -> dict[str, dict[str, str]]:
+    """{testcase name: {property name: value}} of a JUnit file."""
+    out: dict[str, dict[str, str]] = {}
+    for suite in JUnitXml.fromfile(str(xml_path)):
+        for case in suite:
+            out[case.name] = {p.name: p.value for p in case.properties()}
+    return out
+
+
+def outcome(xml_path: Path, name: str) -> str:
+    for suite in JUnitXml.fromfile(str(xml_path)):
+        for case in suite:
+            if case.name == name:
+                if case.is_passed:
+                    return "passed"
+                return type(case.result[0]).__name__.lower()
+    raise KeyError(name)
+
+
+SUITE = """
+import pytest
+from pytest_tfgrpc import assert_budget
+
+@pytest.mark.message_profile(["4B", "1KiB"])
+def test_latency(tfgrpc, tensor_server):
+    result = tfgrpc.p2p_latency(tensor_server)
+    assert [s.size_bytes for s in result.sizes] == [4, 1024]
+    assert result.fabric == "lo" and result.rpc == "unary" and result.mode == "raw"
+    assert_budget(result, p50="10s")
+
+@pytest.mark.message_profile("64KiB..128KiB")
+def test_bandwidth(tfgrpc, tensor_server):
+    result = tfgrpc.p2p_bandwidth(tensor_server, mode="protobuf")
+    assert [s.size_bytes for s in result.sizes] == [65536, 131072]
+    assert_budget(result, throughput=">=1 KB/s")
+"""
+
+
+def test_help_lists_options_and_markers(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--fabric=NAME*--tfgrpc-fabric*", "*--tfgrpc-iterations=N*"])
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(
+        ["@pytest.mark.message_profile(*", "@pytest.mark.budget(**limits)*"]
+    )
+
+
+def test_figures_reach_junit_per_size_and_fabric(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(SUITE)
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest(*quick, f"--junitxml={xml}", "-W", "error")
+    result.assert_outcomes(passed=2)
+    assert "PytestWarning" not in result.stdout.str()
+    props = properties(xml)
+    latency = props["test_latency[lo]"]
+    assert latency["tfgrpc.fabric"] == "lo"
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", latency["tfgrpc.target"])
+    assert latency["tfgrpc.p2p_latency.rpc"] == "unary"
+    for size in ("4B", "1KiB"):
+        assert latency[f"tfgrpc.p2p_latency.{size}.samples"] == "30"
+        p50 = float(latency[f"tfgrpc.p2p_latency.{size}.p50_us"])
+        p99 = float(latency[f"tfgrpc.p2p_latency.{size}.p99_us"])
+        assert 0 < float(latency[f"tfgrpc.p2p_latency.{size}.min_us"]) <= p50 <= p99
+    assert not any("throughput" in name for name in latency)
+    bandwidth = props["test_bandwidth[lo]"]
+    assert bandwidth["tfgrpc.p2p_bandwidth.mode"] == "protobuf"
+    for size in ("64KiB", "128KiB"):
+        mbps = float(bandwidth[f"tfgrpc.p2p_bandwidth.{size}.throughput_MBps"])
+        mean_us = float(bandwidth[f"tfgrpc.p2p_bandwidth.{size}.mean_us"])
+        # throughput is the bytes moved over the time measured: the mean says the same
+        size_bytes = 65536 if size == "64KiB" else 131072
+        assert mbps == pytest.approx(size_bytes / mean_us, rel=1e-9)
+    result.stdout.fnmatch_lines(
+        [
+            "*= tfgrpc =*",
+            "test*benchmark*fabric*size*p50*p99*throughput*samples",
+            "*test_bandwidth?lo?*p2p_bandwidth*lo*64KiB*/s*30",
+            "*test_latency?lo?*p2p_latency*lo*4B*30",
+        ]
+    )
+
+
+def test_budget_breach_fails_the_test_with_a_table(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.message_profile(["1KiB"])
+        @pytest.mark.budget(p50="1ns", max="10s")
+        def test_too_strict(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+
+        def test_other():
+            pass
+        """
+    )
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest(*quick, f"--junitxml={xml}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*p2p_latency on fabric lo*1 of 2 budget checks failed*",
+            "*size*metric*measured*budget*margin*samples*fabric*",
+            "*1KiB*p50*<= 1*ns*30*lo*",
+        ]
+    )
+    assert outcome(xml, "test_too_strict[lo]") == "failure"
+    # the figures that breached the budget are still in the XML
+    assert "tfgrpc.p2p_latency.1KiB.p50_us" in properties(xml)["test_too_strict[lo]"]
+
+
+def test_unknown_fabric_is_a_usage_error_listing_interfaces(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(tensor_server): pass")
+    result = pytester.runpytest("--fabric=lo,nosuch0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown fabric 'nosuch0'*interfaces here:*lo*"])
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        ('message_profile(["4Q"])', "profile argument 1=['4Q']: cannot read '4Q' as a size"),
+        ('message_profile(sizes="1KiB..1B")', "message_profile sizes='1KiB..1B': "),
+        ('message_profile(["1KiB"], shape=3)', "message_profile: unknown argument 'shape'"),
+        ('budget(p99="fast")', "@pytest.mark.budget: budget p99='fast': "),
+        ('budget(p98="1ms")', "unknown budget metric 'p98'"),
+    ],
+)
+def test_malformed_markers_name_the_test_and_argument(
+    pytester: pytest.Pytester, quick: tuple[str, ...], marker: str, expected: str
+) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.{marker}
+        def test_marked(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+
+        @pytest.mark.message_profile(["4B"])
+        def test_fine(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest(*quick, f"--junitxml={xml}")
+    result.assert_outcomes(passed=1, errors=1)
+    lines = result.stdout.str().splitlines()
+    headline = ".py::test_marked[lo]: @pytest.mark."
+    assert any(headline in line and expected in line for line in lines), lines
+    assert "During handling" not in result.stdout.str()
+    assert "tfgrpc.p2p_latency.4B.p50_us" in properties(xml)["test_fine[lo]"]
+
+
+def test_a_server_killed_mid_test_fails_that_test_only(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import os, signal, threading, pytest
+
+        @pytest.mark.message_profile(["1KiB"])
+        def test_killed(tfgrpc, tensor_server, tmp_path_factory):
+            (tmp_path_factory.getbasetemp() / "pid").write_text(str(tensor_server.pid))
+            threading.Timer(0.5, os.kill, (tensor_server.pid, signal.SIGKILL)).start()
+            tfgrpc.p2p_latency(tensor_server, iterations=10**6, duration=20, max_seconds=20)
+
+        @pytest.mark.message_profile(["1KiB"])
+        def test_survivor(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    xml = pytester.path / "perf.xml"
+    basetemp = pytester.path / "bt"
+    result = pytester.runpytest(*quick, f"--junitxml={xml}", "--basetemp", str(basetemp))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*ServerDied: tensor server on lo exited with signal 9 (SIGKILL)*"]
+    )
+    assert outcome(xml, "test_killed[lo]") == "failure"
+    assert "tfgrpc.p2p_latency.1KiB.p99_us" in properties(xml)["test_survivor[lo]"]
+    assert not pid_alive(int((basetemp / "pid").read_text()))
+
+
+def test_a_server_that_dies_unnoticed_still_fails_its_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import os, signal, time
+
+        def test_dies(tensor_server):
+            os.kill(tensor_server.pid, signal.SIGTERM)
+            time.sleep(0.5)
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*exited with signal 15 (SIGTERM) while in use*"])

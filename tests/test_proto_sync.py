@@ -1,0 +1,24 @@
+"""The committed generated code is what scripts/gen_protos.py makes from protos/."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = ROOT / "src" / "pytest_tfgrpc" / "_proto"
+
+
+def test_generated_code_matches_the_protos(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev extra) regenerates the code")
+    spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "scripts" / "gen_protos.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = gen.generate(tmp_path / "_proto")
+    names = sorted(path.name for path in written)
+    assert names == sorted(path.name for path in COMMITTED.iterdir() if path.is_file())
+    drifted = [p.name for p in written if p.read_text() != (COMMITTED / p.name).read_text()]
+    assert not drifted, f"regenerate with `python scripts/gen_protos.py`: {drifted} drifted"
