@@ -8,8 +8,9 @@ Latency contenders run at sizes up to ``--latency-max``, bandwidth contenders fr
 drift on a shared machine spreads over all of them; a figure is the median over rounds of each
 round's median (latency) or of each round's bytes / median time per tensor (bandwidth). Each row
 shows its ratio to the floor that does the same work: ping-pong for latency, push with one ack per
-tensor for bandwidth. "x floor" is the figure divided by the floor's; "ops" counts the timed operations (round trips or
-tensors) over all rounds. Nothing here asserts a speed: it measures and prints.
+tensor for bandwidth. "x floor" is the figure divided by the floor's; "ops" counts the timed
+operations (round trips or tensors) over all rounds. Nothing here asserts a speed: it measures
+and prints.
 """
 
 from __future__ import annotations
