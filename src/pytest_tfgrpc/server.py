@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import resource
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ import grpc
 
 from pytest_tfgrpc import codec, transport
 from pytest_tfgrpc._proto import service_pb2
-from pytest_tfgrpc.fabric import FabricError, resolve_fabric
+from pytest_tfgrpc.fabric import Fabric, FabricError, resolve_fabric
 from pytest_tfgrpc.payload import make_content
 
 _ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
@@ -200,6 +201,17 @@ def build_server(host: str, port: int, fabric: str, *, workers: int) -> tuple[gr
     return server, target
 
 
+def _check_bindable(fabric: Fabric, port: int) -> str | None:
+    """Why ``fabric:port`` cannot be bound, or None. gRPC's own bind error does not say."""
+    with socket.socket(fabric.socket_family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind(fabric.sockaddr(port))
+        except OSError as exc:
+            return f"cannot bind {fabric.target(port)}: {exc.strerror or exc}"
+    return None
+
+
 def _watch_stdin(server: grpc.Server, done: threading.Event) -> None:
     try:
         while sys.stdin.buffer.read(65536):
@@ -229,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         fabric = resolve_fabric(args.fabric)
     except FabricError as exc:
         parser.error(str(exc))
+    problem = _check_bindable(fabric, args.port)
+    if problem:
+        parser.error(problem)
     server, target = build_server(fabric.host, args.port, fabric.name, workers=args.workers)
     server.start()
     done = threading.Event()
