@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.budget import Budget, BudgetError, parse_budget
+from pytest_tfgrpc.profiles import Profile, list_profiles, load_profile
 from pytest_tfgrpc.units import UnitError, parse_sizes
 
 SCHEMES = ("uniform",)
@@ -24,19 +25,55 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class MessageSpec:
-    """The messages a test sends: sizes in bytes, and where they came from."""
+    """The messages a test sends: sizes in bytes, and where they came from.
+
+    With a model profile, ``profile`` holds its tensors and ``sizes`` the distinct tensor
+    sizes, smallest first (what a point-to-point sweep over the model measures).
+    """
 
     sizes: tuple[int, ...]
     scheme: str = "uniform"
     source: str = "sizes"
+    profile: Profile | None = None
+
+
+_MESSAGE_ARGS = ("name", "sizes", "scheme", "scale", "max_tensors", "name_filter")
+
+
+def _profile_spec(name: Any, kwargs: Mapping[str, Any], where: str) -> MessageSpec:
+    try:
+        profile = load_profile(name)
+        scaling = {k: kwargs[k] for k in ("scale", "max_tensors", "name_filter") if k in kwargs}
+        if scaling:
+            profile = profile.scaled(**scaling)
+    except (ValueError, TypeError, OSError) as exc:
+        raise SpecError(f"{where} argument name={name!r}: {exc}") from None
+    sizes = tuple(sorted(set(profile.sizes)))
+    return MessageSpec(sizes, source=f"profile {profile.name}", profile=profile)
+
+
+def _looks_like_sizes(value: Any) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        parse_sizes(value)
+    except UnitError:
+        return value[:1].isdigit() or ".." in value
+    return True
 
 
 def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
-    """``@message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform")`` -> spec."""
+    """``@message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", scale=None,
+    max_tensors=None, name_filter=None)`` -> spec.
+
+    The first argument is a model profile (a built-in name such as ``"resnet50"`` or a JSON
+    file) or sizes (``["4B", "64KiB"]``, ``"1KiB..64MiB"``).
+    """
     where = "@pytest.mark.message_profile"
-    unknown = sorted(set(kwargs) - {"name", "sizes", "scheme"})
+    unknown = sorted(set(kwargs) - set(_MESSAGE_ARGS))
     if unknown:
-        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes name, sizes, scheme")
+        known = ", ".join(_MESSAGE_ARGS)
+        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
     if len(args) > 1:
         raise SpecError(f"{where} takes one positional argument (sizes), not {len(args)}")
     scheme = kwargs.get("scheme", "uniform")
@@ -47,12 +84,20 @@ def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
         )
     positional = args[0] if args else kwargs.get("name")
     sizes = kwargs.get("sizes")
+    if sizes is None and positional is not None and not _looks_like_sizes(positional):
+        return _profile_spec(positional, kwargs, where)
+    scaling = sorted(set(kwargs) & {"scale", "max_tensors", "name_filter"})
+    if scaling:
+        raise SpecError(f"{where}: {scaling[0]} applies to a model profile, not to sizes")
     if positional is not None and sizes is not None:
         raise SpecError(f"{where}: give sizes either positionally or as sizes=, not both")
     spec = sizes if sizes is not None else positional
     argument = "sizes" if sizes is not None else ("name" if "name" in kwargs else "argument 1")
     if spec is None:
-        raise SpecError(f"{where}: no sizes given; e.g. message_profile(['4B', '64KiB'])")
+        raise SpecError(
+            f"{where}: no sizes given; e.g. message_profile(['4B', '64KiB']) or "
+            f"message_profile('resnet50') (profiles: {', '.join(list_profiles())})"
+        )
     try:
         return MessageSpec(parse_sizes(spec), scheme=scheme, source="sizes")
     except UnitError as exc:

@@ -1,0 +1,75 @@
+"""Markers and options -> specs, and the errors for bad ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.profiles import load_profile
+from pytest_tfgrpc.specs import RunOverrides, SpecError, budget_spec, message_spec, run_spec
+
+
+def test_sizes_positionally_by_keyword_and_as_a_range() -> None:
+    assert message_spec((["4B", "64KiB"],), {}).sizes == (4, 65536)
+    assert message_spec((), {"sizes": "1KiB..8KiB"}).sizes == (1024, 2048, 4096, 8192)
+    assert message_spec(("4096",), {}).sizes == (4096,)
+
+
+def test_a_model_profile_gives_its_distinct_tensor_sizes() -> None:
+    spec = message_spec(("resnet50",), {})
+    profile = load_profile("resnet50")
+    assert spec.profile is not None and spec.profile.num_parameters == profile.num_parameters
+    assert spec.sizes == tuple(sorted(set(profile.sizes)))
+    assert spec.source == "profile resnet50"
+
+
+def test_a_model_profile_can_be_scaled_down() -> None:
+    spec = message_spec(("resnet50",), {"max_tensors": 3})
+    assert spec.profile is not None and spec.profile.num_tensors == 3
+    assert "max_tensors=3" in spec.source
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((), {}, "no sizes given"),
+        (("nosuchmodel",), {}, "argument name='nosuchmodel'"),
+        (("4Q",), {}, "argument 1='4Q': cannot read '4Q'"),
+        ((["1KiB", "1KiB"],), {}, "1KiB is given twice"),
+        ((["1KiB"],), {"scale": 0.5}, "scale applies to a model profile"),
+        ((["1KiB"],), {"sizes": ["2KiB"]}, "either positionally or as sizes="),
+        ((["1KiB"],), {"scheme": "zipf"}, "scheme='zipf': unknown payload scheme"),
+        ((["1KiB"], ["2KiB"]), {}, "takes one positional argument"),
+    ],
+)
+def test_bad_message_profiles(
+    args: tuple[object, ...], kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SpecError, match="@pytest.mark.message_profile") as info:
+        message_spec(args, kwargs)
+    assert message in str(info.value)
+
+
+def test_budget_marker_takes_keywords_only() -> None:
+    assert [limit.metric for limit in budget_spec((), {"p99": "2ms"}).limits] == ["p99"]
+    with pytest.raises(SpecError, match="takes keyword limits"):
+        budget_spec(("2ms",), {})
+
+
+BASE = RunSpec(iterations=100, warmup=5, max_seconds=5.0, warmup_seconds=1.0)
+
+
+def test_run_settings_layer_default_options_arguments() -> None:
+    options = RunOverrides(iterations=20, max_seconds=2.0)
+    run = run_spec(BASE, options, {"iterations": 7, "warmup": None}, "here")
+    assert (run.iterations, run.warmup, run.max_seconds) == (7, 5, 2.0)
+
+
+def test_a_duration_makes_the_run_time_based() -> None:
+    run = run_spec(BASE, RunOverrides(), {"duration": 10.0}, "here")
+    assert run.duration == 10.0 and run.time_limit_s == 10.0 and run.iterations == 1_000_000
+
+
+def test_bad_run_settings_name_the_call() -> None:
+    with pytest.raises(SpecError, match="test_x: p2p_latency.*iterations must be at least 1"):
+        run_spec(BASE, RunOverrides(), {"iterations": 0}, "test_x: p2p_latency()")
