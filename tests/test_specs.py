@@ -45,7 +45,7 @@ def test_a_model_profile_can_be_scaled_down() -> None:
 def test_bad_message_profiles(
     args: tuple[object, ...], kwargs: dict[str, object], message: str
 ) -> None:
-    with pytest.raises(SpecError, match="@pytest.mark.message_profile") as info:
+    with pytest.raises(SpecError, match=r"@pytest\.mark\.message_profile") as info:
         message_spec(args, kwargs)
     assert message in str(info.value)
 
@@ -71,5 +71,5 @@ def test_a_duration_makes_the_run_time_based() -> None:
 
 
 def test_bad_run_settings_name_the_call() -> None:
-    with pytest.raises(SpecError, match="test_x: p2p_latency.*iterations must be at least 1"):
+    with pytest.raises(SpecError, match=r"test_x: p2p_latency.*iterations must be at least 1"):
         run_spec(BASE, RunOverrides(), {"iterations": 0}, "test_x: p2p_latency()")
