@@ -10,6 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/netns.py as a plain module
 
+pytest_plugins = ["pytester"]
+
 #: Run options that keep pytester runs short; measured figures stay real.
 QUICK = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3", "--tfgrpc-max-time=2")
 

@@ -79,6 +79,7 @@ class Driver:
         label: str | None = None,
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README."""
+        __tracebackhide__ = True
         run = self._run(
             bench.LATENCY_RUN,
             "p2p_latency",
@@ -116,6 +117,7 @@ class Driver:
         label: str | None = None,
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README."""
+        __tracebackhide__ = True
         run = self._run(
             bench.BANDWIDTH_RUN,
             "p2p_bandwidth",
