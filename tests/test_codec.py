@@ -94,3 +94,13 @@ def test_dtype_numbers_match_the_proto_enum() -> None:
     assert codec.DTYPES["float32"] == tensor_pb2.DT_FLOAT == 1
     assert codec.DTYPES["bfloat16"] == tensor_pb2.DT_BFLOAT16 == 14
     assert codec.DTYPES["float16"] == tensor_pb2.DT_HALF == 19
+
+
+@pytest.mark.parametrize("chunk_bytes", [64, 1000, 4096, 1 << 20])
+@pytest.mark.parametrize("nbytes", [0, 8, 5000, 300_000])
+def test_chunks_concatenate_to_the_encoded_tensor(chunk_bytes: int, nbytes: int) -> None:
+    content = bytes(np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8))
+    chunks = codec.encode_tensor_chunks(content, "uint8", (nbytes,), chunk_bytes)
+    datas = [service_pb2.TensorChunk.FromString(chunk).data for chunk in chunks]
+    assert all(len(data) == chunk_bytes for data in datas[:-1])
+    assert b"".join(datas) == codec.encode_tensor(content, "uint8", (nbytes,))

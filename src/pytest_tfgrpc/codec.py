@@ -235,6 +235,29 @@ def encode_chunk(data: bytes | memoryview) -> bytes:
     return b"".join((_field(1, _WIRE_LEN), varint(len(data)), data))
 
 
+def encode_tensor_chunks(
+    content: bytes | memoryview, dtype: str, shape: tuple[int, ...], chunk_bytes: int
+) -> list[bytes]:
+    """One TensorProto encoded straight into ``TensorChunk`` messages of ``chunk_bytes``.
+
+    The chunks' data, concatenated, is exactly ``encode_tensor(content, dtype, shape)``, but
+    the whole message is never built: each byte of content is copied once, into its chunk.
+    """
+    header = encode_header(dtype, shape, len(content))
+    view = memoryview(content)
+    total = len(header) + len(view)
+    chunks = []
+    for start in range(0, total, chunk_bytes):
+        end = min(start + chunk_bytes, total)
+        parts: list[bytes | memoryview] = [_field(1, _WIRE_LEN), varint(end - start)]
+        if start < len(header):
+            parts.append(header[start : min(end, len(header))])
+        if end > len(header):
+            parts.append(view[max(start - len(header), 0) : end - len(header)])
+        chunks.append(b"".join(parts))
+    return chunks
+
+
 def chunk_data(message: bytes) -> memoryview:
     """The ``data`` field of an encoded ``tfgrpc.TensorChunk``, as a view."""
     buf = memoryview(message)

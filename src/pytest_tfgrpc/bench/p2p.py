@@ -57,12 +57,9 @@ def _check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _slices(message: bytes, chunk_bytes: int, protobuf: bool) -> list[bytes]:
+def _slices(message: bytes, chunk_bytes: int) -> list[bytes]:
     view = memoryview(message)
-    pieces = (view[i : i + chunk_bytes] for i in range(0, max(len(view), 1), chunk_bytes))
-    if protobuf:
-        return [codec.encode_chunk(piece) for piece in pieces]
-    return [piece.tobytes() for piece in pieces]
+    return [view[i : i + chunk_bytes].tobytes() for i in range(0, max(len(view), 1), chunk_bytes)]
 
 
 def _settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
@@ -223,15 +220,15 @@ async def _push_stream(
         )
         write, read = stream.write, stream.read
         if protobuf:
-            encode = codec.encode_tensor
+            encode_chunks = codec.encode_tensor_chunks
 
             def slices() -> list[bytes]:
-                return _slices(encode(content, dtype, shape), chunk_bytes, True)
+                return encode_chunks(content, dtype, shape, chunk_bytes)
 
         else:
             # Raw slices of a tensor that already exists, as TensorFlow's send path hands
             # gRPC the tensor's own buffer: made once, outside the timed region.
-            prepared = _slices(content, chunk_bytes, False)
+            prepared = _slices(content, chunk_bytes)
 
             def slices() -> list[bytes]:
                 return prepared
