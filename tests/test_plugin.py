@@ -211,3 +211,37 @@ def test_a_server_that_dies_unnoticed_still_fails_its_test(pytester: pytest.Pyte
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*exited with signal 15 (SIGTERM) while in use*"])
+
+
+def test_payload_schemes_record_the_buffers_they_sent(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.message_profile(scheme="skew")
+        def test_skew(tfgrpc, tensor_server):
+            result = tfgrpc.p2p_bandwidth(tensor_server, mode="protobuf")
+            assert result.sizes[0].buffers == (10,) + (10_000,) * 3 + (1_000_000,) * 6
+
+        @pytest.mark.message_profile(scheme="random", classes="small,medium", seed=7)
+        def test_random(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest(*quick, f"--junitxml={xml}")
+    result.assert_outcomes(passed=2)
+    skew = properties(xml)["test_skew[lo]"]
+    assert skew["tfgrpc.p2p_bandwidth.skew-10x.bytes"] == "6030010"
+    assert skew["tfgrpc.p2p_bandwidth.skew-10x.buffers"] == ",".join(
+        ["10"] + ["10000"] * 3 + ["1000000"] * 6
+    )
+    assert float(skew["tfgrpc.p2p_bandwidth.skew-10x.throughput_MBps"]) > 0
+    random = properties(xml)["test_random[lo]"]
+    (key,) = {name.rsplit(".", 1)[0] for name in random if name.endswith(".buffers")}
+    sizes = [int(n) for n in random[f"{key}.buffers"].split(",")]
+    assert len(sizes) == 10 and {10, 10_000} == set(sizes)
+    assert sum(sizes) == int(random[f"{key}.bytes"])
+    assert random[f"{key}.samples"] == "30"

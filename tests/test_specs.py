@@ -29,6 +29,19 @@ def test_a_model_profile_can_be_scaled_down() -> None:
     assert "max_tensors=3" in spec.source
 
 
+def test_a_payload_scheme_gives_one_message_of_its_buffers() -> None:
+    spec = message_spec((), {"scheme": "skew"})
+    assert spec.payload is not None
+    assert spec.payload.sizes == (10,) + (10_000,) * 3 + (1_000_000,) * 6
+    assert spec.sizes == (6_030_010,) and spec.messages == (spec.payload,)
+    assert spec.scheme == "skew" and spec.source == "payload"
+
+
+def test_uniform_sizes_stay_plain_sizes() -> None:
+    spec = message_spec((["1KiB"],), {"scheme": "uniform"})
+    assert spec.payload is None and spec.messages == (1024,)
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
@@ -38,7 +51,9 @@ def test_a_model_profile_can_be_scaled_down() -> None:
         ((["1KiB", "1KiB"],), {}, "1KiB is given twice"),
         ((["1KiB"],), {"scale": 0.5}, "scale applies to a model profile"),
         ((["1KiB"],), {"sizes": ["2KiB"]}, "either positionally or as sizes="),
-        ((["1KiB"],), {"scheme": "zipf"}, "scheme='zipf': unknown payload scheme"),
+        ((["1KiB"],), {"scheme": "skew"}, "scheme= describes a TF-gRPC-Bench payload"),
+        ((), {"scheme": "zipf"}, "argument scheme='zipf': unknown scheme"),
+        ((), {"scheme": "random", "classes": ["small"]}, "random needs at least two classes"),
         ((["1KiB"], ["2KiB"]), {}, "takes one positional argument"),
     ],
 )

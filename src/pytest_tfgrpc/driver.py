@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.p2p import Message
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.client import Server
@@ -48,14 +49,14 @@ class Driver:
         self._fabrics: set[str] = set()
         self.results: list[BenchmarkResult] = []
 
-    def _sizes(self, sizes: Any, call: str) -> tuple[int, ...]:
+    def _sizes(self, sizes: Any, call: str) -> tuple[Message, ...]:
         if sizes is None:
             if self._messages is None:
                 raise SpecError(
                     f"{self._test}: {call}() needs sizes: pass sizes= or mark the test with "
                     "@pytest.mark.message_profile(...)"
                 )
-            return self._messages.sizes
+            return self._messages.messages
         try:
             return parse_sizes(sizes)
         except UnitError as exc:

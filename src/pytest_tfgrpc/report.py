@@ -42,6 +42,10 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
         (f"{PREFIX}{result.label}.mode", result.mode),
     ]
     for size in result.sizes:
+        if size.payload:
+            key = f"{PREFIX}{result.label}.{size.label}"
+            out.append((f"{key}.bytes", str(size.size_bytes)))
+            out.append((f"{key}.buffers", ",".join(map(str, size.buffers))))
         for figure in size.figures(rates=result.reports_rates):
             out.append((property_name(result.label, size.label, figure), property_value(figure)))
     return out
@@ -80,6 +84,8 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
         if len(parts) != 3:
             continue
         label, size, metric = parts
+        if metric in ("rpc", "mode", "bytes", "buffers"):
+            continue
         keyed.setdefault((label, size), {})[metric] = value
     rows = []
     for (label, size), metrics in keyed.items():

@@ -44,19 +44,35 @@ class SizeResult:
     samples_ns: npt.NDArray[np.int64] = field(repr=False)
     summary: Summary
     elapsed_ns: int
+    payload: str = ""
+    buffers: tuple[int, ...] = ()
 
     @classmethod
     def from_samples(
-        cls, size_bytes: int, wire_bytes: int, samples_ns: npt.NDArray[np.int64], elapsed_ns: int
+        cls,
+        size_bytes: int,
+        wire_bytes: int,
+        samples_ns: npt.NDArray[np.int64],
+        elapsed_ns: int,
+        *,
+        payload: str = "",
+        buffers: tuple[int, ...] = (),
     ) -> SizeResult:
+        """Freeze the samples of one message (read-only) with their statistics.
+
+        ``payload`` names a generated payload (``skew-10x``) and ``buffers`` lists the exact
+        sizes of the buffers it is made of; a plain size has neither.
+        """
         samples = np.ascontiguousarray(samples_ns, dtype=np.int64)
         samples.setflags(write=False)
-        return cls(size_bytes, wire_bytes, samples, summarize(samples), elapsed_ns)
+        summary = summarize(samples)
+        return cls(size_bytes, wire_bytes, samples, summary, elapsed_ns, payload, buffers)
 
     @property
     def label(self) -> str:
-        """The size as people write it (``64KiB``), as used in JUnit property names."""
-        return size_label(self.size_bytes)
+        """The message as named in JUnit properties: its size as people write it (``64KiB``),
+        or the payload's name (``skew-10x``)."""
+        return self.payload or size_label(self.size_bytes)
 
     @property
     def count(self) -> int:

@@ -14,9 +14,8 @@ from typing import Any
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.budget import Budget, BudgetError, parse_budget
 from pytest_tfgrpc.profiles import Profile, list_profiles, load_profile
+from pytest_tfgrpc.schemes import Payload, generate, payload_spec
 from pytest_tfgrpc.units import UnitError, parse_sizes
-
-SCHEMES = ("uniform",)
 
 
 class SpecError(ValueError):
@@ -35,9 +34,27 @@ class MessageSpec:
     scheme: str = "uniform"
     source: str = "sizes"
     profile: Profile | None = None
+    payload: Payload | None = None
+
+    @property
+    def messages(self) -> tuple[int, ...] | tuple[Payload]:
+        """What a point-to-point benchmark sends: the payload, or each size."""
+        return (self.payload,) if self.payload is not None else self.sizes
 
 
-_MESSAGE_ARGS = ("name", "sizes", "scheme", "scale", "max_tensors", "name_filter")
+_PAYLOAD_ARGS = ("buffers", "classes", "bias", "seed", "size_range")
+_MESSAGE_ARGS = ("name", "sizes", "scheme", "scale", "max_tensors", "name_filter", *_PAYLOAD_ARGS)
+
+
+def _payload_spec(kwargs: Mapping[str, Any], where: str) -> MessageSpec:
+    arguments = {k: kwargs[k] for k in ("scheme", *_PAYLOAD_ARGS) if k in kwargs}
+    try:
+        payload = generate(payload_spec(**arguments))
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"{where} argument {exc}") from None
+    return MessageSpec(
+        (payload.total_bytes,), scheme=payload.spec.scheme, source="payload", payload=payload
+    )
 
 
 def _profile_spec(name: Any, kwargs: Mapping[str, Any], where: str) -> MessageSpec:
@@ -63,11 +80,13 @@ def _looks_like_sizes(value: Any) -> bool:
 
 
 def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
-    """``@message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", scale=None,
-    max_tensors=None, name_filter=None)`` -> spec.
+    """``@message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", ...)`` -> spec.
 
-    The first argument is a model profile (a built-in name such as ``"resnet50"`` or a JSON
-    file) or sizes (``["4B", "64KiB"]``, ``"1KiB..64MiB"``).
+    The messages come from one of three sources: sizes (``["4B", "64KiB"]``,
+    ``"1KiB..64MiB"``); a model profile (a built-in name such as ``"resnet50"`` or a JSON
+    file, scalable with ``scale``, ``max_tensors``, ``name_filter``); or a TF-gRPC-Bench
+    payload (``scheme`` = uniform, random or skew, with ``buffers``, ``classes``, ``bias``,
+    ``seed``, ``size_range``; see :mod:`pytest_tfgrpc.schemes`).
     """
     where = "@pytest.mark.message_profile"
     unknown = sorted(set(kwargs) - set(_MESSAGE_ARGS))
@@ -76,14 +95,16 @@ def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
         raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
     if len(args) > 1:
         raise SpecError(f"{where} takes one positional argument (sizes), not {len(args)}")
-    scheme = kwargs.get("scheme", "uniform")
-    if scheme not in SCHEMES:
-        known = ", ".join(SCHEMES)
-        raise SpecError(
-            f"{where} argument scheme={scheme!r}: unknown payload scheme; known: {known}"
-        )
     positional = args[0] if args else kwargs.get("name")
     sizes = kwargs.get("sizes")
+    payload_args = [k for k in ("scheme", *_PAYLOAD_ARGS) if k in kwargs]
+    if payload_args and positional is None and sizes is None:
+        return _payload_spec(kwargs, where)
+    if [k for k in payload_args if k != "scheme" or kwargs[k] != "uniform"]:
+        raise SpecError(
+            f"{where}: {payload_args[0]}= describes a TF-gRPC-Bench payload, which is given "
+            "instead of sizes or a profile, not with them"
+        )
     if sizes is None and positional is not None and not _looks_like_sizes(positional):
         return _profile_spec(positional, kwargs, where)
     scaling = sorted(set(kwargs) & {"scale", "max_tensors", "name_filter"})
@@ -99,7 +120,7 @@ def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
             f"message_profile('resnet50') (profiles: {', '.join(list_profiles())})"
         )
     try:
-        return MessageSpec(parse_sizes(spec), scheme=scheme, source="sizes")
+        return MessageSpec(parse_sizes(spec), source="sizes")
     except UnitError as exc:
         raise SpecError(f"{where} {argument}={spec!r}: {exc}") from None
 

@@ -32,6 +32,7 @@ from pytest_tfgrpc.client import (
 )
 from pytest_tfgrpc.payload import Tensor
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.schemes import Payload, payload_message
 from pytest_tfgrpc.tuning import allocator_settings
 
 RPCS = ("unary", "stream")
@@ -46,15 +47,43 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
 
 
-def _check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
-    if not sizes:
+Message = int | Payload
+
+
+def _check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
+    if not messages:
         raise ValueError("no message sizes to measure")
-    for size in sizes:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"message size {size!r} is not a whole number of bytes")
-        if size > transport.MAX_MESSAGE_BYTES - 64:
-            raise ValueError(f"message size {size} exceeds gRPC's 2 GiB message limit")
-    return tuple(sizes)
+    for message in messages:
+        if isinstance(message, Payload):
+            continue
+        if not isinstance(message, int) or isinstance(message, bool) or message < 0:
+            raise ValueError(f"message size {message!r} is not a whole number of bytes")
+        if message > transport.MAX_MESSAGE_BYTES - 64:
+            raise ValueError(f"message size {message} exceeds gRPC's 2 GiB message limit")
+    return tuple(messages)
+
+
+def _tensor(message: Message) -> Tensor:
+    if isinstance(message, Payload):
+        # TF-gRPC-Bench sends a payload's iovec buffers as one message.
+        return Tensor(payload_message(message), "uint8", (message.total_bytes,))
+    return Tensor.random(message)
+
+
+def _size_result(
+    message: Message, tensor: Tensor, mode: str, samples: Samples, elapsed: int
+) -> SizeResult:
+    wire = tensor.wire_bytes(mode)
+    if isinstance(message, Payload):
+        return SizeResult.from_samples(
+            tensor.nbytes,
+            wire,
+            samples,
+            elapsed,
+            payload=message.description,
+            buffers=message.sizes,
+        )
+    return SizeResult.from_samples(tensor.nbytes, wire, samples, elapsed)
 
 
 def _slices(message: bytes, chunk_bytes: int) -> list[bytes]:
@@ -145,27 +174,27 @@ async def _latency_stream(
 
 def p2p_latency(
     server: Server,
-    sizes: Sequence[int],
+    sizes: Sequence[Message],
     *,
     mode: str = "raw",
     rpc: str = "unary",
     run: RunSpec = LATENCY_RUN,
     label: str | None = None,
 ) -> BenchmarkResult:
-    """Echo round-trip time of each size (TF-gRPC-P2P-Latency)."""
+    """Echo round-trip time of each size or payload (TF-gRPC-P2P-Latency)."""
     _check_choice("mode", mode, transport.MODES)
     _check_choice("rpc", rpc, RPCS)
     results = []
-    for size in _check_sizes(sizes):
-        tensor = Tensor.random(size)
+    for message in _check_messages(sizes):
+        tensor = _tensor(message)
         try:
             if rpc == "unary":
                 samples, elapsed = _latency_unary(server, tensor, mode, run)
             else:
                 samples, elapsed = run_async(_latency_stream(server, tensor, mode, run))
         except grpc.RpcError as error:
-            raise explain(error, server, f"{rpc} echo of {size} B") from error
-        results.append(SizeResult.from_samples(size, tensor.wire_bytes(mode), samples, elapsed))
+            raise explain(error, server, f"{rpc} echo of {tensor.nbytes} B") from error
+        results.append(_size_result(message, tensor, mode, samples, elapsed))
     method = "Echo" if rpc == "unary" else "EchoStream"
     return BenchmarkResult(
         benchmark="p2p_latency",
@@ -288,7 +317,7 @@ def _pull(
 
 def p2p_bandwidth(
     server: Server,
-    sizes: Sequence[int],
+    sizes: Sequence[Message],
     *,
     mode: str = "raw",
     rpc: str = "stream",
@@ -304,8 +333,10 @@ def p2p_bandwidth(
     if chunk_bytes < 64:
         raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
     results = []
-    for size in _check_sizes(sizes):
-        tensor = Tensor.random(size)
+    for message in _check_messages(sizes):
+        if direction == "pull" and isinstance(message, Payload):
+            raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+        tensor = _tensor(message)
         try:
             if direction == "pull":
                 samples, elapsed = _pull(server, tensor, mode, rpc, run, chunk_bytes)
@@ -314,8 +345,8 @@ def p2p_bandwidth(
             else:
                 samples, elapsed = run_async(_push_stream(server, tensor, mode, run, chunk_bytes))
         except grpc.RpcError as error:
-            raise explain(error, server, f"{rpc} {direction} of {size} B") from error
-        results.append(SizeResult.from_samples(size, tensor.wire_bytes(mode), samples, elapsed))
+            raise explain(error, server, f"{rpc} {direction} of {tensor.nbytes} B") from error
+        results.append(_size_result(message, tensor, mode, samples, elapsed))
     names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
     names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
     extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
