@@ -1,0 +1,404 @@
+"""The analytic model: alpha-beta fits, the sync-SGD step and scaling projections.
+
+Expected step times are worked out by hand from the formulas in :mod:`pytest_tfgrpc.model` on
+small profiles; the ResNet-50 projection is checked for the effects Mathuriya et al. report
+(arXiv:1712.09388), as properties of the model's output. The Cori-like link (alpha 25 us,
+5 GB/s) and the 1 s compute step are inputs chosen for those checks, not results.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import FrozenInstanceError
+
+import numpy as np
+import pytest
+
+from pytest_tfgrpc.model import (
+    DEFAULT_PS,
+    DEFAULT_WORKERS,
+    LinkFit,
+    Projection,
+    fit,
+    fit_from_results,
+    link_point,
+    predict_step,
+    prediction_properties,
+    project,
+)
+from pytest_tfgrpc.profiles import Profile, load_profile
+from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.topology import Topology
+
+ALPHA = 20e-6
+BANDWIDTH = 1.25e9
+SIZES = [4, 64, 1024, 16 << 10, 256 << 10, 4 << 20, 64 << 20]
+
+
+def hockney(n: int, alpha: float = ALPHA, bandwidth: float = BANDWIDTH) -> float:
+    return alpha + n / bandwidth
+
+
+# --- fitting the link --------------------------------------------------------------------------
+
+
+def test_fit_recovers_exact_alpha_and_beta() -> None:
+    link = fit([(n, hockney(n)) for n in SIZES], "lo")
+    assert link.fabric == "lo"
+    assert link.alpha == pytest.approx(ALPHA, rel=1e-9)
+    assert link.bandwidth_Bps == pytest.approx(BANDWIDTH, rel=1e-9)
+    assert link.r_squared == pytest.approx(1.0)
+    assert link.max_relative_error == pytest.approx(0.0, abs=1e-9)
+    assert link.points == tuple((n, hockney(n)) for n in SIZES)
+    assert link.time(1000, messages=3) == pytest.approx(3 * ALPHA + 1000 / BANDWIDTH)
+
+
+def test_fit_by_relative_error_keeps_alpha_when_large_sizes_are_noisy() -> None:
+    # 1% noise on the largest message is 0.5 ms: ordinary least squares lets that swamp an
+    # alpha of 20 us; fitting relative error does not.
+    points = [(n, hockney(n) * (1.01 if n == SIZES[-1] else 1.0)) for n in SIZES]
+    link = fit(points, "lo")
+    assert link.alpha == pytest.approx(ALPHA, rel=0.05)
+    assert link.bandwidth_Bps == pytest.approx(BANDWIDTH, rel=0.02)
+    sizes = np.array([n for n, _ in points], dtype=float)
+    times = np.array([t for _, t in points])
+    (plain_alpha, _), *_ = np.linalg.lstsq(
+        np.column_stack((np.ones_like(sizes), sizes)), times, rcond=None
+    )
+    assert abs(plain_alpha - ALPHA) > 5 * abs(link.alpha - ALPHA)
+
+
+def test_fit_with_multiplicative_noise_stays_close() -> None:
+    rng = np.random.default_rng(7)
+    points = [(n, hockney(n) * float(rng.uniform(0.95, 1.05))) for n in SIZES for _ in range(5)]
+    link = fit(points, "lo")
+    assert link.alpha == pytest.approx(ALPHA, rel=0.1)
+    assert link.bandwidth_Bps == pytest.approx(BANDWIDTH, rel=0.1)
+    assert link.max_relative_error is not None and link.max_relative_error < 0.1
+    assert link.r_squared is not None and 0.9 < link.r_squared < 1.0
+
+
+def test_fit_never_gives_a_negative_alpha() -> None:
+    # Times proportional to size, a bit less than proportional at the small end: the
+    # unconstrained fit's alpha would be negative.
+    points = [(1 << 20, 1e-3), (2 << 20, 2.1e-3), (4 << 20, 4.3e-3)]
+    link = fit(points, "eth0")
+    assert link.alpha == 0.0
+    assert 1e-3 / (1 << 20) < link.beta < 4.3e-3 / (4 << 20) * 1.1
+
+
+@pytest.mark.parametrize(
+    ("points", "message"),
+    [
+        ([(1024, 1e-5), (1024, 2e-5)], "two or more message sizes"),
+        ([(-1, 1e-5), (1024, 2e-5)], "whole number of bytes"),
+        ([(4, 0.0), (1024, 2e-5)], "finite and > 0"),
+        ([(4, float("nan")), (1024, 2e-5)], "finite and > 0"),
+        ([(4, 1e-3), (1 << 20, 1e-5)], "do not grow with message size"),
+        ([(4,), (1024, 2e-5)], "expected \\(bytes, seconds\\)"),
+    ],
+)
+def test_fit_rejects_unusable_points(points: list[tuple[int, float]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit(points, "lo")
+
+
+def test_given_link_and_validation() -> None:
+    link = LinkFit.given(50e-6, 1.2e9, "aries")
+    assert link.beta == pytest.approx(1 / 1.2e9)
+    assert link.r_squared is None and link.max_relative_error is None
+    assert "alpha 50.0us" in link.describe() and "1.20 GB/s" in link.describe()
+    with pytest.raises(ValueError, match="alpha"):
+        LinkFit.given(-1e-6, 1e9)
+    with pytest.raises(ValueError, match="bandwidth"):
+        LinkFit.given(1e-6, 0.0)
+    with pytest.raises(FrozenInstanceError):
+        link.alpha = 0.0  # type: ignore[misc]
+
+
+def test_link_point_counts_an_echo_twice() -> None:
+    assert link_point("p2p_latency", 1024, 1e-4) == (2048, 1e-4)
+    assert link_point("p2p_latency_stream", 1024, 1e-4) == (2048, 1e-4)
+    assert link_point("p2p_bandwidth", 1024, 1e-4) == (1024, 1e-4)
+    assert link_point("ps_throughput", 1024, 1e-4) is None
+
+
+def _result(benchmark: str, fabric: str, times: dict[int, float]) -> BenchmarkResult:
+    sizes = tuple(
+        SizeResult.from_samples(
+            n, n, np.array([round(t * 1e9)] * 9 + [round(t * 5e9)], dtype=np.int64), 0
+        )
+        for n, t in times.items()
+    )
+    return BenchmarkResult(benchmark, benchmark, fabric, "127.0.0.1:1", "raw", "unary", sizes)
+
+
+def test_fit_from_results_uses_medians_and_counts_echo_bytes() -> None:
+    latency = _result("p2p_latency", "lo", {n: hockney(2 * n) for n in (4, 1024, 64 << 10)})
+    bandwidth = _result("p2p_bandwidth", "lo", {n: hockney(n) for n in (1 << 20, 16 << 20)})
+    link = fit_from_results([latency, bandwidth])
+    assert link.fabric == "lo"
+    # The last sample of each size is 5x slower: a mean would show it, the median does not.
+    assert link.alpha == pytest.approx(ALPHA, rel=1e-3)
+    assert link.bandwidth_Bps == pytest.approx(BANDWIDTH, rel=1e-3)
+    assert (2 * 1024, pytest.approx(hockney(2048), abs=1e-9)) in link.points  # ns-rounded
+
+
+def test_fit_from_results_per_fabric() -> None:
+    lo = _result("p2p_bandwidth", "lo", {n: hockney(n) for n in SIZES})
+    slow = _result("p2p_bandwidth", "veth0", {n: hockney(n, 1e-4, 1e8) for n in SIZES})
+    with pytest.raises(ValueError, match="several fabrics \\(lo, veth0\\)"):
+        fit_from_results([lo, slow])
+    assert fit_from_results([lo, slow], "veth0").bandwidth_Bps == pytest.approx(1e8, rel=1e-3)
+    with pytest.raises(ValueError, match="on fabric 'ib0' \\(fabrics measured: lo, veth0\\)"):
+        fit_from_results([lo, slow], "ib0")
+    with pytest.raises(ValueError, match="no p2p_latency or p2p_bandwidth result"):
+        fit_from_results([_result("ps_throughput", "lo", {4: 1e-3, 8: 2e-3})])
+
+
+# --- one step ----------------------------------------------------------------------------------
+
+# 100, 200 and 50 float32: 400, 800 and 200 bytes. Round-robin on 2 PS puts a and c on PS 0
+# (600 B in 2 shards) and b on PS 1 (800 B in 1 shard).
+SMALL = load_profile({"a": [100], "b": [200], "c": [50]}, name="small")
+# 1 ms per message and 1 us per byte keep the hand arithmetic readable.
+SLOW_LINK = LinkFit.given(1e-3, 1e6, "slow")
+
+
+def test_step_busiest_ps_is_by_time_not_bytes() -> None:
+    step = predict_step(SMALL, Topology(ps=2, workers=3), SLOW_LINK)
+    assert step.bytes_per_ps == (600, 800)
+    assert step.shards_per_ps == (2, 1)
+    assert step.bytes_in_per_ps == step.bytes_out_per_ps == (1800, 2400)
+    # PS 0: 2 * 3 * (2 * 1 ms + 600 us) = 15.6 ms; PS 1: 2 * 3 * (1 ms + 800 us) = 10.8 ms.
+    assert step.ps_link_s == pytest.approx((15.6e-3, 10.8e-3))
+    # One worker: 2 * (3 * 1 ms + 1400 us) = 8.8 ms.
+    assert step.worker_link_s == pytest.approx(8.8e-3)
+    assert (step.bottleneck, step.bottleneck_ps) == ("ps", 0)
+    assert step.comm_s == pytest.approx(15.6e-3)
+    assert step.iter_s == pytest.approx(15.6e-3)
+    assert step.efficiency is None
+    assert step.imbalance == pytest.approx(800 / 700)
+    assert step.profile == "small" and step.topology == Topology(2, 3)
+
+
+def test_step_worker_link_limits_one_worker() -> None:
+    step = predict_step(SMALL, Topology(ps=2, workers=1), SLOW_LINK)
+    assert step.ps_link_s == pytest.approx((5.2e-3, 3.6e-3))
+    assert step.bottleneck == "worker"
+    assert step.comm_s == pytest.approx(8.8e-3)
+
+
+@pytest.mark.parametrize(
+    ("compute_s", "overlap", "iter_s"),
+    [
+        # t_b = 2/3 of compute. No overlap: t_c + t_comm.
+        (30e-3, 0.0, 45.6e-3),
+        # Full overlap, t_b = 20 ms > t_comm: t_f + t_b = 30 ms.
+        (30e-3, 1.0, 30e-3),
+        # Half of min(t_b, t_comm) = 7.8 ms hidden.
+        (30e-3, 0.5, 37.8e-3),
+        # Full overlap, t_b = 10 ms < t_comm: t_f + t_comm = 5 + 15.6 ms.
+        (15e-3, 1.0, 20.6e-3),
+    ],
+)
+def test_step_overlap_and_efficiency(compute_s: float, overlap: float, iter_s: float) -> None:
+    step = predict_step(
+        SMALL, Topology(ps=2, workers=3), SLOW_LINK, compute_s=compute_s, overlap=overlap
+    )
+    assert step.iter_s == pytest.approx(iter_s)
+    assert step.efficiency == pytest.approx(compute_s / iter_s)
+
+
+def test_step_backward_share() -> None:
+    step = predict_step(
+        SMALL,
+        Topology(ps=2, workers=3),
+        SLOW_LINK,
+        compute_s=30e-3,
+        overlap=1.0,
+        backward_share=0.25,
+    )
+    # t_b = 7.5 ms hides under t_comm = 15.6 ms: t_f + t_comm.
+    assert step.iter_s == pytest.approx(22.5e-3 + 15.6e-3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"overlap": 1.5}, "overlap=1.5"),
+        ({"overlap": -0.1}, "overlap=-0.1"),
+        ({"backward_share": 2.0}, "backward_share=2.0"),
+        ({"compute_s": -1.0}, "compute_s=-1.0"),
+        ({"compute_s": math.inf}, "compute_s=inf"),
+    ],
+)
+def test_step_rejects_bad_inputs(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        predict_step(SMALL, Topology(1, 1), SLOW_LINK, **kwargs)
+
+
+def test_step_partitioned_splits_large_tensors() -> None:
+    # One 4 MiB tensor on 4 PS: partitioned gives each PS a quarter, whole placement one PS.
+    big: Profile = load_profile({"w": [1 << 20]}, name="big")
+    link = LinkFit.given(10e-6, 1e9)
+    whole = predict_step(big, Topology(4, 8, "greedy"), link)
+    split = predict_step(big, Topology(4, 8, "partitioned"), link)
+    assert whole.bytes_per_ps == (4 << 20, 0, 0, 0) and whole.imbalance == pytest.approx(4.0)
+    assert split.bytes_per_ps == (1 << 20,) * 4 and split.imbalance == pytest.approx(1.0)
+    assert split.comm_s == pytest.approx(2 * 8 * (10e-6 + (1 << 20) / 1e9))
+    assert whole.comm_s > 3.5 * split.comm_s
+
+
+def test_prediction_properties() -> None:
+    step = predict_step(SMALL, Topology(2, 3), SLOW_LINK, compute_s=30e-3)
+    props = dict(prediction_properties(step, "resnet50_step"))
+    assert set(props) == {
+        f"tfgrpc.resnet50_step.model.{name}"
+        for name in (
+            "step_comm_us",
+            "step_us",
+            "imbalance",
+            "bottleneck_ps",
+            "busiest_ps_in_bytes",
+            "alpha_us",
+            "bandwidth_MBps",
+            "efficiency",
+        )
+    }
+    assert float(props["tfgrpc.resnet50_step.model.step_comm_us"]) == pytest.approx(15600)
+    assert float(props["tfgrpc.resnet50_step.model.step_us"]) == pytest.approx(45600)
+    assert props["tfgrpc.resnet50_step.model.bottleneck_ps"] == "0"
+    assert props["tfgrpc.resnet50_step.model.busiest_ps_in_bytes"] == "1800"
+    assert float(props["tfgrpc.resnet50_step.model.bandwidth_MBps"]) == pytest.approx(1.0)
+    no_compute = dict(prediction_properties(predict_step(SMALL, Topology(2, 3), SLOW_LINK), "x"))
+    assert "tfgrpc.x.model.efficiency" not in no_compute
+
+
+# --- projections: ResNet-50 on a Cori-like link ------------------------------------------------
+
+RESNET50 = load_profile("resnet50")
+ARIES = LinkFit.given(25e-6, 5e9, "aries")  # an input, as a user would give it
+LARGEST = RESNET50.largest(1)[0].nbytes
+# The PS count at which a perfect whole-tensor balance gives each PS one largest tensor: past
+# it, the largest tensor, not the PS count, sets the busiest PS's load.
+SATURATION = RESNET50.total_bytes / LARGEST
+PS_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@functools.cache
+def resnet50_projection(sharding: str) -> Projection:
+    return project(RESNET50, ARIES, ps=PS_GRID, sharding=sharding, compute_s=1.0, overlap=0.5)
+
+
+@pytest.fixture(params=["round_robin", "greedy", "partitioned"])
+def projection(request: pytest.FixtureRequest) -> Projection:
+    return resnet50_projection(request.param)
+
+
+WHOLE_TENSOR = pytest.mark.parametrize("sharding", ["round_robin", "greedy"])
+
+
+def test_projection_grid_defaults() -> None:
+    table = project(SMALL, SLOW_LINK)
+    assert table.workers == DEFAULT_WORKERS == tuple(2**i for i in range(10))
+    assert table.ps == DEFAULT_PS == tuple(2**i for i in range(7))
+    assert [(p.topology.workers, p.topology.ps) for p in table.rows] == [
+        (w, p) for w in DEFAULT_WORKERS for p in DEFAULT_PS
+    ]
+    assert table.row(512, 64) == predict_step(SMALL, Topology(64, 512), SLOW_LINK)
+    with pytest.raises(KeyError, match="3 workers"):
+        table.row(3, 1)
+
+
+def test_projection_rejects_bad_grids() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        project(SMALL, SLOW_LINK, ps=(1, 1))
+    with pytest.raises(ValueError, match="positive whole number"):
+        project(SMALL, SLOW_LINK, workers=(0,))
+    with pytest.raises(ValueError, match="sharding"):
+        project(SMALL, SLOW_LINK, sharding="random")
+
+
+def test_weak_scaling_efficiency_never_improves_with_more_workers(projection: Projection) -> None:
+    for ps in projection.ps:
+        efficiencies = [projection.row(w, ps).efficiency for w in projection.workers]
+        assert all(e is not None and 0 < e <= 1 for e in efficiencies)
+        assert efficiencies == sorted(efficiencies, reverse=True)  # type: ignore[type-var]
+
+
+@WHOLE_TENSOR
+def test_whole_tensor_placement_cannot_go_below_the_largest_tensor(sharding: str) -> None:
+    for step in resnet50_projection(sharding).rows:
+        assert max(step.bytes_per_ps) >= LARGEST
+        assert step.comm_s >= 2 * step.topology.workers * LARGEST * ARIES.beta
+        assert step.imbalance >= step.topology.ps * LARGEST / RESNET50.total_bytes
+
+
+def test_more_ps_stops_helping_once_they_outnumber_the_large_tensors(
+    projection: Projection,
+) -> None:
+    gains = {
+        ps: projection.row(512, ps).comm_s / projection.row(512, 2 * ps).comm_s
+        for ps in projection.ps[:-1]
+    }
+    early = [gain for ps, gain in gains.items() if 2 * ps <= SATURATION]
+    late = [gain for ps, gain in gains.items() if ps >= 2 * SATURATION]
+    assert early and late
+    assert min(early) > 1.5  # doubling the PS tasks nearly halves the step's communication
+    if projection.sharding == "partitioned":
+        assert min(late) > 1.5  # slices keep spreading the load
+    else:
+        assert max(late) < 1.1  # the largest tensors' PS tasks stay the bottleneck
+
+
+def test_imbalance_grows_past_saturation_unless_partitioned(projection: Projection) -> None:
+    imbalance = [projection.row(512, ps).imbalance for ps in projection.ps]
+    if projection.sharding == "partitioned":
+        assert max(imbalance) < 1.5
+    else:
+        assert imbalance[-1] > 2 * max(
+            i for ps, i in zip(projection.ps, imbalance, strict=True) if ps <= 8
+        )
+        past = [i for ps, i in zip(projection.ps, imbalance, strict=True) if ps > SATURATION]
+        assert past == sorted(past)
+
+
+def test_efficiency_holds_while_ps_tasks_spread_the_load(projection: Projection) -> None:
+    # Four workers per PS task: while the PS tasks balance the bytes, each one's load stays the
+    # same as both grow, and so does the efficiency.
+    diagonal = {ps: projection.row(4 * ps, ps).efficiency for ps in (1, 2, 4, 8, 16, 32, 64)}
+    assert all(e is not None for e in diagonal.values())
+    start = diagonal[1]
+    assert start is not None and start > 0.8
+    spread = [e for ps, e in diagonal.items() if ps < SATURATION]
+    assert min(spread) > start - 0.05  # type: ignore[operator]
+    end = diagonal[64]
+    assert end is not None
+    if projection.sharding == "partitioned":
+        assert end > start - 0.1
+    else:
+        assert end < start - 0.2
+
+
+def test_projection_format_is_an_aligned_table(projection: Projection) -> None:
+    lines = projection.format().splitlines()
+    assert lines[0].split() == [
+        *("workers", "ps", "busiest", "ps", "in", "shards", "imbalance", "limit"),
+        *("comm", "step", "efficiency"),
+    ]
+    assert len(lines) == 1 + len(projection.rows)
+    assert len({len(line) for line in lines}) == 1  # right-aligned columns, equal widths
+    first = lines[1].split()
+    assert first[:2] == ["1", "1"] and first[-1] == f"{projection.rows[0].efficiency:.1%}"
+    grid = projection.format_grid().splitlines()
+    assert grid[0].split()[3:] == [str(ps) for ps in projection.ps]
+    assert len(grid) == 1 + len(projection.workers)
+    assert grid[-1].split()[-1] == f"{projection.row(512, 128).efficiency:.1%}"
+
+
+def test_grid_shows_communication_time_without_compute() -> None:
+    table = project(SMALL, SLOW_LINK, workers=(1, 3), ps=(2,))
+    assert table.format_grid().splitlines()[2].split() == ["3", "15.6ms"]
+    assert table.format().splitlines()[2].split()[-1] == "-"
