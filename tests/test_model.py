@@ -1,4 +1,4 @@
-"""The analytic model: alpha-beta fits, the sync-SGD step and scaling projections.
+"""The analytic model: alpha-beta fits, the sync-SGD step, projections and ``tfgrpc-model``.
 
 Expected step times are worked out by hand from the formulas in :mod:`pytest_tfgrpc.model` on
 small profiles; the ResNet-50 projection is checked for the effects Mathuriya et al. report
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import FrozenInstanceError
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from pytest_tfgrpc.model import (
     prediction_properties,
     project,
 )
+from pytest_tfgrpc.model_cli import link_points_from_junit, main
 from pytest_tfgrpc.profiles import Profile, load_profile
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.topology import Topology
@@ -402,3 +405,164 @@ def test_grid_shows_communication_time_without_compute() -> None:
     table = project(SMALL, SLOW_LINK, workers=(1, 3), ps=(2,))
     assert table.format_grid().splitlines()[2].split() == ["3", "15.6ms"]
     assert table.format().splitlines()[2].split()[-1] == "-"
+
+
+# --- tfgrpc-model ------------------------------------------------------------------------------
+
+
+def _junit(cases: dict[str, dict[str, str]]) -> str:
+    body = []
+    for name, props in cases.items():
+        items = "".join(f'<property name="{k}" value="{v}"/>' for k, v in props.items())
+        body.append(
+            f'<testcase classname="test_perf" name="{name}" time="1.0">'
+            f"<properties>{items}</properties></testcase>"
+        )
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+        f'<testsuite name="pytest" errors="0" failures="0" skipped="0" tests="{len(cases)}" '
+        f'time="1.0">{"".join(body)}</testsuite></testsuites>'
+    )
+
+
+def _p2p_properties(fabric: str, alpha: float, bandwidth: float) -> dict[str, str]:
+    props = {"tfgrpc.fabric": fabric, "tfgrpc.p2p_latency.rpc": "unary"}
+    for label in ("4B", "1KiB", "64KiB"):
+        n = {"4B": 4, "1KiB": 1024, "64KiB": 64 << 10}[label]
+        props[f"tfgrpc.p2p_latency.{label}.p50_us"] = repr(hockney(2 * n, alpha, bandwidth) * 1e6)
+        # Figures the fit must not read: another percentile and a model prediction.
+        props[f"tfgrpc.p2p_latency.{label}.p99_us"] = "1e9"
+        props[f"tfgrpc.p2p_latency.{label}.samples"] = "1000"
+    for label, n in (("1MiB", 1 << 20), ("16MiB", 16 << 20)):
+        props[f"tfgrpc.p2p_bandwidth.{label}.p50_us"] = repr(hockney(n, alpha, bandwidth) * 1e6)
+    props["tfgrpc.p2p_latency.model.step_comm_us"] = "12.5"
+    return props
+
+
+@pytest.fixture
+def perf_xml(tmp_path: Path) -> Path:
+    path = tmp_path / "perf.xml"
+    path.write_text(
+        _junit(
+            {
+                "test_p2p[lo]": _p2p_properties("lo", 30e-6, 2e9),
+                "test_p2p[veth0]": _p2p_properties("veth0", 200e-6, 1.25e8),
+                "test_other[lo]": {"tfgrpc.fabric": "lo", "tfgrpc.ps_step.1KiB.p50_us": "9"},
+            }
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_link_points_from_junit(perf_xml: Path) -> None:
+    points = link_points_from_junit(perf_xml)
+    assert sorted(points) == ["lo", "veth0"]
+    assert sorted(n for n, _ in points["lo"]) == [8, 2048, 128 << 10, 1 << 20, 16 << 20]
+    assert dict(points["lo"])[2048] == pytest.approx(hockney(2048, 30e-6, 2e9))
+
+
+def test_cli_with_given_link(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--profile", "resnet50", "--ps", "1,2,4", "--workers", "1,2,4,8"]
+    argv += ["--sharding", "greedy", "--alpha", "50us", "--bandwidth", "1.2 GB/s"]
+    argv += ["--compute", "200ms", "--overlap", "0.5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    expected = project(
+        "resnet50",
+        LinkFit.given(50e-6, 1.2e9),
+        workers=(1, 2, 4, 8),
+        ps=(1, 2, 4),
+        sharding="greedy",
+        compute_s=0.2,
+        overlap=0.5,
+    )
+    assert out == f"{expected.describe()}\n\n{expected.format()}\n"
+    assert "sharding greedy" in out and "alpha 50.0us" in out and "compute 200ms" in out
+
+
+def test_cli_grid(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--profile", "hep_cnn", "--ps", "1,2", "--workers", "1,64"]
+    assert main([*argv, "--alpha", "5us", "--bandwidth", "10Gbit/s", "--grid"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["workers", "\\", "ps", "1", "2"]
+    assert [line.split()[0] for line in lines[3:]] == ["1", "64"]
+
+
+def test_cli_fits_each_fabric_of_a_junit_file(
+    perf_xml: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--profile", "resnet50", "--ps", "1,2", "--workers", "1,4", "--from-junit"]
+    assert main([*argv, str(perf_xml)]) == 0
+    blocks = capsys.readouterr().out.split("\n\n")
+    headers = [block for block in blocks if block.startswith("resnet50")]
+    assert len(headers) == 2
+    assert "link lo: alpha 30.0us, bandwidth 2.00 GB/s (fitted to 5 points" in headers[0]
+    assert "link veth0: alpha 200us, bandwidth 125 MB/s" in headers[1]
+    assert main([*argv, str(perf_xml), "--fabric", "veth0"]) == 0
+    out = capsys.readouterr().out
+    assert "link veth0" in out and "link lo" not in out
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        (None, [], "does not exist"),
+        ("not xml at all", [], "cannot read JUnit file"),
+        (_junit({"t": {"tfgrpc.fabric": "lo"}}), [], "holds no P2P figures to fit"),
+        (
+            _junit({"t": _p2p_properties("lo", 30e-6, 2e9)}),
+            ["--fabric", "ib0"],
+            "no P2P figures on fabric 'ib0' \\(it has: lo\\)",
+        ),
+        (
+            _junit({"t": {"tfgrpc.fabric": "lo", "tfgrpc.p2p_latency.4B.p50_us": "50"}}),
+            [],
+            "fabric 'lo': an alpha-beta fit needs points at two or more message sizes",
+        ),
+    ],
+)
+def test_cli_junit_errors(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+    extra: list[str],
+    message: str,
+) -> None:
+    path = tmp_path / "perf.xml"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    assert main(["--profile", "resnet50", "--from-junit", str(path), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tfgrpc-model: error: ")
+    assert len(err.splitlines()) == 1
+    assert re.search(message, err)
+
+
+def test_cli_unknown_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--profile", "resnet5", "--alpha", "1us", "--bandwidth", "1GB/s"]) == 1
+    assert "unknown profile 'resnet5'; known profiles: alexnet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--alpha", "1us"], "--alpha and --bandwidth together"),
+        ([], "--alpha and --bandwidth together, or --from-junit"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--from-junit", "x.xml"], "either as"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--fabric", "lo"], "give --from-junit"),
+        (["--alpha", "1", "--bandwidth", "1GB/s"], "bare number is ambiguous"),
+        (["--alpha", "1us", "--bandwidth", "0 GB/s"], "greater than zero"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--ps", "1,x"], "'1,x' is not a comma"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--ps", "0"], "at least 1"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--overlap", "2"], "between 0 and 1"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--sharding", "x"], "invalid choice"),
+    ],
+)
+def test_cli_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--profile", "resnet50", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
