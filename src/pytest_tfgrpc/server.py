@@ -30,6 +30,7 @@ from pytest_tfgrpc import codec, transport
 from pytest_tfgrpc._proto import service_pb2
 from pytest_tfgrpc.fabric import Fabric, FabricError, resolve_fabric
 from pytest_tfgrpc.payload import make_content
+from pytest_tfgrpc.ps_service import ParameterServer
 
 _ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
 
@@ -198,6 +199,7 @@ def build_server(host: str, port: int, fabric: str, *, workers: int) -> tuple[gr
     server.add_generic_rpc_handlers(
         [TensorService(mode, target, fabric, counters).handler() for mode in transport.MODES]
     )
+    server.add_generic_rpc_handlers(ParameterServer().handlers())
     return server, target
 
 

@@ -3,7 +3,7 @@ from . import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -64,3 +64,91 @@ class ServerStatus(_message.Message):
     grpc_version: str
     environment: _containers.ScalarMap[str, str]
     def __init__(self, pid: _Optional[int] = ..., target: _Optional[str] = ..., fabric: _Optional[str] = ..., messages_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., cpu_user_ns: _Optional[int] = ..., cpu_system_ns: _Optional[int] = ..., grpc_version: _Optional[str] = ..., environment: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ShardSpec(_message.Message):
+    __slots__ = ("tensor", "offset", "nbytes")
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    tensor: str
+    offset: int
+    nbytes: int
+    def __init__(self, tensor: _Optional[str] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class PSJob(_message.Message):
+    __slots__ = ("job_id", "task", "workers", "shards", "learning_rate", "init", "warmup_steps", "steps", "warmup_seconds", "max_seconds", "barrier_timeout_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    INIT_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    task: int
+    workers: int
+    shards: _containers.RepeatedCompositeFieldContainer[ShardSpec]
+    learning_rate: float
+    init: int
+    warmup_steps: int
+    steps: int
+    warmup_seconds: float
+    max_seconds: float
+    barrier_timeout_seconds: float
+    def __init__(self, job_id: _Optional[int] = ..., task: _Optional[int] = ..., workers: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[ShardSpec, _Mapping]]] = ..., learning_rate: _Optional[float] = ..., init: _Optional[int] = ..., warmup_steps: _Optional[int] = ..., steps: _Optional[int] = ..., warmup_seconds: _Optional[float] = ..., max_seconds: _Optional[float] = ..., barrier_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("shard", "offset", "data", "step", "worker", "measured")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    offset: int
+    data: bytes
+    step: int
+    worker: int
+    measured: bool
+    def __init__(self, shard: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., step: _Optional[int] = ..., worker: _Optional[int] = ..., measured: _Optional[bool] = ...) -> None: ...
+
+class PullWeightsRequest(_message.Message):
+    __slots__ = ("step", "worker", "measured", "chunk_bytes")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    worker: int
+    measured: bool
+    chunk_bytes: int
+    def __init__(self, step: _Optional[int] = ..., worker: _Optional[int] = ..., measured: _Optional[bool] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class PSJobStats(_message.Message):
+    __slots__ = ("job_id", "task", "steps", "measured_steps", "bytes_in", "bytes_out", "rpcs", "cpu_user_ns", "cpu_system_ns", "pid")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    RPCS_FIELD_NUMBER: _ClassVar[int]
+    CPU_USER_NS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SYSTEM_NS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    task: int
+    steps: int
+    measured_steps: int
+    bytes_in: int
+    bytes_out: int
+    rpcs: int
+    cpu_user_ns: int
+    cpu_system_ns: int
+    pid: int
+    def __init__(self, job_id: _Optional[int] = ..., task: _Optional[int] = ..., steps: _Optional[int] = ..., measured_steps: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., rpcs: _Optional[int] = ..., cpu_user_ns: _Optional[int] = ..., cpu_system_ns: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...

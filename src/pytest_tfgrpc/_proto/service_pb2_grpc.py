@@ -362,3 +362,297 @@ class TensorService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ParameterServerStub:
+    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.ps_service).
+
+    The parent configures a job on every PS, then W worker processes run it:
+
+    * ps_throughput (TF-gRPC-PS-Throughput): every worker calls Throughput on every PS in a
+    closed loop; the PS only acknowledges. tfgrpc.RawParameterServer/Throughput takes the
+    payload as opaque bytes (raw mode), registered as a generic handler like
+    tfgrpc.RawTensorService.
+    * sync_sgd_step: per step, each worker streams the gradient slices of the shards a PS
+    owns (PushGradients); the PS sums them into float32 accumulators, and once all W
+    workers have pushed the step it applies weights -= (learning_rate / W) * sum. Workers
+    then PullWeights for that step, which waits for the update (a barrier with a timeout).
+    The chief PS (task 0) decides whether the next step is warm-up, measured or the last,
+    and says so in the PullWeights trailing metadata `x-tfgrpc-next-phase`; workers pass
+    the phase of each step on to every PS in its requests, so all PS count the same steps.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Configure = channel.unary_unary(
+                '/tfgrpc.ParameterServer/Configure',
+                request_serializer=tfgrpc_dot_service__pb2.PSJob.SerializeToString,
+                response_deserializer=tfgrpc_dot_service__pb2.PSJobStats.FromString,
+                _registered_method=True)
+        self.Throughput = channel.unary_unary(
+                '/tfgrpc.ParameterServer/Throughput',
+                request_serializer=tfgrpc_dot_tensor__pb2.TensorProto.SerializeToString,
+                response_deserializer=tfgrpc_dot_service__pb2.Ack.FromString,
+                _registered_method=True)
+        self.PushGradients = channel.stream_unary(
+                '/tfgrpc.ParameterServer/PushGradients',
+                request_serializer=tfgrpc_dot_service__pb2.WeightChunk.SerializeToString,
+                response_deserializer=tfgrpc_dot_service__pb2.Ack.FromString,
+                _registered_method=True)
+        self.PullWeights = channel.unary_stream(
+                '/tfgrpc.ParameterServer/PullWeights',
+                request_serializer=tfgrpc_dot_service__pb2.PullWeightsRequest.SerializeToString,
+                response_deserializer=tfgrpc_dot_service__pb2.WeightChunk.FromString,
+                _registered_method=True)
+        self.JobStats = channel.unary_unary(
+                '/tfgrpc.ParameterServer/JobStats',
+                request_serializer=tfgrpc_dot_service__pb2.StatusRequest.SerializeToString,
+                response_deserializer=tfgrpc_dot_service__pb2.PSJobStats.FromString,
+                _registered_method=True)
+
+
+class ParameterServerServicer:
+    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.ps_service).
+
+    The parent configures a job on every PS, then W worker processes run it:
+
+    * ps_throughput (TF-gRPC-PS-Throughput): every worker calls Throughput on every PS in a
+    closed loop; the PS only acknowledges. tfgrpc.RawParameterServer/Throughput takes the
+    payload as opaque bytes (raw mode), registered as a generic handler like
+    tfgrpc.RawTensorService.
+    * sync_sgd_step: per step, each worker streams the gradient slices of the shards a PS
+    owns (PushGradients); the PS sums them into float32 accumulators, and once all W
+    workers have pushed the step it applies weights -= (learning_rate / W) * sum. Workers
+    then PullWeights for that step, which waits for the update (a barrier with a timeout).
+    The chief PS (task 0) decides whether the next step is warm-up, measured or the last,
+    and says so in the PullWeights trailing metadata `x-tfgrpc-next-phase`; workers pass
+    the phase of each step on to every PS in its requests, so all PS count the same steps.
+    """
+
+    def Configure(self, request, context):
+        """Configure: start a new job (drops the previous one and its weights).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Throughput(self, request, context):
+        """Throughput: the worker sends a payload; the PS acknowledges it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushGradients(self, request_iterator, context):
+        """PushGradients: one worker's gradients of one step, as slices of this PS's shards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullWeights(self, request, context):
+        """PullWeights: the shards' weights after a step's update, as slices.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JobStats(self, request, context):
+        """JobStats: what this PS saw of the job's measured phase.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ParameterServerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Configure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Configure,
+                    request_deserializer=tfgrpc_dot_service__pb2.PSJob.FromString,
+                    response_serializer=tfgrpc_dot_service__pb2.PSJobStats.SerializeToString,
+            ),
+            'Throughput': grpc.unary_unary_rpc_method_handler(
+                    servicer.Throughput,
+                    request_deserializer=tfgrpc_dot_tensor__pb2.TensorProto.FromString,
+                    response_serializer=tfgrpc_dot_service__pb2.Ack.SerializeToString,
+            ),
+            'PushGradients': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushGradients,
+                    request_deserializer=tfgrpc_dot_service__pb2.WeightChunk.FromString,
+                    response_serializer=tfgrpc_dot_service__pb2.Ack.SerializeToString,
+            ),
+            'PullWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullWeights,
+                    request_deserializer=tfgrpc_dot_service__pb2.PullWeightsRequest.FromString,
+                    response_serializer=tfgrpc_dot_service__pb2.WeightChunk.SerializeToString,
+            ),
+            'JobStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.JobStats,
+                    request_deserializer=tfgrpc_dot_service__pb2.StatusRequest.FromString,
+                    response_serializer=tfgrpc_dot_service__pb2.PSJobStats.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tfgrpc.ParameterServer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tfgrpc.ParameterServer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ParameterServer:
+    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.ps_service).
+
+    The parent configures a job on every PS, then W worker processes run it:
+
+    * ps_throughput (TF-gRPC-PS-Throughput): every worker calls Throughput on every PS in a
+    closed loop; the PS only acknowledges. tfgrpc.RawParameterServer/Throughput takes the
+    payload as opaque bytes (raw mode), registered as a generic handler like
+    tfgrpc.RawTensorService.
+    * sync_sgd_step: per step, each worker streams the gradient slices of the shards a PS
+    owns (PushGradients); the PS sums them into float32 accumulators, and once all W
+    workers have pushed the step it applies weights -= (learning_rate / W) * sum. Workers
+    then PullWeights for that step, which waits for the update (a barrier with a timeout).
+    The chief PS (task 0) decides whether the next step is warm-up, measured or the last,
+    and says so in the PullWeights trailing metadata `x-tfgrpc-next-phase`; workers pass
+    the phase of each step on to every PS in its requests, so all PS count the same steps.
+    """
+
+    @staticmethod
+    def Configure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfgrpc.ParameterServer/Configure',
+            tfgrpc_dot_service__pb2.PSJob.SerializeToString,
+            tfgrpc_dot_service__pb2.PSJobStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Throughput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfgrpc.ParameterServer/Throughput',
+            tfgrpc_dot_tensor__pb2.TensorProto.SerializeToString,
+            tfgrpc_dot_service__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushGradients(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tfgrpc.ParameterServer/PushGradients',
+            tfgrpc_dot_service__pb2.WeightChunk.SerializeToString,
+            tfgrpc_dot_service__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tfgrpc.ParameterServer/PullWeights',
+            tfgrpc_dot_service__pb2.PullWeightsRequest.SerializeToString,
+            tfgrpc_dot_service__pb2.WeightChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfgrpc.ParameterServer/JobStats',
+            tfgrpc_dot_service__pb2.StatusRequest.SerializeToString,
+            tfgrpc_dot_service__pb2.PSJobStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
