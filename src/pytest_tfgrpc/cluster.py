@@ -1,0 +1,374 @@
+"""A parameter-server cluster on one fabric: P PS server processes and W worker processes.
+
+:class:`PSCluster` starts the PS tasks (tensor servers, which also serve
+``tfgrpc.ParameterServer``) and the workers (:mod:`pytest_tfgrpc.worker`), hands jobs to the
+workers, starts them together and collects what they measured, always with a deadline. Every
+process it starts is tied to it: PS servers and workers stop when their stdin closes (so when
+this process ends, however it ends), :meth:`PSCluster.stop` stops them in order, and an
+``atexit`` hook stops any still running. A process that dies is reported with its exit status
+and the end of its stderr (:class:`~pytest_tfgrpc.process.ServerDied`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+import grpc
+
+from pytest_tfgrpc._proto import service_pb2
+from pytest_tfgrpc.client import BenchmarkError, connect
+from pytest_tfgrpc.fabric import Fabric
+from pytest_tfgrpc.process import ServerDied, ServerError, ServerProcess, describe_exit
+from pytest_tfgrpc.ps_service import method
+from pytest_tfgrpc.topology import Topology
+
+__all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
+
+_LIVE: set[WorkerProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class ClusterError(ServerError):
+    """A cluster that could not start, or a job that did not finish in time."""
+
+
+class WorkerProcess:
+    """One worker process; it speaks JSON lines on its stdin and stdout."""
+
+    def __init__(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
+        self.index = index
+        self.name = f"PS worker {index}"
+        self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix="tfgrpc-worker-", suffix=".err"
+        )
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_tfgrpc.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+        )
+        self._buffer = b""
+        self._stopped = False
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def fileno(self) -> int:
+        assert self._proc.stdout is not None
+        return self._proc.stdout.fileno()
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        """Write one JSON line to the worker; a worker that is gone raises ServerDied."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            raise self.death(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
+
+    def take_line(self) -> dict[str, Any] | None:
+        """A complete line already read, if there is one."""
+        line, sep, rest = self._buffer.partition(b"\n")
+        if not sep:
+            return None
+        self._buffer = rest
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def read_more(self) -> bool:
+        """Read what the worker wrote; False at end of file (the worker exited)."""
+        chunk = os.read(self.fileno(), 1 << 20)
+        self._buffer += chunk
+        return bool(chunk)
+
+    def stderr_tail(self, max_lines: int = 20, max_bytes: int = 8192) -> str:
+        """The last lines the worker wrote to stderr."""
+        try:
+            size = os.fstat(self._stderr.fileno()).st_size
+            self._stderr.seek(max(0, size - max_bytes))
+            text = self._stderr.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        return "\n".join(text.strip().splitlines()[-max_lines:])
+
+    def death(self, grace: float = 0.5) -> ServerDied | None:
+        """The worker's death (exit status, stderr tail), waiting ``grace`` s for it."""
+        if self._stopped:
+            return None
+        try:
+            code = self._proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return None
+        return ServerDied(self.name, code, self.stderr_tail())
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Stop the worker (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
+        self._stopped = True
+        try:
+            if self._proc.stdin is not None and not self._proc.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    self._proc.stdin.close()
+            try:
+                return self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.terminate()
+            try:
+                return self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                return self._proc.wait()
+        finally:
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._stderr.close()
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def __repr__(self) -> str:
+        return f"<WorkerProcess {self.index} pid={self.pid}>"
+
+
+def live_workers() -> tuple[WorkerProcess, ...]:
+    """Worker processes started here and not yet stopped."""
+    with _LIVE_LOCK:
+        return tuple(_LIVE)
+
+
+def _stop_all_workers() -> None:
+    for worker in live_workers():
+        worker.stop(timeout=2.0)
+
+
+atexit.register(_stop_all_workers)
+
+
+class PSCluster:
+    """``topology.ps`` PS processes and ``topology.workers`` worker processes on ``fabric``.
+
+    Use as a context manager, or call :meth:`stop`. ``ps`` holds the PS server handles
+    (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``).
+    """
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        topology: Topology,
+        *,
+        env: Mapping[str, str] | None = None,
+        ready_timeout: float = 60.0,
+    ) -> None:
+        self.fabric = fabric
+        self.topology = topology
+        self.ps: tuple[ServerProcess, ...] = ()
+        self.workers: tuple[WorkerProcess, ...] = ()
+        self._channels: list[grpc.Channel] = []
+        self._job_ids = 0
+        try:
+            # Workers first: their interpreters start while the PS servers come up.
+            self.workers = tuple(WorkerProcess(i, env=env) for i in range(topology.workers))
+            threads = str(max(16, 2 * topology.workers + 4))  # a blocked pull holds a thread
+            for index in range(topology.ps):
+                self.ps = (
+                    *self.ps,
+                    ServerProcess.start(
+                        fabric,
+                        extra_args=("--workers", threads),
+                        env=dict(env) if env is not None else None,
+                        ready_timeout=ready_timeout,
+                        name=f"PS {index} on {fabric.name}",
+                    ),
+                )
+            hellos = self._collect(self.workers, time.monotonic() + ready_timeout, "start")
+            for worker, hello in zip(self.workers, hellos, strict=True):
+                if hello.get("hello") != worker.pid:
+                    raise ClusterError(f"{worker.name} greeted with {hello!r}")
+            self._channels = [connect(ps.target) for ps in self.ps]
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The PS targets, by task index."""
+        return tuple(ps.target for ps in self.ps)
+
+    def channel(self, task: int) -> grpc.Channel:
+        """The parent's channel to PS ``task`` (for control calls, not for measuring)."""
+        return self._channels[task]
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Every process of the cluster: PS tasks, then workers."""
+        return (*(ps.pid for ps in self.ps), *(w.pid for w in self.workers))
+
+    # --- failures ------------------------------------------------------------------------
+    def died(self, grace: float = 0.5) -> ServerDied | None:
+        """The death of a PS or a worker, if one has died (the first found)."""
+        for ps in self.ps:
+            if ps.poll() is not None:
+                death = ps.died(grace)
+                if death is not None:
+                    return death
+        for worker in self.workers:
+            if worker.poll() is not None:
+                death = worker.death(grace)
+                if death is not None:
+                    return death
+        return None
+
+    def _failure(self, message: str) -> BaseException:
+        # A worker's RPC error is usually the symptom of a PS that died: report the cause.
+        return self.died(grace=1.0) or BenchmarkError(message)
+
+    # --- PS control ----------------------------------------------------------------------
+    def next_job_id(self) -> int:
+        self._job_ids += 1
+        return self._job_ids
+
+    def configure(self, jobs: Sequence[service_pb2.PSJob], timeout: float = 60.0) -> None:
+        """Start ``jobs[i]`` on PS ``i`` (dropping its previous job and weights)."""
+        self._call_all("Configure", jobs, service_pb2.PSJob, timeout)
+
+    def job_stats(self, timeout: float = 10.0) -> tuple[service_pb2.PSJobStats, ...]:
+        """What every PS saw of its current job, by task index."""
+        requests = [service_pb2.StatusRequest() for _ in self.ps]
+        return self._call_all("JobStats", requests, service_pb2.StatusRequest, timeout)
+
+    def _call_all(
+        self, name: str, requests: Sequence[Any], request_type: Any, timeout: float
+    ) -> tuple[service_pb2.PSJobStats, ...]:
+        replies = []
+        for ps, channel, request in zip(self.ps, self._channels, requests, strict=True):
+            call = channel.unary_unary(
+                method(name),
+                request_serializer=request_type.SerializeToString,
+                response_deserializer=service_pb2.PSJobStats.FromString,
+            )
+            try:
+                replies.append(call(request, timeout=timeout))
+            except grpc.RpcError as error:
+                death = ps.died()
+                if death is not None:
+                    raise death from error
+                code = error.code().name if isinstance(error, grpc.Call) else "error"
+                details = error.details() if isinstance(error, grpc.Call) else str(error)
+                raise BenchmarkError(f"{name} on {ps.name} failed: {code}: {details}") from error
+        return tuple(replies)
+
+    # --- worker jobs ---------------------------------------------------------------------
+    def run(self, jobs: Sequence[Mapping[str, Any]], timeout: float) -> list[dict[str, Any]]:
+        """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
+
+        Raises ServerDied when a worker or a PS dies, BenchmarkError when a worker reports an
+        error, ClusterError when they do not finish within ``timeout`` seconds.
+        """
+        if len(jobs) != len(self.workers):
+            raise ValueError(f"{len(jobs)} jobs for {len(self.workers)} workers")
+        deadline = time.monotonic() + timeout
+        for worker, job in zip(self.workers, jobs, strict=True):
+            worker.send(job)
+        try:
+            self._collect(self.workers, deadline, "prepare", expect="ready")
+        except Exception:
+            for worker in self.workers:
+                if worker.poll() is None:
+                    worker.send({"go": False})
+            raise
+        for worker in self.workers:
+            worker.send({"go": True})
+        replies = self._collect(self.workers, deadline, "run", expect="result")
+        return [reply["result"] for reply in replies]
+
+    def _collect(
+        self,
+        workers: Sequence[WorkerProcess],
+        deadline: float,
+        what: str,
+        expect: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """One message from each worker, or the first failure: a death, an error, a timeout."""
+        got: dict[int, dict[str, Any]] = {}
+        errors: list[str] = []
+        with selectors.DefaultSelector() as selector:
+            for worker in workers:
+                selector.register(worker.fileno(), selectors.EVENT_READ, worker)
+            while len(got) + len(errors) < len(workers):
+                for worker in workers:
+                    if worker.index in got:
+                        continue
+                    message = worker.take_line()
+                    if message is None:
+                        continue
+                    if "error" in message:
+                        errors.append(f"{worker.name}: {message['error']}")
+                        got[worker.index] = message
+                    elif expect is None or expect in message:
+                        got[worker.index] = message
+                if len(got) == len(workers):
+                    break
+                for ps in self.ps:
+                    ps.check_alive()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = [w.name for w in workers if w.index not in got]
+                    raise ClusterError(
+                        f"{', '.join(missing)} did not {what} in time" + self._tails(workers)
+                    )
+                for key, _ in selector.select(min(remaining, 0.5)):
+                    worker = key.data
+                    if not worker.read_more():
+                        selector.unregister(key.fileobj)
+                        raise worker.death(grace=5.0) or ClusterError(
+                            f"{worker.name} closed its stdout"
+                        )
+        if errors:
+            raise self._failure("; ".join(errors))
+        return [got[worker.index] for worker in workers]
+
+    def _tails(self, workers: Sequence[WorkerProcess]) -> str:
+        tails = [f"{w.name}: {w.stderr_tail(5)}" for w in workers if w.stderr_tail(5)]
+        return ("; stderr:\n" + "\n".join(tails)) if tails else ""
+
+    # --- lifetime ------------------------------------------------------------------------
+    def stop(self) -> dict[str, str]:
+        """Stop every process (workers first); return how each ended, by name."""
+        ended: dict[str, str] = {}
+        for channel in self._channels:
+            channel.close()
+        self._channels = []
+        for worker in self.workers:
+            ended[worker.name] = describe_exit(worker.stop())
+        for ps in self.ps:
+            ended[ps.name] = describe_exit(ps.stop())
+        return ended
+
+    def __enter__(self) -> PSCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"<PSCluster {self.topology.ps} PS x {self.topology.workers} workers "
+            f"on {self.fabric.name}>"
+        )
