@@ -35,6 +35,7 @@ from pytest_tfgrpc.compare import (
     min_samples,
     parse_tolerances,
     tolerance_for,
+    verdict_properties,
 )
 from pytest_tfgrpc.compare_cli import main
 from pytest_tfgrpc.report import result_properties
@@ -443,6 +444,14 @@ def test_compare_test_takes_live_properties(tmp_path: Path) -> None:
     comparison = compare_test(base, junit_test_id(nodeid), live, {"*": 0.1})
     assert {v.outcome for v in comparison.verdicts} == {Outcome.REGRESSION}
     assert [k.size for k in comparison.new] == ["2KiB"]
+    recorded = dict(verdict_properties(comparison))
+    assert recorded["tfgrpc.p2p_latency.1KiB.p99.verdict"] == "regression"
+    assert recorded["tfgrpc.p2p_latency.1KiB.p50.verdict_reason"].startswith("p50: +")
+    assert recorded["tfgrpc.p2p_latency.2KiB.verdict"] == "no baseline"
+    # Verdicts recorded on a test do not read back as figures of a later run.
+    again = measurements_from_properties(TEST, [*live, *recorded.items()])
+    assert again.keys() == measured.keys()
+    assert all(set(m.figures) == set(measured[k].figures) for k, m in again.items())
 
 
 # --- setup mismatches -------------------------------------------------------------------------
@@ -471,6 +480,16 @@ def test_setup_differences_are_mismatches() -> None:
     assert found["grpcio"].describe() == "grpcio: baseline 1.85.3, current 1.86.0"
     assert found["protobuf"].baseline == "(not recorded)"
     assert check_metadata(base, dict(base.meta), ["lo"]) == ()
+
+
+def test_fabric_names_with_dots_have_their_metadata_checked() -> None:
+    key = Key("t", "ib0.8001", "p2p_latency", "1KiB")
+    meta = {"fabric.ib0.8001.mtu": "2044", "fabric.ib0.8001.mode": "datagram"}
+    base = Baseline("a.xml", {key: Measurement(key, {})}, meta)
+    connected = {"fabric.ib0.8001.mtu": "65520", "fabric.ib0.8001.mode": "connected"}
+    found = check_metadata(base, connected, ["ib0.8001"])
+    assert [m.what for m in found] == ["fabric.ib0.8001.mode", "fabric.ib0.8001.mtu"]
+    assert check_metadata(base, meta, ["ib0.8001"]) == ()
 
 
 def test_baseline_without_metadata_is_a_mismatch() -> None:

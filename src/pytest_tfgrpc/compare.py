@@ -78,6 +78,7 @@ __all__ = [
     "min_samples",
     "parse_tolerances",
     "tolerance_for",
+    "verdict_properties",
 ]
 
 PREFIX = "tfgrpc."
@@ -100,7 +101,6 @@ _RESAMPLE_BLOCK = 500  # bootstrap rows drawn at once: bounds memory at 500 x bu
 #: Run metadata (``tfgrpc.meta.<key>``) that must agree between baseline and current run;
 #: ``fabric.<name>.<attribute>`` keys are checked too for every fabric both runs used.
 META_CHECKED = ("host", "grpcio", "protobuf", "python", "cpus")
-_FABRIC_META = re.compile(r"^fabric\.(?P<fabric>[^.]+)\.(?P<attribute>.+)$")
 
 
 class BaselineError(ValueError):
@@ -604,10 +604,9 @@ def check_metadata(
     if not baseline.meta and meta:
         return (*out, Mismatch("run metadata", _NOT_RECORDED, "recorded"))
     keys = set(META_CHECKED)
-    for key in baseline.meta.keys() | meta.keys():
-        match = _FABRIC_META.match(key)
-        if match and match["fabric"] in fabrics and match["fabric"] in baseline.fabrics:
-            keys.add(key)
+    # Match by known names: a fabric name may hold dots itself (IPoIB child ib0.8001).
+    prefixes = tuple(f"fabric.{name}." for name in fabrics & baseline.fabrics)
+    keys.update(key for key in baseline.meta.keys() | meta.keys() if key.startswith(prefixes))
     for key in sorted(keys):
         old, new = baseline.meta.get(key), meta.get(key)
         if old != new:
@@ -922,6 +921,21 @@ def compare_test(
         tuple(sorted(current.keys() - old.keys(), key=_sort_key)),
         tuple(mismatches),
     )
+
+
+def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
+    """JUnit properties of a test's verdicts: ``tfgrpc.<label>.<size>.<metric>.verdict`` (the
+    outcome: pass, regression, improvement or inconclusive) and ``...<metric>.verdict_reason``
+    (its one-line reason), and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each
+    measurement the baseline lacks."""
+    out = []
+    for v in comparison.verdicts:
+        name = f"{PREFIX}{v.key.label}.{v.key.size}.{v.metric}"
+        out.append((f"{name}.verdict", v.outcome.value))
+        out.append((f"{name}.verdict_reason", v.reason))
+    for key in comparison.new:
+        out.append((f"{PREFIX}{key.label}.{key.size}.verdict", "no baseline"))
+    return out
 
 
 def _format_value(value: float, unit: str) -> str:
