@@ -372,6 +372,28 @@ def test_large_but_noisy_change_is_inconclusive() -> None:
     assert "beyond the 10% tolerance but is not significant" in verdict.reason
 
 
+def test_figures_and_test_disagreeing_is_not_a_verdict_either_way() -> None:
+    key = Key("t", "lo", "p2p_latency", "1KiB")
+    base = Sketch.from_samples(latencies(2000, 1))
+    faster, same = (
+        Sketch.from_samples(latencies(2000, 2, 0.7)),
+        Sketch.from_samples(latencies(2000, 2)),
+    )
+    # The figures say 30% slower, the samples say significantly faster: no regression claimed.
+    verdict = compare_figure(
+        Measurement(key, {"p50": 100.0}, base), Measurement(key, {"p50": 130.0}, faster), "p50", 0.1
+    )
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+    assert "finds the opposite" in verdict.reason
+    # The figures say 30% faster, the samples show no significant change: nothing to fail.
+    verdict = compare_figure(
+        Measurement(key, {"p50": 100.0}, base), Measurement(key, {"p50": 70.0}, same), "p50", 0.025
+    )
+    assert verdict.outcome is Outcome.PASS
+    assert "better but not significantly" in verdict.reason
+    assert verdict.tolerance == 0.025
+
+
 def test_tail_change_within_a_wide_bootstrap_interval_is_inconclusive() -> None:
     rng = np.random.default_rng(0)
     base_ns = rng.lognormal(math.log(50_000), 1.0, 1000).astype(np.int64)

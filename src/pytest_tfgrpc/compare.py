@@ -694,7 +694,11 @@ def compare_figure(
     cur_value = new if new is not None else math.nan
     change = cur_value / base_value - 1.0 if base_value else math.nan
 
-    def verdict(outcome: Outcome, reason: str, **numbers: object) -> Verdict:
+    p_value: float | None = None
+    ci: tuple[float, float] | None = None
+    method = ""
+
+    def verdict(outcome: Outcome, reason: str) -> Verdict:
         return Verdict(
             key=current.key,
             metric=metric,
@@ -707,8 +711,10 @@ def compare_figure(
             baseline_samples=baseline.samples,
             current_samples=current.samples,
             reason=f"{metric}: {reason}",
+            method=method,
+            p_value=p_value,
+            ci=ci,
             alpha=alpha,
-            **numbers,  # type: ignore[arg-type]
         )
 
     inconclusive = Outcome.INCONCLUSIVE
@@ -735,16 +741,14 @@ def compare_figure(
                 inconclusive,
                 f"{_pct(change)}, but the {name} has {m.samples} samples: {what} needs >= {needed}",
             )
-    # Positive `worse` is a change for the worse, whichever way the metric runs.
-    worse = -change if gated.higher_is_better else change
-    numbers: dict[str, object]
+    # `direction` is +1 when the test finds the current run significantly worse, -1 better, and
+    # 0 not significant; durations that grew are worse for every metric (throughput is size
+    # over duration).
     if gated.quantile is None:
         test = mann_whitney_u_sketches(current.sketch, baseline.sketch)
-        significant = test.p_value < alpha
-        # Durations that grew are worse for every metric: throughput is size over duration.
-        direction = (1 if test.x_larger else -1) if significant else 0
+        method, p_value = "mann-whitney-u", test.p_value
+        direction = (1 if test.x_larger else -1) if test.p_value < alpha else 0
         evidence = f"Mann-Whitney U p={test.p_value:.2g}"
-        numbers = {"method": "mann-whitney-u", "p_value": test.p_value}
     else:
         low, high = bootstrap_quantile_ratio(
             baseline.sketch,
@@ -754,46 +758,33 @@ def compare_figure(
             resamples=resamples,
             seed=seed,
         )
+        method = "bootstrap"
         if not (math.isfinite(low) and math.isfinite(high)):
             return verdict(inconclusive, "the bootstrap is undefined (a resampled value of 0)")
-        direction = 1 if low > 1.0 else -1 if high < 1.0 else 0
         ci = (low - 1.0, high - 1.0)
+        direction = 1 if low > 1.0 else -1 if high < 1.0 else 0
         evidence = f"bootstrap {1 - alpha:.0%} CI [{_pct(ci[0])}, {_pct(ci[1])}]"
-        numbers = {"method": "bootstrap", "ci": ci}
-    limit = (
-        f"{tolerance:.0%} tolerance"
-        if tolerance * 100 == round(tolerance * 100)
-        else (f"{tolerance:.1%} tolerance")
-    )
-    if worse > tolerance:
-        if direction > 0:
-            return verdict(
-                Outcome.REGRESSION,
-                f"{_pct(change)} is worse than the {limit}, significant ({evidence})",
-                **numbers,
-            )
-        why = "is not significant" if direction == 0 else "contradicts the test"
-        return verdict(
-            inconclusive,
-            f"{_pct(change)} is beyond the {limit} but {why} ({evidence})",
-            **numbers,
-        )
-    if worse < -tolerance and direction < 0:
-        return verdict(
-            Outcome.IMPROVEMENT,
-            f"{_pct(change)} is better than the {limit}, significant ({evidence})",
-            **numbers,
-        )
-    if worse < -tolerance:
-        return verdict(
-            Outcome.PASS, f"{_pct(change)} is better but not significantly ({evidence})", **numbers
-        )
+    limit = f"{_percent(tolerance)} tolerance"
+    moved = _pct(change)
+    # Positive `worse` is a change for the worse, whichever way the metric runs.
+    worse = -change if gated.higher_is_better else change
+    if abs(worse) > tolerance:
+        bad = worse > 0
+        if direction == (1 if bad else -1):
+            outcome = Outcome.REGRESSION if bad else Outcome.IMPROVEMENT
+            side = "worse" if bad else "better"
+            return verdict(outcome, f"{moved} is {side} than the {limit}, significant ({evidence})")
+        if direction == 0 and not bad:
+            return verdict(Outcome.PASS, f"{moved} is better but not significantly ({evidence})")
+        why = "is not significant" if direction == 0 else "the test finds the opposite"
+        return verdict(inconclusive, f"{moved} is beyond the {limit} but {why} ({evidence})")
     significance = "significant" if direction else "not significant"
-    return verdict(
-        Outcome.PASS,
-        f"{_pct(change)} is within the {limit} ({significance}: {evidence})",
-        **numbers,
-    )
+    return verdict(Outcome.PASS, f"{moved} is within the {limit} ({significance}: {evidence})")
+
+
+def _percent(fraction: float) -> str:
+    """A tolerance as written: 10%, 2.5%."""
+    return f"{fraction * 100:g}%"
 
 
 @dataclass(frozen=True)
