@@ -516,9 +516,24 @@ def test_fabric_names_with_dots_have_their_metadata_checked() -> None:
 
 def test_baseline_without_metadata_is_a_mismatch() -> None:
     key = Key("t", "lo", "p2p_latency", "1KiB")
-    base = Baseline("a.xml", {key: Measurement(key, {})})
+    base = Baseline("a.xml", {key: Measurement(key, {})}, hostname="n1")
+    (mismatch,) = check_metadata(base, {"host": "n1", "grpcio": "1.85.3"}, ["lo"])
+    assert mismatch.describe() == "run metadata: baseline (not recorded), current recorded"
+    # Neither run recorded any: still said, never silently taken as the same setup.
     (mismatch,) = check_metadata(base, {"host": "n1"}, ["lo"])
-    assert mismatch.what == "run metadata" and mismatch.baseline == "(not recorded)"
+    assert mismatch.describe() == "run metadata: baseline (not recorded), current (not recorded)"
+    # pytest's hostname still tells another host apart.
+    found = check_metadata(base, {"host": "n2"}, ["lo"])
+    assert [m.describe() for m in found][1] == "host: baseline n1, current n2"
+
+
+def test_hostname_stands_in_for_host(tmp_path: Path) -> None:
+    base = run(tmp_path, "a.xml", {TEST: properties({1024: latencies(100, 1)})}, meta={})
+    assert base.meta == {} and base.hostname == "" and base.setup() == {}
+    path = tmp_path / "b.xml"
+    write_junit(path, {TEST: properties({1024: latencies(100, 1)})}, meta={})
+    path.write_text(path.read_text().replace("<testsuite ", '<testsuite hostname="n7" ', 1))
+    assert load_baseline(path).setup() == {"host": "n7"}
 
 
 def test_another_rpc_shape_is_a_mismatch(tmp_path: Path) -> None:

@@ -416,12 +416,22 @@ class Baseline:
     """A recorded run: its measurements by :class:`Key`, and its run metadata.
 
     ``meta`` maps ``tfgrpc.meta.<key>`` properties by ``<key>`` (``host``, ``grpcio``,
-    ``fabric.eth0.mtu``). The current run, loaded the same way, is a Baseline too.
+    ``fabric.eth0.mtu``); ``hostname`` is the ``<testsuite hostname>`` pytest writes, which
+    stands in for ``host`` where the run recorded no metadata. The current run, loaded the same
+    way, is a Baseline too.
     """
 
     source: str
     measurements: Mapping[Key, Measurement]
     meta: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    hostname: str = ""
+
+    def setup(self) -> dict[str, str]:
+        """``meta``, with ``hostname`` as ``host`` where it records no host."""
+        out = dict(self.meta)
+        if self.hostname:
+            out.setdefault("host", self.hostname)
+        return out
 
     @property
     def fabrics(self) -> frozenset[str]:
@@ -540,11 +550,11 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     meta: dict[str, str] = {}
     measurements: dict[Key, Measurement] = {}
     cases = 0
+    hostname = ""
     for suite in xml:
         for name, value in _properties(suite):
             _add_meta(meta, name, value)
-        if suite.hostname and "host" not in meta:
-            meta["host"] = str(suite.hostname)
+        hostname = hostname or str(suite.hostname or "")
         case: Any
         for case in suite:
             if not case.name:
@@ -560,7 +570,9 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
             f"{where} holds no tfgrpc figures ({cases} named test cases): was it written by "
             "pytest --junitxml with pytest-tfgrpc benchmarks?"
         )
-    return Baseline(os.fspath(path), MappingProxyType(measurements), MappingProxyType(meta))
+    return Baseline(
+        os.fspath(path), MappingProxyType(measurements), MappingProxyType(meta), hostname
+    )
 
 
 def _properties(element: Any) -> list[tuple[str, str]]:
@@ -594,21 +606,26 @@ def check_metadata(
     """How the current run's setup (``meta`` as in :attr:`Baseline.meta`, and the fabrics it
     measured on) differs from the baseline's: a fabric the baseline never measured, and any of
     :data:`META_CHECKED` or ``fabric.<name>.*`` (MTU, speed, IPoIB mode) that differs or is
-    recorded by one run only. A baseline without any metadata is itself a mismatch: nothing
-    then says it comes from the same setup. The caller decides what a mismatch costs."""
+    recorded by one run only. A baseline without metadata is itself a mismatch (only its
+    host, from pytest's ``hostname``, can then be checked): nothing says it comes from the same
+    setup. The caller decides what a mismatch costs."""
     out = []
     fabrics = frozenset(fabrics)
     for fabric in sorted(fabrics - baseline.fabrics):
         known = ", ".join(sorted(baseline.fabrics)) or "none"
         out.append(Mismatch("fabric", f"measured on {known}", f"measures on {fabric}"))
-    if not baseline.meta and meta:
-        return (*out, Mismatch("run metadata", _NOT_RECORDED, "recorded"))
-    keys = set(META_CHECKED)
-    # Match by known names: a fabric name may hold dots itself (IPoIB child ib0.8001).
-    prefixes = tuple(f"fabric.{name}." for name in fabrics & baseline.fabrics)
-    keys.update(key for key in baseline.meta.keys() | meta.keys() if key.startswith(prefixes))
+    old_setup = baseline.setup()
+    keys = {"host"}
+    if baseline.meta:
+        keys.update(META_CHECKED)
+        # Match by known names: a fabric name may hold dots itself (IPoIB child ib0.8001).
+        prefixes = tuple(f"fabric.{name}." for name in fabrics & baseline.fabrics)
+        keys.update(key for key in old_setup.keys() | meta.keys() if key.startswith(prefixes))
+    else:
+        recorded = "recorded" if set(meta) - {"host"} else _NOT_RECORDED
+        out.append(Mismatch("run metadata", _NOT_RECORDED, recorded))
     for key in sorted(keys):
-        old, new = baseline.meta.get(key), meta.get(key)
+        old, new = old_setup.get(key), meta.get(key)
         if old != new:
             out.append(Mismatch(key, old or _NOT_RECORDED, new or _NOT_RECORDED))
     return tuple(out)
@@ -880,7 +897,7 @@ def compare_runs(
     verdicts, mismatches = _compare_measurements(
         baseline.measurements, current.measurements, tolerances, alpha, resamples, seed
     )
-    setup = check_metadata(baseline, current.meta, current.fabrics)
+    setup = check_metadata(baseline, current.setup(), current.fabrics)
     return Comparison(
         tuple(verdicts),
         tuple(sorted(baseline.measurements.keys() - current.measurements.keys(), key=_sort_key)),
