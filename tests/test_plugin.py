@@ -245,3 +245,41 @@ def test_payload_schemes_record_the_buffers_they_sent(
     assert len(sizes) == 10 and {10, 10_000} == set(sizes)
     assert sum(sizes) == int(random[f"{key}.bytes"])
     assert random[f"{key}.samples"] == "30"
+
+
+ALLOCATOR_PROBE = """
+import grpc
+from pytest_tfgrpc import transport
+from pytest_tfgrpc._proto import service_pb2
+
+def test_probe(tfgrpc, tensor_server, record_property):
+    result = tfgrpc.p2p_latency(tensor_server, ["1KiB"])
+    with grpc.insecure_channel(tensor_server.target) as channel:
+        reply = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=5)
+    env = service_pb2.ServerStatus.FromString(reply).environment
+    print("SERVER-ENV", dict(env))
+    print("CLIENT", dict(result.settings))
+"""
+
+
+@pytest.mark.parametrize("policy", ["tuned", "default"])
+def test_the_allocator_policy_reaches_servers_and_results(
+    pytester: pytest.Pytester, quick: tuple[str, ...], policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(ALLOCATOR_PROBE)
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest_subprocess(
+        *quick, f"--tfgrpc-allocator={policy}", f"--junitxml={xml}", "-s"
+    )
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    settings = properties(xml)["test_probe[lo]"]["tfgrpc.p2p_latency.settings"]
+    if policy == "tuned":
+        assert "'MALLOC_MMAP_THRESHOLD_': '33554432'" in out
+        assert "mallopt.M_MMAP_THRESHOLD=33554432" in settings
+    else:
+        assert "SERVER-ENV {}" in out
+        assert "mallopt" not in settings
+    assert "iterations=30" in settings and "grpcio=" in settings

@@ -15,6 +15,7 @@ from pytest_tfgrpc.fabric import Fabric, FabricError, parse_fabric_names, resolv
 from pytest_tfgrpc.process import ServerProcess
 from pytest_tfgrpc.report import SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
+from pytest_tfgrpc.tuning import ALLOCATOR_POLICIES, apply_policy
 from pytest_tfgrpc.units import UnitError, parse_seconds
 
 FABRIC_HELP = (
@@ -28,6 +29,12 @@ RUN_OPTIONS = {
     "warmup_time": "seconds after which warm-up stops, whatever the count",
     "duration": "time-based runs: measure each message size for this many seconds",
 }
+ALLOCATOR_HELP = (
+    "glibc allocator policy of the measuring process and its servers: 'tuned' (default) "
+    "keeps large-message memory on the heap (MALLOC_MMAP_THRESHOLD_=32MiB, "
+    "MALLOC_TRIM_THRESHOLD_=1GiB unless set); 'default' leaves glibc as it is. Recorded "
+    "with every result."
+)
 MARKERS = (
     "message_profile(name_or_sizes=None, *, sizes=None, scheme='uniform'): the message "
     "sizes of the test's benchmarks: a list such as ['4B', '64KiB'] or a range "
@@ -42,6 +49,7 @@ MARKERS = (
 class _Session:
     fabrics: tuple[Fabric, ...]
     options: RunOverrides
+    server_env: dict[str, str] | None = None
     servers: list[ServerProcess] = field(default_factory=list)
 
     def stop_servers(self) -> None:
@@ -67,6 +75,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=FABRIC_HELP,
     )
     parser.addini("tfgrpc_fabric", FABRIC_HELP, type="args", default=[])
+    group.addoption(
+        "--tfgrpc-allocator",
+        dest="tfgrpc_allocator",
+        choices=ALLOCATOR_POLICIES,
+        help=ALLOCATOR_HELP,
+    )
+    parser.addini("tfgrpc_allocator", ALLOCATOR_HELP, default="tuned")
     for name, help_text in RUN_OPTIONS.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
         group.addoption(flag, dest=f"tfgrpc_{name}", metavar="N", help=help_text)
@@ -109,7 +124,14 @@ def pytest_configure(config: pytest.Config) -> None:
         fabrics = resolve_fabrics(parse_fabric_names(given))
     except FabricError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config.stash[_session_key] = _Session(fabrics=fabrics, options=_run_overrides(config))
+    policy = config.getoption("tfgrpc_allocator") or config.getini("tfgrpc_allocator")
+    try:
+        server_env = apply_policy(policy)
+    except ValueError as exc:
+        raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
+    config.stash[_session_key] = _Session(
+        fabrics=fabrics, options=_run_overrides(config), server_env=server_env
+    )
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run prints
         config.pluginmanager.register(SummaryReporter(), _REPORTER_NAME)
 
@@ -215,8 +237,9 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 def tensor_server(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[ServerProcess]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails."""
-    started = request.config.stash[_session_key].servers
-    server = ServerProcess.start(fabric)
+    session = request.config.stash[_session_key]
+    started = session.servers
+    server = ServerProcess.start(fabric, env=session.server_env)
     started.append(server)
     request.node.stash.setdefault(_servers_key, []).append(server)
     try:

@@ -37,9 +37,11 @@ def property_value(figure: Figure) -> str:
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
     """The properties of one result: its figures per size, and how it was measured."""
+    settings = ";".join(f"{key}={value}" for key, value in sorted(result.settings.items()))
     out = [
         (f"{PREFIX}{result.label}.rpc", result.rpc),
         (f"{PREFIX}{result.label}.mode", result.mode),
+        (f"{PREFIX}{result.label}.settings", settings),
     ]
     for size in result.sizes:
         if size.payload:
