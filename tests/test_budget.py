@@ -75,10 +75,17 @@ def test_registry_lists_time_then_rate_metrics() -> None:
         "max",
         "throughput",
         "throughput_p50",
+        "step_p50",
+        "step_p99",
+        "step_mean",
+        "step_max",
+        "imbalance",
+        "rpc_rate",
     ]
     assert METRICS["p999"] == Metric("p999", TIME, 0.999)
     assert METRICS["throughput"].kind is RATE
-    assert all(metric.kind is not RATIO for metric in METRICS.values())
+    assert METRICS["imbalance"].kind is RATIO
+    assert METRICS["step_p99"] == Metric("step_p99", TIME, 0.99)
 
 
 def test_registry_is_read_only_and_refuses_a_conflicting_metric() -> None:
@@ -157,7 +164,8 @@ def test_unknown_metric_lists_the_known_ones() -> None:
         parse_budget({"p98": "1ms"})
     assert str(info.value) == (
         "unknown budget metric 'p98': known metrics are min, mean, p50, p90, p99, p999, max, "
-        "throughput, throughput_p50; did you mean 'p99'?"
+        "throughput, throughput_p50, step_p50, step_p99, step_mean, step_max, imbalance, "
+        "rpc_rate; did you mean 'p99'?"
     )
 
 

@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 
 from pytest_tfgrpc.bench.ps import (
-    METRICS,
     PSResult,
     fetch_weights,
     ps_throughput,
     sync_sgd_step,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.budget import METRICS as BASE_METRICS
-from pytest_tfgrpc.budget import Budget, BudgetError, check, parse_limit
+from pytest_tfgrpc.budget import Budget, BudgetError, check, parse_budget
 from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.process import ServerDied
@@ -133,22 +131,21 @@ def test_sync_sgd_step_bytes_follow_the_placement(lo: Fabric, sharding: str) -> 
 
 
 def _budget(**limits: str) -> Budget:
-    known = {**BASE_METRICS, **{metric.name: metric for metric in METRICS}}
-    return Budget(tuple(parse_limit(name, value, known) for name, value in limits.items()))
+    return parse_budget(limits)
 
 
 def test_budgets_read_ps_results(cluster: PSCluster) -> None:
     result = sync_sgd_step(cluster, PROFILE, run=STEPS)
     assert isinstance(result, PSResult)
     point = result.sizes[0]
-    assert check(_budget(imbalance=f"<={point.imbalance}"), result) == ()  # type: ignore[arg-type]
-    breaches = check(_budget(imbalance="<=0.5", step_p50="1ns"), result)  # type: ignore[arg-type]
+    assert check(_budget(imbalance=f"<={point.imbalance}"), result) == ()
+    breaches = check(_budget(imbalance="<=0.5", step_p50="1ns"), result)
     assert {b.metric for b in breaches} == {"imbalance", "step_p50"}
     with pytest.raises(BudgetError, match="reports no figure 'p99'"):
-        check(_budget(p99="1s"), result)  # type: ignore[arg-type]
+        check(_budget(p99="1s"), result)
     rates = ps_throughput(cluster, [64], run=RUN)
-    assert check(_budget(rpc_rate=">=1"), rates) == ()  # type: ignore[arg-type]
-    assert len(check(_budget(rpc_rate=">=1e12"), rates)) == 1  # type: ignore[arg-type]
+    assert check(_budget(rpc_rate=">=1"), rates) == ()
+    assert len(check(_budget(rpc_rate=">=1e12"), rates)) == 1
 
 
 def test_eight_workers_on_four_ps(lo: Fabric) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.results import Measured
 from pytest_tfgrpc.stats import min_samples_for
 from pytest_tfgrpc.units import (
     UnitError,
@@ -96,6 +96,18 @@ RATE = Kind("rate", "B/s", ">=", parse_rate_Bps, format_rate, False, "'>=1 GB/s'
 RATIO = Kind("ratio", "", "<=", _parse_ratio, _format_ratio, True, "'<=1.2'")
 
 
+def _parse_per_second(text: str) -> float:
+    text = text.strip().removesuffix("/s").strip()
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a rate per second, e.g. '>=500'") from None
+
+
+#: Operations (RPCs, steps) per second: a minimum by default (``rpc_rate=">=500"``).
+PER_SECOND = Kind("per second", "1/s", ">=", _parse_per_second, "{:.4g}/s".format, True, "'>=500'")
+
+
 @dataclass(frozen=True)
 class Metric:
     """A figure that budgets can limit. ``quantile`` is set for percentiles (0.99 for p99):
@@ -133,6 +145,13 @@ for _metric in (
     Metric("max", TIME),
     Metric("throughput", RATE),
     Metric("throughput_p50", RATE),
+    # parameter-server benchmarks (bench/ps.py)
+    Metric("step_p50", TIME, 0.5),
+    Metric("step_p99", TIME, 0.99),
+    Metric("step_mean", TIME),
+    Metric("step_max", TIME),
+    Metric("imbalance", RATIO),
+    Metric("rpc_rate", PER_SECOND),
 ):
     register_metric(_metric)
 
@@ -261,13 +280,13 @@ class Breach:
     reason: str = ""
 
 
-def _name(result: BenchmarkResult) -> str:
+def _name(result: Measured) -> str:
     if result.label == result.benchmark:
         return result.label
     return f"{result.label} ({result.benchmark})"
 
 
-def check(budget: Budget, result: BenchmarkResult) -> tuple[Breach, ...]:
+def check(budget: Budget, result: Measured) -> tuple[Breach, ...]:
     """Check every limit of ``budget`` against every size of ``result``; return the breaches.
 
     A percentile limit on a size with fewer samples than the percentile needs
@@ -312,7 +331,7 @@ def check(budget: Budget, result: BenchmarkResult) -> tuple[Breach, ...]:
     return tuple(breaches)
 
 
-def format_breaches(result: BenchmarkResult, breaches: tuple[Breach, ...], checked: int) -> str:
+def format_breaches(result: Measured, breaches: tuple[Breach, ...], checked: int) -> str:
     """The failure message: a headline naming the result and fabric, then an aligned table."""
     checks = "check" if checked == 1 else "checks"
     lines = [
@@ -341,14 +360,14 @@ def format_breaches(result: BenchmarkResult, breaches: tuple[Breach, ...], check
     return "\n".join(lines)
 
 
-def assert_budget(result: BenchmarkResult, **limits: object) -> None:
+def assert_budget(result: Measured, **limits: object) -> None:
     """Fail the test with a table when ``result`` breaks any of ``limits``.
 
     ``assert_budget(result, p99="500us", throughput=">=2 GB/s")``: each keyword is a metric of
     :data:`METRICS`, each value a limit as in the ``budget`` marker.
     """
     __tracebackhide__ = True
-    if not isinstance(result, BenchmarkResult):
+    if not isinstance(result, Measured):
         raise TypeError(
             "assert_budget() takes the result a tfgrpc benchmark returned "
             f"(result = tfgrpc.p2p_latency(server)), not {type(result).__name__}"

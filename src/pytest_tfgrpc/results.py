@@ -7,9 +7,10 @@ so that the three never disagree about a name, a unit or a value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -105,6 +106,41 @@ class SizeResult:
             if fig.metric == metric:
                 return fig
         return None
+
+
+class MeasuredPoint(Protocol):
+    """One measured message size, payload or step of a result, as budgets read it."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def count(self) -> int: ...
+
+    def figure(self, metric: str, *, rates: bool = True) -> Figure | None: ...
+
+
+@runtime_checkable
+class Measured(Protocol):
+    """What every benchmark returns: named points with figures, on one fabric."""
+
+    @property
+    def benchmark(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def fabric(self) -> str: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def reports_rates(self) -> bool: ...
+
+    @property
+    def sizes(self) -> Sequence[MeasuredPoint]: ...
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,79 +29,31 @@ import numpy.typing as npt
 from pytest_tfgrpc import transport
 from pytest_tfgrpc._proto import service_pb2
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.budget import RATIO, TIME, Kind, Metric, register_metric
 from pytest_tfgrpc.client import BenchmarkError
 from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.profiles import Profile
 from pytest_tfgrpc.ps_service import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.results import Figure
+from pytest_tfgrpc.schemes import Payload
 from pytest_tfgrpc.stats import Summary, summarize
 from pytest_tfgrpc.topology import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.units import size_label
 
 __all__ = [
-    "METRICS",
     "PS_THROUGHPUT_RUN",
     "SYNC_SGD_RUN",
     "CpuTime",
     "PSLoad",
     "PSPoint",
     "PSResult",
-    "Payload",
     "fetch_weights",
     "ps_throughput",
-    "register_metrics",
     "sync_sgd_step",
 ]
 
 PS_THROUGHPUT_RUN = RunSpec(iterations=200, warmup=10, max_seconds=5.0, warmup_seconds=2.0)
 SYNC_SGD_RUN = RunSpec(iterations=20, warmup=2, max_seconds=30.0, warmup_seconds=10.0)
 PREFIX = "tfgrpc."
-
-
-def _parse_per_second(text: str) -> float:
-    text = text.strip().removesuffix("/s").strip()
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"cannot read {text!r} as a rate per second, e.g. '>=500'") from None
-
-
-#: RPCs (or steps) per second: a minimum by default (``rpc_rate=">=500"``).
-PER_SECOND = Kind("per second", "1/s", ">=", _parse_per_second, "{:.4g}/s".format, True, "'>=500'")
-
-#: The budget metrics these results add (``step_p99="250ms"``, ``imbalance="<=1.2"``);
-#: :func:`register_metrics` makes them known to budgets.
-METRICS = (
-    Metric("step_p50", TIME, 0.5),
-    Metric("step_p99", TIME, 0.99),
-    Metric("step_mean", TIME),
-    Metric("step_max", TIME),
-    Metric("imbalance", RATIO),
-    Metric("rpc_rate", PER_SECOND),
-)
-
-
-def register_metrics() -> None:
-    """Register :data:`METRICS` with :mod:`pytest_tfgrpc.budget` (harmless to repeat).
-
-    Not done on import, so that importing a benchmark does not change what every budget
-    accepts behind the caller's back.
-    """
-    for metric in METRICS:
-        register_metric(metric)
-
-
-@dataclass(frozen=True)
-class Payload:
-    """A payload of several buffers (TF-gRPC-Bench's iovec buffers), sent as one message."""
-
-    key: str
-    buffers: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.buffers)
 
 
 @dataclass(frozen=True)
@@ -308,7 +260,7 @@ def _payloads(
             raise ValueError(f"a placement over {payload.ps} PS tasks for a cluster of {ps}")
         return [(f"placed_{payload.sharding}", list(payload.bytes_per_ps()))]
     if isinstance(payload, Payload):
-        return [(payload.key, [payload.nbytes] * ps)]
+        return [(payload.description, [payload.total_bytes] * ps)]
     sizes = list(payload)
     if not sizes:
         raise ValueError("no message sizes to measure")
