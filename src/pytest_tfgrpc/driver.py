@@ -7,19 +7,25 @@ options, and a function that records properties on the test.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
 from pytest_tfgrpc.bench.p2p import Message
+from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.client import Server
+from pytest_tfgrpc.cluster import PSCluster
+from pytest_tfgrpc.profiles import Profile, load_profile
 from pytest_tfgrpc.report import PREFIX, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.schemes import Payload
 from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, run_spec
+from pytest_tfgrpc.topology import Placement, place_profile
 from pytest_tfgrpc.units import UnitError, parse_sizes
 
 Recorder = Callable[[str, str], None]
+R = TypeVar("R", BenchmarkResult, PSResult)
 
 
 class Driver:
@@ -47,7 +53,7 @@ class Driver:
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
-        self.results: list[BenchmarkResult] = []
+        self.results: list[BenchmarkResult | PSResult] = []
 
     def _sizes(self, sizes: Any, call: str) -> tuple[Message, ...]:
         if sizes is None:
@@ -149,6 +155,89 @@ class Driver:
         )
         return self.record(result)
 
+    def ps_throughput(
+        self,
+        cluster: PSCluster,
+        sizes: Sequence[int | str] | str | int | None = None,
+        *,
+        mode: str = "raw",
+        iterations: int | None = None,
+        warmup: int | None = None,
+        max_seconds: float | None = None,
+        warmup_seconds: float | None = None,
+        duration: float | None = None,
+        label: str | None = None,
+    ) -> PSResult:
+        """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see README.
+
+        With a model profile on the test, each PS receives the bytes its placement owns and
+        the result carries the placement's load imbalance.
+        """
+        __tracebackhide__ = True
+        run = self._run(
+            bench.PS_THROUGHPUT_RUN,
+            "ps_throughput",
+            iterations=iterations,
+            warmup=warmup,
+            max_seconds=max_seconds,
+            warmup_seconds=warmup_seconds,
+            duration=duration,
+        )
+        self._check_label(label or "ps_throughput")
+        key = None
+        payload: Sequence[int] | Placement | Payload
+        messages = self._messages
+        if sizes is None and messages is not None and messages.profile is not None:
+            topology = cluster.topology
+            payload = place_profile(messages.profile, topology.ps, topology.sharding)
+            key = messages.profile.name
+        elif sizes is None and messages is not None and messages.payload is not None:
+            payload = messages.payload
+        else:
+            payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
+        result = bench.ps_throughput(cluster, payload, mode=mode, run=run, label=label, key=key)
+        return self.record(result)
+
+    def sync_sgd_step(
+        self,
+        cluster: PSCluster,
+        profile: Profile | str | None = None,
+        *,
+        iterations: int | None = None,
+        warmup: int | None = None,
+        max_seconds: float | None = None,
+        warmup_seconds: float | None = None,
+        duration: float | None = None,
+        check: bool = False,
+        label: str | None = None,
+    ) -> PSResult:
+        """Synchronous SGD steps of a model profile on the cluster; see the README."""
+        __tracebackhide__ = True
+        run = self._run(
+            bench.SYNC_SGD_RUN,
+            "sync_sgd_step",
+            iterations=iterations,
+            warmup=warmup,
+            max_seconds=max_seconds,
+            warmup_seconds=warmup_seconds,
+            duration=duration,
+        )
+        self._check_label(label or "sync_sgd_step")
+        if profile is None:
+            if self._messages is None or self._messages.profile is None:
+                raise SpecError(
+                    f"{self._test}: sync_sgd_step() needs a model profile: pass one or mark "
+                    "the test with @pytest.mark.message_profile('resnet50')"
+                )
+            profile = self._messages.profile
+        elif not isinstance(profile, Profile):
+            try:
+                profile = load_profile(profile)
+            except (ValueError, OSError) as exc:
+                raise SpecError(f"{self._test}: sync_sgd_step() profile: {exc}") from None
+        result = bench.sync_sgd_step(cluster, profile, run=run, check=check, label=label)
+        return self.record(result)
+
     def _check_label(self, label: str) -> None:
         if "." in label or not label:
             raise SpecError(f"{self._test}: label {label!r} must be non-empty and without dots")
@@ -158,7 +247,7 @@ class Driver:
                 "in the JUnit XML; give each call its own label=..."
             )
 
-    def record(self, result: BenchmarkResult) -> BenchmarkResult:
+    def record(self, result: R) -> R:
         """Record a result on the test, then check the test's budget against it."""
         __tracebackhide__ = True
         self._check_label(result.label)
@@ -170,7 +259,10 @@ class Driver:
         if result.target not in self._targets:
             self._targets.add(result.target)
             self._record(f"{PREFIX}target", result.target)
-        for name, value in result_properties(result):
+        properties = (
+            result.properties() if isinstance(result, PSResult) else result_properties(result)
+        )
+        for name, value in properties:
             self._record(name, value)
         if self._budget is not None and self._budget.limits:
             breaches = check(self._budget, result)

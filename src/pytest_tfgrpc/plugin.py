@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 import pytest
 
 from pytest_tfgrpc.budget import Budget
+from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.driver import Driver
 from pytest_tfgrpc.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 from pytest_tfgrpc.process import ServerProcess
 from pytest_tfgrpc.report import SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
+from pytest_tfgrpc.topology import Topology, topology_spec
 from pytest_tfgrpc.tuning import ALLOCATOR_POLICIES, apply_policy
 from pytest_tfgrpc.units import UnitError, parse_seconds
 
@@ -41,7 +44,11 @@ MARKERS = (
     "'1KiB..64MiB' (powers of two).",
     "budget(**limits): limits checked on every result the test records, e.g. "
     "budget(p99='2ms', throughput='>=1 GB/s'). Metrics: min, mean, p50, p90, p99, p999, "
-    "max, throughput, throughput_p50.",
+    "max, throughput, throughput_p50, step_p50, step_p99, step_mean, step_max, imbalance, "
+    "rpc_rate.",
+    "ps_topology(ps=1, workers=1, sharding='round_robin'): the parameter-server cluster of "
+    "the ps_cluster fixture: PS processes, worker processes, and how tensors are placed on "
+    "PS tasks (round_robin, greedy, partitioned).",
 )
 
 
@@ -60,8 +67,25 @@ class _Session:
 _REPORTER_NAME = "tfgrpc-summary"
 
 _session_key = pytest.StashKey[_Session]()
-_servers_key = pytest.StashKey[list[ServerProcess]]()
-_specs_key = pytest.StashKey[tuple[MessageSpec | None, Budget | None]]()
+
+
+class Watched(Protocol):
+    """Processes a test uses: a death among them fails the test."""
+
+    def died(self, grace: float = 0.5) -> BaseException | None: ...
+
+
+@dataclass(frozen=True)
+class ItemSpecs:
+    """What a test's markers declare, validated once at setup."""
+
+    messages: MessageSpec | None
+    budget: Budget | None
+    topology: Topology
+
+
+_watched_key = pytest.StashKey[list[Watched]]()
+_specs_key = pytest.StashKey[ItemSpecs]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -162,7 +186,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
 
 
-def _item_specs(item: pytest.Item) -> tuple[MessageSpec | None, Budget | None]:
+def _item_specs(item: pytest.Item) -> ItemSpecs:
     cached = item.stash.get(_specs_key, None)
     if cached is not None:
         return cached
@@ -174,8 +198,11 @@ def _item_specs(item: pytest.Item) -> tuple[MessageSpec | None, Budget | None]:
     for mark in reversed(list(item.iter_markers("budget"))):  # closest last: it wins
         spec = budget_spec(mark.args, mark.kwargs)
         budget = spec if budget is None else budget.merged(spec)
-    item.stash[_specs_key] = (messages, budget)
-    return messages, budget
+    mark = item.get_closest_marker("ps_topology")
+    topology = topology_spec(mark.args, mark.kwargs) if mark is not None else Topology(1, 1)
+    specs = ItemSpecs(messages, budget, topology)
+    item.stash[_specs_key] = specs
+    return specs
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -191,9 +218,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     result = yield
-    # A server that died during the test fails it, even if the test never noticed.
-    for server in item.stash.get(_servers_key, []):
-        server.check_alive()
+    # A process that died during the test fails it, even if the test never noticed.
+    for watched in item.stash.get(_watched_key, []):
+        death = watched.died(grace=0)
+        if death is not None:
+            raise death
     return result
 
 
@@ -241,7 +270,7 @@ def tensor_server(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[Se
     started = session.servers
     server = ServerProcess.start(fabric, env=session.server_env)
     started.append(server)
-    request.node.stash.setdefault(_servers_key, []).append(server)
+    request.node.stash.setdefault(_watched_key, []).append(server)
     try:
         yield server
     finally:
@@ -251,15 +280,32 @@ def tensor_server(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[Se
 
 
 @pytest.fixture
+def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSCluster]:
+    """Parameter-server processes and worker processes bound to ``fabric``, as the test's
+    ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test ends;
+    if one of its processes dies during the test, the test fails."""
+    session = request.config.stash[_session_key]
+    topology = _item_specs(request.node).topology
+    with PSCluster(fabric, topology, env=session.server_env) as cluster:
+        request.node.stash.setdefault(_watched_key, []).append(cluster)
+        yield cluster
+
+
+@pytest.fixture
 def tfgrpc(request: pytest.FixtureRequest) -> Driver:
-    """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``."""
+    """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
+    ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
     item = request.node
-    messages, budget = _item_specs(item)
+    specs = _item_specs(item)
     session = request.config.stash[_session_key]
 
     def record(name: str, value: str) -> None:
         item.user_properties.append((name, value))
 
     return Driver(
-        test=item.nodeid, messages=messages, budget=budget, options=session.options, record=record
+        test=item.nodeid,
+        messages=specs.messages,
+        budget=specs.budget,
+        options=session.options,
+        record=record,
     )

@@ -86,7 +86,7 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
         if len(parts) != 3:
             continue
         label, size, metric = parts
-        if metric in ("rpc", "mode", "bytes", "buffers"):
+        if metric in ("rpc", "mode", "bytes", "buffers", "topology") or size == "model":
             continue
         keyed.setdefault((label, size), {})[metric] = value
     rows = []
@@ -98,8 +98,8 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
                 fabric=fabric,
                 label=label,
                 size=size,
-                p50_us=_float(metrics.get("p50_us")),
-                p99_us=_float(metrics.get("p99_us")),
+                p50_us=_float(metrics.get("p50_us", metrics.get("step_p50_us"))),
+                p99_us=_float(metrics.get("p99_us", metrics.get("step_p99_us"))),
                 throughput_MBps=_float(metrics.get("throughput_MBps")),
                 samples=int(samples) if samples is not None else None,
             )

@@ -1,6 +1,17 @@
 """The benchmarks, one module each; this package's names are the benchmark API."""
 
 from pytest_tfgrpc.bench.p2p import BANDWIDTH_RUN, LATENCY_RUN, p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, SYNC_SGD_RUN, ps_throughput, sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 
-__all__ = ["BANDWIDTH_RUN", "LATENCY_RUN", "RunSpec", "p2p_bandwidth", "p2p_latency"]
+__all__ = [
+    "BANDWIDTH_RUN",
+    "LATENCY_RUN",
+    "PS_THROUGHPUT_RUN",
+    "SYNC_SGD_RUN",
+    "RunSpec",
+    "p2p_bandwidth",
+    "p2p_latency",
+    "ps_throughput",
+    "sync_sgd_step",
+]
