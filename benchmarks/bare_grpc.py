@@ -8,6 +8,7 @@ or SIGTERM. Handlers are generic and raw-bytes (no serializers), so protobuf cos
 Client measurements, each returning every timed operation in ns:
 
 - :func:`unary_echo`: sync unary echo (latency);
+- :func:`aio_unary_echo`: ``grpc.aio`` unary echo (latency);
 - :func:`aio_stream_pingpong`: ``grpc.aio`` stream-stream ping-pong on one long-lived stream;
 - :func:`client_stream_push`: a tensor as 1 MiB chunks on a client stream, one ack per tensor;
 - :func:`unary_push`: the whole tensor in one unary call, one ack.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
 import os
 import selectors
@@ -59,29 +59,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.enable_http_proxy", 0),
 ]
-
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-#: glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2, which is 32 MiB on 64-bit.
-MALLOPT_MMAP_THRESHOLD = 32 * 1024 * 1024
-MALLOPT_TRIM_THRESHOLD = 1024 * 1024 * 1024
-
-
-def apply_mallopt() -> dict[str, int]:
-    """Keep large buffers in the heap (glibc mallopt, effective after start).
-
-    Returns what was asked and what glibc answered (1 = accepted), for the run's record.
-    """
-    libc = ctypes.CDLL("libc.so.6")
-    mmap_ok = int(libc.mallopt(M_MMAP_THRESHOLD, MALLOPT_MMAP_THRESHOLD))
-    trim_ok = int(libc.mallopt(M_TRIM_THRESHOLD, MALLOPT_TRIM_THRESHOLD))
-    return {
-        "M_MMAP_THRESHOLD": MALLOPT_MMAP_THRESHOLD,
-        "M_MMAP_THRESHOLD_accepted": mmap_ok,
-        "M_TRIM_THRESHOLD": MALLOPT_TRIM_THRESHOLD,
-        "M_TRIM_THRESHOLD_accepted": trim_ok,
-    }
-
 
 # --------------------------------------------------------------------------------------------
 # Servers (child process)
@@ -207,11 +184,8 @@ def serve(argv: Sequence[str]) -> int:
     parser.add_argument("--bind", required=True)
     parser.add_argument("--kind", choices=("sync", "aio"), default="sync")
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--mallopt", action="store_true", help="apply mallopt() at start")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if args.mallopt:
-        apply_mallopt()
     if args.kind == "sync":
 
         def on_term(signum: int, frame: object) -> None:
@@ -242,12 +216,16 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 class BareServer:
-    """A bare grpcio server process (``kind`` sync or aio); a context manager that never leaks."""
+    """A bare grpcio server process (``kind`` sync or aio); a context manager that never leaks.
 
-    def __init__(self, host: str, kind: str = "sync", *, mallopt: bool = False) -> None:
+    ``env`` is the process environment (None: this process's), so the allocator variables
+    every other server of a run gets reach this one too.
+    """
+
+    def __init__(self, host: str, kind: str = "sync", *, env: dict[str, str] | None = None) -> None:
         self.host = host
         self.kind = kind
-        self.mallopt = mallopt
+        self.env = env
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
@@ -263,10 +241,10 @@ class BareServer:
 
     def __enter__(self) -> BareServer:
         argv = [sys.executable, os.path.abspath(__file__), "serve", "--bind", self.host]
-        argv += ["--kind", self.kind] + (["--mallopt"] if self.mallopt else [])
+        argv += ["--kind", self.kind]
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=self.env
         )
         weakref.finalize(self, _terminate, self._proc, 5.0)
         try:
@@ -446,11 +424,46 @@ def aio_stream_pingpong(
     return asyncio.run(_aio_pingpong(target, payload(size), iterations, warmup, max_seconds))
 
 
+async def _aio_unary(
+    target: str, data: bytes, iterations: int, warmup: int, max_seconds: float
+) -> npt.NDArray[np.int64]:
+    clock = time.perf_counter_ns
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 10)
+        call = channel.unary_unary(ECHO)
+        if await call(data, timeout=60) != data:
+            raise RuntimeError("bare grpc aio echo returned different bytes")
+        deadline = clock() + int(max_seconds * 1e9)
+        for _ in range(warmup):
+            if clock() >= deadline:
+                break
+            await call(data, timeout=60)
+        samples = np.empty(iterations, dtype=np.int64)
+        n = 0
+        while n < iterations:
+            t0 = clock()
+            await call(data, timeout=60)
+            t1 = clock()
+            samples[n] = t1 - t0
+            n += 1
+            if t1 >= deadline:
+                break
+    taken: npt.NDArray[np.int64] = samples[:n].copy()
+    return taken
+
+
+def aio_unary_echo(
+    target: str, size: int, *, iterations: int, warmup: int = 10, max_seconds: float = 10.0
+) -> npt.NDArray[np.int64]:
+    """``grpc.aio`` unary echo round trips (one call each) on one channel."""
+    return asyncio.run(_aio_unary(target, payload(size), iterations, warmup, max_seconds))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["serve"]:
         return serve(args[1:])
-    print("usage: bare_grpc.py serve --bind HOST [--kind sync|aio] [--mallopt]", file=sys.stderr)
+    print("usage: bare_grpc.py serve --bind HOST [--kind sync|aio]", file=sys.stderr)
     return 2
 
 

@@ -1,7 +1,7 @@
 """Side by side, in one run on one fabric: the raw-TCP floor, bare grpcio, and the plugin.
 
     python benchmarks/run.py [--quick] [--fabric lo] [--sizes 1KiB..64MiB] [--rounds N]
-                             [--json out.json] [--mallopt]
+                             [--json out.json] [--allocator tuned|default] [--no-ps]
 
 Latency contenders run at sizes up to ``--latency-max``, bandwidth contenders from
 ``--bandwidth-min``. Every round measures every contender at every size, in the same order, so
@@ -11,6 +11,17 @@ shows its ratio to the floor that does the same work: ping-pong for latency, pus
 tensor for bandwidth. "x floor" is the figure divided by the floor's; "ops" counts the timed
 operations (round trips or tensors) over all rounds. Nothing here asserts a speed: it measures
 and prints.
+
+Every contender runs in the same process environment: ``--allocator tuned`` (the plugin's
+default) applies :func:`pytest_tfgrpc.tuning.apply_policy` to this process and gives its
+environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) to every server started
+here: the floor, both bare grpcio servers, the plugin's server and the PS cluster. Each
+server's allocator variables are read back from ``/proc/<pid>/environ`` and recorded.
+
+The parameter-server patterns (``ps_throughput`` on 2 PS x 3 workers, TF-gRPC-Bench's setup,
+and ``sync_sgd_step`` of a small ResNet-50 under each sharding) are measured in the same
+rounds, after the point-to-point contenders, and printed as a second table; ``--quick`` keeps
+one tiny point of each so CI runs the code path.
 """
 
 from __future__ import annotations
@@ -23,8 +34,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bare_grpc
 
-from pytest_tfgrpc import floor
+from pytest_tfgrpc import floor, tuning
 from pytest_tfgrpc.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.units import parse_sizes, size_label
 
@@ -93,6 +104,46 @@ class Row:
     floor_ratio: float | None
 
 
+@dataclass(frozen=True)
+class PSPlan:
+    """What the parameter-server rows measure: TF-gRPC-Bench's 2 PS x 3 workers."""
+
+    ps: int
+    workers: int
+    sizes: tuple[int, ...]  # ps_throughput message sizes
+    throughput: Budget
+    profile: str  # sync_sgd_step: a profile name and its scale
+    scale: float
+    shardings: tuple[str, ...]
+    sgd: Budget
+
+
+@dataclass(frozen=True)
+class PSCase:
+    """One parameter-server row; ``measure`` returns (figure, throughput B/s, samples, extra)."""
+
+    name: str
+    shape: str
+    key: str
+    unit: str  # "rpc/s" or "ms/step"
+    measure: Callable[[], tuple[float, float, int, str]]
+
+
+@dataclass(frozen=True)
+class PSRow:
+    """A parameter-server row: medians over rounds of each round's figure."""
+
+    pattern: str
+    shape: str
+    key: str
+    unit: str
+    figure: float  # rpc/s (ps_throughput) or ms per step (sync_sgd_step)
+    throughput_Bps: float
+    round_figures: tuple[float, ...]
+    samples: int
+    extra: str  # imbalance, per-PS bytes: what the pattern adds
+
+
 @dataclass
 class Config:
     fabric: Fabric
@@ -103,8 +154,13 @@ class Config:
     latency: Budget
     bandwidth: Budget
     stream_bytes: int
-    mallopt: bool
+    allocator: str
+    #: The environment every server gets (None: this process's, unchanged).
+    server_env: dict[str, str] | None
+    ps: PSPlan | None = None
     notes: list[str] = field(default_factory=list)
+    #: Every server process started, by name: its pid, so its environment can be recorded.
+    servers: dict[str, int] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,11 +202,24 @@ def bare_contenders(sync: bare_grpc.BareServer, aio: bare_grpc.BareServer) -> li
         )
         return Measurement(s, size)
 
-    def stream_pingpong(size: int, b: Budget) -> Measurement:
-        s = bare_grpc.aio_stream_pingpong(
+    def aio_unary_echo(size: int, b: Budget) -> Measurement:
+        s = bare_grpc.aio_unary_echo(
             aio.target, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
         )
         return Measurement(s, size)
+
+    def stream_pingpong(server: bare_grpc.BareServer) -> Callable[[int, Budget], Measurement]:
+        def run(size: int, b: Budget) -> Measurement:
+            s = bare_grpc.aio_stream_pingpong(
+                server.target,
+                size,
+                iterations=b.iterations,
+                warmup=b.warmup,
+                max_seconds=b.max_seconds,
+            )
+            return Measurement(s, size)
+
+        return run
 
     def client_stream(size: int, b: Budget) -> Measurement:
         s = bare_grpc.client_stream_push(
@@ -166,7 +235,20 @@ def bare_contenders(sync: bare_grpc.BareServer, aio: bare_grpc.BareServer) -> li
 
     return [
         Contender("grpc sync unary", "latency", "unary echo, sync", unary_echo),
-        Contender("grpc aio stream", "latency", "stream-stream ping-pong, aio", stream_pingpong),
+        Contender("grpc aio unary", "latency", "unary echo, aio client+server", aio_unary_echo),
+        Contender(
+            "grpc aio stream",
+            "latency",
+            "stream ping-pong, aio client+server",
+            stream_pingpong(aio),
+        ),
+        # The plugin's server is a sync (thread-pool) server: this is the same shape.
+        Contender(
+            "grpc aio stream/sync srv",
+            "latency",
+            "stream ping-pong, aio client, sync server",
+            stream_pingpong(sync),
+        ),
         Contender("grpc client-stream", "bandwidth", "1 MiB chunks, 1 ack/tensor", client_stream),
         Contender("grpc unary push", "bandwidth", "whole tensor, unary", unary_push),
     ]
@@ -182,8 +264,9 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
     except ImportError as exc:
         cfg.notes.append(f"plugin contenders skipped: pytest_tfgrpc.bench not importable ({exc})")
         return []
-    server = ServerProcess.start(cfg.fabric)
+    server = ServerProcess.start(cfg.fabric, env=cfg.server_env)
     stack.callback(server.stop)
+    cfg.servers["plugin tensor server"] = server.pid
 
     def spec(b: Budget) -> Any:
         return RunSpec(
@@ -229,7 +312,7 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
 
 def tensorflow_contenders(cfg: Config) -> list[Contender]:
     try:
-        import tensorflow  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+        import tensorflow  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
     except ImportError:
         cfg.notes.append(
             "TensorFlow's gRPC runtime skipped: `import tensorflow` fails here "
@@ -238,6 +321,82 @@ def tensorflow_contenders(cfg: Config) -> list[Contender]:
         return []
     cfg.notes.append("TensorFlow is importable, but no TensorFlow contender is written yet")
     return []
+
+
+def ps_cases(stack: ExitStack, cfg: Config) -> list[PSCase]:
+    """The parameter-server rows, on one cluster started here (its processes are recorded)."""
+    plan = cfg.ps
+    if plan is None:
+        return []
+    try:
+        from pytest_tfgrpc.bench import RunSpec
+        from pytest_tfgrpc.bench.ps import ps_throughput, sync_sgd_step
+        from pytest_tfgrpc.cluster import PSCluster
+        from pytest_tfgrpc.profiles import load_profile
+        from pytest_tfgrpc.topology import Topology
+    except ImportError as exc:
+        cfg.notes.append(f"PS rows skipped: the PS benchmarks are not importable ({exc})")
+        return []
+    cluster = PSCluster(cfg.fabric, Topology(plan.ps, plan.workers), env=cfg.server_env)
+    stack.callback(cluster.stop)
+    for ps in cluster.ps:
+        cfg.servers[ps.name] = ps.pid
+    for worker in cluster.workers:
+        cfg.servers[worker.name] = worker.pid
+    topo = f"{plan.ps} PS x {plan.workers} workers"
+    profile = load_profile(plan.profile).scaled(scale=plan.scale)
+
+    def spec(b: Budget) -> Any:
+        return RunSpec(
+            iterations=b.iterations,
+            warmup=b.warmup,
+            max_seconds=b.max_seconds,
+            warmup_seconds=b.max_seconds,
+        )
+
+    def throughput(size: int) -> Callable[[], tuple[float, float, int, str]]:
+        def run() -> tuple[float, float, int, str]:
+            point = ps_throughput(cluster, [size], run=spec(plan.throughput)).sizes[0]
+            p50 = point.summary.p50_ns / 1e3
+            extra = f"rpc p50 {p50:.0f} us, imbalance {point.imbalance:.2f}"
+            return point.rate_per_s, point.throughput_Bps, point.count, extra
+
+        return run
+
+    def sgd(sharding: str) -> Callable[[], tuple[float, float, int, str]]:
+        def run() -> tuple[float, float, int, str]:
+            # One cluster serves every sharding: placement is computed from the topology's
+            # sharding when a job is configured, and the processes are the same.
+            cluster.topology = Topology(plan.ps, plan.workers, sharding)
+            result = sync_sgd_step(cluster, profile, run=spec(plan.sgd))
+            point = result.sizes[0]
+            per_ps = "/".join(f"{load.placed_bytes / 2**20:.2f}MiB" for load in point.per_ps)
+            extra = f"imbalance {point.imbalance:.2f}, per PS {per_ps}"
+            return point.summary.p50_ns / 1e6, point.throughput_Bps, point.count, extra
+
+        return run
+
+    cases = [
+        PSCase(
+            "ps_throughput raw",
+            f"{topo}, unary closed loop",
+            size_label(size),
+            "rpc/s",
+            throughput(size),
+        )
+        for size in plan.sizes
+    ]
+    cases += [
+        PSCase(
+            f"sync_sgd_step {sharding}",
+            f"{topo}, stream push+pull",
+            profile.name,
+            "ms/step",
+            sgd(sharding),
+        )
+        for sharding in plan.shardings
+    ]
+    return cases
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,8 +410,12 @@ def round_figure(kind: str, m: Measurement) -> float:
 
 
 def run_rounds(
-    contenders: Sequence[Contender], cfg: Config, log: Callable[[str], None]
-) -> list[Row]:
+    contenders: Sequence[Contender],
+    cases: Sequence[PSCase],
+    cfg: Config,
+    log: Callable[[str], None],
+) -> tuple[list[Row], list[PSRow]]:
+    ps_per: dict[str, list[tuple[float, float, int, str]]] = {}
     per: dict[tuple[str, int], list[float]] = {}
     counts: dict[tuple[str, int], int] = {}
     plan = [
@@ -269,6 +432,8 @@ def run_rounds(
             m = c.measure(size, budget)
             per.setdefault((c.name, size), []).append(round_figure(c.kind, m))
             counts[c.name, size] = counts.get((c.name, size), 0) + m.ops
+        for case in cases:
+            ps_per.setdefault(case.name + case.key, []).append(case.measure())
         log(f"round {r + 1}/{cfg.rounds} done in {time.monotonic() - t0:.1f} s")
     floors = {c.kind: c.name for c in contenders if c.floor}
     figures = {key: statistics.median(v) for key, v in per.items()}
@@ -290,7 +455,24 @@ def run_rounds(
                 ratio,
             )
         )
-    return rows
+    ps_rows = []
+    for case in cases:
+        got = ps_per[case.name + case.key]
+        mid = sorted(got, key=lambda g: g[0])[(len(got) - 1) // 2]  # the median round, whole
+        ps_rows.append(
+            PSRow(
+                case.name,
+                case.shape,
+                case.key,
+                case.unit,
+                statistics.median(g[0] for g in got),
+                statistics.median(g[1] for g in got),
+                tuple(g[0] for g in got),
+                sum(g[2] for g in got),
+                mid[3],
+            )
+        )
+    return rows, ps_rows
 
 
 def _fmt_figure(row: Row) -> str:
@@ -329,7 +511,54 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def environment(cfg: Config, mallopt: dict[str, int] | None) -> dict[str, Any]:
+def ps_table(rows: Sequence[PSRow]) -> str:
+    head = ("pattern", "payload", "shape", "median", "GB/s", "samples", "rounds", "median round")
+    lines = [head]
+    for row in rows:
+        figure = (
+            f"{row.figure:.1f} {row.unit}" if row.unit == "ms/step" else f"{row.figure:.0f} rpc/s"
+        )
+        lines.append(
+            (
+                row.pattern,
+                row.key,
+                row.shape,
+                figure,
+                f"{row.throughput_Bps / 1e9:.3f}",
+                str(row.samples),
+                str(len(row.round_figures)),
+                row.extra,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    right = {3, 4, 5, 6}
+    out = []
+    for n, line in enumerate(lines):
+        cells = [
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("  ".join(cells).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def allocator_vars_of(pid: int) -> dict[str, str] | str:
+    """The allocator variables a running process was started with (``/proc/<pid>/environ``)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    found = {}
+    for entry in raw.split(b"\0"):
+        name, _, value = entry.decode(errors="replace").partition("=")
+        if name in tuning.ALLOCATOR_VARS:
+            found[name] = value
+    return found
+
+
+def environment(cfg: Config) -> dict[str, Any]:
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -341,6 +570,7 @@ def environment(cfg: Config, mallopt: dict[str, int] | None) -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         commit = ""
+    given = cfg.server_env if cfg.server_env is not None else dict(os.environ)
     return {
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
@@ -350,12 +580,33 @@ def environment(cfg: Config, mallopt: dict[str, int] | None) -> dict[str, Any]:
         "numpy": np.__version__,
         "cpu_count": os.cpu_count(),
         "loadavg_start": os.getloadavg(),
-        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-        "mallopt": mallopt,
+        "allocator": {
+            "policy": cfg.allocator,
+            "harness": tuning.allocator_settings(),
+            "server_env": {k: given[k] for k in tuning.ALLOCATOR_VARS if k in given},
+            # Read back from each process: what every server really runs with.
+            "servers": {name: allocator_vars_of(pid) for name, pid in cfg.servers.items()},
+        },
         "fabric": cfg.fabric.name,
         "address": cfg.fabric.address,
         "commit": commit,
     }
+
+
+@contextmanager
+def process_environment(env: dict[str, str] | None) -> Iterator[None]:
+    """Children started inside see ``env`` (for starters that take no ``env``, as the floor's)."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 QUICK_SIZES = "1KiB,64KiB,4MiB,64MiB"
@@ -371,13 +622,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--bandwidth-min", default="1MiB", help="smallest bandwidth size")
     p.add_argument("--json", type=Path, default=None, help="write rows and environment here")
     p.add_argument(
-        "--mallopt",
-        action="store_true",
-        help="apply glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD) in this process and the "
-        "bare grpc servers",
+        "--allocator",
+        choices=tuning.ALLOCATOR_POLICIES,
+        default="tuned",
+        help="glibc allocator policy of this process and of every server it starts, as the "
+        "plugin's --tfgrpc-allocator (default tuned)",
     )
     p.add_argument("--no-plugin", action="store_true", help="leave the plugin's contenders out")
+    p.add_argument("--no-ps", action="store_true", help="leave the parameter-server rows out")
     return p.parse_args(argv)
+
+
+def ps_plan(quick: bool) -> PSPlan:
+    if quick:
+        return PSPlan(
+            ps=2,
+            workers=3,
+            sizes=(64 * 1024,),
+            throughput=Budget(iterations=20, warmup=2, max_seconds=0.5),
+            profile="resnet50",
+            scale=0.02,
+            shardings=("round_robin",),
+            sgd=Budget(iterations=3, warmup=1, max_seconds=2.0),
+        )
+    return PSPlan(
+        ps=2,
+        workers=3,
+        sizes=(1024, 64 * 1024, 1024 * 1024, 4 * 1024 * 1024),
+        throughput=Budget(iterations=200, warmup=10, max_seconds=2.0),
+        profile="resnet50",
+        scale=0.02,
+        shardings=("round_robin", "greedy", "partitioned"),
+        sgd=Budget(iterations=10, warmup=2, max_seconds=5.0),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,6 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lat = Budget(iterations=400, warmup=30, max_seconds=1.5)
         bw = Budget(iterations=20, warmup=2, max_seconds=3.0)
         stream_bytes = 512 * 1024 * 1024
+    # The plugin's own policy function: this process now, and the servers' environment.
+    server_env = tuning.apply_policy(args.allocator)
     cfg = Config(
         fabric=fabric,
         sizes=tuple(sizes),
@@ -401,42 +680,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency=lat,
         bandwidth=bw,
         stream_bytes=stream_bytes,
-        mallopt=args.mallopt,
+        allocator=args.allocator,
+        server_env=server_env,
+        ps=None if args.no_ps else ps_plan(args.quick),
     )
-    mallopt = bare_grpc.apply_mallopt() if args.mallopt else None
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     started = time.monotonic()
     with ExitStack() as stack:
-        fs = stack.enter_context(floor.FloorServer(fabric.address))
-        sync = stack.enter_context(
-            bare_grpc.BareServer(fabric.address, "sync", mallopt=cfg.mallopt)
-        )
-        aio = stack.enter_context(bare_grpc.BareServer(fabric.address, "aio", mallopt=cfg.mallopt))
+        with process_environment(server_env):
+            fs = stack.enter_context(floor.FloorServer(fabric.address))
+        cfg.servers["tcp floor server"] = fs.pid
+        sync = stack.enter_context(bare_grpc.BareServer(fabric.address, "sync", env=server_env))
+        aio = stack.enter_context(bare_grpc.BareServer(fabric.address, "aio", env=server_env))
+        cfg.servers["bare grpc sync server"] = sync.pid
+        cfg.servers["bare grpc aio server"] = aio.pid
         contenders = floor_contenders(fs, cfg) + bare_contenders(sync, aio)
         if args.no_plugin:
             cfg.notes.append("plugin contenders left out (--no-plugin)")
         else:
             contenders += plugin_contenders(stack, cfg)
         contenders += tensorflow_contenders(cfg)
-        if cfg.mallopt:
-            cfg.notes.append(
-                "mallopt applied in this process and the bare grpc servers; other servers "
-                "only get MALLOC_* from the environment"
-            )
-        env = environment(cfg, mallopt)
-        rows = run_rounds(contenders, cfg, log)
+        if args.no_ps:
+            cfg.notes.append("parameter-server rows left out (--no-ps)")
+            cases: list[PSCase] = []
+        else:
+            cases = ps_cases(stack, cfg)
+        env = environment(cfg)
+        rows, ps_rows = run_rounds(contenders, cases, cfg, log)
     env["loadavg_end"] = os.getloadavg()
     env["elapsed_s"] = round(time.monotonic() - started, 1)
     print(f"fabric {fabric.name} ({fabric.address}), {cfg.rounds} rounds, medians over rounds")
     print(json.dumps(env))
     print(table(rows))
+    if ps_rows:
+        print()
+        print(ps_table(ps_rows))
     for note in cfg.notes:
         print(f"note: {note}")
     if args.json is not None:
-        doc = {"environment": env, "notes": cfg.notes, "rows": [asdict(r) for r in rows]}
+        doc = {
+            "environment": env,
+            "notes": cfg.notes,
+            "rows": [asdict(r) for r in rows],
+            "ps_rows": [asdict(r) for r in ps_rows],
+        }
         args.json.write_text(json.dumps(doc, indent=2))
     return 0
 
