@@ -14,12 +14,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.results import BenchmarkResult, Figure
+from pytest_tfgrpc.sketch import Sketch
 from pytest_tfgrpc.units import format_duration, format_rate, parse_size
 
 PREFIX = "tfgrpc."
 
 #: How a figure's base unit is written in a property: (suffix, divisor).
 _UNITS = {"ns": ("us", 1e3), "B/s": ("MBps", 1e6), "count": ("", 1.0)}
+
+
+_NOT_FIGURES = frozenset(("rpc", "mode", "settings", "bytes", "buffers", "topology", "sketch"))
+_NOT_FIGURES |= {"verdict", "verdict_reason"}
 
 
 def property_name(label: str, size_label: str, figure: Figure) -> str:
@@ -50,6 +55,9 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
             out.append((f"{key}.buffers", ",".join(map(str, size.buffers))))
         for figure in size.figures(rates=result.reports_rates):
             out.append((property_name(result.label, size.label, figure), property_value(figure)))
+        # A compact sketch of every sample: what a later run's baseline gate tests against.
+        sketch = Sketch.from_samples(size.samples_ns).to_string()
+        out.append((f"{PREFIX}{result.label}.{size.label}.sketch", sketch))
     return out
 
 
@@ -86,7 +94,7 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
         if len(parts) != 3:
             continue
         label, size, metric = parts
-        if metric in ("rpc", "mode", "bytes", "buffers", "topology") or size == "model":
+        if metric in _NOT_FIGURES or size == "model":
             continue
         keyed.setdefault((label, size), {})[metric] = value
     rows = []

@@ -35,6 +35,7 @@ from pytest_tfgrpc.profiles import Profile
 from pytest_tfgrpc.ps_service import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.results import Figure
 from pytest_tfgrpc.schemes import Payload
+from pytest_tfgrpc.sketch import Sketch
 from pytest_tfgrpc.stats import Summary, summarize
 from pytest_tfgrpc.topology import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.units import size_label
@@ -204,6 +205,7 @@ class PSResult:
                     (f"{where}.cpu_user_us", repr(load.cpu.user_ns / 1e3)),
                     (f"{where}.cpu_system_us", repr(load.cpu.system_ns / 1e3)),
                 ]
+            out.append((f"{at}.sketch", Sketch.from_samples(point.samples_ns).to_string()))
             user = sum(cpu.user_ns for cpu in point.workers_cpu)
             system = sum(cpu.system_ns for cpu in point.workers_cpu)
             out.append((f"{at}.workers.cpu_user_us", repr(user / 1e3)))
