@@ -70,17 +70,16 @@ def properties(
     fabric: str = "lo",
     sketch: bool = True,
 ) -> Props:
-    """A test's properties as the plugin records them, plus the sketch of each size."""
+    """A test's properties as the plugin records them (``sketch=False``: as a run that recorded
+    no sketches)."""
     sizes = tuple(
         SizeResult.from_samples(size, size + 16, ns, int(ns.sum())) for size, ns in samples.items()
     )
     result = BenchmarkResult(benchmark, benchmark, fabric, "127.0.0.1:1", "raw", "unary", sizes)
     props = [("tfgrpc.fabric", fabric), ("tfgrpc.target", "127.0.0.1:1")]
-    props += result_properties(result)
-    if sketch:
-        for size in sizes:
-            text = Sketch.from_samples(size.samples_ns).to_string()
-            props.append((f"tfgrpc.{benchmark}.{size.label}.sketch", text))
+    props += result_properties(result)  # the plugin records a sketch of every size
+    if not sketch:
+        props = [(name, value) for name, value in props if not name.endswith(".sketch")]
     return props
 
 
