@@ -5,17 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import pytest
+from _pytest.junitxml import xml_key  # pytest's own JUnit writer: suite properties
 
 from pytest_tfgrpc.budget import Budget
 from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.driver import Driver
 from pytest_tfgrpc.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
+from pytest_tfgrpc.gate import BaselineGate, GateSetupError, settings_from_options
+from pytest_tfgrpc.metadata import META_PREFIX, run_metadata
 from pytest_tfgrpc.process import ServerProcess
-from pytest_tfgrpc.report import SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.report import PREFIX, SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
 from pytest_tfgrpc.topology import Topology, topology_spec
 from pytest_tfgrpc.tuning import ALLOCATOR_POLICIES, apply_policy
@@ -38,6 +41,29 @@ ALLOCATOR_HELP = (
     "MALLOC_TRIM_THRESHOLD_=1GiB unless set); 'default' leaves glibc as it is. Recorded "
     "with every result."
 )
+BASELINE_HELP = (
+    "JUnit XML of an earlier run: every figure of every test and fabric is compared with it, "
+    "and a significant regression beyond the tolerance fails that test"
+)
+TOLERANCE_HELP = (
+    "largest change that is not a regression, per metric or for all: 10%, p99:10%, "
+    "throughput:5% (repeatable; default 10%)"
+)
+ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
+GATE_POLICIES = {
+    "inconclusive": (
+        ("fail", "pass"),
+        "what an inconclusive comparison costs a test (default pass)",
+    ),
+    "bad-baseline": (
+        ("fail", "warn"),
+        "a missing, corrupt or truncated baseline: fail the run (default) or warn and gate nothing",
+    ),
+    "baseline-mismatch": (
+        ("fail", "warn"),
+        "a baseline from another host, fabric, MTU or grpcio: fail the run or warn (default)",
+    ),
+}
 MARKERS = (
     "message_profile(name_or_sizes=None, *, sizes=None, scheme='uniform'): the message "
     "sizes of the test's benchmarks: a list such as ['4B', '64KiB'] or a range "
@@ -57,6 +83,8 @@ class _Session:
     fabrics: tuple[Fabric, ...]
     options: RunOverrides
     server_env: dict[str, str] | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+    gate: BaselineGate | None = None
     servers: list[ServerProcess] = field(default_factory=list)
 
     def stop_servers(self) -> None:
@@ -106,6 +134,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=ALLOCATOR_HELP,
     )
     parser.addini("tfgrpc_allocator", ALLOCATOR_HELP, default="tuned")
+    group.addoption("--tfgrpc-baseline", dest="tfgrpc_baseline", metavar="FILE", help=BASELINE_HELP)
+    parser.addini("tfgrpc_baseline", BASELINE_HELP, default=None)
+    group.addoption(
+        "--tfgrpc-max-regression",
+        action="append",
+        dest="tfgrpc_max_regression",
+        metavar="[METRIC:]PCT",
+        help=TOLERANCE_HELP.replace("%", "%%"),  # argparse formats help with %
+    )
+    parser.addini("tfgrpc_max_regression", TOLERANCE_HELP, type="args", default=[])
+    for name, (choices, help_text) in GATE_POLICIES.items():
+        group.addoption(
+            f"--tfgrpc-{name}",
+            dest=f"tfgrpc_{name.replace('-', '_')}",
+            choices=choices,
+            help=help_text,
+        )
+        parser.addini(f"tfgrpc_{name.replace('-', '_')}", help_text, default=None)
+    group.addoption("--tfgrpc-alpha", dest="tfgrpc_alpha", type=float, metavar="P", help=ALPHA_HELP)
+    parser.addini("tfgrpc_alpha", ALPHA_HELP, default=None)
     for name, help_text in RUN_OPTIONS.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
         group.addoption(flag, dest=f"tfgrpc_{name}", metavar="N", help=help_text)
@@ -140,6 +188,33 @@ def _run_overrides(config: pytest.Config) -> RunOverrides:
     )
 
 
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    return value if value not in (None, []) else (config.getini(name) or None)
+
+
+def _baseline_gate(
+    config: pytest.Config, meta: dict[str, str], fabrics: tuple[Fabric, ...]
+) -> BaselineGate | None:
+    path = _option(config, "tfgrpc_baseline")
+    if not path:
+        return None
+    try:
+        alpha = _option(config, "tfgrpc_alpha")
+        settings = settings_from_options(
+            str(path),
+            _option(config, "tfgrpc_max_regression") or [],
+            alpha=float(alpha) if alpha is not None else None,
+            inconclusive=_option(config, "tfgrpc_inconclusive"),
+            bad_baseline=_option(config, "tfgrpc_bad_baseline"),
+            mismatch=_option(config, "tfgrpc_baseline_mismatch"),
+        )
+        unprefixed = {k.removeprefix(META_PREFIX): v for k, v in meta.items()}
+        return BaselineGate(settings, unprefixed, [f.name for f in fabrics])
+    except (ValueError, GateSetupError) as exc:
+        raise pytest.UsageError(f"tfgrpc baseline: {exc}") from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -153,11 +228,17 @@ def pytest_configure(config: pytest.Config) -> None:
         server_env = apply_policy(policy)
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
+    meta = run_metadata(fabrics)
     config.stash[_session_key] = _Session(
-        fabrics=fabrics, options=_run_overrides(config), server_env=server_env
+        fabrics=fabrics,
+        options=_run_overrides(config),
+        server_env=server_env,
+        meta=meta,
+        gate=_baseline_gate(config, meta, fabrics),
     )
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run prints
-        config.pluginmanager.register(SummaryReporter(), _REPORTER_NAME)
+        gate = config.stash[_session_key].gate
+        config.pluginmanager.register(SummaryReporter(gate), _REPORTER_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -176,7 +257,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     fabrics = ", ".join(
         f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in session.fabrics
     )
-    return [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}"]
+    lines = [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}"]
+    gate = session.gate
+    if gate is not None:
+        tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
+        lines.append(
+            f"tfgrpc: baseline {gate.settings.baseline_path} (tolerance {tolerances}, "
+            f"alpha {gate.settings.alpha}, inconclusive: {gate.settings.inconclusive})"
+        )
+        lines += [f"tfgrpc: WARNING {warning}" for warning in gate.warnings]
+    return lines
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -223,7 +313,25 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         death = watched.died(grace=0)
         if death is not None:
             raise death
+    gate = item.config.stash[_session_key].gate
+    if gate is not None and any(name.startswith(PREFIX) for name, _ in item.user_properties):
+        verdict = gate.judge(item.nodeid, item.user_properties)
+        item.user_properties.extend(verdict.properties)
+        if verdict.failure is not None:
+            # Fails the call itself, so the regression is a failure in the JUnit XML.
+            pytest.fail(verdict.failure, pytrace=False)
     return result
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Run metadata as suite properties, written by the process that writes the XML (the
+    # xdist controller too, where record_testsuite_property from workers is lost).
+    state = session.config.stash.get(_session_key, None)
+    logxml = session.config.stash.get(xml_key, None)
+    if state is None or logxml is None:
+        return
+    for name, value in state.meta.items():
+        logxml.add_global_property(name, value)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -235,22 +343,44 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 class SummaryReporter:
-    """Collects the figures of every finished test (from its report, so it works under
-    pytest-xdist too) and prints them as one table at the end of the run."""
+    """Collects the figures and baseline verdicts of every finished test (from its report, so
+    it works under pytest-xdist too) and prints them at the end of the run."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: BaselineGate | None) -> None:
+        self.gate = gate
         self.rows: list[SummaryRow] = []
+        self.verdicts: dict[str, int] = {}
+        self.notes: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "teardown" and report.user_properties:
-            self.rows.extend(summary_rows(report.nodeid, report.user_properties))
+        if report.when != "teardown" or not report.user_properties:
+            return
+        self.rows.extend(summary_rows(report.nodeid, report.user_properties))
+        properties = dict(report.user_properties)
+        for name, value in report.user_properties:
+            if not str(name).endswith(".verdict"):
+                continue
+            self.verdicts[str(value)] = self.verdicts.get(str(value), 0) + 1
+            if value not in ("pass", "no baseline"):
+                reason = properties.get(f"{name}_reason", "")
+                figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
+                self.notes.append(f"{value}: {report.nodeid} {figure} {reason}")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.rows:
+        if self.rows:
+            terminalreporter.section("tfgrpc")
+            for line in format_summary(self.rows):
+                terminalreporter.write_line(line)
+        if self.gate is None:
             return
-        terminalreporter.section("tfgrpc")
-        for line in format_summary(self.rows):
-            terminalreporter.write_line(line)
+        terminalreporter.section("tfgrpc baseline")
+        terminalreporter.write_line(f"baseline: {self.gate.settings.baseline_path}")
+        for warning in self.gate.warnings:
+            terminalreporter.write_line(f"WARNING {warning}", yellow=True, bold=True)
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.verdicts.items()))
+        terminalreporter.write_line(f"figures compared: {counts or 'none'}")
+        for note in self.notes:
+            terminalreporter.write_line(note, red=note.startswith("regression"))
 
 
 @pytest.fixture

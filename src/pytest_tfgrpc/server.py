@@ -20,6 +20,7 @@ import resource
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -31,6 +32,7 @@ from pytest_tfgrpc._proto import service_pb2
 from pytest_tfgrpc.fabric import Fabric, FabricError, resolve_fabric
 from pytest_tfgrpc.payload import make_content
 from pytest_tfgrpc.ps_service import ParameterServer
+from pytest_tfgrpc.units import UnitError, parse_duration_ns
 
 _ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
 
@@ -66,7 +68,10 @@ def _message_bytes(context: grpc.ServicerContext) -> int:
 class TensorService:
     """The handlers of both services; ``mode`` decides whether bytes are decoded as tensors."""
 
-    def __init__(self, mode: str, target: str, fabric: str, counters: _Counters) -> None:
+    def __init__(
+        self, mode: str, target: str, fabric: str, counters: _Counters, delay_s: float = 0.0
+    ) -> None:
+        self.delay_s = delay_s
         self.mode = mode
         self.protobuf = mode == "protobuf"
         self.target = target
@@ -78,6 +83,8 @@ class TensorService:
     # --- latency -------------------------------------------------------------------------
     def echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self.counters.add(1, len(request))
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.protobuf:
             tensor = codec.decode_tensor(request)
             return codec.encode_tensor(tensor.content, tensor.dtype, tensor.shape)
@@ -91,6 +98,8 @@ class TensorService:
 
     # --- worker -> PS --------------------------------------------------------------------
     def push(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.protobuf:
             codec.decode_tensor(request)
         self.counters.add(1, len(request))
@@ -127,6 +136,8 @@ class TensorService:
                     )
             messages += 1
             self.counters.add(1, received)
+            if self.delay_s:
+                time.sleep(self.delay_s)
             yield codec.encode_ack(received, messages)
             received = 0
             first = None
@@ -145,10 +156,14 @@ class TensorService:
             return cached
 
     def pull(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         nbytes, dtype, _ = codec.decode_pull_request(request)
         return self._encoded(nbytes, dtype)
 
     def pull_stream(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         nbytes, dtype, chunk = codec.decode_pull_request(request)
         chunk = chunk or transport.DEFAULT_CHUNK_BYTES
         view = memoryview(self._encoded(nbytes, dtype))
@@ -187,8 +202,14 @@ class TensorService:
         return grpc.method_handlers_generic_handler(service, handlers)
 
 
-def build_server(host: str, port: int, fabric: str, *, workers: int) -> tuple[grpc.Server, str]:
-    """A started-to-be server bound to ``host:port`` only; returns it and its target."""
+def build_server(
+    host: str, port: int, fabric: str, *, workers: int, delay_s: float = 0.0
+) -> tuple[grpc.Server, str]:
+    """A started-to-be server bound to ``host:port`` only; returns it and its target.
+
+    ``delay_s`` holds every tensor-service reply back that long: an injected slowdown, for
+    checking that performance gates catch one.
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfgrpc"),
         options=transport.SERVER_OPTIONS,
@@ -197,7 +218,10 @@ def build_server(host: str, port: int, fabric: str, *, workers: int) -> tuple[gr
     target = f"{host}:{bound}"
     counters = _Counters()
     server.add_generic_rpc_handlers(
-        [TensorService(mode, target, fabric, counters).handler() for mode in transport.MODES]
+        [
+            TensorService(mode, target, fabric, counters, delay_s).handler()
+            for mode in transport.MODES
+        ]
     )
     server.add_generic_rpc_handlers(ParameterServer().handlers())
     return server, target
@@ -232,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port (default: one the OS picks)")
     parser.add_argument("--workers", type=int, default=16, help="handler threads (default: 16)")
     parser.add_argument(
+        "--delay",
+        default="0s",
+        help="fault injection: hold every tensor-service reply back this long (e.g. 200us)",
+    )
+    parser.add_argument(
         "--exit-on-stdin-eof",
         action="store_true",
         help="stop when stdin closes (how a parent process ties the server's life to its own)",
@@ -243,10 +272,16 @@ def main(argv: list[str] | None = None) -> int:
         fabric = resolve_fabric(args.fabric)
     except FabricError as exc:
         parser.error(str(exc))
+    try:
+        delay_s = parse_duration_ns(args.delay) / 1e9
+    except UnitError as exc:
+        parser.error(f"--delay: {exc}")
     problem = _check_bindable(fabric, args.port)
     if problem:
         parser.error(problem)
-    server, target = build_server(fabric.host, args.port, fabric.name, workers=args.workers)
+    server, target = build_server(
+        fabric.host, args.port, fabric.name, workers=args.workers, delay_s=delay_s
+    )
     server.start()
     done = threading.Event()
     if args.exit_on_stdin_eof:
