@@ -1,0 +1,40 @@
+"""The plugin's tensor server with extra or changed gRPC server options (an experiment).
+
+    python benchmarks/experiments/patched_server.py '[["grpc.http2.lookahead_bytes", 4194304]]' \
+        --fabric lo --exit-on-stdin-eof
+
+The first argument is a JSON list of ``[name, value]`` pairs that replace or extend
+``pytest_tfgrpc.transport.SERVER_OPTIONS`` (a pair whose value is null removes the option); the
+rest go to ``pytest_tfgrpc.server``. Nothing in ``src/`` is changed: the module attribute is
+replaced in this process only, before the server reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from pytest_tfgrpc import server, transport
+
+
+def patched(
+    base: tuple[tuple[str, int], ...], changes: list[list[object]]
+) -> tuple[tuple[str, Any], ...]:
+    options: dict[str, Any] = dict(base)
+    for name, value in changes:
+        if value is None:
+            options.pop(str(name), None)
+        else:
+            options[str(name)] = value
+    return tuple(options.items())
+
+
+def main() -> int:
+    changes = json.loads(sys.argv[1])
+    transport.SERVER_OPTIONS = patched(transport.SERVER_OPTIONS, changes)  # type: ignore[misc,assignment,unused-ignore]
+    return server.main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
