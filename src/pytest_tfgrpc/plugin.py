@@ -3,7 +3,7 @@ done by modules that do not import pytest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from pytest_tfgrpc.gate import BaselineGate, GateSetupError, settings_from_optio
 from pytest_tfgrpc.metadata import META_PREFIX, run_metadata
 from pytest_tfgrpc.process import ServerProcess
 from pytest_tfgrpc.report import PREFIX, SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.serial import MeasurementLock, lock_path
 from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
 from pytest_tfgrpc.topology import Topology, topology_spec
 from pytest_tfgrpc.tuning import ALLOCATOR_POLICIES, apply_policy
@@ -258,6 +259,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in session.fabrics
     )
     lines = [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}"]
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+        lines.append(
+            "tfgrpc: pytest-xdist: tests that measure run one at a time across workers, "
+            "so that no measurement shares the machine with another"
+        )
     gate = session.gate
     if gate is not None:
         tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
@@ -269,6 +275,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
+@pytest.hookimpl(trylast=True)  # after the test's own parametrization: ids end in [...-NAME]
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fabric" not in metafunc.fixturenames:
         return
@@ -303,6 +310,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     else:
         return
     pytest.fail(problem, pytrace=False)
+
+
+_MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    workerinput = getattr(item.config, "workerinput", None)
+    uses = _MEASURING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    if workerinput is None or not uses:
+        return (yield)
+    # Under pytest-xdist: set up, measure and tear down one test at a time, run-wide.
+    with MeasurementLock(lock_path(str(workerinput["testrunuid"]))):
+        return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
