@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -45,5 +46,5 @@ def test_two_workers_lose_no_figure_and_never_measure_at_once(
     assert "tfgrpc.meta.grpcio" in suite_props
     spans = sorted(json.loads(line) for line in windows.read_text().splitlines())
     assert {worker for _, _, worker in spans} == {"gw0", "gw1"}
-    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
         assert end <= start, "two measurements overlapped"
