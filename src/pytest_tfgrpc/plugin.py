@@ -17,8 +17,10 @@ from pytest_tfgrpc.driver import Driver
 from pytest_tfgrpc.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 from pytest_tfgrpc.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.metadata import META_PREFIX, run_metadata
+from pytest_tfgrpc.plot import PlotUnavailableError, plot_available, write_plots
 from pytest_tfgrpc.process import ServerProcess
 from pytest_tfgrpc.report import PREFIX, SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.resultlog import ResultLog
 from pytest_tfgrpc.serial import MeasurementLock, lock_path
 from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
 from pytest_tfgrpc.topology import Topology, topology_spec
@@ -49,6 +51,14 @@ BASELINE_HELP = (
 TOLERANCE_HELP = (
     "largest change that is not a regression, per metric or for all: 10%, p99:10%, "
     "throughput:5% (repeatable; default 10%)"
+)
+RESULTS_HELP = (
+    "append every finished test's figures to FILE as JSON lines, each written and synced as "
+    "the test ends, so a run that is killed keeps every finished result"
+)
+PLOT_HELP = (
+    "write PNG plots into DIR at the end of the run: latency and bandwidth against message "
+    "size per fabric, step times of PS tests (needs the 'plot' extra: matplotlib)"
 )
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
@@ -153,6 +163,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             help=help_text,
         )
         parser.addini(f"tfgrpc_{name.replace('-', '_')}", help_text, default=None)
+    group.addoption("--tfgrpc-results", dest="tfgrpc_results", metavar="FILE", help=RESULTS_HELP)
+    parser.addini("tfgrpc_results", RESULTS_HELP, default=None)
+    group.addoption("--tfgrpc-plot", dest="tfgrpc_plot", metavar="DIR", help=PLOT_HELP)
+    parser.addini("tfgrpc_plot", PLOT_HELP, default=None)
     group.addoption("--tfgrpc-alpha", dest="tfgrpc_alpha", type=float, metavar="P", help=ALPHA_HELP)
     parser.addini("tfgrpc_alpha", ALPHA_HELP, default=None)
     for name, help_text in RUN_OPTIONS.items():
@@ -239,7 +253,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run prints
         gate = config.stash[_session_key].gate
-        config.pluginmanager.register(SummaryReporter(gate), _REPORTER_NAME)
+        results_path = _option(config, "tfgrpc_results")
+        results = ResultLog(results_path) if results_path else None
+        plot_dir = _option(config, "tfgrpc_plot")
+        if plot_dir:
+            available, why = plot_available()
+            if not available:
+                raise pytest.UsageError(f"--tfgrpc-plot: {why}")
+        reporter = SummaryReporter(gate, results, str(plot_dir) if plot_dir else None)
+        config.pluginmanager.register(reporter, _REPORTER_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -248,6 +270,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         session.stop_servers()
     reporter = config.pluginmanager.get_plugin(_REPORTER_NAME)
     if reporter is not None:
+        if reporter.results is not None:
+            reporter.results.close()
         config.pluginmanager.unregister(reporter, _REPORTER_NAME)
 
 
@@ -363,19 +387,53 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.stop_servers()
 
 
-class SummaryReporter:
-    """Collects the figures and baseline verdicts of every finished test (from its report, so
-    it works under pytest-xdist too) and prints them at the end of the run."""
+_OUTCOME_RANK = {"passed": 0, "skipped": 1, "error": 2, "failed": 3}
 
-    def __init__(self, gate: BaselineGate | None) -> None:
+
+class SummaryReporter:
+    """Collects the figures and baseline verdicts of every finished test (from its reports,
+    so it works under pytest-xdist too): appends each test to the results file as it ends,
+    and prints the tables and writes the plots at the end of the run."""
+
+    def __init__(
+        self, gate: BaselineGate | None, results: ResultLog | None, plot_dir: str | None
+    ) -> None:
         self.gate = gate
+        self.results = results
+        self.plot_dir = plot_dir
         self.rows: list[SummaryRow] = []
         self.verdicts: dict[str, int] = {}
         self.notes: list[str] = []
+        self.figures: dict[str, list[tuple[str, object]]] = {}
+        self._outcomes: dict[str, tuple[str, float]] = {}
+
+    def _track(self, report: pytest.TestReport) -> tuple[str, float]:
+        outcome: str = report.outcome
+        if report.when != "call" and report.failed:
+            outcome = "error"
+        previous, duration = self._outcomes.get(report.nodeid, ("passed", 0.0))
+        if _OUTCOME_RANK[outcome] < _OUTCOME_RANK[previous]:
+            outcome = previous
+        state = (outcome, duration + report.duration)
+        self._outcomes[report.nodeid] = state
+        return state
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "teardown" or not report.user_properties:
+        outcome, duration = self._track(report)
+        if report.when != "teardown":
             return
+        del self._outcomes[report.nodeid]
+        if self.results is not None:
+            self.results.append(
+                report.nodeid,
+                outcome=outcome,
+                duration=duration,
+                properties=report.user_properties,
+                worker=getattr(report, "worker_id", None),
+            )
+        if not report.user_properties:
+            return
+        self.figures[report.nodeid] = list(report.user_properties)
         self.rows.extend(summary_rows(report.nodeid, report.user_properties))
         properties = dict(report.user_properties)
         for name, value in report.user_properties:
@@ -392,6 +450,16 @@ class SummaryReporter:
             terminalreporter.section("tfgrpc")
             for line in format_summary(self.rows):
                 terminalreporter.write_line(line)
+        if self.results is not None:
+            terminalreporter.write_line(f"tfgrpc: results appended to {self.results.path}")
+        if self.plot_dir is not None and self.figures:
+            try:
+                written = write_plots(self.figures, self.plot_dir)
+            except PlotUnavailableError as exc:
+                terminalreporter.write_line(f"tfgrpc: no plots: {exc}", yellow=True)
+            else:
+                for path in written:
+                    terminalreporter.write_line(f"tfgrpc: plot {path}")
         if self.gate is None:
             return
         terminalreporter.section("tfgrpc baseline")
