@@ -76,6 +76,14 @@ def test_figures_reach_junit_per_size_and_fabric(
         p99 = float(latency[f"tfgrpc.p2p_latency.{size}.p99_us"])
         assert 0 < float(latency[f"tfgrpc.p2p_latency.{size}.min_us"]) <= p50 <= p99
     assert not any("throughput" in name for name in latency)
+    # the CPU time both ends spent measuring each size
+    for end in ("client", "server"):
+        for kind in ("user", "system"):
+            assert float(latency[f"tfgrpc.p2p_latency.1KiB.{end}_cpu_{kind}_us"]) >= 0
+    busy = sum(
+        float(latency[f"tfgrpc.p2p_latency.1KiB.server_cpu_{k}_us"]) for k in ("user", "system")
+    )
+    assert busy > 0
     bandwidth = props["test_bandwidth[lo]"]
     assert bandwidth["tfgrpc.p2p_bandwidth.mode"] == "protobuf"
     for size in ("64KiB", "128KiB"):

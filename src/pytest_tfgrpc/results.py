@@ -24,6 +24,17 @@ RATE_FIGURES = ("throughput", "throughput_p50")
 
 
 @dataclass(frozen=True)
+class CpuUsage:
+    """User and system CPU time (ns) of the client process and the server process over a
+    measured phase."""
+
+    client_user_ns: int
+    client_system_ns: int
+    server_user_ns: int
+    server_system_ns: int
+
+
+@dataclass(frozen=True)
 class Figure:
     """One named figure of one message size, in a base unit (ns, B/s or a count)."""
 
@@ -47,6 +58,7 @@ class SizeResult:
     elapsed_ns: int
     payload: str = ""
     buffers: tuple[int, ...] = ()
+    cpu: CpuUsage | None = None
 
     @classmethod
     def from_samples(
@@ -58,6 +70,7 @@ class SizeResult:
         *,
         payload: str = "",
         buffers: tuple[int, ...] = (),
+        cpu: CpuUsage | None = None,
     ) -> SizeResult:
         """Freeze the samples of one message (read-only) with their statistics.
 
@@ -67,7 +80,7 @@ class SizeResult:
         samples = np.ascontiguousarray(samples_ns, dtype=np.int64)
         samples.setflags(write=False)
         summary = summarize(samples)
-        return cls(size_bytes, wire_bytes, samples, summary, elapsed_ns, payload, buffers)
+        return cls(size_bytes, wire_bytes, samples, summary, elapsed_ns, payload, buffers, cpu)
 
     @property
     def label(self) -> str:
@@ -98,6 +111,12 @@ class SizeResult:
         if rates:
             out.append(Figure("throughput", self.throughput_Bps, "B/s"))
             out.append(Figure("throughput_p50", self.throughput_p50_Bps, "B/s"))
+        if self.cpu is not None:
+            cpu = self.cpu
+            out.append(Figure("client_cpu_user", float(cpu.client_user_ns), "ns"))
+            out.append(Figure("client_cpu_system", float(cpu.client_system_ns), "ns"))
+            out.append(Figure("server_cpu_user", float(cpu.server_user_ns), "ns"))
+            out.append(Figure("server_cpu_system", float(cpu.server_system_ns), "ns"))
         out.append(Figure("samples", float(s.count), "count"))
         return tuple(out)
 

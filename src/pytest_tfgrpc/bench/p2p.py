@@ -20,7 +20,8 @@ from types import MappingProxyType
 import grpc
 
 from pytest_tfgrpc import codec, transport
-from pytest_tfgrpc.bench.timing import RunSpec, Samples, measure, measure_async
+from pytest_tfgrpc.bench.cpu import CpuProbe
+from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
 from pytest_tfgrpc.client import (
     BenchmarkError,
     Server,
@@ -31,7 +32,7 @@ from pytest_tfgrpc.client import (
     run_async,
 )
 from pytest_tfgrpc.payload import Tensor
-from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.results import BenchmarkResult, CpuUsage, SizeResult
 from pytest_tfgrpc.schemes import Payload, payload_message
 from pytest_tfgrpc.tuning import allocator_settings
 
@@ -71,19 +72,23 @@ def _tensor(message: Message) -> Tensor:
 
 
 def _size_result(
-    message: Message, tensor: Tensor, mode: str, samples: Samples, elapsed: int
+    message: Message,
+    tensor: Tensor,
+    mode: str,
+    samples: Samples,
+    elapsed: int,
+    cpu: CpuUsage | None,
 ) -> SizeResult:
-    wire = tensor.wire_bytes(mode)
-    if isinstance(message, Payload):
-        return SizeResult.from_samples(
-            tensor.nbytes,
-            wire,
-            samples,
-            elapsed,
-            payload=message.description,
-            buffers=message.sizes,
-        )
-    return SizeResult.from_samples(tensor.nbytes, wire, samples, elapsed)
+    payload = message if isinstance(message, Payload) else None
+    return SizeResult.from_samples(
+        tensor.nbytes,
+        tensor.wire_bytes(mode),
+        samples,
+        elapsed,
+        payload=payload.description if payload else "",
+        buffers=payload.sizes if payload else (),
+        cpu=cpu,
+    )
 
 
 def _slices(message: bytes, chunk_bytes: int) -> list[bytes]:
@@ -112,7 +117,9 @@ def _verify_echo(tensor: Tensor, mode: str, reply: bytes) -> None:
 
 
 # --- latency -------------------------------------------------------------------------------
-def _latency_unary(server: Server, tensor: Tensor, mode: str, run: RunSpec) -> tuple[Samples, int]:
+def _latency_unary(
+    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+) -> tuple[Samples, int]:
     channel = connect(server.target)
     try:
         call = channel.unary_unary(transport.method(mode, "Echo"))
@@ -132,13 +139,13 @@ def _latency_unary(server: Server, tensor: Tensor, mode: str, run: RunSpec) -> t
             def op() -> object:
                 return decode(call(encode(content, dtype, shape), timeout=timeout))
 
-        return measure(op, run)
+        return measure(op, run, probe)
     finally:
         channel.close()
 
 
 async def _latency_stream(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec
+    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
     channel = await connect_aio(server.target)
     try:
@@ -164,7 +171,7 @@ async def _latency_stream(
                 await write(encode(content, dtype, shape))
                 return decode(await read())
 
-        result = await measure_async(op, run)
+        result = await measure_async(op, run, probe)
         await stream.done_writing()
         await stream.code()  # the call's end, so no task of it outlives the loop
         return result
@@ -188,13 +195,14 @@ def p2p_latency(
     for message in _check_messages(sizes):
         tensor = _tensor(message)
         try:
-            if rpc == "unary":
-                samples, elapsed = _latency_unary(server, tensor, mode, run)
-            else:
-                samples, elapsed = run_async(_latency_stream(server, tensor, mode, run))
+            with CpuProbe(server.target) as probe:
+                if rpc == "unary":
+                    samples, elapsed = _latency_unary(server, tensor, mode, run, probe)
+                else:
+                    samples, elapsed = run_async(_latency_stream(server, tensor, mode, run, probe))
         except grpc.RpcError as error:
             raise explain(error, server, f"{rpc} echo of {tensor.nbytes} B") from error
-        results.append(_size_result(message, tensor, mode, samples, elapsed))
+        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
     method = "Echo" if rpc == "unary" else "EchoStream"
     return BenchmarkResult(
         benchmark="p2p_latency",
@@ -209,7 +217,9 @@ def p2p_latency(
 
 
 # --- bandwidth -----------------------------------------------------------------------------
-def _push_unary(server: Server, tensor: Tensor, mode: str, run: RunSpec) -> tuple[Samples, int]:
+def _push_unary(
+    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+) -> tuple[Samples, int]:
     channel = connect(server.target)
     try:
         call = channel.unary_unary(transport.method(mode, "Push"))
@@ -230,13 +240,13 @@ def _push_unary(server: Server, tensor: Tensor, mode: str, run: RunSpec) -> tupl
         acked, _ = codec.decode_ack(op())  # type: ignore[arg-type]
         if acked != expected:
             raise BenchmarkError(f"the server acknowledged {acked} B of a {expected} B push")
-        return measure(op, run)
+        return measure(op, run, probe)
     finally:
         channel.close()
 
 
 async def _push_stream(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, chunk_bytes: int
+    server: Server, tensor: Tensor, mode: str, run: RunSpec, chunk_bytes: int, probe: Phase
 ) -> tuple[Samples, int]:
     protobuf = mode == "protobuf"
     wire = tensor.wire_bytes(mode)
@@ -271,7 +281,7 @@ async def _push_stream(
         acked, _ = codec.decode_ack(await op())
         if acked != wire:
             raise BenchmarkError(f"the server acknowledged {acked} B of a {wire} B push")
-        result = await measure_async(op, run)
+        result = await measure_async(op, run, probe)
         await stream.done_writing()
         await stream.code()  # the call's end, so no task of it outlives the loop
         return result
@@ -280,7 +290,13 @@ async def _push_stream(
 
 
 def _pull(
-    server: Server, tensor: Tensor, mode: str, rpc: str, run: RunSpec, chunk_bytes: int
+    server: Server,
+    tensor: Tensor,
+    mode: str,
+    rpc: str,
+    run: RunSpec,
+    chunk_bytes: int,
+    probe: Phase,
 ) -> tuple[Samples, int]:
     channel = connect(server.target)
     try:
@@ -310,7 +326,7 @@ def _pull(
         got = op()
         if got != tensor.nbytes:
             raise BenchmarkError(f"pulled {got} B of tensor content, asked for {tensor.nbytes} B")
-        return measure(op, run)
+        return measure(op, run, probe)
     finally:
         channel.close()
 
@@ -338,15 +354,17 @@ def p2p_bandwidth(
             raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
         tensor = _tensor(message)
         try:
-            if direction == "pull":
-                samples, elapsed = _pull(server, tensor, mode, rpc, run, chunk_bytes)
-            elif rpc == "unary":
-                samples, elapsed = _push_unary(server, tensor, mode, run)
-            else:
-                samples, elapsed = run_async(_push_stream(server, tensor, mode, run, chunk_bytes))
+            with CpuProbe(server.target) as probe:
+                if direction == "pull":
+                    samples, elapsed = _pull(server, tensor, mode, rpc, run, chunk_bytes, probe)
+                elif rpc == "unary":
+                    samples, elapsed = _push_unary(server, tensor, mode, run, probe)
+                else:
+                    pushing = _push_stream(server, tensor, mode, run, chunk_bytes, probe)
+                    samples, elapsed = run_async(pushing)
         except grpc.RpcError as error:
             raise explain(error, server, f"{rpc} {direction} of {tensor.nbytes} B") from error
-        results.append(_size_result(message, tensor, mode, samples, elapsed))
+        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
     names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
     names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
     extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -58,10 +59,21 @@ class RunSpec:
         return out
 
 
-def measure(op: Callable[[], object], run: RunSpec) -> tuple[Samples, int]:
+class Phase(Protocol):
+    """Told when the measured phase starts and when it ends (e.g. to read CPU times)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def measure(
+    op: Callable[[], object], run: RunSpec, phase: Phase | None = None
+) -> tuple[Samples, int]:
     """Warm up, then time ``op`` until the spec's count or time runs out.
 
-    Returns the samples (ns) and the wall time of the measured phase (ns).
+    Returns the samples (ns) and the wall time of the measured phase (ns). ``phase`` is told
+    when the measured phase starts and ends, outside the timed operations.
     """
     clock = time.perf_counter_ns
     warm_end = clock() + int(run.warmup_seconds * 1e9)
@@ -70,6 +82,8 @@ def measure(op: Callable[[], object], run: RunSpec) -> tuple[Samples, int]:
         if clock() >= warm_end:
             break
     samples = np.empty(run.iterations, dtype=np.int64)
+    if phase is not None:
+        phase.start()
     start = clock()
     deadline = start + int(run.time_limit_s * 1e9)
     count = 0
@@ -80,10 +94,15 @@ def measure(op: Callable[[], object], run: RunSpec) -> tuple[Samples, int]:
         samples[count - 1] = t1 - t0
         if t1 >= deadline:
             break
-    return samples[:count], clock() - start
+    elapsed = clock() - start
+    if phase is not None:
+        phase.stop()
+    return samples[:count], elapsed
 
 
-async def measure_async(op: Callable[[], Awaitable[object]], run: RunSpec) -> tuple[Samples, int]:
+async def measure_async(
+    op: Callable[[], Awaitable[object]], run: RunSpec, phase: Phase | None = None
+) -> tuple[Samples, int]:
     """:func:`measure` for operations that are coroutines."""
     clock = time.perf_counter_ns
     warm_end = clock() + int(run.warmup_seconds * 1e9)
@@ -92,6 +111,8 @@ async def measure_async(op: Callable[[], Awaitable[object]], run: RunSpec) -> tu
         if clock() >= warm_end:
             break
     samples = np.empty(run.iterations, dtype=np.int64)
+    if phase is not None:
+        phase.start()
     start = clock()
     deadline = start + int(run.time_limit_s * 1e9)
     count = 0
@@ -102,4 +123,7 @@ async def measure_async(op: Callable[[], Awaitable[object]], run: RunSpec) -> tu
         samples[count - 1] = t1 - t0
         if t1 >= deadline:
             break
-    return samples[:count], clock() - start
+    elapsed = clock() - start
+    if phase is not None:
+        phase.stop()
+    return samples[:count], elapsed
