@@ -291,3 +291,32 @@ def test_the_allocator_policy_reaches_servers_and_results(
         assert "SERVER-ENV {}" in out
         assert "mallopt" not in settings
     assert "iterations=30" in settings and "grpcio=" in settings
+
+
+def test_the_transport_floor_is_measured_beside_on_request(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.message_profile(["1KiB", "64KiB"])
+        def test_latency(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server, floor=True)
+
+        @pytest.mark.message_profile(["1MiB"])
+        def test_bandwidth(tfgrpc, tensor_server):
+            tfgrpc.p2p_bandwidth(tensor_server, floor=True)
+        """
+    )
+    xml = pytester.path / "perf.xml"
+    pytester.runpytest(*quick, f"--junitxml={xml}").assert_outcomes(passed=2)
+    latency = properties(xml)["test_latency[lo]"]
+    assert latency["tfgrpc.p2p_latency_floor.rpc"] == "tcp-pingpong"
+    for size in ("1KiB", "64KiB"):
+        assert latency[f"tfgrpc.p2p_latency_floor.{size}.samples"] == "30"
+        assert float(latency[f"tfgrpc.p2p_latency_floor.{size}.p50_us"]) > 0
+    assert not any(n.startswith("tfgrpc.p2p_latency_floor.") and "throughput" in n for n in latency)
+    bandwidth = properties(xml)["test_bandwidth[lo]"]
+    assert bandwidth["tfgrpc.p2p_bandwidth_floor.rpc"] == "tcp-push-ack"
+    assert float(bandwidth["tfgrpc.p2p_bandwidth_floor.1MiB.throughput_MBps"]) > 0

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.floor import FLOOR_SUFFIX, transport_floor
 from pytest_tfgrpc.bench.p2p import Message
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -84,8 +85,13 @@ class Driver:
         warmup_seconds: float | None = None,
         duration: float | None = None,
         label: str | None = None,
+        floor: bool = False,
     ) -> BenchmarkResult:
-        """Echo latency per message size (TF-gRPC-P2P-Latency); see the README."""
+        """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
+
+        ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
+        fabric, labelled ``<label>_floor``.
+        """
         __tracebackhide__ = True
         run = self._run(
             bench.LATENCY_RUN,
@@ -97,6 +103,8 @@ class Driver:
             duration=duration,
         )
         self._check_label(label or "p2p_latency")
+        if floor:
+            self._check_label((label or "p2p_latency") + FLOOR_SUFFIX)
         result = bench.p2p_latency(
             server,
             self._sizes(sizes, "p2p_latency"),
@@ -105,7 +113,14 @@ class Driver:
             run=run,
             label=label,
         )
-        return self.record(result)
+        return self._with_floor(self.record(result), server, run, floor)
+
+    def _with_floor(
+        self, result: BenchmarkResult, server: Server, run: RunSpec, floor: bool
+    ) -> BenchmarkResult:
+        if floor:
+            self.record(transport_floor(server.fabric, result, run))
+        return result
 
     def p2p_bandwidth(
         self,
@@ -122,8 +137,13 @@ class Driver:
         warmup_seconds: float | None = None,
         duration: float | None = None,
         label: str | None = None,
+        floor: bool = False,
     ) -> BenchmarkResult:
-        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README."""
+        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
+
+        ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
+        same sizes on the same fabric, labelled ``<label>_floor``.
+        """
         __tracebackhide__ = True
         run = self._run(
             bench.BANDWIDTH_RUN,
@@ -135,6 +155,8 @@ class Driver:
             duration=duration,
         )
         self._check_label(label or "p2p_bandwidth")
+        if floor:
+            self._check_label((label or "p2p_bandwidth") + FLOOR_SUFFIX)
         extra: dict[str, Any] = {}
         if chunk_bytes is not None:
             try:
@@ -153,7 +175,7 @@ class Driver:
             label=label,
             **extra,
         )
-        return self.record(result)
+        return self._with_floor(self.record(result), server, run, floor)
 
     def ps_throughput(
         self,

@@ -183,7 +183,8 @@ class BenchmarkResult:
 
     @property
     def reports_rates(self) -> bool:
-        return self.benchmark != "p2p_latency"
+        """Latency benchmarks (an echo, a ping-pong) have no meaningful rate."""
+        return not self.benchmark.endswith("latency")
 
     def size(self, size_bytes: int) -> SizeResult:
         for result in self.sizes:
