@@ -30,7 +30,10 @@ def test_ps_throughput_by_scheme(tfgrpc, ps_cluster, scheme):
 @pytest.mark.message_profile("resnet50", scale=0.02)
 @pytest.mark.parametrize(
     "sharding",
-    [pytest.param(s, marks=pytest.mark.ps_topology(ps=2, workers=3, sharding=s)) for s in SHARDINGS],
+    [
+        pytest.param(s, marks=pytest.mark.ps_topology(ps=2, workers=3, sharding=s))
+        for s in SHARDINGS
+    ],
 )
 def test_sync_sgd_step_by_sharding(tfgrpc, ps_cluster, sharding):
     result = tfgrpc.sync_sgd_step(ps_cluster)
