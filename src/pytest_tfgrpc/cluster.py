@@ -11,63 +11,46 @@ and the end of its stderr (:class:`~pytest_tfgrpc.process.ServerDied`).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import os
 import selectors
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 import grpc
 
 from pytest_tfgrpc._proto import service_pb2
 from pytest_tfgrpc.client import BenchmarkError, connect
 from pytest_tfgrpc.fabric import Fabric
-from pytest_tfgrpc.process import ServerDied, ServerError, ServerProcess, describe_exit
+from pytest_tfgrpc.process import (
+    ChildProcess,
+    ServerDied,
+    ServerError,
+    ServerProcess,
+    describe_exit,
+    live_children,
+)
 from pytest_tfgrpc.ps_service import method
 from pytest_tfgrpc.topology import Topology
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
-
-_LIVE: set[WorkerProcess] = set()
-_LIVE_LOCK = threading.Lock()
 
 
 class ClusterError(ServerError):
     """A cluster that could not start, or a job that did not finish in time."""
 
 
-class WorkerProcess:
+class WorkerProcess(ChildProcess):
     """One worker process; it speaks JSON lines on its stdin and stdout."""
 
     def __init__(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(
+            [sys.executable, "-m", "pytest_tfgrpc.worker"], name=f"PS worker {index}", env=env
+        )
         self.index = index
-        self.name = f"PS worker {index}"
-        self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
-            prefix="tfgrpc-worker-", suffix=".err"
-        )
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_tfgrpc.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            start_new_session=True,
-            env=dict(env) if env is not None else None,
-        )
         self._buffer = b""
-        self._stopped = False
-        with _LIVE_LOCK:
-            _LIVE.add(self)
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
 
     def fileno(self) -> int:
         assert self._proc.stdout is not None
@@ -80,7 +63,7 @@ class WorkerProcess:
             self._proc.stdin.write(json.dumps(message).encode() + b"\n")
             self._proc.stdin.flush()
         except (BrokenPipeError, ValueError):
-            raise self.death(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
+            raise self.died(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
 
     def take_line(self) -> dict[str, Any] | None:
         """A complete line already read, if there is one."""
@@ -97,68 +80,13 @@ class WorkerProcess:
         self._buffer += chunk
         return bool(chunk)
 
-    def stderr_tail(self, max_lines: int = 20, max_bytes: int = 8192) -> str:
-        """The last lines the worker wrote to stderr."""
-        try:
-            size = os.fstat(self._stderr.fileno()).st_size
-            self._stderr.seek(max(0, size - max_bytes))
-            text = self._stderr.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return ""
-        return "\n".join(text.strip().splitlines()[-max_lines:])
-
-    def death(self, grace: float = 0.5) -> ServerDied | None:
-        """The worker's death (exit status, stderr tail), waiting ``grace`` s for it."""
-        if self._stopped:
-            return None
-        try:
-            code = self._proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            return None
-        return ServerDied(self.name, code, self.stderr_tail())
-
-    def poll(self) -> int | None:
-        return self._proc.poll()
-
-    def stop(self, timeout: float = 5.0) -> int:
-        """Stop the worker (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
-        self._stopped = True
-        try:
-            if self._proc.stdin is not None and not self._proc.stdin.closed:
-                with contextlib.suppress(BrokenPipeError):
-                    self._proc.stdin.close()
-            try:
-                return self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.terminate()
-            try:
-                return self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                return self._proc.wait()
-        finally:
-            if self._proc.stdout is not None:
-                self._proc.stdout.close()
-            self._stderr.close()
-            with _LIVE_LOCK:
-                _LIVE.discard(self)
-
     def __repr__(self) -> str:
         return f"<WorkerProcess {self.index} pid={self.pid}>"
 
 
 def live_workers() -> tuple[WorkerProcess, ...]:
     """Worker processes started here and not yet stopped."""
-    with _LIVE_LOCK:
-        return tuple(_LIVE)
-
-
-def _stop_all_workers() -> None:
-    for worker in live_workers():
-        worker.stop(timeout=2.0)
-
-
-atexit.register(_stop_all_workers)
+    return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
 
 
 class PSCluster:
@@ -230,7 +158,7 @@ class PSCluster:
                     return death
         for worker in self.workers:
             if worker.poll() is not None:
-                death = worker.death(grace)
+                death = worker.died(grace)
                 if death is not None:
                     return death
         return None
@@ -337,7 +265,7 @@ class PSCluster:
                     worker = key.data
                     if not worker.read_more():
                         selector.unregister(key.fileobj)
-                        raise worker.death(grace=5.0) or ClusterError(
+                        raise worker.died(grace=5.0) or ClusterError(
                             f"{worker.name} closed its stdout"
                         )
         if errors:

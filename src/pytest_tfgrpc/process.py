@@ -11,6 +11,7 @@ instead of killing them under a measurement.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
@@ -20,13 +21,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
 from pytest_tfgrpc.fabric import Fabric
 
-_LIVE: set[ServerProcess] = set()
+_LIVE: set[ChildProcess] = set()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -66,17 +67,21 @@ class ServerInfo:
     fabric: str
 
 
-class ServerProcess:
-    """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
+class ChildProcess:
+    """A child process of ours: stdin a pipe (its lifeline), stdout a pipe, stderr a file.
+
+    It runs in its own session (a Ctrl-C reaches pytest, which stops it in order), is
+    registered until stopped (:func:`stop_all` ends any left), and reports its death with
+    its exit status and the end of its stderr.
+    """
 
     def __init__(
-        self, argv: Sequence[str], *, fabric: Fabric, name: str, env: dict[str, str] | None
+        self, argv: Sequence[str], *, name: str, env: Mapping[str, str] | None = None
     ) -> None:
-        self.fabric = fabric
         self.name = name
         # Owned by the handle and closed in stop(): it outlives any one block.
         self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
-            prefix="tfgrpc-server-", suffix=".err"
+            prefix="tfgrpc-", suffix=".err"
         )
         self._proc = subprocess.Popen(
             list(argv),
@@ -84,12 +89,86 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             start_new_session=True,
-            env=env,
+            env=dict(env) if env is not None else None,
         )
         self._stopped = False
-        self.info: ServerInfo | None = None
         with _LIVE_LOCK:
             _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def stderr_tail(self, max_lines: int = 20, max_bytes: int = 8192) -> str:
+        """The last lines the process wrote to stderr."""
+        try:
+            size = os.fstat(self._stderr.fileno()).st_size
+            self._stderr.seek(max(0, size - max_bytes))
+            text = self._stderr.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        return "\n".join(text.strip().splitlines()[-max_lines:])
+
+    def _stderr_suffix(self) -> str:
+        tail = self.stderr_tail()
+        return f"; the end of its stderr:\n{tail}" if tail else ""
+
+    def poll(self) -> int | None:
+        """The exit status if the process has ended, else None."""
+        return self._proc.poll()
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerDied` (exit status, stderr tail) if the process has ended."""
+        code = self._proc.poll()
+        if code is not None and not self._stopped:
+            raise ServerDied(self.name, code, self.stderr_tail())
+
+    def died(self, grace: float = 0.5) -> ServerDied | None:
+        """After something failed: the death that explains it, waiting ``grace`` s for it."""
+        if self._stopped:
+            return None
+        try:
+            code = self._proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return None
+        return ServerDied(self.name, code, self.stderr_tail())
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Stop the process (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
+        self._stopped = True
+        try:
+            if self._proc.stdin is not None and not self._proc.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    self._proc.stdin.close()
+            try:
+                return self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.terminate()
+            try:
+                return self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                return self._proc.wait()
+        finally:
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._stderr.close()
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} pid={self.pid}>"
+
+
+class ServerProcess(ChildProcess):
+    """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
+
+    def __init__(
+        self, argv: Sequence[str], *, fabric: Fabric, name: str, env: Mapping[str, str] | None
+    ) -> None:
+        super().__init__(argv, name=name, env=env)
+        self.fabric = fabric
+        self.info: ServerInfo | None = None
 
     @classmethod
     def start(
@@ -97,7 +176,7 @@ class ServerProcess:
         fabric: Fabric,
         *,
         extra_args: Sequence[str] = (),
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         ready_timeout: float = 30.0,
         name: str | None = None,
     ) -> ServerProcess:
@@ -118,10 +197,6 @@ class ServerProcess:
             handle.stop()
             raise
         return handle
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
 
     @property
     def target(self) -> str:
@@ -155,62 +230,6 @@ class ServerProcess:
         fields = json.loads(line)
         self.info = ServerInfo(target=fields["target"], pid=fields["pid"], fabric=fields["fabric"])
 
-    def _stderr_suffix(self) -> str:
-        tail = self.stderr_tail()
-        return f"; the end of its stderr:\n{tail}" if tail else ""
-
-    def stderr_tail(self, max_lines: int = 20, max_bytes: int = 8192) -> str:
-        """The last lines the server wrote to stderr."""
-        try:
-            size = os.fstat(self._stderr.fileno()).st_size
-            self._stderr.seek(max(0, size - max_bytes))
-            text = self._stderr.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return ""
-        return "\n".join(text.strip().splitlines()[-max_lines:])
-
-    def poll(self) -> int | None:
-        """The exit status if the process has ended, else None."""
-        return self._proc.poll()
-
-    def check_alive(self) -> None:
-        """Raise :class:`ServerDied` (exit status, stderr tail) if the process has ended."""
-        code = self._proc.poll()
-        if code is not None and not self._stopped:
-            raise ServerDied(self.name, code, self.stderr_tail())
-
-    def died(self, grace: float = 0.5) -> ServerDied | None:
-        """After an RPC failed: the death that explains it, waiting ``grace`` s for the exit."""
-        if self._stopped:
-            return None
-        try:
-            code = self._proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            return None
-        return ServerDied(self.name, code, self.stderr_tail())
-
-    def stop(self, timeout: float = 5.0) -> int:
-        """Stop the server (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
-        self._stopped = True
-        try:
-            if self._proc.stdin is not None and not self._proc.stdin.closed:
-                self._proc.stdin.close()
-            try:
-                return self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.terminate()
-            try:
-                return self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                return self._proc.wait()
-        finally:
-            if self._proc.stdout is not None:
-                self._proc.stdout.close()
-            self._stderr.close()
-            with _LIVE_LOCK:
-                _LIVE.discard(self)
-
     def __enter__(self) -> ServerProcess:
         return self
 
@@ -222,18 +241,23 @@ class ServerProcess:
         return f"<ServerProcess {self.name} pid={self.pid} {where}>"
 
 
-def live_servers() -> tuple[ServerProcess, ...]:
-    """Server processes started here and not yet stopped."""
+def live_children() -> tuple[ChildProcess, ...]:
+    """Child processes started here and not yet stopped."""
     with _LIVE_LOCK:
         return tuple(_LIVE)
 
 
+def live_servers() -> tuple[ServerProcess, ...]:
+    """Server processes started here and not yet stopped."""
+    return tuple(child for child in live_children() if isinstance(child, ServerProcess))
+
+
 def stop_all() -> int:
-    """Stop every server still running; return how many there were."""
-    servers = live_servers()
-    for server in servers:
-        server.stop(timeout=2.0)
-    return len(servers)
+    """Stop every child process still running; return how many there were."""
+    children = live_children()
+    for child in children:
+        child.stop(timeout=2.0)
+    return len(children)
 
 
 atexit.register(stop_all)
