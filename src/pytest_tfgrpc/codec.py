@@ -216,17 +216,23 @@ def encode_ack(bytes_received: int, messages: int) -> bytes:
     )
 
 
-def decode_ack(data: bytes) -> tuple[int, int]:
-    """(bytes_received, messages) of an encoded ``tfgrpc.Ack``."""
+def _varint_fields(data: bytes, defaults: dict[int, int]) -> dict[int, int]:
+    """The varint fields numbered in ``defaults`` of a message (other fields skipped)."""
     buf = memoryview(data)
     pos = 0
-    fields = {1: 0, 2: 0}
+    fields = dict(defaults)
     while pos < len(buf):
         key, pos = _read_varint(buf, pos)
         if key & 7 == _WIRE_VARINT and key >> 3 in fields:
             fields[key >> 3], pos = _read_varint(buf, pos)
         else:
             pos = _skip(buf, pos, key & 7)
+    return fields
+
+
+def decode_ack(data: bytes) -> tuple[int, int]:
+    """(bytes_received, messages) of an encoded ``tfgrpc.Ack``."""
+    fields = _varint_fields(data, {1: 0, 2: 0})
     return fields[1], fields[2]
 
 
@@ -285,15 +291,7 @@ def encode_pull_request(nbytes: int, dtype: str, chunk_bytes: int) -> bytes:
 
 def decode_pull_request(data: bytes) -> tuple[int, str, int]:
     """(nbytes, dtype, chunk_bytes) of an encoded ``tfgrpc.PullRequest``."""
-    buf = memoryview(data)
-    pos = 0
-    fields = {1: 0, 2: DTYPES["uint8"], 3: 0}
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        if key & 7 == _WIRE_VARINT and key >> 3 in fields:
-            fields[key >> 3], pos = _read_varint(buf, pos)
-        else:
-            pos = _skip(buf, pos, key & 7)
+    fields = _varint_fields(data, {1: 0, 2: DTYPES["uint8"], 3: 0})
     dtype = DTYPE_NAMES.get(fields[2])
     if dtype is None:
         raise CodecError(f"PullRequest with unsupported dtype number {fields[2]}")

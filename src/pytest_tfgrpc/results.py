@@ -43,6 +43,11 @@ class Figure:
     unit: str  # "ns", "B/s", "count"
 
 
+def find_figure(figures: Sequence[Figure], metric: str) -> Figure | None:
+    """The figure named ``metric``, or None."""
+    return next((fig for fig in figures if fig.metric == metric), None)
+
+
 @dataclass(frozen=True, eq=False)
 class SizeResult:
     """The samples and statistics of one message size.
@@ -121,10 +126,7 @@ class SizeResult:
         return tuple(out)
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
-        for fig in self.figures(rates=rates):
-            if fig.metric == metric:
-                return fig
-        return None
+        return find_figure(self.figures(rates=rates), metric)
 
 
 class MeasuredPoint(Protocol):

@@ -33,7 +33,7 @@ from pytest_tfgrpc.client import BenchmarkError
 from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.profiles import Profile
 from pytest_tfgrpc.ps_service import INIT_INDEX, INIT_RANDOM, method
-from pytest_tfgrpc.results import Figure
+from pytest_tfgrpc.results import Figure, find_figure
 from pytest_tfgrpc.schemes import Payload
 from pytest_tfgrpc.sketch import Sketch
 from pytest_tfgrpc.stats import Summary, summarize
@@ -132,10 +132,7 @@ class PSPoint:
         return tuple(out)
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
-        for fig in self.figures(rates=rates):
-            if fig.metric == metric:
-                return fig
-        return None
+        return find_figure(self.figures(rates=rates), metric)
 
 
 _UNITS = {"ns": ("us", 1e3), "B/s": ("MBps", 1e6), "1/s": ("per_s", 1.0)}
