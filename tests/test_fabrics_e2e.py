@@ -59,6 +59,9 @@ def test_a_suite_runs_on_each_fabric(
     xml = pytester.path / "perf.xml"
     result = pytester.runpytest(*QUICK, f"--fabric=lo,{link.root_if}", f"--junitxml={xml}")
     result.assert_outcomes(passed=4)
+    # the summary puts the two fabrics of each figure side by side and ranks them
+    summary = result.stdout.str().split("= tfgrpc =", 1)[1].splitlines()
+    assert sum(line.rstrip().endswith(("best", "worst")) for line in summary) == 4
     cases = {
         case.name: {p.name: p.value for p in case.properties()}
         for suite in JUnitXml.fromfile(str(xml))

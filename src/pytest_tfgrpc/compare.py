@@ -934,13 +934,15 @@ def compare_test(
 def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
     """JUnit properties of a test's verdicts: ``tfgrpc.<label>.<size>.<metric>.verdict`` (the
     outcome: pass, regression, improvement or inconclusive) and ``...<metric>.verdict_reason``
-    (its one-line reason), and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each
+    (its one-line reason), ``...<metric>.change`` (current / baseline - 1, when defined), and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each
     measurement the baseline lacks."""
     out = []
     for v in comparison.verdicts:
         name = f"{PREFIX}{v.key.label}.{v.key.size}.{v.metric}"
         out.append((f"{name}.verdict", v.outcome.value))
         out.append((f"{name}.verdict_reason", v.reason))
+        if math.isfinite(v.change):
+            out.append((f"{name}.change", repr(v.change)))
     for key in comparison.new:
         out.append((f"{PREFIX}{key.label}.{key.size}.verdict", "no baseline"))
     return out

@@ -3,7 +3,7 @@ done by modules that do not import pytest."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -260,7 +260,9 @@ def pytest_configure(config: pytest.Config) -> None:
             available, why = plot_available()
             if not available:
                 raise pytest.UsageError(f"--tfgrpc-plot: {why}")
-        reporter = SummaryReporter(gate, results, str(plot_dir) if plot_dir else None)
+        reporter = SummaryReporter(
+            [f.name for f in fabrics], gate, results, str(plot_dir) if plot_dir else None
+        )
         config.pluginmanager.register(reporter, _REPORTER_NAME)
 
 
@@ -396,8 +398,13 @@ class SummaryReporter:
     and prints the tables and writes the plots at the end of the run."""
 
     def __init__(
-        self, gate: BaselineGate | None, results: ResultLog | None, plot_dir: str | None
+        self,
+        fabrics: Sequence[str],
+        gate: BaselineGate | None,
+        results: ResultLog | None,
+        plot_dir: str | None,
     ) -> None:
+        self.fabrics = tuple(fabrics)
         self.gate = gate
         self.results = results
         self.plot_dir = plot_dir
@@ -448,7 +455,7 @@ class SummaryReporter:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.rows:
             terminalreporter.section("tfgrpc")
-            for line in format_summary(self.rows):
+            for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
         if self.results is not None:
             terminalreporter.write_line(f"tfgrpc: results appended to {self.results.path}")

@@ -63,7 +63,11 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """One line of the terminal summary."""
+    """One line of the terminal summary: one test, benchmark label, size and fabric.
+
+    ``change`` is the baseline comparison's relative change of the headline figure
+    (throughput where there is one, else p50), when a baseline was given.
+    """
 
     test: str
     fabric: str
@@ -73,6 +77,20 @@ class SummaryRow:
     p99_us: float | None
     throughput_MBps: float | None
     samples: int | None
+    change: float | None = None
+
+    @property
+    def group(self) -> tuple[str, str, str]:
+        """The test without its fabric parameter, the label and the size: rows of one group
+        differ only in their fabric."""
+        return (_without_fabric(self.test, self.fabric), self.label, self.size)
+
+
+def _without_fabric(test: str, fabric: str) -> str:
+    for suffix, replacement in ((f"[{fabric}]", ""), (f"-{fabric}]", "]")):
+        if fabric and test.endswith(suffix):
+            return test[: -len(suffix)] + replacement
+    return test
 
 
 def _float(text: str | None) -> float | None:
@@ -91,6 +109,9 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
         if not name.startswith(PREFIX):
             continue
         parts = name[len(PREFIX) :].split(".")
+        if len(parts) == 4 and parts[3] == "change":  # a baseline verdict's relative change
+            keyed.setdefault((parts[0], parts[1]), {})[f"{parts[2]}.change"] = value
+            continue
         if len(parts) != 3:
             continue
         label, size, metric = parts
@@ -99,7 +120,11 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
         keyed.setdefault((label, size), {})[metric] = value
     rows = []
     for (label, size), metrics in keyed.items():
+        if not any(m.endswith("_us") or m.endswith("_MBps") for m in metrics):
+            continue
         samples = _float(metrics.get("samples"))
+        throughput = _float(metrics.get("throughput_MBps"))
+        change_of = "throughput.change" if throughput is not None else "p50.change"
         rows.append(
             SummaryRow(
                 test=test,
@@ -108,8 +133,9 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
                 size=size,
                 p50_us=_float(metrics.get("p50_us", metrics.get("step_p50_us"))),
                 p99_us=_float(metrics.get("p99_us", metrics.get("step_p99_us"))),
-                throughput_MBps=_float(metrics.get("throughput_MBps")),
+                throughput_MBps=throughput,
                 samples=int(samples) if samples is not None else None,
+                change=_float(metrics.get(change_of)),
             )
         )
     return rows
@@ -122,28 +148,63 @@ def _size_key(size: str) -> int:
         return -1
 
 
-def format_summary(rows: Sequence[SummaryRow]) -> list[str]:
-    """An aligned table: test, benchmark, fabric, size, p50, p99, throughput, samples."""
-    header = ("test", "benchmark", "fabric", "size", "p50", "p99", "throughput", "samples")
-    ordered = sorted(rows, key=lambda r: (r.test, r.label, _size_key(r.size), r.fabric))
+def _marks(rows: Sequence[SummaryRow]) -> dict[int, str]:
+    """``best``/``worst`` per row index of a group measured on more than one fabric: by
+    throughput when every row has one, else by p50."""
+    by_rate = all(row.throughput_MBps is not None for row in rows)
+    ranked = [
+        (i, value)
+        for i, row in enumerate(rows)
+        if (value := row.throughput_MBps if by_rate else row.p50_us) is not None
+    ]
+    if len({rows[i].fabric for i, _ in ranked}) < 2:
+        return {}
+    ordered = sorted(ranked, key=lambda item: item[1], reverse=by_rate)
+    return {ordered[0][0]: "best", ordered[-1][0]: "worst"}
+
+
+def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> list[str]:
+    """An aligned table: test, benchmark, size, then one line per fabric side by side with
+    p50, p99, throughput and samples; with several fabrics, the best and worst of each group
+    (by throughput, else p50) are marked; with a baseline, the change of that figure."""
+    order = {name: i for i, name in enumerate(fabrics)}
+    groups: dict[tuple[str, str, str], list[SummaryRow]] = {}
+    for row in rows:
+        groups.setdefault(row.group, []).append(row)
+    with_change = any(row.change is not None for row in rows)
+    header = ["test", "benchmark", "size", "fabric", "p50", "p99", "throughput", "samples"]
+    if with_change:
+        header.append("vs baseline")
     table = [header]
-    for row in ordered:
-        table.append(
-            (
-                row.test,
-                row.label,
+    marks_column = False
+    for key in sorted(groups, key=lambda g: (g[0], g[1], _size_key(g[2]), g[2])):
+        members = sorted(groups[key], key=lambda r: (order.get(r.fabric, len(order)), r.fabric))
+        marks = _marks(members)
+        marks_column = marks_column or bool(marks)
+        for i, row in enumerate(members):
+            line = [
+                key[0] if i == 0 else "",
+                key[1] if i == 0 else "",
+                key[2] if i == 0 else "",
                 row.fabric,
-                row.size,
                 format_duration(row.p50_us * 1e3) if row.p50_us is not None else "-",
                 format_duration(row.p99_us * 1e3) if row.p99_us is not None else "-",
                 format_rate(row.throughput_MBps * 1e6) if row.throughput_MBps is not None else "-",
                 str(row.samples) if row.samples is not None else "-",
-            )
-        )
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+            ]
+            if with_change:
+                line.append(f"{row.change:+.1%}" if row.change is not None else "-")
+            line.append(marks.get(i, ""))
+            table.append(line)
+    if marks_column:
+        header.append("")
+    width = len(header)
+    table = [line[:width] + [""] * (width - len(line)) for line in table]
+    widths = [max(len(line[i]) for line in table) for i in range(width)]
+    left = 4  # test, benchmark, size, fabric
     lines = []
     for line in table:
-        cells = [cell.ljust(width) for cell, width in zip(line[:3], widths[:3], strict=True)]
-        cells += [cell.rjust(width) for cell, width in zip(line[3:], widths[3:], strict=True)]
+        cells = [cell.ljust(w) for cell, w in zip(line[:left], widths[:left], strict=True)]
+        cells += [cell.rjust(w) for cell, w in zip(line[left:], widths[left:], strict=True)]
         lines.append("  ".join(cells).rstrip())
     return lines
