@@ -320,3 +320,30 @@ def test_the_transport_floor_is_measured_beside_on_request(
     bandwidth = properties(xml)["test_bandwidth[lo]"]
     assert bandwidth["tfgrpc.p2p_bandwidth_floor.rpc"] == "tcp-push-ack"
     assert float(bandwidth["tfgrpc.p2p_bandwidth_floor.1MiB.throughput_MBps"]) > 0
+
+
+def test_long_sweeps_report_progress_without_flooding(
+    pytester: pytest.Pytester, quick: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_tfgrpc import plugin
+
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.message_profile("1KiB..4KiB")
+        def test_sweep(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    result = pytester.runpytest(*quick)  # the default: a line only after 10 s, none here
+    result.assert_outcomes(passed=1)
+    assert "size 1 of 3" not in result.stdout.str()
+    monkeypatch.setattr(plugin, "PROGRESS_EVERY_S", 0.0)
+    result = pytester.runpytest(*quick)
+    result.stdout.fnmatch_lines(
+        [
+            "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 1 of 3 (1KiB)",
+            "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB)",
+        ]
+    )

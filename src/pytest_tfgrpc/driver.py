@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
 from pytest_tfgrpc.bench.floor import FLOOR_SUFFIX, transport_floor
-from pytest_tfgrpc.bench.p2p import Message
+from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.budget import Budget, BudgetExceeded, check, format_breaches
@@ -45,12 +45,14 @@ class Driver:
         budget: Budget | None,
         options: RunOverrides,
         record: Recorder,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self._test = test
         self._messages = messages
         self._budget = budget
         self._options = options
         self._record = record
+        self._progress = progress
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -68,6 +70,16 @@ class Driver:
             return parse_sizes(sizes)
         except UnitError as exc:
             raise SpecError(f"{self._test}: {call}() argument sizes={sizes!r}: {exc}") from None
+
+    def _progress_of(self, label: str, server: Server) -> Progress | None:
+        report = self._progress
+        if report is None:
+            return None
+
+        def progress(index: int, count: int, size: str) -> None:
+            report(f"{label} on {server.fabric.name}: size {index} of {count} ({size})")
+
+        return progress
 
     def _run(self, default: RunSpec, call: str, **arguments: Any) -> RunSpec:
         return run_spec(default, self._options, arguments, f"{self._test}: {call}()")
@@ -112,6 +124,7 @@ class Driver:
             rpc=rpc,
             run=run,
             label=label,
+            progress=self._progress_of(label or "p2p_latency", server),
         )
         return self._with_floor(self.record(result), server, run, floor)
 
@@ -173,6 +186,7 @@ class Driver:
             direction=direction,
             run=run,
             label=label,
+            progress=self._progress_of(label or "p2p_bandwidth", server),
             **extra,
         )
         return self._with_floor(self.record(result), server, run, floor)

@@ -3,7 +3,8 @@ done by modules that do not import pytest."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -534,4 +535,25 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         budget=specs.budget,
         options=session.options,
         record=record,
+        progress=_progress_lines(request.config, item.nodeid),
     )
+
+
+#: Long sweeps say where they are: a line once a test has run this long, then as often.
+PROGRESS_EVERY_S = 10.0
+
+
+def _progress_lines(config: pytest.Config, test: str) -> Callable[[str], None] | None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput"):
+        return None
+    last = time.monotonic()
+
+    def progress(message: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            reporter.write_line(f"tfgrpc: {test}: {message}")
+            last = now
+
+    return progress

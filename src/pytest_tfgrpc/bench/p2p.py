@@ -14,7 +14,7 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 
 import grpc
@@ -35,6 +35,7 @@ from pytest_tfgrpc.payload import Tensor
 from pytest_tfgrpc.results import BenchmarkResult, CpuUsage, SizeResult
 from pytest_tfgrpc.schemes import Payload, payload_message
 from pytest_tfgrpc.tuning import allocator_settings
+from pytest_tfgrpc.units import size_label
 
 RPCS = ("unary", "stream")
 DIRECTIONS = ("push", "pull")
@@ -62,6 +63,14 @@ def _check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
         if message > transport.MAX_MESSAGE_BYTES - 64:
             raise ValueError(f"message size {message} exceeds gRPC's 2 GiB message limit")
     return tuple(messages)
+
+
+#: Told before each message size is measured: (index from 1, count, size or payload name).
+Progress = Callable[[int, int, str], None]
+
+
+def _name(message: Message) -> str:
+    return message.description if isinstance(message, Payload) else size_label(message)
 
 
 def _tensor(message: Message) -> Tensor:
@@ -187,12 +196,16 @@ def p2p_latency(
     rpc: str = "unary",
     run: RunSpec = LATENCY_RUN,
     label: str | None = None,
+    progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Echo round-trip time of each size or payload (TF-gRPC-P2P-Latency)."""
     _check_choice("mode", mode, transport.MODES)
     _check_choice("rpc", rpc, RPCS)
     results = []
-    for message in _check_messages(sizes):
+    messages = _check_messages(sizes)
+    for index, message in enumerate(messages, 1):
+        if progress is not None:
+            progress(index, len(messages), _name(message))
         tensor = _tensor(message)
         try:
             with CpuProbe(server.target) as probe:
@@ -341,6 +354,7 @@ def p2p_bandwidth(
     chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
     run: RunSpec = BANDWIDTH_RUN,
     label: str | None = None,
+    progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s."""
     _check_choice("mode", mode, transport.MODES)
@@ -349,7 +363,10 @@ def p2p_bandwidth(
     if chunk_bytes < 64:
         raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
     results = []
-    for message in _check_messages(sizes):
+    messages = _check_messages(sizes)
+    for index, message in enumerate(messages, 1):
+        if progress is not None:
+            progress(index, len(messages), _name(message))
         if direction == "pull" and isinstance(message, Payload):
             raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
         tensor = _tensor(message)
