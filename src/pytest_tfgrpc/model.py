@@ -28,6 +28,27 @@ at one step per ``t_c``; it is the fraction of that ideal the predicted step rea
 
 :func:`project` tabulates predictions over grids of ``W`` and ``P``, for scales that cannot run
 on one machine.
+
+Host (optional, :class:`HostCosts`): where Python, protobuf and numpy cost more than the wire
+(always, on a loopback), each process's CPU work is a floor of its own. A process spends
+``rpc_s`` per call, ``message_s`` per stream message and ``byte_s`` per byte it sends or
+receives; ``k_p`` is the number of stream messages (chunks) each way between a worker and PS
+``p``, and one exchange is a push (``k_p + 1`` messages, the header included) and a pull::
+
+    x_ps(p)    = ps.time(2, 2 k_p + 1, 2 B_p) + B_p * aggregate   a worker's exchange, at PS p
+    cpu_ps(p)  = W * x_ps(p) + B_p * update                      PS p per step (one GIL)
+    cpu_worker = sum_p worker.time(2, 2 k_p + 1, 2 B_p)          a worker per step
+    chain      = cpu_worker + max_p cpu_ps(p) - v * min(cpu_worker, max_p x_ps(p))
+    shared     = (sum_p cpu_ps(p) + W * cpu_worker) / cores      every task on ``cores`` cores
+    t_comm     = max(link's t_comm, chain, shared)
+
+``chain``: a worker's push must be made before a PS can sum it, and the PS must have summed
+every worker's push and served the pulls before the last worker has its weights, so the
+worker's and the busiest PS's work of a step mostly follow each other; streaming lets one
+exchange's ends overlap by the measured fraction ``v`` of the smaller end's work. As
+``v <= 1``, ``chain`` is never below ``cpu_worker`` nor ``max_p cpu_ps(p)``, the floors each
+process's own work sets. ``shared`` applies only when ``cores`` is given (every task on one
+machine).
 """
 
 from __future__ import annotations
@@ -40,13 +61,16 @@ import numpy as np
 
 from pytest_tfgrpc.profiles import Profile, load_profile
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.topology import Placement, Topology, place
+from pytest_tfgrpc.topology import DEFAULT_PARTITION_BYTES, Placement, Topology, place_profile
 from pytest_tfgrpc.units import format_duration, format_rate, format_size
 
 __all__ = [
     "DEFAULT_BACKWARD_SHARE",
     "DEFAULT_PS",
     "DEFAULT_WORKERS",
+    "LIMITS",
+    "CpuCost",
+    "HostCosts",
     "LinkFit",
     "Projection",
     "StepPrediction",
@@ -56,6 +80,7 @@ __all__ = [
     "predict_step",
     "prediction_properties",
     "project",
+    "relative_error",
 ]
 
 DEFAULT_WORKERS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -243,7 +268,89 @@ def fit_from_results(results: Iterable[BenchmarkResult], fabric: str | None = No
     return fit(by_fabric[fabric], fabric)
 
 
+# --- the host --------------------------------------------------------------------------------
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value!r}: must be a finite number of seconds >= 0")
+
+
+@dataclass(frozen=True)
+class CpuCost:
+    """CPU seconds one process spends moving tensors: per call, per stream message, per byte.
+
+    ``time(rpcs, messages, nbytes) = rpcs * rpc_s + messages * message_s + nbytes * byte_s``;
+    ``nbytes`` counts what the process sends and what it receives.
+    """
+
+    rpc_s: float
+    message_s: float
+    byte_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("rpc_s", "message_s", "byte_s"):
+            _check_seconds(name, getattr(self, name))
+
+    def time(self, rpcs: float, messages: float, nbytes: float) -> float:
+        """CPU seconds for ``rpcs`` calls carrying ``messages`` messages and ``nbytes`` bytes."""
+        return rpcs * self.rpc_s + messages * self.message_s + nbytes * self.byte_s
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """The CPU side of a step, as measured on one machine (see :mod:`pytest_tfgrpc.bench.fit`).
+
+    ``worker`` and ``ps`` are the transport's costs in a worker and in a PS process.
+    ``aggregate_byte_s`` is a PS's cost per byte of adding one worker's gradient into its
+    accumulator, ``update_byte_s`` its cost per byte owned of applying the step's update and
+    keeping the new weights to serve. ``cores``: the cores that every task of the cluster
+    shares (one machine), or None when each task has a host of its own. ``overlap``: the
+    fraction of the smaller end's CPU work in one exchange that runs while the other end
+    works (streamed messages let a PS sum one slice while the worker sends the next).
+    """
+
+    worker: CpuCost
+    ps: CpuCost
+    aggregate_byte_s: float = 0.0
+    update_byte_s: float = 0.0
+    cores: float | None = None
+    overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_seconds("aggregate_byte_s", self.aggregate_byte_s)
+        _check_seconds("update_byte_s", self.update_byte_s)
+        _check_fraction("overlap", self.overlap)
+        if self.cores is not None and not (math.isfinite(self.cores) and self.cores > 0):
+            raise ValueError(f"cores={self.cores!r}: must be a finite number > 0, or None")
+
+    def describe(self) -> str:
+        """One line: the per-call, per-message and per-byte costs, and the shared cores."""
+
+        def side(name: str, cost: CpuCost) -> str:
+            return (
+                f"{name} {format_duration(cost.rpc_s * 1e9)}/call, "
+                f"{format_duration(cost.message_s * 1e9)}/message, "
+                f"{format_rate(1 / cost.byte_s) if cost.byte_s > 0 else 'free'} per CPU"
+            )
+
+        text = f"CPU: {side('worker', self.worker)}; {side('ps', self.ps)}"
+        if self.aggregate_byte_s > 0 or self.update_byte_s > 0:
+            text += (
+                f"; sum {self.aggregate_byte_s * 1e9:.3g} ns/B, "
+                f"update {self.update_byte_s * 1e9:.3g} ns/B"
+            )
+        if self.overlap > 0:
+            text += f"; the ends of an exchange overlap {self.overlap:.0%}"
+        if self.cores is not None:
+            text += f"; {self.cores:.2g} cores shared"
+        return text
+
+
 # --- one step --------------------------------------------------------------------------------
+
+#: What can limit a step, as :attr:`StepPrediction.limit` names it.
+LIMITS = ("ps link", "worker link", "chain", "cores")
 
 
 @dataclass(frozen=True)
@@ -251,14 +358,21 @@ class StepPrediction:
     """The model's prediction for one sync-SGD step of ``profile`` on ``topology`` over ``link``.
 
     Per PS task ``p`` (indexed as in the placement): ``bytes_per_ps[p]`` it owns, which each
-    worker pushes to it and pulls from it; ``shards_per_ps[p]`` messages each worker sends it
-    each way; ``bytes_in_per_ps[p] = bytes_out_per_ps[p] = workers * bytes_per_ps[p]``;
-    ``ps_link_s[p] = 2 * workers * (shards * alpha + bytes * beta)``. ``worker_link_s`` is one
-    worker's ``2 * (all shards * alpha + all bytes * beta)``. ``bottleneck`` is ``"ps"`` or
-    ``"worker"``, whichever link is slower; ``bottleneck_ps`` is the busiest PS either way.
-    ``comm_s``, ``iter_s`` and ``efficiency`` are as in the module docstring; ``efficiency`` is
-    None when no compute time was given. ``imbalance`` is the placement's busiest PS bytes over
-    the mean.
+    worker pushes to it and pulls from it; ``shards_per_ps[p]`` shards it owns and
+    ``messages_per_ps[p]`` messages each worker sends it each way (the shards, or their
+    ``chunk_bytes`` slices); ``bytes_in_per_ps[p] = bytes_out_per_ps[p] = workers *
+    bytes_per_ps[p]``; ``ps_link_s[p] = 2 * workers * (calls * alpha + bytes * beta)``, with
+    a call per shard, or one per direction when streamed (``chunk_bytes``).
+    ``worker_link_s`` is one worker's ``2 * (all calls * alpha + all bytes * beta)``.
+    ``bottleneck`` is ``"ps"`` or ``"worker"``, whichever link is slower; ``bottleneck_ps``
+    is the busiest PS either way; ``link_s`` the slower link's time.
+
+    With ``host`` costs: ``ps_cpu_s[p]``, ``worker_cpu_s``, ``chain_s`` and ``shared_s`` as in
+    the module docstring (all 0.0 without ``host``; ``shared_s`` also without its cores).
+    ``comm_s`` is the largest of the busiest PS link, the worker link, ``chain_s`` and
+    ``shared_s``; ``limit`` says which (one of :data:`LIMITS`). ``iter_s`` and ``efficiency`` are as in the module docstring;
+    ``efficiency`` is None when no compute time was given. ``imbalance`` is the placement's
+    busiest PS bytes over the mean.
     """
 
     profile: str
@@ -279,11 +393,26 @@ class StepPrediction:
     iter_s: float
     efficiency: float | None
     imbalance: float
+    messages_per_ps: tuple[int, ...] = ()
+    link_s: float = 0.0
+    host: HostCosts | None = None
+    ps_cpu_s: tuple[float, ...] = ()
+    worker_cpu_s: float = 0.0
+    chain_s: float = 0.0
+    shared_s: float = 0.0
+    limit: str = "ps link"
 
 
 def _check_fraction(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
         raise ValueError(f"{name}={value!r}: must be a fraction between 0 and 1")
+
+
+def _messages(placement: Placement, chunk_bytes: int | None) -> tuple[int, ...]:
+    counts = [0] * placement.ps
+    for shard in placement.shards:
+        counts[shard.ps] += 1 if chunk_bytes is None else max(1, -(-shard.nbytes // chunk_bytes))
+    return tuple(counts)
 
 
 def _step(
@@ -294,16 +423,45 @@ def _step(
     compute_s: float,
     overlap: float,
     backward_share: float,
+    host: HostCosts | None = None,
+    chunk_bytes: int | None = None,
 ) -> StepPrediction:
     workers = topology.workers
     owned = placement.bytes_per_ps()
     shards = [0] * placement.ps
     for shard in placement.shards:
         shards[shard.ps] += 1
-    ps_link = tuple(2 * workers * link.time(b, m) for b, m in zip(owned, shards, strict=True))
-    worker_link = 2 * link.time(sum(owned), sum(shards))
+    messages = _messages(placement, chunk_bytes)
+    # Streamed, an exchange is two calls whose messages follow each other without waiting:
+    # alpha is paid per call. Otherwise every shard is a call of its own, as RecvTensor is.
+    calls = tuple(min(m, 1) for m in messages) if chunk_bytes is not None else messages
+    ps_link = tuple(2 * workers * link.time(b, c) for b, c in zip(owned, calls, strict=True))
+    worker_link = 2 * link.time(sum(owned), sum(calls))
     busiest = max(range(placement.ps), key=ps_link.__getitem__)
-    comm = max(ps_link[busiest], worker_link)
+    link_s = max(ps_link[busiest], worker_link)
+    terms = {"ps link": ps_link[busiest], "worker link": worker_link}
+    ps_cpu: tuple[float, ...] = ()
+    worker_cpu = chain = shared = 0.0
+    if host is not None:
+        exchange = [
+            host.ps.time(2, 2 * m + 1, 2 * b) + b * host.aggregate_byte_s
+            for b, m in zip(owned, messages, strict=True)
+        ]
+        ps_cpu = tuple(
+            workers * x + b * host.update_byte_s for x, b in zip(exchange, owned, strict=True)
+        )
+        worker_cpu = sum(
+            host.worker.time(2, 2 * m + 1, 2 * b) for b, m in zip(owned, messages, strict=True)
+        )
+        hidden = host.overlap * min(worker_cpu, max(exchange))
+        chain = worker_cpu + max(ps_cpu) - hidden
+        if host.cores is not None:
+            shared = (sum(ps_cpu) + workers * worker_cpu) / host.cores
+        terms |= {"chain": chain, "cores": shared}
+        if max(ps_cpu) > ps_link[busiest]:
+            busiest = max(range(placement.ps), key=ps_cpu.__getitem__)
+    limit = max(LIMITS[: len(terms)], key=terms.__getitem__)
+    comm = terms[limit]
     backward = backward_share * compute_s
     step = compute_s + comm - overlap * min(backward, comm)
     return StepPrediction(
@@ -316,7 +474,7 @@ def _step(
         bytes_out_per_ps=tuple(workers * b for b in owned),
         ps_link_s=ps_link,
         worker_link_s=worker_link,
-        bottleneck="ps" if ps_link[busiest] >= worker_link else "worker",
+        bottleneck="ps" if max(ps_link) >= worker_link else "worker",
         bottleneck_ps=busiest,
         comm_s=comm,
         compute_s=compute_s,
@@ -325,18 +483,32 @@ def _step(
         iter_s=step,
         efficiency=compute_s / step if compute_s > 0 else None,
         imbalance=placement.imbalance,
+        messages_per_ps=messages,
+        link_s=link_s,
+        host=host,
+        ps_cpu_s=ps_cpu,
+        worker_cpu_s=worker_cpu,
+        chain_s=chain,
+        shared_s=shared,
+        limit=limit,
     )
 
 
-def _check_step_inputs(compute_s: float, overlap: float, backward_share: float) -> None:
+def _check_step_inputs(
+    compute_s: float, overlap: float, backward_share: float, chunk_bytes: int | None = None
+) -> None:
     if not (isinstance(compute_s, (int, float)) and math.isfinite(compute_s) and compute_s >= 0):
         raise ValueError(f"compute_s={compute_s!r}: must be a finite number of seconds >= 0")
     _check_fraction("overlap", overlap)
     _check_fraction("backward_share", backward_share)
+    if chunk_bytes is not None and (
+        isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1
+    ):
+        raise ValueError(f"chunk_bytes={chunk_bytes!r}: must be a whole number of bytes >= 1")
 
 
-def _placement(profile: Profile, ps: int, sharding: str) -> Placement:
-    return place([(spec.name, spec.nbytes) for spec in profile.tensors], ps, sharding)
+def _placement(profile: Profile, ps: int, sharding: str, partition_bytes: int) -> Placement:
+    return place_profile(profile, ps, sharding, partition_bytes=partition_bytes)
 
 
 def predict_step(
@@ -347,43 +519,81 @@ def predict_step(
     compute_s: float = 0.0,
     overlap: float = 0.0,
     backward_share: float = DEFAULT_BACKWARD_SHARE,
+    host: HostCosts | None = None,
+    chunk_bytes: int | None = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
 ) -> StepPrediction:
     """Predict one sync-SGD step: the formulas are in the module docstring.
 
     ``profile`` is a :class:`Profile` or anything :func:`load_profile` reads. The tensors are
-    placed on ``topology.ps`` tasks by ``topology.sharding``. Every message costs ``alpha`` at
-    the link it crosses; a PS's link carries its ``W`` workers' messages one after the other,
-    push before pull (the pull waits for the update). ``compute_s`` is the compute time of a
-    step (input, forward and backward), ``overlap`` the fraction of the backward pass that
-    communication can hide behind, ``backward_share`` the backward pass's share of
-    ``compute_s``.
+    placed on ``topology.ps`` tasks by ``topology.sharding`` (``partitioned`` cuts tensors
+    above ``partition_bytes``), as :func:`~pytest_tfgrpc.topology.place_profile` does. Every
+    message costs ``alpha`` at the link it crosses; a PS's link carries its ``W`` workers'
+    messages one after the other, push before pull (the pull waits for the update). A shard
+    is one message each way, or, with ``chunk_bytes``, one per slice of that size (as
+    :func:`~pytest_tfgrpc.bench.ps.sync_sgd_step` streams them). ``host`` adds the CPU
+    terms. ``compute_s`` is the compute time of a step (input, forward and backward),
+    ``overlap`` the fraction of the backward pass that communication can hide behind,
+    ``backward_share`` the backward pass's share of ``compute_s``.
     """
-    _check_step_inputs(compute_s, overlap, backward_share)
+    _check_step_inputs(compute_s, overlap, backward_share, chunk_bytes)
     model = load_profile(profile)
-    placement = _placement(model, topology.ps, topology.sharding)
-    return _step(model, topology, placement, fit, compute_s, overlap, backward_share)
+    placement = _placement(model, topology.ps, topology.sharding, partition_bytes)
+    return _step(
+        model, topology, placement, fit, compute_s, overlap, backward_share, host, chunk_bytes
+    )
 
 
-def prediction_properties(prediction: StepPrediction, label: str) -> list[tuple[str, str]]:
+def relative_error(predicted_s: float, measured_s: float) -> float:
+    """``(predicted - measured) / measured``: positive when the model is pessimistic."""
+    if not measured_s > 0:
+        raise ValueError(f"measured_s={measured_s!r}: a measured time must be > 0")
+    return (predicted_s - measured_s) / measured_s
+
+
+def prediction_properties(
+    prediction: StepPrediction,
+    label: str,
+    key: str | None = None,
+    *,
+    measured_s: float | None = None,
+) -> list[tuple[str, str]]:
     """JUnit properties that put ``prediction`` beside a measured result labelled ``label``.
 
-    ``tfgrpc.<label>.model.<metric>`` for ``step_comm_us``, ``step_us``, ``imbalance``,
-    ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps`` and, with a
-    compute time, ``efficiency``.
+    ``tfgrpc.<label>.model.<metric>``, or ``tfgrpc.<label>.<key>.model.<metric>`` with the
+    measured point's ``key``, for ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
+    ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps``; with host
+    costs ``link_us``, ``chain_us``, ``ps_cpu_us``, ``worker_cpu_us`` and, with cores,
+    ``cores`` and ``shared_us``; with a compute time, ``efficiency``; with ``measured_s``
+    (the measured step's median, in seconds), ``error_pct``: ``100 * (step - measured) /
+    measured``.
     """
-    prefix = f"tfgrpc.{label}.model."
+    prefix = f"tfgrpc.{label}.{key}.model." if key is not None else f"tfgrpc.{label}.model."
     busiest = prediction.bottleneck_ps
     pairs = [
         ("step_comm_us", repr(prediction.comm_s * 1e6)),
         ("step_us", repr(prediction.iter_s * 1e6)),
+        ("limit", prediction.limit),
         ("imbalance", repr(prediction.imbalance)),
         ("bottleneck_ps", str(busiest)),
         ("busiest_ps_in_bytes", str(prediction.bytes_in_per_ps[busiest])),
         ("alpha_us", repr(prediction.link.alpha * 1e6)),
         ("bandwidth_MBps", repr(prediction.link.bandwidth_Bps / 1e6)),
     ]
+    host = prediction.host
+    if host is not None:
+        pairs += [
+            ("link_us", repr(prediction.link_s * 1e6)),
+            ("chain_us", repr(prediction.chain_s * 1e6)),
+            ("ps_cpu_us", repr(max(prediction.ps_cpu_s) * 1e6)),
+            ("worker_cpu_us", repr(prediction.worker_cpu_s * 1e6)),
+        ]
+        if host.cores is not None:
+            pairs += [("cores", repr(host.cores)), ("shared_us", repr(prediction.shared_s * 1e6))]
     if prediction.efficiency is not None:
         pairs.append(("efficiency", repr(prediction.efficiency)))
+    if measured_s is not None:
+        pairs.append(("error_pct", repr(100 * relative_error(prediction.iter_s, measured_s))))
     return [(prefix + name, value) for name, value in pairs]
 
 
@@ -420,6 +630,7 @@ class Projection:
     workers: tuple[int, ...]
     ps: tuple[int, ...]
     rows: tuple[StepPrediction, ...]
+    host: HostCosts | None = None
 
     def row(self, workers: int, ps: int) -> StepPrediction:
         """The prediction for ``workers`` workers and ``ps`` PS tasks."""
@@ -431,6 +642,8 @@ class Projection:
     def describe(self) -> str:
         """The inputs, in one line."""
         text = f"{self.profile}, sharding {self.sharding}, link {self.link.describe()}"
+        if self.host is not None:
+            text += f"; {self.host.describe()}"
         if self.compute_s > 0:
             text += f", compute {format_duration(self.compute_s * 1e9)}/step"
             text += f", overlap {self.overlap:g} of backward"
@@ -447,7 +660,9 @@ class Projection:
         body = []
         for p in self.rows:
             busiest = p.bottleneck_ps
-            limit = f"ps {busiest}" if p.bottleneck == "ps" else "worker"
+            limit = (
+                p.limit.replace("ps", f"ps {busiest}", 1) if p.limit.startswith("ps") else p.limit
+            )
             body.append(
                 (
                     str(p.topology.workers),
@@ -502,19 +717,30 @@ def project(
     compute_s: float = 0.0,
     overlap: float = 0.0,
     backward_share: float = DEFAULT_BACKWARD_SHARE,
+    host: HostCosts | None = None,
+    chunk_bytes: int | None = None,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
 ) -> Projection:
     """:func:`predict_step` for every combination of ``workers`` and ``ps`` counts.
 
     The default grid is 1, 2, 4, ..., 512 workers by 1, 2, 4, ..., 64 PS tasks: scales that
     cannot run on one machine, from a link measured on it.
     """
-    _check_step_inputs(compute_s, overlap, backward_share)
+    _check_step_inputs(compute_s, overlap, backward_share, chunk_bytes)
     model = load_profile(profile)
     worker_counts, ps_counts = _counts("workers", workers), _counts("ps", ps)
-    placements = {p: _placement(model, p, sharding) for p in ps_counts}
+    placements = {p: _placement(model, p, sharding, partition_bytes) for p in ps_counts}
     rows = tuple(
         _step(
-            model, Topology(p, w, sharding), placements[p], fit, compute_s, overlap, backward_share
+            model,
+            Topology(p, w, sharding),
+            placements[p],
+            fit,
+            compute_s,
+            overlap,
+            backward_share,
+            host,
+            chunk_bytes,
         )
         for w in worker_counts
         for p in ps_counts
@@ -528,4 +754,5 @@ def project(
         workers=worker_counts,
         ps=ps_counts,
         rows=rows,
+        host=host,
     )
