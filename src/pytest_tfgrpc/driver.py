@@ -246,8 +246,13 @@ class Driver:
         duration: float | None = None,
         check: bool = False,
         label: str | None = None,
+        model: bool = True,
     ) -> PSResult:
-        """Synchronous SGD steps of a model profile on the cluster; see the README."""
+        """Synchronous SGD steps of a model profile on the cluster; see the README.
+
+        ``model=True`` fits the link and host on PS 0 first (1-2 s) and records the analytic
+        model's prediction beside the measurement, with its error against the step p50.
+        """
         __tracebackhide__ = True
         run = self._run(
             bench.SYNC_SGD_RUN,
@@ -271,7 +276,9 @@ class Driver:
                 profile = load_profile(profile)
             except (ValueError, OSError) as exc:
                 raise SpecError(f"{self._test}: sync_sgd_step() profile: {exc}") from None
-        result = bench.sync_sgd_step(cluster, profile, run=run, check=check, label=label)
+        result = bench.sync_sgd_step(
+            cluster, profile, run=run, check=check, label=label, model=model
+        )
         return self.record(result)
 
     def _check_label(self, label: str) -> None:

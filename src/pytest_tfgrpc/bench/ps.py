@@ -28,9 +28,11 @@ import numpy.typing as npt
 
 from pytest_tfgrpc import transport
 from pytest_tfgrpc._proto import service_pb2
+from pytest_tfgrpc.bench.fit import measure_fit
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.client import BenchmarkError
 from pytest_tfgrpc.cluster import PSCluster
+from pytest_tfgrpc.model import StepPrediction, predict_step, prediction_properties
 from pytest_tfgrpc.profiles import Profile
 from pytest_tfgrpc.ps_service import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.results import Figure, find_figure
@@ -144,7 +146,9 @@ class PSResult:
 
     It reads like a :class:`~pytest_tfgrpc.results.BenchmarkResult` to budgets (``label``,
     ``fabric``, ``target``, ``sizes`` with ``figure()``), and :meth:`properties` gives its
-    JUnit properties.
+    JUnit properties. ``prediction``: the analytic model's step for the same profile,
+    topology and placement, on a link and host measured just before (``sync_sgd_step(...,
+    model=True)``).
     """
 
     benchmark: str
@@ -159,6 +163,7 @@ class PSResult:
     sizes: tuple[PSPoint, ...]
     placement: Placement | None = None
     settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    prediction: StepPrediction | None = None
 
     @property
     def reports_rates(self) -> bool:
@@ -176,7 +181,9 @@ class PSResult:
 
     def properties(self) -> list[tuple[str, str]]:
         """``(name, value)`` pairs: ``tfgrpc.<label>.<key>.<metric>_<unit>``, per PS as
-        ``tfgrpc.<label>.<key>.ps<i>.<metric>``, workers' CPU as ``....workers.cpu_*_us``."""
+        ``tfgrpc.<label>.<key>.ps<i>.<metric>``, workers' CPU as ``....workers.cpu_*_us``, a
+        prediction as ``tfgrpc.<label>.<key>.model.<metric>`` with ``...model.error_pct``
+        against the measured step p50."""
         base = f"{PREFIX}{self.label}"
         out = [
             (f"{base}.rpc", self.rpc),
@@ -207,6 +214,11 @@ class PSResult:
             system = sum(cpu.system_ns for cpu in point.workers_cpu)
             out.append((f"{at}.workers.cpu_user_us", repr(user / 1e3)))
             out.append((f"{at}.workers.cpu_system_us", repr(system / 1e3)))
+            if self.prediction is not None and point.step:
+                measured = point.summary.p50_ns / 1e9
+                out += prediction_properties(
+                    self.prediction, self.label, point.key, measured_s=measured
+                )
         return out
 
 
@@ -375,6 +387,7 @@ def sync_sgd_step(
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     barrier_timeout: float = 30.0,
     label: str | None = None,
+    model: bool = False,
 ) -> PSResult:
     """Synchronous SGD steps of ``profile`` on the cluster, its tensors placed by its sharding.
 
@@ -385,7 +398,9 @@ def sync_sgd_step(
     ``run.time_limit_s``. ``check=True`` uses predictable weights and gradients
     (:func:`~pytest_tfgrpc.ps_service.initial_weights`,
     :func:`~pytest_tfgrpc.ps_service.check_gradient`) so :func:`fetch_weights` can be compared
-    with a numpy computation of the same steps.
+    with a numpy computation of the same steps. ``model=True`` first fits the link and the
+    host on PS 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 1-2 s) and the result carries
+    the model's prediction of the step (:attr:`PSResult.prediction`).
     """
     if chunk_bytes < 64 or chunk_bytes % 4:
         raise ValueError(f"chunk_bytes={chunk_bytes}: a multiple of 4 bytes, at least 64")
@@ -396,6 +411,17 @@ def sync_sgd_step(
         profile, topology.ps, topology.sharding, partition_bytes=partition_bytes
     )
     shards = [placement.shards_of(ps) for ps in range(topology.ps)]
+    prediction = None
+    if model:
+        machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
+        prediction = predict_step(
+            profile,
+            topology,
+            machine.link,
+            host=machine.host,
+            chunk_bytes=chunk_bytes,
+            partition_bytes=partition_bytes,
+        )
     cluster.configure(
         [
             service_pb2.PSJob(
@@ -474,6 +500,7 @@ def sync_sgd_step(
             partition_bytes=str(partition_bytes),
             check=str(check),
         ),
+        prediction=prediction,
     )
 
 

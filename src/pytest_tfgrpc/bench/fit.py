@@ -1,0 +1,441 @@
+"""A quick fit of the link and the host a PS cluster runs on: the inputs of the analytic model.
+
+:func:`measure_fit` measures, in one or two seconds, what :func:`pytest_tfgrpc.model.predict_step`
+needs to predict a sync-SGD step on the machine at hand:
+
+* the link: a short P2P sweep against a server (PS 0 of a cluster also serves the tensor
+  service): unary echoes of small tensors and streamed pushes of sizes spanning the
+  placement's messages, in protobuf mode as the step's messages are. Their medians give the
+  alpha-beta fit (:func:`pytest_tfgrpc.model.fit_from_results`);
+* the CPU costs of the step's own exchange: one worker's push and pull of a few shard
+  layouts (one small shard, one large, many small) against a one-worker job on PS 0, from
+  this process, with the CPU time of both ends (:func:`measure_exchanges`,
+  :func:`exchange_costs`): per call, per stream message and per byte;
+* the PS's numpy costs per byte, timed here: summing a gradient into an accumulator, and
+  applying the update (:func:`measure_numpy_costs`), which the exchange's PS time includes
+  once and a step of ``W`` workers ``W`` times and once; and how much of one exchange's
+  work its two ends do at the same time (:func:`exchange_overlap`);
+* the cores the cluster can have now (:func:`measure_cores`): the machine may be shared.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from pytest_tfgrpc import transport
+from pytest_tfgrpc._proto import service_pb2
+from pytest_tfgrpc.bench.cpu import CpuProbe
+from pytest_tfgrpc.bench.p2p import p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.client import BenchmarkError, rpc_timeout
+from pytest_tfgrpc.cluster import PSCluster
+from pytest_tfgrpc.model import CpuCost, HostCosts, LinkFit, fit_from_results
+from pytest_tfgrpc.ps_service import INIT_RANDOM, apply_update, method
+from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.topology import Placement
+from pytest_tfgrpc.units import format_duration
+
+__all__ = [
+    "FIT_BANDWIDTH_RUN",
+    "FIT_EXCHANGE_RUN",
+    "FIT_LATENCY_RUN",
+    "LATENCY_SIZES",
+    "Exchange",
+    "MachineFit",
+    "exchange_costs",
+    "exchange_layouts",
+    "exchange_overlap",
+    "measure_cores",
+    "measure_exchanges",
+    "measure_fit",
+    "measure_numpy_costs",
+    "sweep_sizes",
+]
+
+#: Each size of the sweep is bounded in count and in time: the whole fit takes 1-2 s.
+FIT_LATENCY_RUN = RunSpec(iterations=60, warmup=3, max_seconds=0.12, warmup_seconds=0.05)
+FIT_BANDWIDTH_RUN = RunSpec(iterations=30, warmup=2, max_seconds=0.15, warmup_seconds=0.1)
+FIT_EXCHANGE_RUN = RunSpec(iterations=12, warmup=1, max_seconds=0.12, warmup_seconds=0.1)
+#: Echo sizes for the per-call cost: small enough that bytes cost next to nothing.
+LATENCY_SIZES = (64, 1024)
+#: The sweep's largest push: the per-byte costs are linear, and larger pushes cost time.
+MAX_SWEEP_BYTES = 8 << 20
+MIN_SWEEP_BYTES = 64
+
+
+@dataclass(frozen=True)
+class MachineFit:
+    """The link and the host as measured by :func:`measure_fit`, with what it measured: the
+    P2P sweep's results and the exchanges."""
+
+    link: LinkFit
+    host: HostCosts
+    results: tuple[BenchmarkResult, ...]
+    exchanges: tuple[Exchange, ...]
+    elapsed_s: float
+
+    def describe(self) -> str:
+        """Two lines: the link, then the host's costs."""
+        took = format_duration(self.elapsed_s * 1e9)
+        return f"{self.link.describe()}, measured in {took}\n{self.host.describe()}"
+
+
+def sweep_sizes(
+    placement: Placement,
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    *,
+    count: int = 4,
+    largest: int = MAX_SWEEP_BYTES,
+) -> tuple[int, ...]:
+    """``count`` push sizes, geometric from the placement's smallest message (a shard, or a
+    ``chunk_bytes`` slice of one) to the most bytes one PS owns, capped at ``largest``.
+
+    Sizes are multiples of 4 bytes (float32) and at least 64 bytes; there are always at
+    least two distinct sizes, which an alpha-beta fit needs.
+    """
+    if count < 2:
+        raise ValueError(f"count={count}: a fit needs at least two sizes")
+    owned = [b for b in placement.bytes_per_ps() if b > 0]
+    messages = [min(s.nbytes, chunk_bytes) for s in placement.shards if s.nbytes > 0]
+    low = max(MIN_SWEEP_BYTES, min(messages, default=MIN_SWEEP_BYTES))
+    high = min(largest, max(owned, default=low))
+    high = max(high, 16 * low)  # a span wide enough to tell bytes from messages
+    sizes = {
+        max(MIN_SWEEP_BYTES, round(low * (high / low) ** (i / (count - 1)) / 4) * 4)
+        for i in range(count)
+    }
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One worker's push and pull of ``shards`` shards of ``shard_bytes`` each, on one PS.
+
+    ``calls`` (2), ``messages`` (the push's header and slices, and the pull's slices) and
+    ``nbytes`` (pushed plus pulled) are what the model counts; ``worker_s`` and ``ps_s`` the
+    CPU seconds per exchange of the calling process and of the PS; ``wall_s`` the median
+    time of one exchange; ``count`` the exchanges measured.
+    """
+
+    shards: int
+    shard_bytes: int
+    messages: int
+    nbytes: int
+    worker_s: float
+    ps_s: float
+    wall_s: float
+    count: int
+    calls: int = 2
+
+
+def exchange_layouts(
+    placement: Placement,
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    *,
+    largest: int = MAX_SWEEP_BYTES,
+    most_shards: int = 32,
+) -> tuple[tuple[int, int], ...]:
+    """``(shards, shard_bytes)`` layouts that tell calls, messages and bytes apart: one
+    small shard; one shard of the most bytes a PS owns (capped at ``largest``) and one of a
+    quarter of that; as many small shards as the busiest PS has messages (at most
+    ``most_shards``, at least 8)."""
+    owned = max(placement.bytes_per_ps(), default=0)
+    big = max(MIN_SWEEP_BYTES * 64, min(largest, owned) // 4 * 4)
+    messages: dict[int, int] = {}
+    for shard in placement.shards:
+        messages[shard.ps] = messages.get(shard.ps, 0) + max(1, -(-shard.nbytes // chunk_bytes))
+    many = min(most_shards, max(8, max(messages.values(), default=1)))
+    small = MIN_SWEEP_BYTES
+    return ((1, small), (1, big // 16 * 4), (1, big), (many, small))
+
+
+def _nonnegative_fit(rows: Sequence[tuple[Sequence[float], float]]) -> tuple[float, ...]:
+    """Coefficients ``c >= 0`` minimising the relative error of ``y = x . c`` over ``(x, y)``
+    rows; a coefficient the data would make negative is 0 and the others are refitted."""
+    width = len(rows[0][0])
+    free = list(range(width))
+    coefficients = [0.0] * width
+    for _ in range(width):
+        design = np.array([[x[i] / y for i in free] for x, y in rows], dtype=np.float64)
+        solution, *_ = np.linalg.lstsq(design, np.ones(len(rows)), rcond=None)
+        if all(value >= 0 for value in solution) or len(free) == 1:
+            for i, value in zip(free, solution, strict=True):
+                coefficients[i] = max(0.0, float(value))
+            break
+        free = [i for i, value in zip(free, solution, strict=True) if value >= 0] or free[:1]
+    return tuple(coefficients)
+
+
+def exchange_costs(
+    exchanges: Sequence[Exchange], aggregate_byte_s: float = 0.0, update_byte_s: float = 0.0
+) -> tuple[CpuCost, CpuCost]:
+    """(worker, PS) :class:`CpuCost` fitted to measured exchanges, by relative error.
+
+    Each end's CPU time per exchange is ``calls * rpc + messages * message + bytes * byte``;
+    at the PS, the numpy work the exchange included (summing ``nbytes / 2``, applying the
+    update to as many) is taken off first, at ``aggregate_byte_s`` and ``update_byte_s``.
+    No cost is negative. Raises ValueError for fewer than three layouts.
+    """
+    if len({(x.shards, x.shard_bytes) for x in exchanges}) < 3:
+        raise ValueError("fitting calls, messages and bytes needs three or more layouts")
+    numpy_s = aggregate_byte_s + update_byte_s
+    costs = []
+    for end in ("worker", "ps"):
+        rows = []
+        for x in exchanges:
+            y = x.worker_s if end == "worker" else x.ps_s - x.nbytes / 2 * numpy_s
+            if y > 0:
+                rows.append(((float(x.calls), float(x.messages), float(x.nbytes)), y))
+        if len(rows) < 3:
+            raise ValueError(f"too few exchanges with a positive {end} CPU time to fit")
+        costs.append(CpuCost(*_nonnegative_fit(rows)))
+    return costs[0], costs[1]
+
+
+def exchange_overlap(exchanges: Sequence[Exchange]) -> float:
+    """The median, over exchanges, of the fraction of the smaller end's CPU time that ran
+    while the other end worked: ``(worker + ps - wall) / min(worker, ps)``, in [0, 1]."""
+    fractions = [
+        (x.worker_s + x.ps_s - x.wall_s) / min(x.worker_s, x.ps_s)
+        for x in exchanges
+        if min(x.worker_s, x.ps_s) > 0
+    ]
+    if not fractions:
+        return 0.0
+    return min(1.0, max(0.0, float(np.median(fractions))))
+
+
+def _exchange(
+    cluster: PSCluster, shards: int, shard_bytes: int, chunk_bytes: int, run: RunSpec
+) -> Exchange:
+    channel = cluster.channel(0)
+    configure = channel.unary_unary(
+        method("Configure"),
+        request_serializer=service_pb2.PSJob.SerializeToString,
+        response_deserializer=service_pb2.PSJobStats.FromString,
+    )
+    specs = [service_pb2.ShardSpec(tensor=f"fit{i}", nbytes=shard_bytes) for i in range(shards)]
+    job = service_pb2.PSJob(
+        job_id=cluster.next_job_id(),
+        task=0,
+        workers=1,
+        shards=specs,
+        learning_rate=0.1,
+        init=INIT_RANDOM,
+        warmup_steps=0,
+        steps=run.warmup + run.iterations + 2,
+        warmup_seconds=run.warmup_seconds,
+        max_seconds=3600.0,
+        barrier_timeout_seconds=10.0,
+    )
+    configure(job, timeout=30.0)
+    push = channel.stream_unary(method("PushGradients"))
+    pull = channel.unary_stream(method("PullWeights"))
+    gradient = np.full(shard_bytes // 4, 1e-3, dtype=np.float32).tobytes()
+    body = [
+        service_pb2.WeightChunk(shard=i, offset=off, data=gradient[off : off + chunk_bytes])
+        for i in range(shards)
+        for off in range(0, shard_bytes, chunk_bytes)
+    ]
+    chunks = [bytes(c.SerializeToString()) for c in body]
+    timeout = rpc_timeout(2 * shards * shard_bytes)
+    state = {"step": 0}
+
+    def once() -> int:
+        step = state["step"]
+        state["step"] += 1
+        header = service_pb2.WeightChunk(step=step, worker=0, measured=True)
+        push(iter([bytes(header.SerializeToString()), *chunks]), timeout=timeout)
+        request = service_pb2.PullWeightsRequest(step=step, measured=True, chunk_bytes=chunk_bytes)
+        return sum(
+            len(service_pb2.WeightChunk.FromString(r).data)
+            for r in pull(bytes(request.SerializeToString()), timeout=timeout)
+        )
+
+    clock = time.perf_counter_ns
+    warm_end = clock() + int(run.warmup_seconds * 1e9)
+    for _ in range(run.warmup):
+        once()
+        if clock() >= warm_end:
+            break
+    samples: list[int] = []
+    with CpuProbe(cluster.ps[0].target) as probe:
+        probe.start()
+        deadline = clock() + int(run.time_limit_s * 1e9)
+        for _ in range(run.iterations):
+            t0 = clock()
+            got = once()
+            samples.append(clock() - t0)
+            if got != shards * shard_bytes:
+                raise BenchmarkError(f"pulled {got} B, the fit's job holds {shards * shard_bytes}")
+            if samples[-1] + t0 >= deadline:
+                break
+        probe.stop()
+        usage = probe.usage
+    assert usage is not None  # stop() sets it
+    count = len(samples)
+    return Exchange(
+        shards=shards,
+        shard_bytes=shard_bytes,
+        messages=2 * len(chunks) + 1,
+        nbytes=2 * shards * shard_bytes,
+        worker_s=(usage.client_user_ns + usage.client_system_ns) / count / 1e9,
+        ps_s=(usage.server_user_ns + usage.server_system_ns) / count / 1e9,
+        wall_s=float(np.median(samples)) / 1e9,
+        count=count,
+    )
+
+
+def measure_exchanges(
+    cluster: PSCluster,
+    layouts: Sequence[tuple[int, int]],
+    *,
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    run: RunSpec = FIT_EXCHANGE_RUN,
+) -> tuple[Exchange, ...]:
+    """One worker's exchanges with PS 0, from this process, for each ``(shards,
+    shard_bytes)`` layout: a one-worker job on PS 0 (which drops the job it had; the next
+    benchmark configures its own), a warm-up, then at most ``run.iterations`` exchanges
+    within ``run.time_limit_s``. Shard sizes are rounded down to whole float32 elements."""
+    out = []
+    for shards, shard_bytes in layouts:
+        if shards < 1 or shard_bytes < 4:
+            raise ValueError(f"layout ({shards}, {shard_bytes}): needs a shard of 4 B or more")
+        try:
+            out.append(_exchange(cluster, shards, shard_bytes // 4 * 4, chunk_bytes, run))
+        except grpc.RpcError as error:
+            raise cluster.died(grace=1.0) or BenchmarkError(
+                f"the fit's exchange with PS 0 failed: {error}"
+            ) from error
+    return tuple(out)
+
+
+def _cpu_per_byte(
+    op: Callable[[], None], nbytes: int, min_seconds: float, max_repeats: int
+) -> float:
+    clock = time.thread_time_ns
+    op()  # first touch of fresh memory is not the steady state
+    start = clock()
+    repeats = 0
+    while repeats < max_repeats and clock() - start < min_seconds * 1e9:
+        op()
+        repeats += 1
+    return (clock() - start) / 1e9 / repeats / nbytes
+
+
+def measure_numpy_costs(
+    nbytes: int, *, min_seconds: float = 0.03, max_repeats: int = 200
+) -> tuple[float, float]:
+    """CPU seconds per byte of a PS's numpy work on ``nbytes`` of float32, in this process:
+    (summing one worker's gradient into the accumulator, applying the update and keeping
+    the new weights' bytes to serve), as :mod:`pytest_tfgrpc.ps_service` does them."""
+    nbytes = max(4, nbytes // 4 * 4)
+    rng = np.random.default_rng(0)
+    gradient = (rng.standard_normal(nbytes // 4, dtype=np.float32) * 1e-3).tobytes()
+    weights = rng.standard_normal(nbytes // 4, dtype=np.float32)
+    accumulator = np.zeros_like(weights)
+
+    def aggregate() -> None:
+        accumulator[:] += np.frombuffer(gradient, dtype=np.float32)
+
+    def update() -> None:
+        apply_update(weights, accumulator, 0.1, 2)
+        accumulator.fill(0.0)
+        weights.tobytes()
+
+    return (
+        _cpu_per_byte(aggregate, nbytes, min_seconds, max_repeats),
+        _cpu_per_byte(update, nbytes, min_seconds, max_repeats),
+    )
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def measure_cores(seconds: float = 0.25, threads: int | None = None) -> float:
+    """The cores a job of ``threads`` busy threads gets now (default: one per usable CPU).
+
+    Each thread runs numpy additions (which release the GIL) for ``seconds``; the cores are
+    their CPU time over the wall time, at most ``threads``. On a machine others share, this is
+    the share a parallel job of that width can have at the moment.
+    """
+    width = threads or _available_cpus()
+    if not seconds > 0:
+        raise ValueError(f"seconds={seconds!r}: must be positive")
+    used = [0] * width
+    barrier = threading.Barrier(width + 1)
+
+    def spin(index: int) -> None:
+        a = np.ones(1 << 16, dtype=np.float32)
+        b = np.ones_like(a)
+        barrier.wait()
+        start, cpu0 = time.perf_counter(), time.thread_time_ns()
+        for _ in range(1_000_000):
+            np.add(a, b, out=a)
+            if time.perf_counter() - start >= seconds:
+                break
+        used[index] = time.thread_time_ns() - cpu0
+
+    workers = [threading.Thread(target=spin, args=(i,), daemon=True) for i in range(width)]
+    for worker in workers:
+        worker.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for worker in workers:
+        worker.join(timeout=seconds + 10.0)
+    wall = time.perf_counter() - start
+    return min(float(width), max(sum(used) / 1e9 / wall, 1e-3))
+
+
+def measure_fit(
+    cluster: PSCluster,
+    placement: Placement,
+    *,
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    cores: float | None = None,
+    latency_run: RunSpec = FIT_LATENCY_RUN,
+    bandwidth_run: RunSpec = FIT_BANDWIDTH_RUN,
+    exchange_run: RunSpec = FIT_EXCHANGE_RUN,
+) -> MachineFit:
+    """Fit the link and the host costs for a step of ``placement`` on ``cluster``, on PS 0.
+
+    Streams travel in slices of ``chunk_bytes``, as the step's do. ``cores``: the cores the
+    cluster's tasks share; None measures them (:func:`measure_cores`). Every size and layout
+    is bounded by its run spec; with the defaults the fit takes 1-2 s. PS 0 is left with the
+    fit's last job: a benchmark configures its own.
+    """
+    start = time.perf_counter()
+    server = cluster.ps[0]
+    echoes = p2p_latency(
+        server, LATENCY_SIZES, mode="protobuf", rpc="unary", run=latency_run, label="fit_latency"
+    )
+    pushes = p2p_bandwidth(
+        server,
+        sweep_sizes(placement, chunk_bytes),
+        mode="protobuf",
+        rpc="stream",
+        chunk_bytes=chunk_bytes,
+        run=bandwidth_run,
+        label="fit_bandwidth",
+    )
+    link = fit_from_results((echoes, pushes))
+    layouts = exchange_layouts(placement, chunk_bytes)
+    exchanges = measure_exchanges(cluster, layouts, chunk_bytes=chunk_bytes, run=exchange_run)
+    largest = max(x.nbytes // 2 for x in exchanges)
+    aggregate, update = measure_numpy_costs(largest)
+    worker, ps = exchange_costs(exchanges, aggregate, update)
+    if cores is None:
+        cores = measure_cores()
+    host = HostCosts(worker, ps, aggregate, update, cores, exchange_overlap(exchanges))
+    return MachineFit(link, host, (echoes, pushes), exchanges, time.perf_counter() - start)

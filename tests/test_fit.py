@@ -1,0 +1,220 @@
+"""bench.fit: the sweep's sizes and layouts, the cost fits on known data, and one real fit.
+
+The real fit runs on a 1 PS x 1 worker cluster on 127.0.0.1 with short runs; it checks what the
+fit is made of and that a prediction reaches the step's JUnit properties, never how fast
+anything was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+from junitparser.xunit2 import JUnitXml
+
+from pytest_tfgrpc.bench.fit import (
+    LATENCY_SIZES,
+    Exchange,
+    exchange_costs,
+    exchange_layouts,
+    exchange_overlap,
+    measure_cores,
+    measure_fit,
+    measure_numpy_costs,
+    sweep_sizes,
+)
+from pytest_tfgrpc.bench.ps import sync_sgd_step
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.cluster import PSCluster
+from pytest_tfgrpc.fabric import resolve_fabric
+from pytest_tfgrpc.model import CpuCost
+from pytest_tfgrpc.profiles import load_profile
+from pytest_tfgrpc.report import summary_rows
+from pytest_tfgrpc.topology import Topology, place, place_profile
+
+PROFILE = load_profile("hep_cnn").scaled(scale=0.05)
+SHORT = RunSpec(iterations=5, warmup=1, max_seconds=0.05, warmup_seconds=0.05)
+
+
+def test_sweep_sizes_span_the_placement() -> None:
+    placement = place([("a", 1000), ("b", 40), ("c", 3 << 20)], 2, "round_robin")
+    sizes = sweep_sizes(placement, chunk_bytes=1 << 20)
+    assert sizes[0] == 64  # the smallest message (40 B) raised to the floor
+    assert sizes[-1] == 1000 + (3 << 20)  # the busiest PS (a and c), in whole floats
+    assert all(size % 4 == 0 for size in sizes) and list(sizes) == sorted(set(sizes))
+    capped = sweep_sizes(placement, chunk_bytes=1 << 20, largest=1 << 20)
+    assert capped[-1] == 1 << 20
+    tiny = sweep_sizes(place([("a", 8)], 1, "greedy"))
+    assert len(tiny) >= 2 and tiny[-1] >= 16 * tiny[0]
+    with pytest.raises(ValueError, match="count=1"):
+        sweep_sizes(placement, count=1)
+
+
+def test_exchange_layouts_tell_calls_messages_and_bytes_apart() -> None:
+    placement = place([(f"t{i}", 4096) for i in range(40)], 2, "round_robin")
+    layouts = exchange_layouts(placement, chunk_bytes=1 << 20)
+    shards = [count for count, _ in layouts]
+    sizes = [size for _, size in layouts]
+    assert shards == [1, 1, 1, 20]  # 20 messages on the busiest PS
+    assert sizes[0] == sizes[3] < sizes[1] < sizes[2] == 20 * 4096
+    assert len(set(layouts)) == 4
+
+
+def _exchange(shards: int, size: int, worker: CpuCost, ps: CpuCost, extra: float) -> Exchange:
+    messages, nbytes = 2 * shards + 1, 2 * shards * size
+    return Exchange(
+        shards=shards,
+        shard_bytes=size,
+        messages=messages,
+        nbytes=nbytes,
+        worker_s=worker.time(2, messages, nbytes),
+        ps_s=ps.time(2, messages, nbytes) + nbytes / 2 * extra,
+        wall_s=0.0,
+        count=10,
+    )
+
+
+def test_exchange_costs_recover_known_costs() -> None:
+    worker = CpuCost(rpc_s=400e-6, message_s=60e-6, byte_s=0.5e-9)
+    ps = CpuCost(rpc_s=500e-6, message_s=80e-6, byte_s=0.8e-9)
+    numpy_per_byte = (0.03e-9, 0.1e-9)
+    layouts = [(1, 64), (1, 1 << 18), (1, 1 << 22), (32, 64)]
+    exchanges = [_exchange(k, n, worker, ps, sum(numpy_per_byte)) for k, n in layouts]
+    got_worker, got_ps = exchange_costs(exchanges, *numpy_per_byte)
+    for got, want in ((got_worker, worker), (got_ps, ps)):
+        assert got.rpc_s == pytest.approx(want.rpc_s, rel=1e-6)
+        assert got.message_s == pytest.approx(want.message_s, rel=1e-6)
+        assert got.byte_s == pytest.approx(want.byte_s, rel=1e-6)
+    # A cost the data would make negative is 0: here bytes cost nothing at all.
+    free = CpuCost(400e-6, 60e-6, 0.0)
+    flat = [_exchange(k, n, free, free, 0.0) for k, n in layouts]
+    noisy = [
+        Exchange(**{**x.__dict__, "worker_s": x.worker_s * (0.97 if x.shard_bytes > 64 else 1)})
+        for x in flat
+    ]
+    fitted, _ = exchange_costs(noisy)
+    assert fitted.byte_s == 0.0 and fitted.rpc_s > 0 and fitted.message_s > 0
+    with pytest.raises(ValueError, match="three or more layouts"):
+        exchange_costs(exchanges[:2])
+
+
+def test_exchange_overlap_is_the_hidden_share_of_the_smaller_end() -> None:
+    def x(worker: float, ps: float, wall: float) -> Exchange:
+        return Exchange(1, 64, 3, 128, worker, ps, wall, 5)
+
+    assert exchange_overlap([x(4.0, 6.0, 10.0)]) == 0.0  # one after the other
+    assert exchange_overlap([x(4.0, 6.0, 6.0)]) == 1.0  # the worker's part all hidden
+    assert exchange_overlap([x(4.0, 6.0, 8.0), x(2, 2, 3), x(1, 1, 9)]) == 0.5
+    assert exchange_overlap([x(4.0, 6.0, 2.0)]) == 1.0  # clamped
+    assert exchange_overlap([]) == 0.0
+
+
+def test_numpy_costs_and_cores_are_measured() -> None:
+    aggregate, update = measure_numpy_costs(1 << 16, min_seconds=0.005)
+    assert 0 < aggregate < 1e-6 and 0 < update < 1e-6  # well under a microsecond a byte
+    cores = measure_cores(seconds=0.05, threads=2)
+    assert 0 < cores <= 2
+    with pytest.raises(ValueError, match="seconds=0"):
+        measure_cores(seconds=0)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PSCluster]:
+    with PSCluster(resolve_fabric("lo"), Topology(ps=1, workers=1, sharding="greedy")) as c:
+        yield c
+
+
+def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
+    placement = place_profile(PROFILE, 1, "greedy")
+    machine = measure_fit(
+        cluster,
+        placement,
+        chunk_bytes=4096,
+        cores=2.0,
+        latency_run=SHORT,
+        bandwidth_run=SHORT,
+        exchange_run=SHORT,
+    )
+    echoes, pushes = machine.results
+    assert [s.size_bytes for s in echoes.sizes] == list(LATENCY_SIZES)
+    assert [s.size_bytes for s in pushes.sizes] == list(sweep_sizes(placement, 4096))
+    assert pushes.settings["chunk_bytes"] == "4096" and pushes.mode == "protobuf"
+    layouts = exchange_layouts(placement, 4096)
+    assert [(x.shards, x.shard_bytes) for x in machine.exchanges] == [
+        (k, n // 4 * 4) for k, n in layouts
+    ]
+    for x in machine.exchanges:
+        assert 1 <= x.count <= SHORT.iterations
+        assert x.messages == 2 * x.shards * max(1, -(-x.shard_bytes // 4096)) + 1
+        assert x.worker_s > 0 and x.ps_s > 0 and x.wall_s > 0
+    host = machine.host
+    assert host.cores == 2.0 and 0 <= host.overlap <= 1
+    for cost in (host.worker, host.ps):
+        assert all(math.isfinite(v) and v >= 0 for v in (cost.rpc_s, cost.message_s, cost.byte_s))
+    assert host.aggregate_byte_s > 0 and host.update_byte_s > 0
+    assert machine.link.fabric == "lo" and len(machine.link.points) == 2 + len(pushes.sizes)
+    assert "lo: alpha" in machine.describe() and "CPU: worker" in machine.describe()
+
+
+def test_the_step_after_a_fit_carries_its_prediction(cluster: PSCluster) -> None:
+    steps = RunSpec(iterations=3, warmup=1, max_seconds=10.0, warmup_seconds=5.0)
+    result = sync_sgd_step(cluster, PROFILE, run=steps, model=True, label="sgd")
+    prediction = result.prediction
+    assert prediction is not None and result.placement is not None
+    assert prediction.bytes_per_ps == result.placement.bytes_per_ps()
+    assert prediction.topology == cluster.topology and prediction.host is not None
+    point = result.sizes[0]
+    assert point.count == 3  # the fit's job on PS 0 did not disturb the step's
+    props = dict(result.properties())
+    model = f"tfgrpc.sgd.{point.key}.model."
+    measured = float(props[f"tfgrpc.sgd.{point.key}.step_p50_us"])
+    predicted = float(props[model + "step_us"])
+    assert predicted == pytest.approx(prediction.iter_s * 1e6)
+    error = float(props[model + "error_pct"])
+    assert error == pytest.approx(100 * (predicted - measured) / measured)
+    assert props[model + "limit"] == prediction.limit
+    # The prediction stays out of the terminal summary: one row, the measured step.
+    rows = summary_rows("t", result.properties())
+    assert [(r.label, r.size) for r in rows] == [("sgd", point.key)]
+    plain = sync_sgd_step(cluster, PROFILE, run=steps, label="plain")
+    assert plain.prediction is None
+    assert not any(".model." in name for name, _ in plain.properties())
+
+
+SUITE = """
+import pytest
+
+@pytest.mark.message_profile("hep_cnn")
+@pytest.mark.ps_topology(ps=1, workers=2)
+def test_steps(tfgrpc, ps_cluster):
+    result = tfgrpc.sync_sgd_step(ps_cluster)
+    assert result.prediction is not None
+
+@pytest.mark.message_profile("hep_cnn")
+@pytest.mark.ps_topology(ps=1, workers=1)
+def test_plain(tfgrpc, ps_cluster):
+    assert tfgrpc.sync_sgd_step(ps_cluster, model=False).prediction is None
+"""
+
+
+def test_the_fixture_records_the_prediction_in_junit(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE)
+    xml = pytester.path / "perf.xml"
+    fast = ("--tfgrpc-iterations=3", "--tfgrpc-warmup=1", "--tfgrpc-max-time=5")
+    result = pytester.runpytest(*fast, f"--junitxml={xml}")
+    result.assert_outcomes(passed=2)
+    props = {
+        case.name: {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
+        for suite in JUnitXml.fromfile(str(xml))
+        for case in suite
+    }
+    steps, plain = props["test_steps[lo]"], props["test_plain[lo]"]
+    model = "tfgrpc.sync_sgd_step.hep_cnn.model."
+    assert float(steps[model + "step_us"]) > 0
+    assert math.isfinite(float(steps[model + "error_pct"]))
+    assert steps[model + "limit"] in ("ps link", "worker link", "chain", "cores")
+    assert not any(".model." in name for name in plain)
+    label = "sync_sgd_step"
+    summary = [line for line in result.stdout.lines if f"  {label}  " in line]
+    assert len(summary) == 2 and all(line.split()[1:3] == [label, "hep_cnn"] for line in summary)
