@@ -25,10 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COPY = re.compile(r"\b(__)?mem(cpy|move)|memcpy|memmove")
-SYSCALL = re.compile(
-    r"^(__)?(libc_)?(sendmsg|recvmsg|send|recv|read|write|writev|readv|epoll_wait|epoll_pwait|"
-    r"poll|ppoll|futex|syscall|__lll_lock_wait|pthread_cond_(timed)?wait|"
-    r"__futex_abstimed_wait_common|clock_nanosleep|nanosleep|select)\b"
+SYSCALL = re.compile(r"^(__)?(libc_)?(sendmsg|recvmsg|send|recv|read|write|writev|readv)\b")
+#: A thread asleep: polling for events, or blocked on a lock or a condition.
+WAIT_LEAF = re.compile(
+    r"^(epoll_wait|epoll_pwait|poll|ppoll|select|clock_nanosleep|nanosleep|sem_wait|"
+    r"sem_timedwait|pthread_cond_(timed)?wait|__futex_abstimed_wait_common)\b"
+)
+WAIT_FRAME = re.compile(
+    r"^(PyThread_acquire_lock_timed|lock_PyThread_acquire_lock|Condition\.wait|"
+    r"pthread_cond_(timed)?wait|sem_wait|sem_timedwait|_watch_stdin|_read_stdin_until_eof)\b"
 )
 
 
@@ -60,14 +65,25 @@ def python_category(frame: Frame) -> str:
     return "python: other"
 
 
+def waiting(stack: Sequence[Frame]) -> bool:
+    """A sample of a thread asleep (py-spy with ``--native`` samples idle threads too)."""
+    if WAIT_LEAF.search(stack[-1].name):
+        return True
+    # Unsymbolized libc frames under a lock acquisition are the futex wait itself; the
+    # server's stdin watcher sits in read() for the whole run.
+    return any(WAIT_FRAME.search(f.name) for f in stack)
+
+
 def category(stack: Sequence[Frame]) -> str:
     leaf = stack[-1]
+    if waiting(stack):
+        return "waiting (epoll, lock, condition)"
     if leaf.python:
         return python_category(leaf)
     if COPY.search(leaf.name):
         return "copy (memcpy/memmove)"
     if SYSCALL.search(leaf.name):
-        return "syscall"
+        return "socket syscall (send/recv/read/write)"
     lib = leaf.where.lower()
     if "cygrpc" in lib or "grpc" in lib:
         return "grpc core (native)"
@@ -83,6 +99,7 @@ def category(stack: Sequence[Frame]) -> str:
 class Summary:
     path: str
     samples: int
+    busy: int  # samples not waiting
     categories: tuple[tuple[str, float], ...]
     top: tuple[tuple[str, float], ...]
     inclusive: tuple[tuple[str, float], ...]
@@ -99,6 +116,7 @@ INCLUSIVE: dict[str, Callable[[Sequence[Frame]], bool]] = {
 def summarize(path: Path, top: int) -> Summary:
     cats: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
+    busy = 0
     incl: Counter[str] = Counter()
     total = 0
     for line in path.read_text(errors="replace").splitlines():
@@ -110,7 +128,11 @@ def summarize(path: Path, top: int) -> Summary:
         if not stack:
             continue
         total += count
-        cats[category(stack)] += count
+        cat = category(stack)
+        cats[cat] += count
+        if cat.startswith("waiting"):
+            continue
+        busy += count
         leaf = stack[-1]
         where = leaf.where.rsplit("/", 1)[-1]
         leaves[f"{leaf.name} ({where})"] += count
@@ -121,23 +143,30 @@ def summarize(path: Path, top: int) -> Summary:
     def share(count: int) -> float:
         return count / total if total else 0.0
 
+    def busy_share(count: int) -> float:
+        return count / busy if busy else 0.0
+
     return Summary(
         str(path),
         total,
+        busy,
         tuple((k, share(v)) for k, v in cats.most_common()),
-        tuple((k, share(v)) for k, v in leaves.most_common(top)),
-        tuple((k, share(incl[k])) for k in INCLUSIVE),
+        tuple((k, busy_share(v)) for k, v in leaves.most_common(top)),
+        tuple((k, busy_share(incl[k])) for k in INCLUSIVE),
     )
 
 
 def render(s: Summary) -> str:
-    out = [f"### {Path(s.path).name}: {s.samples} samples"]
+    out = [f"### {Path(s.path).name}: {s.samples} thread samples, {s.busy} not waiting"]
     out.append(
-        "categories (by the frame a sample was spent in): "
+        "all samples, by the frame each was spent in: "
         + ", ".join(f"{k} {v:.0%}" for k, v in s.categories)
     )
-    out.append("inclusive: " + ", ".join(f"{k} {v:.0%}" for k, v in s.inclusive))
-    out.append("top self frames:")
+    out.append(
+        "of the samples not waiting, inclusive: "
+        + ", ".join(f"{k} {v:.0%}" for k, v in s.inclusive)
+    )
+    out.append("top self frames of the samples not waiting:")
     out += [f"  {v:6.1%}  {k}" for k, v in s.top]
     return "\n".join(out)
 

@@ -9,10 +9,13 @@ bytes / median time per tensor (bandwidth) or of the median round trip (latency)
 - ``chunk``: stream push slice size (256 KiB, 1, 2, 4 MiB), raw and protobuf, 4 and 64 MiB;
 - ``window``: ``grpc.http2.lookahead_bytes`` 4/8/16/64 MiB with ``grpc.http2.bdp_probe`` off
   and on, set on both ends (one patched server per setting, see ``patched_server.py``);
+- ``fresh``: many fresh connections pulling (unary) and pushing (stream) 4 MiB, BDP probing
+  off and on, to see connections that stick at a fraction of the bandwidth;
 - ``wbuf``: ``grpc.http2.write_buffer_size`` on both ends;
-- ``inflight``: how the client hands slices to gRPC: await each ``write`` (the plugin), all
-  writes started at once (``gather``), an async request iterator fed by a queue, the sync
-  client with a queue-fed request iterator, a new sync stream per tensor;
+- ``inflight``: how the client hands slices to gRPC: await each ``write`` (the plugin), an
+  async request iterator fed by a queue, the sync client with a queue-fed request iterator, a
+  new sync stream per tensor (starting every write at once is refused by grpc: one write may
+  be pending per call, a second fails with GRPC_CALL_ERROR_TOO_MANY_OPERATIONS);
 - ``compression``: gzip on the channel against none (the default) at 4 MiB;
 - ``latency``: where the plugin's 1 KiB echo loses to bare grpcio: client channel options,
   server (plugin vs bare), and the plugin's loop itself, unary and stream.
@@ -359,6 +362,37 @@ def group_window(
     return cases
 
 
+def group_fresh(
+    stack: ExitStack, fabric: Fabric, env: dict[str, str] | None, sizes: Sequence[int]
+) -> list[Any]:
+    """Fresh connections pulling and pushing 4 MiB, BDP probing off (the plugin) and on.
+
+    Every round is a new channel, so ``--rounds`` counts fresh connections: the rounds show
+    whether some connections stick at a fraction of the others' bandwidth.
+    """
+    cases = []
+    for bdp in (0, 1):
+        changes = [["grpc.http2.bdp_probe", bdp]]
+        server = start_server(fabric, env, changes)
+        stack.callback(server.stop)
+        name = f"bdp_probe {'on' if bdp else 'off'}, lookahead 8 MiB"
+
+        def pull(srv: Any = server, c: Any = changes) -> Samples:
+            with Options(c):
+                result = p2p_bandwidth(
+                    srv, [4 * MiB], mode="raw", rpc="unary", direction="pull", run=BW_RUN
+                )
+                return result.sizes[0].samples_ns
+
+        def push(srv: Any = server, c: Any = changes) -> Samples:
+            with Options(c):
+                return plugin_bw(srv, 4 * MiB, "raw", transport.DEFAULT_CHUNK_BYTES)
+
+        cases.append(bw_case(f"unary pull, {name}", 4 * MiB, pull))
+        cases.append(bw_case(f"stream push, {name}", 4 * MiB, push))
+    return cases
+
+
 def group_wbuf(
     stack: ExitStack, fabric: Fabric, env: dict[str, str] | None, sizes: Sequence[int]
 ) -> list[Any]:
@@ -382,7 +416,9 @@ def group_inflight(server: Any, sizes: Sequence[int]) -> list[Any]:
     cases = []
     chunk = transport.DEFAULT_CHUNK_BYTES
     for size in sizes:
-        for variant in ("await", "gather", "iterator"):
+        # No "gather" (all writes started at once): grpc allows one pending write per call and
+        # answers a second with GRPC_CALL_ERROR_TOO_MANY_OPERATIONS (seen on grpcio 1.85.3).
+        for variant in ("await", "iterator"):
             cases.append(
                 bw_case(
                     f"aio {variant}",
@@ -508,7 +544,7 @@ def group_latency(
     ]
 
 
-GROUPS = ("latency", "chunk", "window", "wbuf", "inflight", "compression")
+GROUPS = ("latency", "chunk", "window", "fresh", "wbuf", "inflight", "compression")
 
 
 def fmt(f: Figure) -> str:
@@ -552,14 +588,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cases = group_chunk(server, sizes)
             elif group == "window":
                 cases = group_window(stack, fabric, env, sizes)
+            elif group == "fresh":
+                cases = group_fresh(stack, fabric, env, sizes)
             elif group == "wbuf":
                 cases = group_wbuf(stack, fabric, env, sizes)
             elif group == "inflight":
                 cases = group_inflight(server, sizes)
             else:
                 cases = group_compression(server)
-            figures += run_cases(group, cases, args.rounds, log)
+            got = run_cases(group, cases, args.rounds, log)
+            figures += got
             load[group] = os.getloadavg()
+            for f in got:
+                log(f"  {f.group} {f.size} {f.variant}: {fmt(f)}")
     print(f"fabric {fabric.name}, {args.rounds} rounds, load averages {load}")
     head = f"{'group':<12} {'size':>6}  {'variant':<50} {'median':>11}  rounds"
     print(head)

@@ -12,12 +12,12 @@ SPY=/work/venv/bin/py-spy
 mkdir -p "$OUT"
 PIDFILE=$(mktemp)
 rm -f "$PIDFILE"
-timeout $((SECONDS_ + 60)) "$SPY" record --native --nonblocking -r 200 -f raw -o "$OUT/$WHAT.client.txt" -- \
+timeout $((SECONDS_ + 60)) "$SPY" record --native -r 100 -f raw -o "$OUT/$WHAT.client.txt" -- \
     "$PY" "$HERE/profile_target.py" "$WHAT" "$SECONDS_" "$PIDFILE" > "$OUT/$WHAT.log" 2>&1 &
 CLIENT=$!
 n=0
 while [ ! -s "$PIDFILE" ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
-timeout $((SECONDS_ + 10)) "$SPY" record --native --nonblocking -r 200 -f raw -d $((SECONDS_ + 1)) \
+timeout $((SECONDS_ + 10)) "$SPY" record --native -r 100 -f raw -d $((SECONDS_ + 1)) \
     -p "$(cat "$PIDFILE")" -o "$OUT/$WHAT.server.txt" >> "$OUT/$WHAT.log" 2>&1 || true
 wait $CLIENT || true
 rm -f "$PIDFILE"

@@ -11,6 +11,7 @@ bounded by ``SECONDS`` and by a count.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,12 +23,45 @@ from pytest_tfgrpc.process import ServerProcess
 from pytest_tfgrpc.units import parse_sizes
 
 
+def cpu_ns(pid: int) -> int:
+    """User + system CPU time of a process, all its threads (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """CPU time of each thread of a process, summed by thread name (``/proc/<pid>/task``).
+
+    grpc core's own threads (event engine pollers and executors) are invisible to py-spy,
+    which samples Python threads only; their names show here.
+    """
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks = int(fields[11]) + int(fields[12])
+        out[name] = out.get(name, 0) + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def _per_op(before: dict[str, int], after: dict[str, int], count: int) -> str:
+    used = {k: v - before.get(k, 0) for k, v in after.items()}
+    top = sorted(used.items(), key=lambda kv: -kv[1])[:6]
+    return ", ".join(f"{name} {ns / count / 1e3:.0f}" for name, ns in top if ns > 0)
+
+
 def main() -> int:
     what, seconds, pidfile = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3])
     env = tuning.apply_policy("tuned")
     with ServerProcess.start(resolve_fabric("lo"), env=env) as server:
         pidfile.write_text(str(server.pid))
         time.sleep(1.0)
+        cpu0 = cpu_ns(os.getpid()), cpu_ns(server.pid)
+        threads0 = thread_cpu_ns(os.getpid()), thread_cpu_ns(server.pid)
         t0 = time.monotonic()
         count = 0
         if what in ("unary", "stream"):
@@ -44,7 +78,17 @@ def main() -> int:
             count = result.sizes[0].count
             bw = result.sizes[0].throughput_p50_Bps / 1e9
             print(f"{what}: {count} tensors, {bw:.3f} GB/s at the median")
-        print(f"loop {time.monotonic() - t0:.1f} s")
+        wall = time.monotonic() - t0
+        threads1 = thread_cpu_ns(os.getpid()), thread_cpu_ns(server.pid)
+        client_cpu = cpu_ns(os.getpid()) - cpu0[0]
+        server_cpu = cpu_ns(server.pid) - cpu0[1]
+        print(f"loop {wall:.1f} s (warm-up and checks included)")
+        print(
+            f"CPU per operation: client {client_cpu / count / 1e3:.0f} us, server "
+            f"{server_cpu / count / 1e3:.0f} us; wall per operation {wall * 1e6 / count:.0f} us"
+        )
+        print(f"client threads, us CPU per op: {_per_op(threads0[0], threads1[0], count)}")
+        print(f"server threads, us CPU per op: {_per_op(threads0[1], threads1[1], count)}")
     return 0
 
 
