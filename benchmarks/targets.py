@@ -1,0 +1,146 @@
+"""Issue 3's targets read from one run of the harness (``run.py --json``): met or not.
+
+    python benchmarks/targets.py RUN.json [--overhead overhead.json]
+
+Each verdict uses figures of that one run: medians over rounds, and for the latency targets
+also the median of per-round ratios (each round measures both contenders back to back, so the
+paired ratio is less exposed to drift on a shared machine than the ratio of medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    met: bool | None  # None: not assessed
+    figures: str
+
+
+def _rows(doc: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["contender"], r["size"]): r for r in doc["rows"]}
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any]) -> float:
+    ratios: list[float] = [
+        float(x) / float(y) for x, y in zip(a["round_figures"], b["round_figures"], strict=True)
+    ]
+    return statistics.median(ratios)
+
+
+def verdicts(doc: dict[str, Any], overhead: dict[str, Any] | None) -> list[Verdict]:
+    rows = _rows(doc)
+    out: list[Verdict] = []
+    big = [
+        s for s in (4 * MiB, 8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB) if ("tcp push+ack", s) in rows
+    ]
+    for name in ("p2p_bandwidth raw/stream", "p2p_bandwidth raw/unary"):
+        ratios = [(s, rows[name, s]["floor_ratio"]) for s in big if (name, s) in rows]
+        if not ratios:
+            continue
+        text = ", ".join(f"{s // MiB} MiB {r:.2f}" for s, r in ratios)
+        out.append(
+            Verdict(
+                f"{name}: >= 0.6 x tcp push+ack for 4-64 MiB",
+                all(r >= 0.6 for _, r in ratios),
+                text,
+            )
+        )
+        if (name, 4 * MiB) in rows and (name, 64 * MiB) in rows:
+            four, sixty = rows[name, 4 * MiB]["figure"], rows[name, 64 * MiB]["figure"]
+            out.append(
+                Verdict(
+                    f"{name}: 64 MiB within 10% of 4 MiB",
+                    sixty >= 0.9 * four,
+                    f"4 MiB {four / 1e9:.3f} GB/s, 64 MiB {sixty / 1e9:.3f} GB/s "
+                    f"({sixty / four:.2f})",
+                )
+            )
+    out.append(
+        Verdict(
+            "on par with TensorFlow's gRPC runtime",
+            None,
+            "tensorflow-cpu not installed here; no TensorFlow contender measured",
+        )
+    )
+    for rpc, bares in (
+        ("unary", ("grpc sync unary", "grpc aio unary")),
+        ("stream", ("grpc aio stream", "grpc aio stream/sync srv")),
+    ):
+        plugin = rows.get((f"p2p_latency raw/{rpc}", KiB))
+        present = [rows[b, KiB] for b in bares if (b, KiB) in rows]
+        if plugin is None or not present:
+            continue
+        best = min(present, key=lambda r: r["figure"])
+        ratio = plugin["figure"] / best["figure"]
+        paired = _paired(plugin, best)
+        out.append(
+            Verdict(
+                f"1 KiB {rpc} echo p50: plugin <= 1.05 x best bare ({best['contender']})",
+                ratio <= 1.05,
+                f"plugin {plugin['figure'] / 1e3:.1f} us, bare {best['figure'] / 1e3:.1f} us: "
+                f"x{ratio:.3f} (median of per-round ratios x{paired:.3f})",
+            )
+        )
+    for rpc in ("stream", "unary"):
+        raw = rows.get((f"p2p_bandwidth raw/{rpc}", 4 * MiB))
+        pb = rows.get((f"p2p_bandwidth protobuf/{rpc}", 4 * MiB))
+        if raw and pb:
+            ratio = pb["figure"] / raw["figure"]
+            out.append(
+                Verdict(
+                    f"protobuf >= 0.8 x raw at 4 MiB ({rpc})",
+                    ratio >= 0.8,
+                    f"protobuf {pb['figure'] / 1e9:.3f} GB/s, raw {raw['figure'] / 1e9:.3f} GB/s: "
+                    f"x{ratio:.2f}",
+                )
+            )
+    if overhead is not None:
+        worst = max(loop["overhead_ns"] for loop in overhead["loops"])
+        out.append(
+            Verdict("bookkeeping < 1 us per sample", worst < 1000, f"at most {worst:.0f} ns")
+        )
+        held = overhead["memory"]["held_bytes"]
+        out.append(
+            Verdict(
+                "10^6 samples held in < 10 MiB",
+                held < 10 * MiB,
+                f"{held} B ({held / MiB:.2f} MiB) for {overhead['memory']['samples']} samples",
+            )
+        )
+    return out
+
+
+def render(vs: Sequence[Verdict]) -> str:
+    lines = ["| target | verdict | figures (this run) |", "|---|---|---|"]
+    for v in vs:
+        verdict = "not assessed" if v.met is None else ("met" if v.met else "NOT met")
+        lines.append(f"| {v.target} | {verdict} | {v.figures} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("run", type=Path)
+    p.add_argument("--overhead", type=Path, default=None)
+    args = p.parse_args(argv)
+    doc = json.loads(args.run.read_text())
+    overhead = json.loads(args.overhead.read_text()) if args.overhead else None
+    print(render(verdicts(doc, overhead)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
