@@ -113,7 +113,7 @@ def test_exchange_overlap_is_the_hidden_share_of_the_smaller_end() -> None:
 def test_numpy_costs_and_cores_are_measured() -> None:
     aggregate, update = measure_numpy_costs(1 << 16, min_seconds=0.005)
     assert 0 < aggregate < 1e-6 and 0 < update < 1e-6  # well under a microsecond a byte
-    cores = measure_cores(seconds=0.05, threads=2)
+    cores = measure_cores(seconds=0.05, processes=2)
     assert 0 < cores <= 2
     with pytest.raises(ValueError, match="seconds=0"):
         measure_cores(seconds=0)

@@ -21,7 +21,8 @@ needs to predict a sync-SGD step on the machine at hand:
 from __future__ import annotations
 
 import os
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -363,39 +364,55 @@ def _available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def measure_cores(seconds: float = 0.25, threads: int | None = None) -> float:
-    """The cores a job of ``threads`` busy threads gets now (default: one per usable CPU).
+#: A busy process of :func:`measure_cores`: spins from a shared start time for a while, then
+#: prints the CPU seconds that spin had.
+_SPIN = """
+import sys, time
+start, seconds = float(sys.argv[1]), float(sys.argv[2])
+while time.time() < start:
+    time.sleep(min(0.01, max(0.0, start - time.time())))
+cpu0 = time.process_time()
+end = time.time() + seconds
+while time.time() < end:
+    pass
+print(time.process_time() - cpu0)
+"""
 
-    Each thread runs numpy additions (which release the GIL) for ``seconds``; the cores are
-    their CPU time over the wall time, at most ``threads``. On a machine others share, this is
-    the share a parallel job of that width can have at the moment.
+
+def measure_cores(
+    seconds: float = 0.25, processes: int | None = None, *, start_delay: float = 0.4
+) -> float:
+    """The cores ``processes`` busy processes get together now (default: one per usable CPU).
+
+    Each process starts a session of its own, as every PS and worker of a
+    :class:`~pytest_tfgrpc.cluster.PSCluster` does: Linux shares the CPU fairly between
+    sessions (autogroups) first, so this is the share such a cluster can have at the moment
+    on a machine others use. All spin from one start time, ``start_delay`` s after launch
+    (room for the interpreters to start), for ``seconds``; the cores are their CPU time over
+    ``seconds``, at most ``processes`` and the usable CPUs.
     """
-    width = threads or _available_cpus()
+    width = processes or _available_cpus()
     if not seconds > 0:
         raise ValueError(f"seconds={seconds!r}: must be positive")
-    used = [0] * width
-    barrier = threading.Barrier(width + 1)
-
-    def spin(index: int) -> None:
-        a = np.ones(1 << 16, dtype=np.float32)
-        b = np.ones_like(a)
-        barrier.wait()
-        start, cpu0 = time.perf_counter(), time.thread_time_ns()
-        for _ in range(1_000_000):
-            np.add(a, b, out=a)
-            if time.perf_counter() - start >= seconds:
-                break
-        used[index] = time.thread_time_ns() - cpu0
-
-    workers = [threading.Thread(target=spin, args=(i,), daemon=True) for i in range(width)]
-    for worker in workers:
-        worker.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for worker in workers:
-        worker.join(timeout=seconds + 10.0)
-    wall = time.perf_counter() - start
-    return min(float(width), max(sum(used) / 1e9 / wall, 1e-3))
+    start = time.time() + start_delay
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPIN, repr(start), repr(seconds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(width)
+    ]
+    used = 0.0
+    for spinner in spinners:
+        try:
+            out, _ = spinner.communicate(timeout=start_delay + seconds + 30.0)
+            used += float(out or 0.0)
+        except (subprocess.TimeoutExpired, ValueError):
+            spinner.kill()
+            spinner.wait()
+    return min(float(width), float(_available_cpus()), max(used / seconds, 1e-3))
 
 
 def measure_fit(
