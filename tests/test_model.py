@@ -34,8 +34,9 @@ from pytest_tfgrpc.model import (
     project,
     relative_error,
 )
-from pytest_tfgrpc.model_cli import link_points_from_junit, main
+from pytest_tfgrpc.model_cli import link_points_from_junit, link_points_from_results, main
 from pytest_tfgrpc.profiles import Profile, load_profile
+from pytest_tfgrpc.resultlog import ResultLog
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.topology import Topology
 
@@ -565,6 +566,28 @@ def test_link_points_from_junit(perf_xml: Path) -> None:
     assert dict(points["lo"])[2048] == pytest.approx(hockney(2048, 30e-6, 2e9))
 
 
+def test_cli_fits_a_results_file_like_a_junit_file(
+    perf_xml: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results.jsonl"
+    with ResultLog(results, fsync=False) as log:
+        log.append(
+            "test_p2p[lo]",
+            outcome="passed",
+            duration=1.0,
+            properties=_p2p_properties("lo", 30e-6, 2e9),
+        )
+        log.append("test_other[lo]", outcome="passed", duration=1.0, properties={"x": "1"})
+    assert link_points_from_results(results) == {"lo": link_points_from_junit(perf_xml)["lo"]}
+    argv = ["--profile", "resnet50", "--ps", "1,2", "--workers", "1,4", "--fabric", "lo"]
+    assert main([*argv, "--from-results", str(results)]) == 0
+    from_results = capsys.readouterr().out
+    assert main([*argv, "--from-junit", str(perf_xml)]) == 0
+    assert capsys.readouterr().out == from_results
+    assert main([*argv, "--from-results", str(tmp_path / "missing.jsonl")]) == 1
+    assert "results file" in capsys.readouterr().err
+
+
 def test_cli_with_given_link(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--profile", "resnet50", "--ps", "1,2,4", "--workers", "1,2,4,8"]
     argv += ["--sharding", "greedy", "--alpha", "50us", "--bandwidth", "1.2 GB/s"]
@@ -651,8 +674,9 @@ def test_cli_unknown_profile(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "message"),
     [
         (["--alpha", "1us"], "--alpha and --bandwidth together"),
-        ([], "--alpha and --bandwidth together, or --from-junit"),
-        (["--alpha", "1us", "--bandwidth", "1GB/s", "--from-junit", "x.xml"], "either as"),
+        ([], "--alpha and --bandwidth together, --from-junit or --from-results"),
+        (["--alpha", "1us", "--bandwidth", "1GB/s", "--from-junit", "x.xml"], "one way"),
+        (["--from-junit", "x.xml", "--from-results", "r.jsonl"], "one way"),
         (["--alpha", "1us", "--bandwidth", "1GB/s", "--fabric", "lo"], "give --from-junit"),
         (["--alpha", "1", "--bandwidth", "1GB/s"], "bare number is ambiguous"),
         (["--alpha", "1us", "--bandwidth", "0 GB/s"], "greater than zero"),

@@ -1,7 +1,8 @@
 """``tfgrpc-model``: print the analytic model's scaling projection for a profile and a link.
 
 The link is given on the command line (``--alpha 50us --bandwidth "1.2 GB/s"``) or fitted from
-the P2P figures of an earlier run's JUnit file (``--from-junit perf.xml [--fabric lo]``)::
+the P2P figures of an earlier run's JUnit file (``--from-junit perf.xml [--fabric lo]``) or
+results file (``--from-results results.jsonl``)::
 
     tfgrpc-model --profile resnet50 --ps 1,2,4 --workers 1,2,4,8 --sharding greedy \\
         --from-junit perf.xml --compute 200ms --overlap 0.5
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from junitparser import JUnitXmlError
@@ -26,10 +27,11 @@ from pytest_tfgrpc.model import (
     link_point,
     project,
 )
+from pytest_tfgrpc.resultlog import read_results
 from pytest_tfgrpc.topology import SHARDINGS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_rate_Bps, parse_size
 
-__all__ = ["link_points_from_junit", "main"]
+__all__ = ["link_points_from_junit", "link_points_from_results", "main"]
 
 PROG = "tfgrpc-model"
 _PREFIX = "tfgrpc."
@@ -40,6 +42,26 @@ _NO_FABRIC = "unknown"
 
 class ModelInputError(Exception):
     """An input the command cannot use; the message says which and why."""
+
+
+def _add_points(
+    properties: Mapping[str, object], points: dict[str, list[tuple[int, float]]]
+) -> None:
+    """Add one test's P2P medians to ``points``, under its ``tfgrpc.fabric``."""
+    fabric = str(properties.get(f"{_PREFIX}fabric") or _NO_FABRIC)
+    for name, value in properties.items():
+        parts = name.removeprefix(_PREFIX).split(".")
+        if not name.startswith(_PREFIX) or len(parts) != 3 or parts[2] != _MEDIAN:
+            continue
+        label, size_text, _ = parts
+        try:
+            size = parse_size(size_text)
+            seconds = float(str(value)) / 1e6
+        except (UnitError, ValueError, TypeError):
+            continue
+        point = link_point(label, size, seconds)
+        if point is not None and seconds > 0:
+            points.setdefault(fabric, []).append(point)
 
 
 def link_points_from_junit(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -63,34 +85,38 @@ def link_points_from_junit(path: Path) -> dict[str, list[tuple[int, float]]]:
                 continue
             # junitparser leaves properties() unannotated; its items have .name and .value.
             found = case.properties()  # type: ignore[no-untyped-call]
-            properties = {str(prop.name): prop.value for prop in found}
-            fabric = properties.get(f"{_PREFIX}fabric") or _NO_FABRIC
-            for name, value in properties.items():
-                parts = name.removeprefix(_PREFIX).split(".")
-                if not name.startswith(_PREFIX) or len(parts) != 3 or parts[2] != _MEDIAN:
-                    continue
-                label, size_text, _ = parts
-                try:
-                    size = parse_size(size_text)
-                    seconds = float(value) / 1e6
-                except (UnitError, ValueError, TypeError):
-                    continue
-                point = link_point(label, size, seconds)
-                if point is not None and seconds > 0:
-                    points.setdefault(fabric, []).append(point)
+            _add_points({str(prop.name): prop.value for prop in found}, points)
     return points
 
 
-def _fits_from_junit(path: Path, fabric: str | None) -> list[LinkFit]:
-    points = link_points_from_junit(path)
+def link_points_from_results(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{fabric: [(bytes, seconds), ...]}`` from a results file (``--tfgrpc-results``), read
+    as :func:`~pytest_tfgrpc.resultlog.read_results` does, counted as from a JUnit file."""
+    if not path.is_file():
+        raise ModelInputError(f"results file '{path}' does not exist or is not a file")
+    try:
+        records = read_results(path)
+    except OSError as exc:
+        raise ModelInputError(f"cannot read results file '{path}': {exc}") from exc
+    points: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        properties = record.get("properties")
+        if isinstance(properties, Mapping):
+            _add_points({str(k): v for k, v in properties.items()}, points)
+    return points
+
+
+def _fits_from(path: Path, fabric: str | None, results: bool) -> list[LinkFit]:
+    kind = "results file" if results else "JUnit file"
+    points = link_points_from_results(path) if results else link_points_from_junit(path)
     if not points:
         raise ModelInputError(
-            f"JUnit file '{path}' holds no P2P figures to fit a link to (expected properties "
+            f"{kind} '{path}' holds no P2P figures to fit a link to (expected properties "
             f"such as tfgrpc.p2p_latency.1KiB.{_MEDIAN} or tfgrpc.p2p_bandwidth.4MiB.{_MEDIAN})"
         )
     if fabric is not None and fabric not in points:
         raise ModelInputError(
-            f"JUnit file '{path}' holds no P2P figures on fabric {fabric!r} "
+            f"{kind} '{path}' holds no P2P figures on fabric {fabric!r} "
             f"(it has: {', '.join(sorted(points))})"
         )
     chosen = [fabric] if fabric is not None else sorted(points)
@@ -99,7 +125,7 @@ def _fits_from_junit(path: Path, fabric: str | None) -> list[LinkFit]:
         try:
             fits.append(fit(points[name], name))
         except ValueError as exc:
-            raise ModelInputError(f"JUnit file '{path}', fabric {name!r}: {exc}") from exc
+            raise ModelInputError(f"{kind} '{path}', fabric {name!r}: {exc}") from exc
     return fits
 
 
@@ -176,7 +202,9 @@ def _parser() -> argparse.ArgumentParser:
         default="round_robin",
         help="how tensors are placed on PS tasks (default: round_robin)",
     )
-    link = parser.add_argument_group("the link: give --alpha and --bandwidth, or --from-junit")
+    link = parser.add_argument_group(
+        "the link: give --alpha and --bandwidth, --from-junit or --from-results"
+    )
     link.add_argument("--alpha", type=_seconds, help="time per message, e.g. 50us")
     link.add_argument("--bandwidth", type=_rate, help="bytes per second, e.g. '1.2 GB/s'")
     link.add_argument(
@@ -186,7 +214,14 @@ def _parser() -> argparse.ArgumentParser:
         help="fit the link to the P2P medians of an earlier run's JUnit XML",
     )
     link.add_argument(
-        "--fabric", help="with --from-junit: the fabric to fit (default: each one in the file)"
+        "--from-results",
+        type=Path,
+        metavar="FILE",
+        help="fit the link to the P2P medians of an earlier run's results file (JSON lines)",
+    )
+    link.add_argument(
+        "--fabric",
+        help="with --from-junit or --from-results: the fabric to fit (default: each one)",
     )
     parser.add_argument(
         "--compute",
@@ -217,14 +252,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _links(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[LinkFit]:
     given = args.alpha is not None or args.bandwidth is not None
-    if given and args.from_junit is not None:
-        parser.error("give the link either as --alpha and --bandwidth, or as --from-junit")
-    if args.fabric is not None and args.from_junit is None:
-        parser.error("--fabric chooses a fabric in --from-junit's file; give --from-junit")
+    files = [f for f in (args.from_junit, args.from_results) if f is not None]
+    if len(files) + given > 1:
+        parser.error(
+            "give the link one way: --alpha and --bandwidth, --from-junit or --from-results"
+        )
+    if args.fabric is not None and not files:
+        parser.error("--fabric chooses a fabric in a file; give --from-junit or --from-results")
     if args.from_junit is not None:
-        return _fits_from_junit(args.from_junit, args.fabric)
+        return _fits_from(args.from_junit, args.fabric, results=False)
+    if args.from_results is not None:
+        return _fits_from(args.from_results, args.fabric, results=True)
     if args.alpha is None or args.bandwidth is None:
-        parser.error("give the link: --alpha and --bandwidth together, or --from-junit FILE")
+        parser.error(
+            "give the link: --alpha and --bandwidth together, --from-junit or --from-results"
+        )
     return [LinkFit.given(args.alpha, args.bandwidth)]
 
 
