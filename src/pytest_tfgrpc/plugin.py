@@ -3,6 +3,7 @@ done by modules that do not import pytest."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,13 @@ from pytest_tfgrpc.gate import BaselineGate, GateSetupError, settings_from_optio
 from pytest_tfgrpc.metadata import META_PREFIX, run_metadata
 from pytest_tfgrpc.plot import PlotUnavailableError, plot_available, write_plots
 from pytest_tfgrpc.process import ServerProcess
+from pytest_tfgrpc.remote import (
+    ClusterSpec,
+    ClusterSpecError,
+    RemoteServer,
+    load_cluster_spec,
+    server_task_for,
+)
 from pytest_tfgrpc.report import PREFIX, SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.resultlog import ResultLog
 from pytest_tfgrpc.serial import MeasurementLock, lock_path
@@ -52,6 +60,11 @@ BASELINE_HELP = (
 TOLERANCE_HELP = (
     "largest change that is not a regression, per metric or for all: 10%, p99:10%, "
     "throughput:5% (repeatable; default 10%)"
+)
+CLUSTER_HELP = (
+    "cluster spec in TF_CONFIG format naming tensor servers on other hosts ('ps' tasks, "
+    "started there with tfgrpc-server): tensor_server then measures against the one reached "
+    "through the test's fabric. TF_CONFIG in the environment works too"
 )
 RESULTS_HELP = (
     "append every finished test's figures to FILE as JSON lines, each written and synced as "
@@ -97,6 +110,7 @@ class _Session:
     server_env: dict[str, str] | None = None
     meta: dict[str, str] = field(default_factory=dict)
     gate: BaselineGate | None = None
+    cluster: ClusterSpec | None = None
     servers: list[ServerProcess] = field(default_factory=list)
 
     def stop_servers(self) -> None:
@@ -164,6 +178,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             help=help_text,
         )
         parser.addini(f"tfgrpc_{name.replace('-', '_')}", help_text, default=None)
+    group.addoption("--tfgrpc-cluster", dest="tfgrpc_cluster", metavar="FILE", help=CLUSTER_HELP)
+    parser.addini("tfgrpc_cluster", CLUSTER_HELP, default=None)
     group.addoption("--tfgrpc-results", dest="tfgrpc_results", metavar="FILE", help=RESULTS_HELP)
     parser.addini("tfgrpc_results", RESULTS_HELP, default=None)
     group.addoption("--tfgrpc-plot", dest="tfgrpc_plot", metavar="DIR", help=PLOT_HELP)
@@ -245,12 +261,17 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
     meta = run_metadata(fabrics)
+    try:
+        cluster = load_cluster_spec(_option(config, "tfgrpc_cluster"), os.environ)
+    except ClusterSpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[_session_key] = _Session(
         fabrics=fabrics,
         options=_run_overrides(config),
         server_env=server_env,
         meta=meta,
         gate=_baseline_gate(config, meta, fabrics),
+        cluster=cluster,
     )
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run prints
         gate = config.stash[_session_key].gate
@@ -291,6 +312,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             "tfgrpc: pytest-xdist: tests that measure run one at a time across workers, "
             "so that no measurement shares the machine with another"
         )
+    if session.cluster is not None:
+        servers = ", ".join(f"ps[{t.index}] {t.target}" for t in session.cluster.job("ps"))
+        lines.append(f"tfgrpc: remote tensor servers from {session.cluster.source}: {servers}")
     gate = session.gate
     if gate is not None:
         tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
@@ -490,10 +514,23 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 
 
 @pytest.fixture
-def tensor_server(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[ServerProcess]:
+def tensor_server(
+    request: pytest.FixtureRequest, fabric: Fabric
+) -> Iterator[ServerProcess | RemoteServer]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
-    ``.pid``. Stopped when the test ends; if it dies during the test, the test fails."""
+    ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
+    With a cluster spec, the spec's server reached through ``fabric`` on another host."""
     session = request.config.stash[_session_key]
+    if session.cluster is not None:
+        try:
+            remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
+            remote.check_reachable()
+        except ClusterSpecError as exc:
+            problem = str(exc)
+        else:
+            yield remote
+            return
+        pytest.fail(problem, pytrace=False)
     started = session.servers
     server = ServerProcess.start(fabric, env=session.server_env)
     started.append(server)
