@@ -59,7 +59,7 @@ def test_the_option_wins_over_the_environment(tmp_path: Path) -> None:
     assert load_cluster_spec(str(path), env).job("ps")[0].host == "127.0.0.2"  # type: ignore[union-attr]
     assert load_cluster_spec(None, env).job("ps")[0].host == "127.0.0.3"  # type: ignore[union-attr]
     assert load_cluster_spec(None, {}) is None
-    with pytest.raises(ClusterSpecError, match="missing.json"):
+    with pytest.raises(ClusterSpecError, match=r"missing\.json"):
         load_cluster_spec(str(tmp_path / "missing.json"), {})
 
 

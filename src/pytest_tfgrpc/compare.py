@@ -933,9 +933,10 @@ def compare_test(
 
 def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
     """JUnit properties of a test's verdicts: ``tfgrpc.<label>.<size>.<metric>.verdict`` (the
-    outcome: pass, regression, improvement or inconclusive) and ``...<metric>.verdict_reason``
-    (its one-line reason), ``...<metric>.change`` (current / baseline - 1, when defined), and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each
-    measurement the baseline lacks."""
+    outcome: pass, regression, improvement or inconclusive), ``...<metric>.verdict_reason``
+    (its one-line reason) and ``...<metric>.change`` (current / baseline - 1, when defined);
+    and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each measurement the baseline
+    lacks."""
     out = []
     for v in comparison.verdicts:
         name = f"{PREFIX}{v.key.label}.{v.key.size}.{v.metric}"
