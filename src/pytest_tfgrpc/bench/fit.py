@@ -7,14 +7,14 @@ needs to predict a sync-SGD step on the machine at hand:
   service): unary echoes of small tensors and streamed pushes of sizes spanning the
   placement's messages, in protobuf mode as the step's messages are. Their medians give the
   alpha-beta fit (:func:`pytest_tfgrpc.model.fit_from_results`);
-* the CPU costs of the step's own exchange: one worker's push and pull of a few shard
-  layouts (one small shard, one large, many small) against a one-worker job on PS 0, from
+* the CPU costs of the step's own exchange: one worker's push and pull of four shard
+  layouts (one small shard, two larger ones, many small ones) against a one-worker job on PS 0, from
   this process, with the CPU time of both ends (:func:`measure_exchanges`,
   :func:`exchange_costs`): per call, per stream message and per byte;
-* the PS's numpy costs per byte, timed here: summing a gradient into an accumulator, and
-  applying the update (:func:`measure_numpy_costs`), which the exchange's PS time includes
-  once and a step of ``W`` workers ``W`` times and once; and how much of one exchange's
-  work its two ends do at the same time (:func:`exchange_overlap`);
+* the PS's numpy costs per byte, timed here (:func:`measure_numpy_costs`): summing one
+  worker's gradient into an accumulator (``W`` times a step) and applying the update (once
+  a step); a one-worker exchange includes each once, so they are taken off its PS time;
+* how much of one exchange's work its two ends do at the same time (:func:`exchange_overlap`);
 * the cores the cluster can have now (:func:`measure_cores`): the machine may be shared.
 """
 
