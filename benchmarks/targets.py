@@ -131,13 +131,79 @@ def render(vs: Sequence[Verdict]) -> str:
     return "\n".join(lines)
 
 
+def _fig(kind: str, value: float) -> str:
+    return f"{value / 1e3:.1f} us" if kind == "latency" else f"{value / 1e9:.3f} GB/s"
+
+
+def _size(size: int) -> str:
+    return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB"
+
+
+def table(doc: dict[str, Any], sizes: Sequence[int] | None = None) -> str:
+    """The run's rows as a markdown table: median, x floor, and the spread over rounds."""
+    lines = [
+        "| kind | size | contender | shape | median | x floor | rounds min..max | ops |",
+        "|---|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for r in doc["rows"]:
+        if sizes is not None and r["size"] not in sizes:
+            continue
+        ratio = "-" if r["floor_ratio"] is None else f"{r['floor_ratio']:.2f}"
+        lo, hi = min(r["round_figures"]), max(r["round_figures"])
+        spread = f"{_fig(r['kind'], lo)}..{_fig(r['kind'], hi)}"
+        lines.append(
+            f"| {r['kind']} | {_size(r['size'])} | {r['contender']} | {r['shape']} | "
+            f"{_fig(r['kind'], r['figure'])} | {ratio} | {spread} | {r['samples']} |"
+        )
+    for r in doc.get("ps_rows", []):
+        unit = "ms/step" if r["unit"] == "ms/step" else "rpc/s"
+        fig = f"{r['figure']:.1f} {unit}" if unit == "ms/step" else f"{r['figure']:.0f} {unit}"
+        lines.append(
+            f"| ps | {r['key']} | {r['pattern']} | {r['shape']} | {fig} | - | "
+            f"{min(r['round_figures']):.4g}..{max(r['round_figures']):.4g} | {r['samples']} |"
+        )
+    return "\n".join(lines)
+
+
+def movement(a: dict[str, Any], b: dict[str, Any], sizes: Sequence[int]) -> str:
+    """How much each figure and its ratio to the floor moved from run ``a`` to run ``b``."""
+    ra, rb = _rows(a), _rows(b)
+    lines = [
+        "| size | contender | run A | run B | B/A | x floor A | x floor B |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, row in rb.items():
+        if key[1] not in sizes or key not in ra:
+            continue
+        old = ra[key]
+        fa = "-" if old["floor_ratio"] is None else f"{old['floor_ratio']:.2f}"
+        fb = "-" if row["floor_ratio"] is None else f"{row['floor_ratio']:.2f}"
+        lines.append(
+            f"| {_size(key[1])} | {key[0]} | {_fig(row['kind'], old['figure'])} | "
+            f"{_fig(row['kind'], row['figure'])} | {row['figure'] / old['figure']:.2f} | "
+            f"{fa} | {fb} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("run", type=Path)
     p.add_argument("--overhead", type=Path, default=None)
+    p.add_argument("--table", action="store_true", help="print the run's rows as markdown too")
+    p.add_argument("--against", type=Path, default=None, help="an earlier run: print movement")
+    p.add_argument("--table-sizes", default=None, help="only these sizes in bytes, e.g. 1024,")
     args = p.parse_args(argv)
     doc = json.loads(args.run.read_text())
     overhead = json.loads(args.overhead.read_text()) if args.overhead else None
+    if args.table:
+        only = [int(x) for x in args.table_sizes.split(",")] if args.table_sizes else None
+        print(table(doc, only))
+        print()
+    if args.against is not None:
+        sizes = [KiB, 4 * MiB, 64 * MiB]
+        print(movement(json.loads(args.against.read_text()), doc, sizes))
+        print()
     print(render(verdicts(doc, overhead)))
     return 0
 

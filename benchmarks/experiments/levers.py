@@ -544,7 +544,109 @@ def group_latency(
     ]
 
 
-GROUPS = ("latency", "chunk", "window", "fresh", "wbuf", "inflight", "compression")
+def group_server(
+    stack: ExitStack,
+    fabric: Fabric,
+    env: dict[str, str] | None,
+    server: Any,
+    bare_sync: bare_grpc.BareServer,
+) -> list[Any]:
+    """1 KiB unary and stream echo, same client: bare sync server, the plugin's server with
+    its 16 handler threads, and with 4 (as the bare one has)."""
+    few = ServerProcess.start(fabric, env=env, extra_args=("--workers", "4"))
+    stack.callback(few.stop)
+    raw_echo = transport.method("raw", "Echo")
+    raw_stream = transport.method("raw", "EchoStream")
+    run = LAT_RUN
+    cases = [
+        lat_case(
+            "unary: bare sync server (4 threads)",
+            KiB,
+            lambda: sync_unary_echo(bare_sync.target, bare_grpc.ECHO, KiB, run),
+        ),
+        lat_case(
+            "unary: plugin server, 16 threads",
+            KiB,
+            lambda: sync_unary_echo(server.target, raw_echo, KiB, run),
+        ),
+        lat_case(
+            "unary: plugin server, 4 threads",
+            KiB,
+            lambda: sync_unary_echo(few.target, raw_echo, KiB, run),
+        ),
+        lat_case(
+            "stream: bare sync server (4 threads)",
+            KiB,
+            lambda: aio_stream_echo(bare_sync.target, bare_grpc.ECHO_STREAM, KiB, run),
+        ),
+        lat_case(
+            "stream: plugin server, 16 threads",
+            KiB,
+            lambda: aio_stream_echo(server.target, raw_stream, KiB, run),
+        ),
+        lat_case(
+            "stream: plugin server, 4 threads",
+            KiB,
+            lambda: aio_stream_echo(few.target, raw_stream, KiB, run),
+        ),
+    ]
+    return cases
+
+
+def group_gc(
+    stack: ExitStack,
+    fabric: Fabric,
+    env: dict[str, str] | None,
+    server: Any,
+    bare_sync: bare_grpc.BareServer,
+) -> list[Any]:
+    """1 KiB echo against the plugin's server with its cyclic GC as is, frozen after start-up
+    (``gc.freeze()``), and off; the bare sync server beside them."""
+    servers: list[tuple[str, Any]] = [("plugin server", server)]
+    for mode in ("freeze", "off"):
+        argv = [sys.executable, str(HERE / "patched_server.py"), "[]"]
+        argv += ["--fabric", fabric.name, "--exit-on-stdin-eof"]
+        genv = dict(env if env is not None else os.environ, TFGRPC_EXPERIMENT_GC=mode)
+        handle = ServerProcess(argv, fabric=fabric, name=f"server gc {mode}", env=genv)
+        stack.callback(handle.stop)
+        handle._wait_ready(30.0)
+        servers.append((f"plugin server, gc {mode}", handle))
+    raw_echo = transport.method("raw", "Echo")
+    raw_stream = transport.method("raw", "EchoStream")
+    cases = [
+        lat_case(
+            "unary: bare sync server",
+            KiB,
+            lambda: sync_unary_echo(bare_sync.target, bare_grpc.ECHO, KiB, LAT_RUN),
+        )
+    ]
+    for name, srv in servers:
+        cases.append(
+            lat_case(
+                f"unary: {name}",
+                KiB,
+                functools.partial(sync_unary_echo, srv.target, raw_echo, KiB, LAT_RUN),
+            )
+        )
+    cases.append(
+        lat_case(
+            "stream: bare sync server",
+            KiB,
+            lambda: aio_stream_echo(bare_sync.target, bare_grpc.ECHO_STREAM, KiB, LAT_RUN),
+        )
+    )
+    for name, srv in servers:
+        cases.append(
+            lat_case(
+                f"stream: {name}",
+                KiB,
+                functools.partial(aio_stream_echo, srv.target, raw_stream, KiB, LAT_RUN),
+            )
+        )
+    return cases
+
+
+GROUPS = ("gc", "server", "latency", "chunk", "window", "fresh", "wbuf", "inflight", "compression")
 
 
 def fmt(f: Figure) -> str:
@@ -584,6 +686,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 bare_aio = stack.enter_context(bare_grpc.BareServer(fabric.address, "aio", env=env))
                 cases = group_latency(server, bare_sync, bare_aio)
+            elif group == "gc":
+                bare_sync = stack.enter_context(
+                    bare_grpc.BareServer(fabric.address, "sync", env=env)
+                )
+                cases = group_gc(stack, fabric, env, server, bare_sync)
+            elif group == "server":
+                bare_sync = stack.enter_context(
+                    bare_grpc.BareServer(fabric.address, "sync", env=env)
+                )
+                cases = group_server(stack, fabric, env, server, bare_sync)
             elif group == "chunk":
                 cases = group_chunk(server, sizes)
             elif group == "window":

@@ -5,13 +5,16 @@
 
 The first argument is a JSON list of ``[name, value]`` pairs that replace or extend
 ``pytest_tfgrpc.transport.SERVER_OPTIONS`` (a pair whose value is null removes the option); the
-rest go to ``pytest_tfgrpc.server``. Nothing in ``src/`` is changed: the module attribute is
-replaced in this process only, before the server reads it.
+rest go to ``pytest_tfgrpc.server``. ``TFGRPC_EXPERIMENT_GC=freeze|off`` in the environment
+freezes or disables the cyclic garbage collector first. Nothing in ``src/`` is changed: the
+module attribute is replaced in this process only, before the server reads it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,6 +34,13 @@ def patched(
 
 
 def main() -> int:
+    # TFGRPC_EXPERIMENT_GC=freeze: move every object alive after start-up out of the cyclic
+    # collector's reach (gc.freeze); =off: no cyclic collection at all (gc.disable).
+    gc_mode = os.environ.get("TFGRPC_EXPERIMENT_GC", "")
+    if gc_mode == "freeze":
+        gc.freeze()
+    elif gc_mode == "off":
+        gc.disable()
     changes = json.loads(sys.argv[1])
     transport.SERVER_OPTIONS = patched(transport.SERVER_OPTIONS, changes)  # type: ignore[misc,assignment,unused-ignore]
     return server.main(sys.argv[2:])
