@@ -568,8 +568,18 @@ def environment(cfg: Config) -> dict[str, Any]:
             check=False,
             cwd=Path(__file__).resolve().parent,
         ).stdout.strip()
+        # Other work in the same checkout changes what is measured: name it with the commit.
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.splitlines()
     except OSError:
         commit = ""
+        dirty = []
     given = cfg.server_env if cfg.server_env is not None else dict(os.environ)
     return {
         "python": sys.version.split()[0],
@@ -590,6 +600,7 @@ def environment(cfg: Config) -> dict[str, Any]:
         "fabric": cfg.fabric.name,
         "address": cfg.fabric.address,
         "commit": commit,
+        "src_uncommitted": [line.strip() for line in dirty],
     }
 
 

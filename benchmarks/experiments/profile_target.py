@@ -3,7 +3,8 @@
     python benchmarks/experiments/profile_target.py WHAT SECONDS PIDFILE
 
 ``WHAT``: ``unary`` / ``stream`` (1 KiB raw echo, the p2p_latency loops) or
-``push-raw-4MiB``, ``push-protobuf-64MiB`` ... (the p2p_bandwidth stream push). The plugin's
+``push-raw-4MiB``, ``push-protobuf-64MiB`` ... (the p2p_bandwidth stream push), or
+``floor-4MiB`` (the raw-TCP push+ack floor, for its CPU per tensor). The plugin's
 server is started with the tuned allocator environment; its pid is written to ``PIDFILE`` and
 the loop starts one second later, so a profiler can attach to the server first. Every loop is
 bounded by ``SECONDS`` and by a count.
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_tfgrpc import tuning
+from pytest_tfgrpc import floor, tuning
 from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency
 from pytest_tfgrpc.fabric import resolve_fabric
 from pytest_tfgrpc.process import ServerProcess
@@ -54,9 +55,44 @@ def _per_op(before: dict[str, int], after: dict[str, int], count: int) -> str:
     return ", ".join(f"{name} {ns / count / 1e3:.0f}" for name, ns in top if ns > 0)
 
 
+def floor_push(size: int, seconds: float, pidfile: Path, env: dict[str, str] | None) -> int:
+    """The raw-TCP floor's push+ack loop, with the same CPU accounting as the plugin's."""
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        server = floor.FloorServer("127.0.0.1").start().ready()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        pidfile.write_text(str(server.pid))
+        time.sleep(1.0)
+        cpu0 = cpu_ns(os.getpid()), cpu_ns(server.pid)
+        t0 = time.monotonic()
+        host, port = server.address
+        samples = floor.tcp_push_ack(
+            host, port, size, iterations=100_000, warmup=2, max_seconds=seconds
+        )
+        wall = time.monotonic() - t0
+        count = len(samples)
+        client_cpu = cpu_ns(os.getpid()) - cpu0[0]
+        server_cpu = cpu_ns(server.pid) - cpu0[1]
+        median = float(sorted(samples)[count // 2])
+        print(f"floor push+ack {size} B: {count} tensors, {size / median:.3f} GB/s at the median")
+        print(
+            f"CPU per operation: client {client_cpu / count / 1e3:.0f} us, server "
+            f"{server_cpu / count / 1e3:.0f} us; wall per operation {wall * 1e6 / count:.0f} us"
+        )
+    finally:
+        server.stop()
+    return 0
+
+
 def main() -> int:
     what, seconds, pidfile = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3])
     env = tuning.apply_policy("tuned")
+    if what.startswith("floor-"):
+        return floor_push(parse_sizes(what.split("-")[1])[0], seconds, pidfile, env)
     with ServerProcess.start(resolve_fabric("lo"), env=env) as server:
         pidfile.write_text(str(server.pid))
         time.sleep(1.0)
