@@ -4,11 +4,12 @@
         [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1] [--json out.json]
 
 For every (PS, workers) a fresh cluster starts on the fabric; ``sync_sgd_step(model=True)``
-fits the link and host on PS 0 (1-2 s: P2P sweep, the step's exchange at three generic shard
-layouts, numpy costs, the cores at hand) and predicts the step from that fit alone, then
+fits the link and host on PS 0 (1-2 s: P2P sweep, the step's exchange at four generic shard
+layouts, numpy costs, the other sessions' load) and predicts the step from that fit alone, then
 measures the steps. The table shows the prediction, the measured step p50, the error, which
-term of the model limits the step, the cores the fit found and the 1-minute load average
-(the machine is shared: other processes' load changes what the cluster gets).
+term of the model limits the step, the other sessions' load the probes found, the prediction
+and its error without that load (as if the cluster had the machine alone), and the 1-minute
+load average (the machine is shared: other processes' load changes what the cluster gets).
 
 Nothing here asserts: the rows and the count within +-25% are printed.
 """
@@ -21,12 +22,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pytest_tfgrpc.bench.ps import sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.fabric import resolve_fabric
+from pytest_tfgrpc.model import predict_step
 from pytest_tfgrpc.profiles import load_profile
 from pytest_tfgrpc.topology import SHARDINGS, Topology
 
@@ -42,6 +44,9 @@ class Row:
     error_pct: float
     limit: str
     cores: float | None
+    other_load: float
+    predicted_idle_ms: float
+    error_idle_pct: float
     chain_ms: float
     shared_ms: float
     link_ms: float
@@ -71,6 +76,14 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
     point = result.sizes[0]
     measured = point.summary.p50_ns / 1e6
     predicted = prediction.iter_s * 1e3
+    idle = predict_step(
+        profile,
+        prediction.topology,
+        prediction.link,
+        host=replace(prediction.host, load=0.0),
+        chunk_bytes=int(result.settings["chunk_bytes"]),
+        partition_bytes=int(result.settings["partition_bytes"]),
+    )
     return Row(
         ps=ps,
         workers=workers,
@@ -79,6 +92,9 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
         error_pct=100 * (predicted - measured) / measured,
         limit=prediction.limit,
         cores=prediction.host.cores,
+        other_load=prediction.host.load,
+        predicted_idle_ms=idle.iter_s * 1e3,
+        error_idle_pct=100 * (idle.iter_s * 1e3 - measured) / measured,
         chain_ms=prediction.chain_s * 1e3,
         shared_ms=prediction.shared_s * 1e3,
         link_ms=prediction.link_s * 1e3,
@@ -88,8 +104,11 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
 
 
 def _table(rows: Sequence[Row]) -> str:
-    header = ("workers", "ps", "predicted", "measured p50", "error", "limit", "cores", "load")
-    lines = [header]
+    header = (
+        *("workers", "ps", "predicted", "measured p50", "error", "limit", "others"),
+        *("if alone", "error", "loadavg"),
+    )
+    lines: list[tuple[str, ...]] = [header]
     for r in rows:
         lines.append(
             (
@@ -99,7 +118,9 @@ def _table(rows: Sequence[Row]) -> str:
                 f"{r.measured_p50_ms:.1f} ms",
                 f"{r.error_pct:+.0f}%",
                 r.limit,
-                f"{r.cores:.2f}" if r.cores is not None else "-",
+                f"{r.other_load:.1f}",
+                f"{r.predicted_idle_ms:.1f} ms",
+                f"{r.error_idle_pct:+.0f}%",
                 f"{r.load_1min:.2f}",
             )
         )
@@ -131,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(_table(rows).splitlines()[-1], file=sys.stderr, flush=True)
     load_end = os.getloadavg()
     within = sum(abs(r.error_pct) <= 100 * TOLERANCE for r in rows)
+    within_idle = sum(abs(r.error_idle_pct) <= 100 * TOLERANCE for r in rows)
     print(
         f"{args.profile}, sharding {args.sharding}, fabric {args.fabric}, "
         f"{os.cpu_count()} CPUs; load average (1, 5, 15 min) "
@@ -139,7 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{time.perf_counter() - started:.0f} s\n"
     )
     print(_table(rows))
-    print(f"\n{within} of {len(rows)} rows within +-{TOLERANCE:.0%}")
+    print(
+        f"\n{within} of {len(rows)} rows within +-{TOLERANCE:.0%}; "
+        f"{within_idle} if the other sessions' load is left out"
+    )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(

@@ -8,6 +8,7 @@ anything was.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +23,7 @@ from pytest_tfgrpc.bench.fit import (
     measure_cores,
     measure_fit,
     measure_numpy_costs,
+    other_load,
     sweep_sizes,
 )
 from pytest_tfgrpc.bench.ps import sync_sgd_step
@@ -46,7 +48,7 @@ def test_sweep_sizes_span_the_placement() -> None:
     capped = sweep_sizes(placement, chunk_bytes=1 << 20, largest=1 << 20)
     assert capped[-1] == 1 << 20
     tiny = sweep_sizes(place([("a", 8)], 1, "greedy"))
-    assert len(tiny) >= 2 and tiny[-1] >= 16 * tiny[0]
+    assert len(tiny) >= 2 and tiny[-1] == 1 << 20  # bytes must show in the largest push
     with pytest.raises(ValueError, match="count=1"):
         sweep_sizes(placement, count=1)
 
@@ -119,6 +121,15 @@ def test_numpy_costs_and_cores_are_measured() -> None:
         measure_cores(seconds=0)
 
 
+def test_other_load_follows_fair_sharing() -> None:
+    assert other_load(2.0, 4, 2) == 0.0  # all the CPUs: nobody else
+    assert other_load(1.0, 1, 2) == 0.0  # all one session can use
+    assert other_load(1.0, 2, 2) == pytest.approx(2.0)  # half the share: as many others
+    assert other_load(0.5, 4, 2) == pytest.approx(12.0)  # 2 / (4 + 12) each
+    with pytest.raises(ValueError, match="got=0"):
+        other_load(0.0, 2, 2)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PSCluster]:
     with PSCluster(resolve_fabric("lo"), Topology(ps=1, workers=1, sharding="greedy")) as c:
@@ -131,7 +142,7 @@ def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
         cluster,
         placement,
         chunk_bytes=4096,
-        cores=2.0,
+        load=0.5,
         latency_run=SHORT,
         bandwidth_run=SHORT,
         exchange_run=SHORT,
@@ -149,7 +160,8 @@ def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
         assert x.messages == 2 * x.shards * max(1, -(-x.shard_bytes // 4096)) + 1
         assert x.worker_s > 0 and x.ps_s > 0 and x.wall_s > 0
     host = machine.host
-    assert host.cores == 2.0 and 0 <= host.overlap <= 1
+    assert host.cores == len(os.sched_getaffinity(0)) and host.load == 0.5
+    assert 0 <= host.overlap <= 1
     for cost in (host.worker, host.ps):
         assert all(math.isfinite(v) and v >= 0 for v in (cost.rpc_s, cost.message_s, cost.byte_s))
     assert host.aggregate_byte_s > 0 and host.update_byte_s > 0

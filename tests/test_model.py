@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from pytest_tfgrpc.model import (
     prediction_properties,
     project,
     relative_error,
+    sharing_makespan,
 )
 from pytest_tfgrpc.model_cli import link_points_from_junit, link_points_from_results, main
 from pytest_tfgrpc.profiles import Profile, load_profile
@@ -310,26 +312,46 @@ def test_host_terms_follow_the_formulas() -> None:
     assert step.ps_cpu_s == pytest.approx((3 * x_ps[0] + 1.8e-3, 3 * x_ps[1] + 2.4e-3))
     assert step.worker_cpu_s == pytest.approx((2e-3 + 5e-4 + 1.2e-3) + (2e-3 + 3e-4 + 1.6e-3))
     assert step.chain_s == pytest.approx(7.6e-3 + 28.2e-3 - 0.5 * 7.6e-3)
-    assert step.shared_s == pytest.approx((25.8e-3 + 28.2e-3 + 3 * 7.6e-3) / 1.5)
+    # 5 tasks on 1.5 cores: the 3 workers (7.6 ms each) finish at 0.3 core each, then the
+    # PS tasks share the 1.5 cores (0.75 each), then PS 1 runs alone.
+    shared = 7.6e-3 / 0.3 + (25.8e-3 - 7.6e-3) / 0.75 + (28.2e-3 - 25.8e-3)
+    assert step.shared_s == pytest.approx(shared) == pytest.approx(52.0e-3)
+    assert step.shared_s >= (25.8e-3 + 28.2e-3 + 3 * 7.6e-3) / 1.5
     assert step.link_s == pytest.approx(15.6e-3)  # the link alone, as without host costs
-    assert step.limit == "cores" and step.comm_s == pytest.approx(51.2e-3)
+    assert step.limit == "cores" and step.comm_s == pytest.approx(52.0e-3)
     assert step.bottleneck_ps == 1  # by CPU, though PS 0's link is the busier one
     alone = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, cores=None))
     assert (alone.limit, alone.shared_s) == ("chain", 0.0)
     assert alone.comm_s == pytest.approx(32.0e-3)
+    # Others' load: a lone task gets 1.5 / (1 + 1.5) of a core, and the chain slows with it.
+    busy = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, load=1.5))
+    assert busy.chain_s == pytest.approx(32.0e-3 / 0.6)
+    assert busy.shared_s > step.shared_s
+
+
+def test_sharing_makespan() -> None:
+    def on(cores: float) -> Callable[[int], float]:
+        return lambda k: min(1.0, cores / k)
+
+    assert sharing_makespan([3.0, 1.0], on(2)) == pytest.approx(3.0)  # one core each
+    assert sharing_makespan([1.0, 1.0, 1.0, 1.0], on(2)) == pytest.approx(2.0)  # sum / cores
+    assert sharing_makespan([1.0, 3.0], on(1)) == pytest.approx(1 / 0.5 + 2.0)
+    assert sharing_makespan([0.0, 2.0], on(1)) == pytest.approx(2.0)
+    assert sharing_makespan([], on(1)) == 0.0
 
 
 def test_every_limit_can_win_and_the_chain_covers_each_process() -> None:
     cheap = CpuCost(0.0, 0.0, 0.0)
-    hosts = {
-        "ps link": HostCosts(cheap, cheap),
-        "chain": HostCosts(CpuCost(0.1, 0, 0), CpuCost(0.1, 0, 0)),
-        "cores": HostCosts(CpuCost(0.1, 0, 0), CpuCost(0.1, 0, 0), cores=0.1),
+    call = CpuCost(0.1, 0, 0)
+    cases = {
+        "ps link": (HostCosts(cheap, cheap), Topology(1, 1)),
+        "worker link": (None, Topology(2, 1)),
+        "chain": (HostCosts(call, call), Topology(1, 1)),
+        "cores": (HostCosts(call, call, cores=1.0), Topology(1, 4)),
     }
-    for limit, host in hosts.items():
-        assert predict_step(SMALL, Topology(1, 1), SLOW_LINK, host=host).limit == limit
-    assert predict_step(SMALL, Topology(2, 1), SLOW_LINK).limit == "worker link"
-    assert set(hosts) | {"worker link"} == set(LIMITS)
+    for limit, (host, topology) in cases.items():
+        assert predict_step(SMALL, topology, SLOW_LINK, host=host).limit == limit
+    assert set(cases) == set(LIMITS)
     for overlap in (0.0, 0.5, 1.0):
         for workers in (1, 4):
             step = predict_step(
@@ -355,6 +377,7 @@ def test_streamed_steps_count_slices_as_messages_and_calls_on_the_link() -> None
         ({"cores": 0.0}, "cores=0.0"),
         ({"overlap": 1.5}, "overlap=1.5"),
         ({"update_byte_s": -1.0}, "update_byte_s=-1.0"),
+        ({"load": -0.5}, "load=-0.5"),
     ],
 )
 def test_host_costs_reject_bad_values(kwargs: dict[str, Any], message: str) -> None:
@@ -373,14 +396,16 @@ def test_prediction_properties_with_host_key_and_error() -> None:
     assert all(name.startswith(prefix) for name in props)
     assert props[prefix + "limit"] == "cores"
     assert float(props[prefix + "cores"]) == 1.5
-    assert float(props[prefix + "shared_us"]) == pytest.approx(51200)
+    assert float(props[prefix + "shared_us"]) == pytest.approx(52000)
+    assert float(props[prefix + "load"]) == 0.0
     assert float(props[prefix + "chain_us"]) == pytest.approx(32000)
-    assert float(props[prefix + "error_pct"]) == pytest.approx(100 * (51.2 - 40) / 40)
+    assert float(props[prefix + "error_pct"]) == pytest.approx(100 * (52.0 - 40) / 40)
     assert relative_error(0.03, 0.04) == pytest.approx(-0.25)
     with pytest.raises(ValueError, match="measured_s=0"):
         relative_error(0.03, 0)
     text = project(SMALL, SLOW_LINK, workers=[1, 3], ps=[2], host=HOST).describe()
-    assert "ps 2.00ms/call" in text and "1.5 cores shared" in text and "overlap 50%" in text
+    assert "ps 2.00ms/call" in text and "overlap 50%" in text
+    assert "1.5 cores shared with 0 other sessions" in text
 
 
 # --- projections: ResNet-50 on a Cori-like link ------------------------------------------------

@@ -38,8 +38,8 @@ receives; ``k_p`` is the number of stream messages (chunks) each way between a w
     x_ps(p)    = ps.time(2, 2 k_p + 1, 2 B_p) + B_p * aggregate   a worker's exchange, at PS p
     cpu_ps(p)  = W * x_ps(p) + B_p * update                      PS p per step (one GIL)
     cpu_worker = sum_p worker.time(2, 2 k_p + 1, 2 B_p)          a worker per step
-    chain      = cpu_worker + max_p cpu_ps(p) - v * min(cpu_worker, max_p x_ps(p))
-    shared     = (sum_p cpu_ps(p) + W * cpu_worker) / cores      every task on ``cores`` cores
+    chain      = (cpu_worker + max_p cpu_ps(p) - v * min(cpu_worker, max_p x_ps(p))) / rate(1)
+    shared     = ps_makespan(cpu_ps(0..P-1), W times cpu_worker; rate)
     t_comm     = max(link's t_comm, chain, shared)
 
 ``chain``: a worker's push must be made before a PS can sum it, and the PS must have summed
@@ -47,14 +47,20 @@ every worker's push and served the pulls before the last worker has its weights,
 worker's and the busiest PS's work of a step mostly follow each other; streaming lets one
 exchange's ends overlap by the measured fraction ``v`` of the smaller end's work. As
 ``v <= 1``, ``chain`` is never below ``cpu_worker`` nor ``max_p cpu_ps(p)``, the floors each
-process's own work sets. ``shared`` applies only when ``cores`` is given (every task on one
-machine).
+process's own work sets.
+
+``shared`` applies when the tasks share ``cores`` CPUs (one machine) with ``load`` other
+runnable sessions: Linux shares CPU fairly between sessions, and a task's Python runs on one
+core at most, so with ``k`` of the cluster's tasks runnable each runs at ``rate(k) = min(1,
+cores / (k + load))``. ``ps_makespan`` is the time to finish every task's work of a step under
+that processor sharing (:func:`sharing_makespan`); it is never below ``sum(work) / cores``
+nor below the largest work. A chain's processes mostly run one at a time, at ``rate(1)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +87,7 @@ __all__ = [
     "prediction_properties",
     "project",
     "relative_error",
+    "sharing_makespan",
 ]
 
 DEFAULT_WORKERS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -304,8 +311,9 @@ class HostCosts:
     ``worker`` and ``ps`` are the transport's costs in a worker and in a PS process.
     ``aggregate_byte_s`` is a PS's cost per byte of adding one worker's gradient into its
     accumulator, ``update_byte_s`` its cost per byte owned of applying the step's update and
-    keeping the new weights to serve. ``cores``: the cores that every task of the cluster
-    shares (one machine), or None when each task has a host of its own. ``overlap``: the
+    keeping the new weights to serve. ``cores``: the CPUs that every task of the cluster
+    shares (one machine), or None when each task has a host of its own; ``load``: how many
+    other sessions compete for them, runnable on average. ``overlap``: the
     fraction of the smaller end's CPU work in one exchange that runs while the other end
     works (streamed messages let a PS sum one slice while the worker sends the next).
     """
@@ -316,6 +324,7 @@ class HostCosts:
     update_byte_s: float = 0.0
     cores: float | None = None
     overlap: float = 0.0
+    load: float = 0.0
 
     def __post_init__(self) -> None:
         _check_seconds("aggregate_byte_s", self.aggregate_byte_s)
@@ -323,6 +332,15 @@ class HostCosts:
         _check_fraction("overlap", self.overlap)
         if self.cores is not None and not (math.isfinite(self.cores) and self.cores > 0):
             raise ValueError(f"cores={self.cores!r}: must be a finite number > 0, or None")
+        if not (math.isfinite(self.load) and self.load >= 0):
+            raise ValueError(f"load={self.load!r}: must be a finite number of sessions >= 0")
+
+    def rate(self, runnable: int) -> float:
+        """The share of a core each of ``runnable`` tasks gets: ``min(1, cores / (runnable +
+        load))``; 1.0 when each task has a host of its own."""
+        if self.cores is None:
+            return 1.0
+        return min(1.0, self.cores / (max(1, runnable) + self.load))
 
     def describe(self) -> str:
         """One line: the per-call, per-message and per-byte costs, and the shared cores."""
@@ -343,7 +361,7 @@ class HostCosts:
         if self.overlap > 0:
             text += f"; the ends of an exchange overlap {self.overlap:.0%}"
         if self.cores is not None:
-            text += f"; {self.cores:.2g} cores shared"
+            text += f"; {self.cores:.3g} cores shared with {self.load:.2g} other sessions"
         return text
 
 
@@ -370,9 +388,9 @@ class StepPrediction:
     With ``host`` costs: ``ps_cpu_s[p]``, ``worker_cpu_s``, ``chain_s`` and ``shared_s`` as in
     the module docstring (all 0.0 without ``host``; ``shared_s`` also without its cores).
     ``comm_s`` is the largest of the busiest PS link, the worker link, ``chain_s`` and
-    ``shared_s``; ``limit`` says which (one of :data:`LIMITS`). ``iter_s`` and ``efficiency`` are as in the module docstring;
-    ``efficiency`` is None when no compute time was given. ``imbalance`` is the placement's
-    busiest PS bytes over the mean.
+    ``shared_s``; ``limit`` says which (one of :data:`LIMITS`). ``iter_s`` and ``efficiency``
+    are as in the module docstring; ``efficiency`` is None when no compute time was given.
+    ``imbalance`` is the placement's busiest PS bytes over the mean.
     """
 
     profile: str
@@ -454,9 +472,9 @@ def _step(
             host.worker.time(2, 2 * m + 1, 2 * b) for b, m in zip(owned, messages, strict=True)
         )
         hidden = host.overlap * min(worker_cpu, max(exchange))
-        chain = worker_cpu + max(ps_cpu) - hidden
+        chain = (worker_cpu + max(ps_cpu) - hidden) / host.rate(1)
         if host.cores is not None:
-            shared = (sum(ps_cpu) + workers * worker_cpu) / host.cores
+            shared = sharing_makespan([*ps_cpu, *[worker_cpu] * workers], host.rate)
         terms |= {"chain": chain, "cores": shared}
         if max(ps_cpu) > ps_link[busiest]:
             busiest = max(range(placement.ps), key=ps_cpu.__getitem__)
@@ -492,6 +510,21 @@ def _step(
         shared_s=shared,
         limit=limit,
     )
+
+
+def sharing_makespan(work: Sequence[float], rate: Callable[[int], float]) -> float:
+    """Seconds until every task has done its ``work`` (seconds of one core), when each of the
+    ``k`` tasks still running progresses at ``rate(k)`` (egalitarian processor sharing).
+
+    The smallest work finishes first; then the others share what it leaves. With ``rate(k) =
+    min(1, cores / k)`` this is at least ``max(work)`` and ``sum(work) / cores``.
+    """
+    elapsed = done = 0.0
+    remaining = sorted(w for w in work if w > 0)
+    for index, amount in enumerate(remaining):
+        elapsed += (amount - done) / rate(len(remaining) - index)
+        done = amount
+    return elapsed
 
 
 def _check_step_inputs(
@@ -564,7 +597,7 @@ def prediction_properties(
     measured point's ``key``, for ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
     ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps``; with host
     costs ``link_us``, ``chain_us``, ``ps_cpu_us``, ``worker_cpu_us`` and, with cores,
-    ``cores`` and ``shared_us``; with a compute time, ``efficiency``; with ``measured_s``
+    ``cores``, ``load`` and ``shared_us``; with a compute time, ``efficiency``; with ``measured_s``
     (the measured step's median, in seconds), ``error_pct``: ``100 * (step - measured) /
     measured``.
     """
@@ -589,7 +622,8 @@ def prediction_properties(
             ("worker_cpu_us", repr(prediction.worker_cpu_s * 1e6)),
         ]
         if host.cores is not None:
-            pairs += [("cores", repr(host.cores)), ("shared_us", repr(prediction.shared_s * 1e6))]
+            pairs += [("cores", repr(host.cores)), ("load", repr(host.load))]
+            pairs.append(("shared_us", repr(prediction.shared_s * 1e6)))
     if prediction.efficiency is not None:
         pairs.append(("efficiency", repr(prediction.efficiency)))
     if measured_s is not None:

@@ -15,7 +15,8 @@ needs to predict a sync-SGD step on the machine at hand:
   worker's gradient into an accumulator (``W`` times a step) and applying the update (once
   a step); a one-worker exchange includes each once, so they are taken off its PS time;
 * how much of one exchange's work its two ends do at the same time (:func:`exchange_overlap`);
-* the cores the cluster can have now (:func:`measure_cores`): the machine may be shared.
+* the load of other sessions on the machine's CPUs (:func:`measure_load`): the machine may be
+  shared, and a cluster's tasks get only their fair share of it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ __all__ = [
     "measure_cores",
     "measure_exchanges",
     "measure_fit",
+    "measure_load",
     "measure_numpy_costs",
+    "other_load",
     "sweep_sizes",
 ]
 
@@ -69,6 +72,7 @@ LATENCY_SIZES = (64, 1024)
 #: The sweep's largest push: the per-byte costs are linear, and larger pushes cost time.
 MAX_SWEEP_BYTES = 8 << 20
 MIN_SWEEP_BYTES = 64
+MIN_LARGEST_PUSH = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def sweep_sizes(
     largest: int = MAX_SWEEP_BYTES,
 ) -> tuple[int, ...]:
     """``count`` push sizes, geometric from the placement's smallest message (a shard, or a
-    ``chunk_bytes`` slice of one) to the most bytes one PS owns, capped at ``largest``.
+    ``chunk_bytes`` slice of one) to the most bytes one PS owns (at least 1 MiB), capped at
+    ``largest``.
 
     Sizes are multiples of 4 bytes (float32) and at least 64 bytes; there are always at
     least two distinct sizes, which an alpha-beta fit needs.
@@ -107,7 +112,9 @@ def sweep_sizes(
     messages = [min(s.nbytes, chunk_bytes) for s in placement.shards if s.nbytes > 0]
     low = max(MIN_SWEEP_BYTES, min(messages, default=MIN_SWEEP_BYTES))
     high = min(largest, max(owned, default=low))
-    high = max(high, 16 * low)  # a span wide enough to tell bytes from messages
+    # Wide enough that bytes, not messages, cost the largest pushes' time, however small the
+    # profile: else noise on a loaded machine can leave no bandwidth to fit.
+    high = max(high, 16 * low, min(largest, MIN_LARGEST_PUSH))
     sizes = {
         max(MIN_SWEEP_BYTES, round(low * (high / low) ** (i / (count - 1)) / 4) * 4)
         for i in range(count)
@@ -415,20 +422,38 @@ def measure_cores(
     return min(float(width), float(_available_cpus()), max(used / seconds, 1e-3))
 
 
+def other_load(got: float, sessions: int, cpus: float) -> float:
+    """Other runnable sessions, from the ``got`` cores ``sessions`` busy sessions had on
+    ``cpus`` CPUs: with fair sharing each had ``cpus / (sessions + load)`` of a core, so
+    ``load = sessions * cpus / got - sessions``; 0 when they had all they could use."""
+    if not got > 0 or sessions < 1 or not cpus > 0:
+        raise ValueError(f"got={got!r} cores for {sessions} sessions on {cpus} CPUs")
+    if got >= min(sessions, cpus) * 0.999:
+        return 0.0
+    return max(0.0, sessions * cpus / got - sessions)
+
+
+def measure_load(sessions: int, seconds: float = 0.25) -> float:
+    """Other runnable sessions now, as :func:`other_load` infers them from ``sessions`` busy
+    processes (:func:`measure_cores`)."""
+    return other_load(measure_cores(seconds, sessions), sessions, _available_cpus())
+
+
 def measure_fit(
     cluster: PSCluster,
     placement: Placement,
     *,
     chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
-    cores: float | None = None,
+    load: float | None = None,
     latency_run: RunSpec = FIT_LATENCY_RUN,
     bandwidth_run: RunSpec = FIT_BANDWIDTH_RUN,
     exchange_run: RunSpec = FIT_EXCHANGE_RUN,
 ) -> MachineFit:
     """Fit the link and the host costs for a step of ``placement`` on ``cluster``, on PS 0.
 
-    Streams travel in slices of ``chunk_bytes``, as the step's do. ``cores``: the cores the
-    cluster's tasks share; None measures them (:func:`measure_cores`). Every size and layout
+    Streams travel in slices of ``chunk_bytes``, as the step's do. The cluster's tasks share
+    this machine's usable CPUs with ``load`` other runnable sessions; None measures it with
+    as many busy sessions as the cluster has tasks (:func:`measure_load`). Every size and layout
     is bounded by its run spec; with the defaults the fit takes 1-2 s. PS 0 is left with the
     fit's last job: a benchmark configures its own.
     """
@@ -452,7 +477,9 @@ def measure_fit(
     largest = max(x.nbytes // 2 for x in exchanges)
     aggregate, update = measure_numpy_costs(largest)
     worker, ps = exchange_costs(exchanges, aggregate, update)
-    if cores is None:
-        cores = measure_cores()
-    host = HostCosts(worker, ps, aggregate, update, cores, exchange_overlap(exchanges))
+    if load is None:
+        topology = cluster.topology
+        load = measure_load(topology.ps + topology.workers)
+    cpus = float(_available_cpus())
+    host = HostCosts(worker, ps, aggregate, update, cpus, exchange_overlap(exchanges), load)
     return MachineFit(link, host, (echoes, pushes), exchanges, time.perf_counter() - start)

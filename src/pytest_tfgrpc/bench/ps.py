@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from pytest_tfgrpc import transport
 from pytest_tfgrpc._proto import service_pb2
-from pytest_tfgrpc.bench.fit import MachineFit, measure_cores, measure_fit
+from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.client import BenchmarkError
 from pytest_tfgrpc.cluster import PSCluster
@@ -400,8 +400,8 @@ def sync_sgd_step(
     :func:`~pytest_tfgrpc.ps_service.check_gradient`) so :func:`fetch_weights` can be compared
     with a numpy computation of the same steps. ``model=True`` first fits the link and the
     host on PS 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 1-2 s) and the result carries
-    the model's prediction of the step (:attr:`PSResult.prediction`), with the cores the
-    steps had taken as the mean of a probe before and one after them.
+    the model's prediction of the step (:attr:`PSResult.prediction`), with the other
+    sessions' load on the machine taken as the mean of a probe before and one after them.
     """
     if chunk_bytes < 64 or chunk_bytes % 4:
         raise ValueError(f"chunk_bytes={chunk_bytes}: a multiple of 4 bytes, at least 64")
@@ -414,9 +414,7 @@ def sync_sgd_step(
     shards = [placement.shards_of(ps) for ps in range(topology.ps)]
     machine: MachineFit | None = None
     if model:
-        width = topology.ps + topology.workers
-        cores = measure_cores(processes=width)
-        machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes, cores=cores)
+        machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
     cluster.configure(
         [
             service_pb2.PSJob(
@@ -456,11 +454,11 @@ def sync_sgd_step(
     stats = cluster.job_stats()
     prediction = None
     if machine is not None:
-        # The machine is shared: the cores the steps had are taken as the mean of what a
-        # probe as wide as the cluster found before them (in the fit) and finds after them.
-        width = topology.ps + topology.workers
-        before = machine.host.cores if machine.host.cores is not None else measure_cores()
-        host = replace(machine.host, cores=(before + measure_cores(processes=width)) / 2)
+        # The machine is shared and its load moves: the other sessions' load during the
+        # steps is taken as the mean of what a probe found before them (in the fit) and
+        # finds after them.
+        after = measure_load(topology.ps + topology.workers)
+        host = replace(machine.host, load=(machine.host.load + after) / 2)
         prediction = predict_step(
             profile,
             topology,
