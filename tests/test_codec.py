@@ -102,5 +102,9 @@ def test_chunks_concatenate_to_the_encoded_tensor(chunk_bytes: int, nbytes: int)
     content = bytes(np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8))
     chunks = codec.encode_tensor_chunks(content, "uint8", (nbytes,), chunk_bytes)
     datas = [service_pb2.TensorChunk.FromString(chunk).data for chunk in chunks]
-    assert all(len(data) == chunk_bytes for data in datas[:-1])
+    header = len(codec.encode_header("uint8", (nbytes,), nbytes))
+    # the header rides on the first slice: as many messages as raw slices of the content
+    assert len(chunks) == max(1, -(-nbytes // chunk_bytes))
+    assert all(len(data) == chunk_bytes for data in datas[1:-1])
+    assert len(datas[0]) == header + min(nbytes, chunk_bytes)
     assert b"".join(datas) == codec.encode_tensor(content, "uint8", (nbytes,))

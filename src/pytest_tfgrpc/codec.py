@@ -241,27 +241,43 @@ def encode_chunk(data: bytes | memoryview) -> bytes:
     return b"".join((_field(1, _WIRE_LEN), varint(len(data)), data))
 
 
+class ChunkedTensor:
+    """A tensor to stream as ``TensorChunk`` messages: one encoded TensorProto in slices.
+
+    The content slices are wrapped once, when the tensor is made, as TensorFlow's send path
+    hands gRPC the tensor's existing buffer; :meth:`chunks` encodes the TensorProto header
+    for every message sent and puts it in front of the first slice. The slices' data,
+    concatenated, is exactly ``encode_tensor(content, dtype, shape)``; the header rides on
+    top of the first slice, so a tensor takes as many messages as its raw slices do.
+    """
+
+    def __init__(
+        self, content: bytes | memoryview, dtype: str, shape: tuple[int, ...], chunk_bytes: int
+    ) -> None:
+        view = memoryview(content)
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = len(view)
+        self._first = view[:chunk_bytes]
+        self._rest = [
+            encode_chunk(view[start : start + chunk_bytes])
+            for start in range(chunk_bytes, len(view), chunk_bytes)
+        ]
+
+    def chunks(self) -> list[bytes]:
+        """The messages of one send: the header is encoded now."""
+        header = encode_header(self.dtype, self.shape, self.nbytes)
+        size = len(header) + len(self._first)
+        first = b"".join((_field(1, _WIRE_LEN), varint(size), header, self._first))
+        return [first, *self._rest]
+
+
 def encode_tensor_chunks(
     content: bytes | memoryview, dtype: str, shape: tuple[int, ...], chunk_bytes: int
 ) -> list[bytes]:
-    """One TensorProto encoded straight into ``TensorChunk`` messages of ``chunk_bytes``.
-
-    The chunks' data, concatenated, is exactly ``encode_tensor(content, dtype, shape)``, but
-    the whole message is never built: each byte of content is copied once, into its chunk.
-    """
-    header = encode_header(dtype, shape, len(content))
-    view = memoryview(content)
-    total = len(header) + len(view)
-    chunks = []
-    for start in range(0, total, chunk_bytes):
-        end = min(start + chunk_bytes, total)
-        parts: list[bytes | memoryview] = [_field(1, _WIRE_LEN), varint(end - start)]
-        if start < len(header):
-            parts.append(header[start : min(end, len(header))])
-        if end > len(header):
-            parts.append(view[max(start - len(header), 0) : end - len(header)])
-        chunks.append(b"".join(parts))
-    return chunks
+    """One TensorProto encoded straight into ``TensorChunk`` messages (see
+    :class:`ChunkedTensor`): each content byte is copied once, into its chunk."""
+    return ChunkedTensor(content, dtype, shape, chunk_bytes).chunks()
 
 
 def chunk_data(message: bytes) -> memoryview:

@@ -6,7 +6,7 @@ options, and a function that records properties on the test.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
@@ -46,6 +46,7 @@ class Driver:
         options: RunOverrides,
         record: Recorder,
         progress: Callable[[str], None] | None = None,
+        server_env: Mapping[str, str] | None = None,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -53,6 +54,7 @@ class Driver:
         self._options = options
         self._record = record
         self._progress = progress
+        self._server_env = server_env
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -132,7 +134,7 @@ class Driver:
         self, result: BenchmarkResult, server: Server, run: RunSpec, floor: bool
     ) -> BenchmarkResult:
         if floor:
-            self.record(transport_floor(server.fabric, result, run))
+            self.record(transport_floor(server.fabric, result, run, env=self._server_env))
         return result
 
     def p2p_bandwidth(

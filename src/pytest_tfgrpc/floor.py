@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO
@@ -233,7 +233,15 @@ class FloorServer:
     watches its stdin).
     """
 
-    def __init__(self, host: str, port: int = 0, *, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.env = dict(env) if env is not None else None
         self.host = host
         self.requested_port = port
         self.python = python
@@ -279,6 +287,7 @@ class FloorServer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
+            env=self.env,
         )
         self._finalizer = weakref.finalize(self, _terminate, self._proc, 5.0)
         return self

@@ -573,6 +573,7 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         options=session.options,
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
+        server_env=session.server_env,
     )
 
 

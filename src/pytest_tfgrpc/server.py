@@ -14,6 +14,7 @@ protobuf's generated (de)serializers.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -282,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     server, target = build_server(
         fabric.host, args.port, fabric.name, workers=args.workers, delay_s=delay_s
     )
+    # Everything allocated so far lives as long as the server: keep the cyclic collector
+    # from walking it again and again while it serves (a few percent of a 1 KiB echo).
+    gc.freeze()
     server.start()
     done = threading.Event()
     if args.exit_on_stdin_eof:

@@ -7,6 +7,7 @@ sizes for latency, a push with one acknowledgement per tensor for bandwidth.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -17,8 +18,15 @@ from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 FLOOR_SUFFIX = "_floor"
 
 
-def transport_floor(fabric: Fabric, result: BenchmarkResult, run: RunSpec) -> BenchmarkResult:
-    """Measure the raw-TCP floor of every size of ``result`` on ``fabric``.
+def transport_floor(
+    fabric: Fabric,
+    result: BenchmarkResult,
+    run: RunSpec,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> BenchmarkResult:
+    """Measure the raw-TCP floor of every size of ``result`` on ``fabric``; ``env`` is the
+    floor server's environment (the servers' allocator settings, to compare like with like).
 
     The result is labelled ``<label>_floor``; its ``elapsed_ns`` per size is the sum of its
     samples (the floor's operations run back to back).
@@ -27,7 +35,7 @@ def transport_floor(fabric: Fabric, result: BenchmarkResult, run: RunSpec) -> Be
     measure = tcp_pingpong if latency else tcp_push_ack
     host = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
     sizes = []
-    with FloorServer(host) as server:
+    with FloorServer(host, env=env) as server:
         for size in result.sizes:
             samples = measure(
                 host,

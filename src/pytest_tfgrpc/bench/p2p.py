@@ -271,15 +271,12 @@ async def _push_stream(
             metadata=((transport.MESSAGE_BYTES_KEY, str(wire)),),
         )
         write, read = stream.write, stream.read
+        # Slices of a tensor that already exists, made once outside the timed region, as
+        # TensorFlow's send path hands gRPC the tensor's own buffer; in protobuf mode the
+        # TensorProto header is encoded for every message, inside it.
         if protobuf:
-            encode_chunks = codec.encode_tensor_chunks
-
-            def slices() -> list[bytes]:
-                return encode_chunks(content, dtype, shape, chunk_bytes)
-
+            slices = codec.ChunkedTensor(content, dtype, shape, chunk_bytes).chunks
         else:
-            # Raw slices of a tensor that already exists, as TensorFlow's send path hands
-            # gRPC the tensor's own buffer: made once, outside the timed region.
             prepared = _slices(content, chunk_bytes)
 
             def slices() -> list[bytes]:

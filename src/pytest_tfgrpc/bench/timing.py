@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,6 +69,28 @@ class Phase(Protocol):
     def stop(self) -> None: ...
 
 
+@contextlib.contextmanager
+def _measured_phase(phase: Phase | None) -> Iterator[None]:
+    """The measured phase: ``phase`` told when it starts and ends, and no cyclic garbage
+    collection in this process meanwhile (its pauses are the tool's, not the transport's)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if phase is not None:
+            phase.start()
+        yield
+        if phase is not None:
+            phase.stop()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _taken(samples: Samples, count: int) -> Samples:
+    # A run that stopped early keeps only what it measured, not the whole capped array.
+    return samples if count == len(samples) else samples[:count].copy()
+
+
 def measure(
     op: Callable[[], object], run: RunSpec, phase: Phase | None = None
 ) -> tuple[Samples, int]:
@@ -82,22 +106,19 @@ def measure(
         if clock() >= warm_end:
             break
     samples = np.empty(run.iterations, dtype=np.int64)
-    if phase is not None:
-        phase.start()
-    start = clock()
-    deadline = start + int(run.time_limit_s * 1e9)
     count = 0
-    for count in range(1, run.iterations + 1):
-        t0 = clock()
-        op()
-        t1 = clock()
-        samples[count - 1] = t1 - t0
-        if t1 >= deadline:
-            break
-    elapsed = clock() - start
-    if phase is not None:
-        phase.stop()
-    return samples[:count], elapsed
+    with _measured_phase(phase):
+        start = clock()
+        deadline = start + int(run.time_limit_s * 1e9)
+        for count in range(1, run.iterations + 1):
+            t0 = clock()
+            op()
+            t1 = clock()
+            samples[count - 1] = t1 - t0
+            if t1 >= deadline:
+                break
+        elapsed = clock() - start
+    return _taken(samples, count), elapsed
 
 
 async def measure_async(
@@ -111,19 +132,16 @@ async def measure_async(
         if clock() >= warm_end:
             break
     samples = np.empty(run.iterations, dtype=np.int64)
-    if phase is not None:
-        phase.start()
-    start = clock()
-    deadline = start + int(run.time_limit_s * 1e9)
     count = 0
-    for count in range(1, run.iterations + 1):
-        t0 = clock()
-        await op()
-        t1 = clock()
-        samples[count - 1] = t1 - t0
-        if t1 >= deadline:
-            break
-    elapsed = clock() - start
-    if phase is not None:
-        phase.stop()
-    return samples[:count], elapsed
+    with _measured_phase(phase):
+        start = clock()
+        deadline = start + int(run.time_limit_s * 1e9)
+        for count in range(1, run.iterations + 1):
+            t0 = clock()
+            await op()
+            t1 = clock()
+            samples[count - 1] = t1 - t0
+            if t1 >= deadline:
+                break
+        elapsed = clock() - start
+    return _taken(samples, count), elapsed
