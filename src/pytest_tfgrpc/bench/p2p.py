@@ -188,6 +188,35 @@ async def _latency_stream(
         await channel.close()
 
 
+#: Measures one tensor: (samples, elapsed ns), telling the probe when timing starts and ends.
+MeasureOne = Callable[[Tensor, Phase], tuple[Samples, int]]
+
+
+def _measure_each(
+    server: Server,
+    messages: Sequence[Message],
+    mode: str,
+    what: str,
+    measure_one: MeasureOne,
+    progress: Progress | None,
+) -> tuple[SizeResult, ...]:
+    """Measure every message in turn, with the CPU time of both ends; a failed call is
+    reported as the server's death when that is what happened."""
+    checked = _check_messages(messages)
+    results = []
+    for index, message in enumerate(checked, 1):
+        if progress is not None:
+            progress(index, len(checked), _name(message))
+        tensor = _tensor(message)
+        try:
+            with CpuProbe(server.target) as probe:
+                samples, elapsed = measure_one(tensor, probe)
+        except grpc.RpcError as error:
+            raise explain(error, server, f"{what} of {tensor.nbytes} B") from error
+        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
+    return tuple(results)
+
+
 def p2p_latency(
     server: Server,
     sizes: Sequence[Message],
@@ -201,21 +230,13 @@ def p2p_latency(
     """Echo round-trip time of each size or payload (TF-gRPC-P2P-Latency)."""
     _check_choice("mode", mode, transport.MODES)
     _check_choice("rpc", rpc, RPCS)
-    results = []
-    messages = _check_messages(sizes)
-    for index, message in enumerate(messages, 1):
-        if progress is not None:
-            progress(index, len(messages), _name(message))
-        tensor = _tensor(message)
-        try:
-            with CpuProbe(server.target) as probe:
-                if rpc == "unary":
-                    samples, elapsed = _latency_unary(server, tensor, mode, run, probe)
-                else:
-                    samples, elapsed = run_async(_latency_stream(server, tensor, mode, run, probe))
-        except grpc.RpcError as error:
-            raise explain(error, server, f"{rpc} echo of {tensor.nbytes} B") from error
-        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
+
+    def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
+        if rpc == "unary":
+            return _latency_unary(server, tensor, mode, run, probe)
+        return run_async(_latency_stream(server, tensor, mode, run, probe))
+
+    results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress)
     method = "Echo" if rpc == "unary" else "EchoStream"
     return BenchmarkResult(
         benchmark="p2p_latency",
@@ -224,7 +245,7 @@ def p2p_latency(
         target=server.target,
         mode=mode,
         rpc=rpc,
-        sizes=tuple(results),
+        sizes=results,
         settings=_settings(run, method=transport.method(mode, method)),
     )
 
@@ -359,26 +380,18 @@ def p2p_bandwidth(
     _check_choice("direction", direction, DIRECTIONS)
     if chunk_bytes < 64:
         raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
-    results = []
-    messages = _check_messages(sizes)
-    for index, message in enumerate(messages, 1):
-        if progress is not None:
-            progress(index, len(messages), _name(message))
-        if direction == "pull" and isinstance(message, Payload):
-            raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
-        tensor = _tensor(message)
-        try:
-            with CpuProbe(server.target) as probe:
-                if direction == "pull":
-                    samples, elapsed = _pull(server, tensor, mode, rpc, run, chunk_bytes, probe)
-                elif rpc == "unary":
-                    samples, elapsed = _push_unary(server, tensor, mode, run, probe)
-                else:
-                    pushing = _push_stream(server, tensor, mode, run, chunk_bytes, probe)
-                    samples, elapsed = run_async(pushing)
-        except grpc.RpcError as error:
-            raise explain(error, server, f"{rpc} {direction} of {tensor.nbytes} B") from error
-        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
+    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
+        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+
+    def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
+        if direction == "pull":
+            return _pull(server, tensor, mode, rpc, run, chunk_bytes, probe)
+        if rpc == "unary":
+            return _push_unary(server, tensor, mode, run, probe)
+        return run_async(_push_stream(server, tensor, mode, run, chunk_bytes, probe))
+
+    what = f"{rpc} {direction}"
+    results = _measure_each(server, sizes, mode, what, measure_one, progress)
     names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
     names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
     extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
@@ -391,6 +404,6 @@ def p2p_bandwidth(
         target=server.target,
         mode=mode,
         rpc=rpc,
-        sizes=tuple(results),
+        sizes=results,
         settings=_settings(run, **extra),
     )
