@@ -30,10 +30,6 @@ class GateSetupError(ValueError):
     policy says that fails the run."""
 
 
-class RegressionFailure(AssertionError):
-    """A test's figures regressed against the baseline (or were inconclusive, by policy)."""
-
-
 @dataclass(frozen=True)
 class GateSettings:
     """How the gate judges: tolerances per metric, significance level, and policies."""
