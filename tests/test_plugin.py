@@ -347,3 +347,34 @@ def test_long_sweeps_report_progress_without_flooding(
             "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB)",
         ]
     )
+
+
+def test_the_run_marker_makes_a_time_based_run(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.tfgrpc_run(duration="0.5s", warmup_seconds=0.1)
+        @pytest.mark.message_profile(["1KiB"])
+        def test_timed(tfgrpc, tensor_server):
+            result = tfgrpc.p2p_latency(tensor_server)
+            size = result.sizes[0]
+            assert 0.5e9 <= size.elapsed_ns < 0.5e9 + 1e8
+            assert size.count > 30  # the options' 30 iterations do not bound a timed run
+            assert result.settings["duration_s"] == "0.5"
+
+        @pytest.mark.tfgrpc_run(iterations=7)
+        @pytest.mark.message_profile(["1KiB"])
+        def test_counted(tfgrpc, tensor_server):
+            assert tfgrpc.p2p_latency(tensor_server).sizes[0].count == 7
+
+        @pytest.mark.tfgrpc_run(iterations=0)
+        def test_bad(tfgrpc):
+            pass
+        """
+    )
+    result = pytester.runpytest(*quick)
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*test_bad: @pytest.mark.tfgrpc_run argument iterations=0*"])

@@ -6,7 +6,14 @@ import pytest
 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.profiles import load_profile
-from pytest_tfgrpc.specs import RunOverrides, SpecError, budget_spec, message_spec, run_spec
+from pytest_tfgrpc.specs import (
+    RunOverrides,
+    SpecError,
+    budget_spec,
+    message_spec,
+    run_marker_spec,
+    run_spec,
+)
 
 
 def test_sizes_positionally_by_keyword_and_as_a_range() -> None:
@@ -88,3 +95,36 @@ def test_a_duration_makes_the_run_time_based() -> None:
 def test_bad_run_settings_name_the_call() -> None:
     with pytest.raises(SpecError, match=r"test_x: p2p_latency.*iterations must be at least 1"):
         run_spec(BASE, RunOverrides(), {"iterations": 0}, "test_x: p2p_latency()")
+
+
+def test_a_run_marker_reads_counts_and_durations() -> None:
+    spec = run_marker_spec((), {"iterations": 20, "duration": "2s", "warmup_seconds": 0.5})
+    assert (spec.iterations, spec.duration, spec.warmup_seconds) == (20, 2.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"iterations": 0}, "iterations=0: a whole number >= 1"),
+        ({"warmup": 1.5}, "warmup=1.5: a whole number >= 0"),
+        ({"duration": "soon"}, "duration='soon'"),
+        ({"rounds": 3}, "unknown argument 'rounds'"),
+    ],
+)
+def test_bad_run_markers_name_the_argument(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=r"@pytest\.mark\.tfgrpc_run") as info:
+        run_marker_spec((), kwargs)
+    assert message in str(info.value)
+
+
+def test_a_marker_duration_outranks_option_counts() -> None:
+    options = RunOverrides(iterations=30, warmup=3, max_seconds=2.0)
+    merged = options.merged(RunOverrides(duration=1.0))
+    run = run_spec(BASE, merged, {}, "here")
+    assert run.duration == 1.0 and run.iterations == 1_000_000 and run.warmup == 1_000_000
+    long = run_spec(BASE, options.merged(RunOverrides(duration=20.0)), {}, "here")
+    assert long.time_limit_s == 20.0  # the options' 2 s cap does not cut a closer duration
+    argued = run_spec(BASE, options, {"duration": 20.0}, "here")
+    assert argued.time_limit_s == 20.0 and argued.iterations == 1_000_000
+    counted = options.merged(RunOverrides(iterations=5))
+    assert run_spec(BASE, counted, {}, "here").iterations == 5

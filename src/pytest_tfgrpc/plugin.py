@@ -31,7 +31,14 @@ from pytest_tfgrpc.remote import (
 from pytest_tfgrpc.report import PREFIX, SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.resultlog import ResultLog
 from pytest_tfgrpc.serial import MeasurementLock, lock_path
-from pytest_tfgrpc.specs import MessageSpec, RunOverrides, SpecError, budget_spec, message_spec
+from pytest_tfgrpc.specs import (
+    MessageSpec,
+    RunOverrides,
+    SpecError,
+    budget_spec,
+    message_spec,
+    run_marker_spec,
+)
 from pytest_tfgrpc.topology import Topology, topology_spec
 from pytest_tfgrpc.tuning import ALLOCATOR_POLICIES, apply_policy
 from pytest_tfgrpc.units import UnitError, parse_seconds
@@ -97,6 +104,9 @@ MARKERS = (
     "budget(p99='2ms', throughput='>=1 GB/s'). Metrics: min, mean, p50, p90, p99, p999, "
     "max, throughput, throughput_p50, step_p50, step_p99, step_mean, step_max, imbalance, "
     "rpc_rate.",
+    "tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None, "
+    "warmup_seconds=None): the test's run settings, over the --tfgrpc-* options; a duration "
+    "makes the run time-based (TF-gRPC-Bench: warmup_seconds=2, duration=10).",
     "ps_topology(ps=1, workers=1, sharding='round_robin'): the parameter-server cluster of "
     "the ps_cluster fixture: PS processes, worker processes, and how tensors are placed on "
     "PS tasks (round_robin, greedy, partitioned).",
@@ -136,6 +146,7 @@ class ItemSpecs:
     messages: MessageSpec | None
     budget: Budget | None
     topology: Topology
+    run: RunOverrides
 
 
 _watched_key = pytest.StashKey[list[Watched]]()
@@ -348,7 +359,9 @@ def _item_specs(item: pytest.Item) -> ItemSpecs:
         budget = spec if budget is None else budget.merged(spec)
     mark = item.get_closest_marker("ps_topology")
     topology = topology_spec(mark.args, mark.kwargs) if mark is not None else Topology(1, 1)
-    specs = ItemSpecs(messages, budget, topology)
+    mark = item.get_closest_marker("tfgrpc_run")
+    run = run_marker_spec(mark.args, mark.kwargs) if mark is not None else RunOverrides()
+    specs = ItemSpecs(messages, budget, topology, run)
     item.stash[_specs_key] = specs
     return specs
 
@@ -570,7 +583,7 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         test=item.nodeid,
         messages=specs.messages,
         budget=specs.budget,
-        options=session.options,
+        options=session.options.merged(specs.run),
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,

@@ -15,7 +15,7 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.budget import Budget, BudgetError, parse_budget
 from pytest_tfgrpc.profiles import Profile, list_profiles, load_profile
 from pytest_tfgrpc.schemes import Payload, generate, payload_spec
-from pytest_tfgrpc.units import UnitError, parse_sizes
+from pytest_tfgrpc.units import UnitError, parse_seconds, parse_sizes
 
 
 class SpecError(ValueError):
@@ -139,13 +139,64 @@ def budget_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Budget:
 
 @dataclass(frozen=True)
 class RunOverrides:
-    """Run settings given on the command line or in the ini file; None = not given."""
+    """Run settings given on the command line, in the ini file or by a marker; None = not
+    given."""
 
     iterations: int | None = None
     warmup: int | None = None
     max_seconds: float | None = None
     warmup_seconds: float | None = None
     duration: float | None = None
+
+    def merged(self, closer: RunOverrides) -> RunOverrides:
+        """These settings, with the ones ``closer`` gives (a marker over options) winning.
+
+        A closer duration makes the run time-based: the counts of farther layers then no
+        longer bound it.
+        """
+        values = {k: v for k, v in self.__dict__.items() if v is not None}
+        _layer(values, closer.__dict__)
+        return RunOverrides(**values)
+
+
+def _layer(values: dict[str, Any], closer: Mapping[str, Any]) -> None:
+    """Put the settings ``closer`` gives over ``values``. A closer duration makes the run
+    time-based: the counts and the time cap of farther layers no longer bound it."""
+    given = {key: value for key, value in closer.items() if value is not None}
+    if "duration" in given:
+        for key in ("iterations", "warmup", "max_seconds"):
+            if key not in given:
+                values.pop(key, None)
+    values.update(given)
+
+
+_RUN_COUNTS = ("iterations", "warmup")
+_RUN_SECONDS = ("max_seconds", "warmup_seconds", "duration")
+
+
+def run_marker_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> RunOverrides:
+    """``@tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None,
+    warmup_seconds=None)`` -> the test's run settings (seconds as numbers or ``"2s"``)."""
+    where = "@pytest.mark.tfgrpc_run"
+    if args:
+        raise SpecError(f"{where} takes keyword settings such as duration='10s', not {args[0]!r}")
+    unknown = sorted(set(kwargs) - {*_RUN_COUNTS, *_RUN_SECONDS})
+    if unknown:
+        known = ", ".join((*_RUN_COUNTS, *_RUN_SECONDS))
+        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
+    values: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name in _RUN_COUNTS:
+            least = 1 if name == "iterations" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SpecError(f"{where} argument {name}={value!r}: a whole number >= {least}")
+            values[name] = value
+        else:
+            try:
+                values[name] = parse_seconds(value)
+            except UnitError as exc:
+                raise SpecError(f"{where} argument {name}={value!r}: {exc}") from None
+    return RunOverrides(**values)
 
 
 def run_spec(
@@ -154,10 +205,12 @@ def run_spec(
     """The run spec of one call: the benchmark's default, then options, then arguments."""
     values: dict[str, Any] = {}
     for layer in (options.__dict__, arguments):
-        values.update({key: value for key, value in layer.items() if value is not None})
-    if values.get("duration") is not None and "iterations" not in values:
-        # A time-based run is bounded by its duration; the count only guards memory.
-        values["iterations"] = 1_000_000
+        _layer(values, layer)
+    if values.get("duration") is not None:
+        # A time-based run (TF-gRPC-Bench's way) warms up for warmup_seconds and measures
+        # for its duration; the counts only guard memory.
+        values.setdefault("iterations", 1_000_000)
+        values.setdefault("warmup", 1_000_000)
         values.setdefault("max_seconds", max(default.max_seconds, values["duration"]))
     try:
         return replace(default, **values)
