@@ -2,6 +2,7 @@
 
     python benchmarks/run.py [--quick] [--fabric lo] [--sizes 1KiB..64MiB] [--rounds N]
                              [--json out.json] [--allocator tuned|default] [--no-ps]
+                             [--tf-python PATH]
 
 Latency contenders run at sizes up to ``--latency-max``, bandwidth contenders from
 ``--bandwidth-min``. Every round measures every contender at every size, in the same order, so
@@ -15,8 +16,14 @@ and prints.
 Every contender runs in the same process environment: ``--allocator tuned`` (the plugin's
 default) applies :func:`pytest_tfgrpc.tuning.apply_policy` to this process and gives its
 environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) to every server started
-here: the floor, both bare grpcio servers, the plugin's server and the PS cluster. Each
-server's allocator variables are read back from ``/proc/<pid>/environ`` and recorded.
+here: the floor, both bare grpcio servers, the plugin's server, the PS cluster and TensorFlow's
+two tasks. Each server's allocator variables are read back from ``/proc/<pid>/environ`` and
+recorded.
+
+TensorFlow's own gRPC runtime (``tf_contender.py``: a worker task pulling a PS task's variable
+through RecvTensor) is measured when TensorFlow is importable here or ``--tf-python`` names the
+python of an environment that has it (tensorflow-cpu is an optional extra); otherwise its rows
+are skipped with a note. Its version is recorded.
 
 The parameter-server patterns (``ps_throughput`` on 2 PS x 3 workers, TF-gRPC-Bench's setup,
 and ``sync_sgd_step`` of a small ResNet-50 under each sharding) are measured in the same
@@ -161,6 +168,8 @@ class Config:
     notes: list[str] = field(default_factory=list)
     #: Every server process started, by name: its pid, so its environment can be recorded.
     servers: dict[str, int] = field(default_factory=dict)
+    #: TensorFlow's version and how its tasks were run, when its contender ran.
+    tensorflow: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,17 +319,77 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
     return out
 
 
-def tensorflow_contenders(cfg: Config) -> list[Contender]:
-    try:
-        import tensorflow  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
-    except ImportError:
-        cfg.notes.append(
-            "TensorFlow's gRPC runtime skipped: `import tensorflow` fails here "
-            "(install tensorflow-cpu to add it)"
-        )
+def tensorflow_contenders(stack: ExitStack, cfg: Config, given: str | None) -> list[Contender]:
+    """TensorFlow's own gRPC runtime: a PS task's variable pulled by a worker task (RecvTensor).
+
+    Runs where TensorFlow is importable by this interpreter or by ``--tf-python``; otherwise it
+    is skipped with a note. Both task processes get the run's environment (``server_env``).
+    """
+    import tf_contender
+
+    tf_python, how = tf_contender.find_tf_python(given)
+    if tf_python is None:
+        cfg.notes.append(how)
         return []
-    cfg.notes.append("TensorFlow is importable, but no TensorFlow contender is written yet")
-    return []
+    try:
+        cluster = stack.enter_context(tf_contender.TFCluster(tf_python, cfg.server_env))
+    except RuntimeError as exc:
+        cfg.notes.append(f"TensorFlow's gRPC runtime skipped: {exc}")
+        return []
+    cfg.servers.update(cluster.pids)
+    cfg.tensorflow = {"how": how, "tf_python": tf_python, **cluster.info}
+    cfg.notes.append(
+        f"TensorFlow {cluster.version}: tf.distribute.Server tasks ps:0 and worker:0 on "
+        f"{tf_contender.HOST}; the worker pulls a float32 tf.Variable placed on the PS in one "
+        "tf.compat.v1.Session step (RunGraph on the PS + RecvTensor), op v[0]+1 on the worker; "
+        "'- step' rows subtract the median step of a 4-byte variable timed just before"
+    )
+    last: dict[int, tf_contender.Steps] = {}
+
+    def step(size: int, b: Budget) -> Measurement:
+        got = cluster.measure(
+            size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
+        )
+        return Measurement(np.array(got.samples_ns, dtype=np.int64), size)
+
+    def pull(size: int, b: Budget) -> Measurement:
+        got = cluster.measure(
+            size,
+            iterations=b.iterations,
+            warmup=b.warmup,
+            max_seconds=b.max_seconds,
+            overhead_iterations=50,
+        )
+        last[size] = got
+        return Measurement(np.array(got.samples_ns, dtype=np.int64), size)
+
+    def net(size: int, b: Budget) -> Measurement:
+        # The steps just timed by `pull` (listed before this one), less TF's per-step cost.
+        got = last.pop(size)
+        overhead = int(np.median(got.overhead_ns))
+        samples = np.maximum(np.array(got.samples_ns, dtype=np.int64) - overhead, 1)
+        return Measurement(samples, size)
+
+    return [
+        Contender(
+            "tf RecvTensor step",
+            "latency",
+            "TF graph step: PS var -> worker (RunGraph + RecvTensor), one way",
+            step,
+        ),
+        Contender(
+            "tf RecvTensor pull",
+            "bandwidth",
+            "TF graph step: PS var -> worker, 1 step/tensor",
+            pull,
+        ),
+        Contender(
+            "tf RecvTensor pull - step",
+            "bandwidth",
+            "the same steps less the 4-byte step's p50",
+            net,
+        ),
+    ]
 
 
 def ps_cases(stack: ExitStack, cfg: Config) -> list[PSCase]:
@@ -601,6 +670,7 @@ def environment(cfg: Config) -> dict[str, Any]:
         "address": cfg.fabric.address,
         "commit": commit,
         "src_uncommitted": [line.strip() for line in dirty],
+        "tensorflow": cfg.tensorflow,
     }
 
 
@@ -641,6 +711,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-plugin", action="store_true", help="leave the plugin's contenders out")
     p.add_argument("--no-ps", action="store_true", help="leave the parameter-server rows out")
+    p.add_argument(
+        "--tf-python",
+        default=None,
+        help="python of an environment with tensorflow-cpu, for TensorFlow's gRPC runtime rows "
+        "when this interpreter has no TensorFlow (default: none, the rows are skipped)",
+    )
     return p.parse_args(argv)
 
 
@@ -713,7 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg.notes.append("plugin contenders left out (--no-plugin)")
         else:
             contenders += plugin_contenders(stack, cfg)
-        contenders += tensorflow_contenders(cfg)
+        contenders += tensorflow_contenders(stack, cfg, args.tf_python)
         if args.no_ps:
             cfg.notes.append("parameter-server rows left out (--no-ps)")
             cases: list[PSCase] = []
