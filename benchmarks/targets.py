@@ -68,13 +68,7 @@ def verdicts(doc: dict[str, Any], overhead: dict[str, Any] | None) -> list[Verdi
                     f"({sixty / four:.2f})",
                 )
             )
-    out.append(
-        Verdict(
-            "on par with TensorFlow's gRPC runtime",
-            None,
-            "tensorflow-cpu not installed here; no TensorFlow contender measured",
-        )
-    )
+    out += parity(rows, big, doc)
     for rpc, bares in (
         ("unary", ("grpc sync unary", "grpc aio unary")),
         ("stream", ("grpc aio stream", "grpc aio stream/sync srv")),
@@ -120,6 +114,54 @@ def verdicts(doc: dict[str, Any], overhead: dict[str, Any] | None) -> list[Verdi
                 f"{held} B ({held / MiB:.2f} MiB) for {overhead['memory']['samples']} samples",
             )
         )
+    return out
+
+
+TF = "tf RecvTensor pull"
+TF_NET = "tf RecvTensor pull - step"
+PLUGIN_BANDWIDTH = (
+    "p2p_bandwidth raw/stream",
+    "p2p_bandwidth protobuf/stream",
+    "p2p_bandwidth raw/unary",
+    "p2p_bandwidth protobuf/unary",
+)
+
+
+def parity(
+    rows: dict[tuple[str, int], dict[str, Any]], big: Sequence[int], doc: dict[str, Any]
+) -> list[Verdict]:
+    """Each plugin bandwidth mode against TensorFlow's gRPC runtime, 4-64 MiB, same run.
+
+    Met when the plugin's median is at least TensorFlow's at every size. Beside each ratio of
+    medians: the median of per-round ratios, and the ratio to TF's steps less its per-step cost.
+    """
+    sizes = [s for s in big if (TF, s) in rows]
+    if not sizes:
+        tf = (doc.get("environment") or {}).get("tensorflow")
+        why = "no TensorFlow rows in this run" + ("" if tf else " (tensorflow not run)")
+        return [Verdict("on par with TensorFlow's gRPC runtime", None, why)]
+    version = ((doc.get("environment") or {}).get("tensorflow") or {}).get("worker", {})
+    tf_label = f"TF {version.get('tensorflow', '?')}"
+    out = []
+    for name in PLUGIN_BANDWIDTH:
+        parts, ok = [], True
+        for s in sizes:
+            if (name, s) not in rows:
+                continue
+            mine, theirs = rows[name, s], rows[TF, s]
+            ratio = mine["figure"] / theirs["figure"]
+            ok = ok and ratio >= 1.0
+            text = (
+                f"{s // MiB} MiB {mine['figure'] / 1e9:.3f} vs {theirs['figure'] / 1e9:.3f} GB/s "
+                f"x{ratio:.2f} (paired x{_paired(mine, theirs):.2f}"
+            )
+            if (TF_NET, s) in rows:
+                text += f", vs TF less step x{mine['figure'] / rows[TF_NET, s]['figure']:.2f}"
+            parts.append(text + ")")
+        if parts:
+            out.append(
+                Verdict(f"{name}: on par with {tf_label}'s gRPC runtime", ok, "; ".join(parts))
+            )
     return out
 
 
@@ -201,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(doc, only))
         print()
     if args.against is not None:
-        sizes = [KiB, 4 * MiB, 64 * MiB]
+        sizes = [KiB, 4 * MiB, 16 * MiB, 64 * MiB]
         print(movement(json.loads(args.against.read_text()), doc, sizes))
         print()
     print(render(verdicts(doc, overhead)))
