@@ -165,6 +165,7 @@ class Config:
     #: The environment every server gets (None: this process's, unchanged).
     server_env: dict[str, str] | None
     ps: PSPlan | None = None
+    quick: bool = False
     notes: list[str] = field(default_factory=list)
     #: Every server process started, by name: its pid, so its environment can be recorded.
     servers: dict[str, int] = field(default_factory=dict)
@@ -292,9 +293,11 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
 
         return run
 
-    def bandwidth(mode: str, rpc: str) -> Callable[[int, Budget], Measurement]:
+    def bandwidth(mode: str, rpc: str, direction: str) -> Callable[[int, Budget], Measurement]:
         def run(size: int, b: Budget) -> Measurement:
-            result = p2p_bandwidth(server, [size], mode=mode, rpc=rpc, run=spec(b))
+            result = p2p_bandwidth(
+                server, [size], mode=mode, rpc=rpc, direction=direction, run=spec(b)
+            )
             return Measurement(result.sizes[0].samples_ns, size)
 
         return run
@@ -313,9 +316,26 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
                     f"p2p_bandwidth {mode}/{rpc}",
                     "bandwidth",
                     f"plugin {rpc} push, 1 ack/tensor",
-                    bandwidth(mode, rpc),
+                    bandwidth(mode, rpc, "push"),
                 )
             )
+    # The direction TensorFlow moves parameters in (a worker fetching from a PS: RecvTensor is a
+    # unary call answered with the tensor), so TF's rows have a like-for-like plugin row.
+    # --quick keeps two of them (both modes, both shapes): it runs the code paths, within CI's time.
+    pulls = (
+        [("raw", "stream"), ("protobuf", "unary")]
+        if cfg.quick
+        else [(mode, rpc) for mode in ("raw", "protobuf") for rpc in ("stream", "unary")]
+    )
+    for mode, rpc in pulls:
+        out.append(
+            Contender(
+                f"p2p_bandwidth {mode}/{rpc} pull",
+                "bandwidth",
+                f"plugin {rpc} pull, 1 request/tensor",
+                bandwidth(mode, rpc, "pull"),
+            )
+        )
     return out
 
 
@@ -770,6 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         allocator=args.allocator,
         server_env=server_env,
         ps=None if args.no_ps else ps_plan(args.quick),
+        quick=args.quick,
     )
 
     def log(msg: str) -> None:

@@ -124,6 +124,11 @@ PLUGIN_BANDWIDTH = (
     "p2p_bandwidth protobuf/stream",
     "p2p_bandwidth raw/unary",
     "p2p_bandwidth protobuf/unary",
+    # Pulls: TensorFlow's direction and (unary) RecvTensor's shape.
+    "p2p_bandwidth raw/stream pull",
+    "p2p_bandwidth protobuf/stream pull",
+    "p2p_bandwidth raw/unary pull",
+    "p2p_bandwidth protobuf/unary pull",
 )
 
 
