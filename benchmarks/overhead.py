@@ -230,7 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"time-bound run (cap {n}, 1 ms): {cut.samples} samples hold {cut.held_bytes} B "
-        f"({cut.held_per_sample:.0f} B/sample): the result keeps the whole capped array"
+        f"({cut.held_per_sample:.0f} B/sample): "
+        + (
+            "the result keeps the whole capped array"
+            if cut.held_bytes > 4 * n
+            else "only the samples taken are kept"
+        )
     )
     print(
         f"summarize() on {summary.samples} samples: median {summary.median_ms:.1f} ms "
