@@ -378,3 +378,15 @@ def test_the_run_marker_makes_a_time_based_run(
     result = pytester.runpytest(*quick)
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*test_bad: @pytest.mark.tfgrpc_run argument iterations=0*"])
+
+
+def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_typo(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server, ["1KiB"], iteration=5)
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*p2p_latency() got an unexpected argument 'iteration'*"])

@@ -7,9 +7,12 @@ options, and a function that records properties on the test.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pytest_tfgrpc import bench
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import FLOOR_SUFFIX, transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
@@ -26,13 +29,28 @@ from pytest_tfgrpc.topology import Placement, place_profile
 from pytest_tfgrpc.units import UnitError, parse_sizes
 
 Recorder = Callable[[str, str], None]
+
+
+class RunArgs(TypedDict, total=False):
+    """Run settings every benchmark call takes (over the options and the marker)."""
+
+    iterations: int
+    warmup: int
+    max_seconds: float
+    warmup_seconds: float
+    duration: float
+
+
 R = TypeVar("R", BenchmarkResult, PSResult)
 
 
 class Driver:
     """Runs benchmarks for one test and records every result on it.
 
-    Each call returns a frozen :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures
+    Every call also takes the run settings of :class:`RunArgs` (``iterations``, ``warmup``,
+    ``max_seconds``, ``warmup_seconds``, ``duration``), over the options and the test's
+    ``tfgrpc_run`` marker. Each call returns a frozen
+    :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures
     become JUnit properties at once (so a later failure in the test loses none), and the
     test's ``@budget`` marker, if any, is checked against it.
     """
@@ -83,8 +101,11 @@ class Driver:
 
         return progress
 
-    def _run(self, default: RunSpec, call: str, **arguments: Any) -> RunSpec:
-        return run_spec(default, self._options, arguments, f"{self._test}: {call}()")
+    def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
+        unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
+        if unknown:
+            raise SpecError(f"{self._test}: {call}() got an unexpected argument {unknown[0]!r}")
+        return run_spec(default, self._options, dict(arguments), f"{self._test}: {call}()")
 
     def p2p_latency(
         self,
@@ -93,13 +114,9 @@ class Driver:
         *,
         mode: str = "raw",
         rpc: str = "unary",
-        iterations: int | None = None,
-        warmup: int | None = None,
-        max_seconds: float | None = None,
-        warmup_seconds: float | None = None,
-        duration: float | None = None,
         label: str | None = None,
         floor: bool = False,
+        **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
@@ -107,15 +124,7 @@ class Driver:
         fabric, labelled ``<label>_floor``.
         """
         __tracebackhide__ = True
-        run = self._run(
-            bench.LATENCY_RUN,
-            "p2p_latency",
-            iterations=iterations,
-            warmup=warmup,
-            max_seconds=max_seconds,
-            warmup_seconds=warmup_seconds,
-            duration=duration,
-        )
+        run = self._run(bench.LATENCY_RUN, "p2p_latency", run_args)
         self._check_label(label or "p2p_latency")
         if floor:
             self._check_label((label or "p2p_latency") + FLOOR_SUFFIX)
@@ -146,13 +155,9 @@ class Driver:
         rpc: str = "stream",
         direction: str = "push",
         chunk_bytes: int | str | None = None,
-        iterations: int | None = None,
-        warmup: int | None = None,
-        max_seconds: float | None = None,
-        warmup_seconds: float | None = None,
-        duration: float | None = None,
         label: str | None = None,
         floor: bool = False,
+        **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
@@ -160,15 +165,7 @@ class Driver:
         same sizes on the same fabric, labelled ``<label>_floor``.
         """
         __tracebackhide__ = True
-        run = self._run(
-            bench.BANDWIDTH_RUN,
-            "p2p_bandwidth",
-            iterations=iterations,
-            warmup=warmup,
-            max_seconds=max_seconds,
-            warmup_seconds=warmup_seconds,
-            duration=duration,
-        )
+        run = self._run(bench.BANDWIDTH_RUN, "p2p_bandwidth", run_args)
         self._check_label(label or "p2p_bandwidth")
         if floor:
             self._check_label((label or "p2p_bandwidth") + FLOOR_SUFFIX)
@@ -199,12 +196,8 @@ class Driver:
         sizes: Sequence[int | str] | str | int | None = None,
         *,
         mode: str = "raw",
-        iterations: int | None = None,
-        warmup: int | None = None,
-        max_seconds: float | None = None,
-        warmup_seconds: float | None = None,
-        duration: float | None = None,
         label: str | None = None,
+        **run_args: Unpack[RunArgs],
     ) -> PSResult:
         """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see README.
 
@@ -212,15 +205,7 @@ class Driver:
         the result carries the placement's load imbalance.
         """
         __tracebackhide__ = True
-        run = self._run(
-            bench.PS_THROUGHPUT_RUN,
-            "ps_throughput",
-            iterations=iterations,
-            warmup=warmup,
-            max_seconds=max_seconds,
-            warmup_seconds=warmup_seconds,
-            duration=duration,
-        )
+        run = self._run(bench.PS_THROUGHPUT_RUN, "ps_throughput", run_args)
         self._check_label(label or "ps_throughput")
         key = None
         payload: Sequence[int] | Placement | Payload
@@ -241,14 +226,10 @@ class Driver:
         cluster: PSCluster,
         profile: Profile | str | None = None,
         *,
-        iterations: int | None = None,
-        warmup: int | None = None,
-        max_seconds: float | None = None,
-        warmup_seconds: float | None = None,
-        duration: float | None = None,
         check: bool = False,
         label: str | None = None,
         model: bool = True,
+        **run_args: Unpack[RunArgs],
     ) -> PSResult:
         """Synchronous SGD steps of a model profile on the cluster; see the README.
 
@@ -256,15 +237,7 @@ class Driver:
         model's prediction beside the measurement, with its error against the step p50.
         """
         __tracebackhide__ = True
-        run = self._run(
-            bench.SYNC_SGD_RUN,
-            "sync_sgd_step",
-            iterations=iterations,
-            warmup=warmup,
-            max_seconds=max_seconds,
-            warmup_seconds=warmup_seconds,
-            duration=duration,
-        )
+        run = self._run(bench.SYNC_SGD_RUN, "sync_sgd_step", run_args)
         self._check_label(label or "sync_sgd_step")
         if profile is None:
             if self._messages is None or self._messages.profile is None:
