@@ -38,6 +38,8 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.process import end_process
+
 SERVICE = "bare.Bare"
 ECHO = f"/{SERVICE}/Echo"
 PUSH = f"/{SERVICE}/Push"
@@ -203,18 +205,6 @@ def serve(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait()
-
-
 class BareServer:
     """A bare grpcio server process (``kind`` sync or aio); a context manager that never leaks.
 
@@ -246,7 +236,7 @@ class BareServer:
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=self.env
         )
-        weakref.finalize(self, _terminate, self._proc, 5.0)
+        weakref.finalize(self, end_process, self._proc, 5.0)
         try:
             self._wait_ready(30.0)
         except BaseException:
@@ -277,7 +267,7 @@ class BareServer:
 
     def stop(self) -> None:
         if self._proc is not None:
-            _terminate(self._proc, 5.0)
+            end_process(self._proc, 5.0)
             if self._proc.stdout is not None:
                 self._proc.stdout.close()
         if self._stderr is not None:

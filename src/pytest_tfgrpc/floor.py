@@ -40,6 +40,8 @@ from typing import IO
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.process import end_process
+
 OP_ECHO = 1
 OP_SINK_ACK = 2
 OP_SINK = 3
@@ -208,18 +210,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait()
-
-
 def _read_tail(f: IO[bytes], limit: int = 4000) -> str:
     f.seek(0)
     return f.read().decode(errors="replace")[-limit:]
@@ -289,7 +279,7 @@ class FloorServer:
             stderr=self._stderr,
             env=self.env,
         )
-        self._finalizer = weakref.finalize(self, _terminate, self._proc, 5.0)
+        self._finalizer = weakref.finalize(self, end_process, self._proc, 5.0)
         return self
 
     def ready(self, timeout: float = 15.0) -> FloorServer:
@@ -331,13 +321,13 @@ class FloorServer:
         return f": {tail}" if tail else ""
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """Close its stdin, wait up to ``timeout`` s, then kill. Returns the exit status."""
+        """Close its stdin, wait, then SIGTERM, then SIGKILL; return its exit status."""
         proc = self._proc
         if proc is None:
             return None
         if self._finalizer is not None:
             self._finalizer.detach()
-        _terminate(proc, timeout)
+        end_process(proc, timeout)
         if proc.stdout is not None:
             proc.stdout.close()
         if self._stderr is not None:

@@ -67,6 +67,23 @@ class ServerInfo:
     fabric: str
 
 
+def end_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
+    """End a child that watches its stdin: close stdin, wait, then SIGTERM, wait, then SIGKILL.
+    Returns its exit status."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 class ChildProcess:
     """A child process of ours: stdin a pipe (its lifeline), stdout a pipe, stderr a file.
 
@@ -137,18 +154,7 @@ class ChildProcess:
         """Stop the process (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
         self._stopped = True
         try:
-            if self._proc.stdin is not None and not self._proc.stdin.closed:
-                with contextlib.suppress(BrokenPipeError):
-                    self._proc.stdin.close()
-            try:
-                return self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.terminate()
-            try:
-                return self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                return self._proc.wait()
+            return end_process(self._proc, timeout)
         finally:
             if self._proc.stdout is not None:
                 self._proc.stdout.close()
