@@ -44,6 +44,7 @@ class Row:
     error_pct: float
     limit: str
     cores: float | None
+    utilization: float
     other_load: float
     predicted_idle_ms: float
     error_idle_pct: float
@@ -92,6 +93,7 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
         error_pct=100 * (predicted - measured) / measured,
         limit=prediction.limit,
         cores=prediction.host.cores,
+        utilization=prediction.host.utilization,
         other_load=prediction.host.load,
         predicted_idle_ms=idle.iter_s * 1e3,
         error_idle_pct=100 * (idle.iter_s * 1e3 - measured) / measured,

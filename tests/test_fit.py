@@ -20,6 +20,7 @@ from pytest_tfgrpc.bench.fit import (
     exchange_costs,
     exchange_layouts,
     exchange_overlap,
+    exchange_utilization,
     measure_cores,
     measure_fit,
     measure_numpy_costs,
@@ -130,6 +131,21 @@ def test_other_load_follows_fair_sharing() -> None:
         other_load(0.0, 2, 2)
 
 
+def test_exchange_utilization_is_the_busy_share_of_two_cores() -> None:
+    def x(worker: float, ps: float, wall: float) -> Exchange:
+        return Exchange(1, 64, 3, 128, worker, ps, wall, 5)
+
+    assert exchange_utilization([x(4.0, 6.0, 10.0)], cores=2) == 0.5  # one after the other
+    assert exchange_utilization([x(5.0, 5.0, 5.0)], cores=8) == 1.0  # both busy throughout
+    assert exchange_utilization([x(4.0, 4.0, 8.0)], cores=1) == 1.0  # one core, always busy
+    # Others' load: a 0.5 core share each explains half of the lost time.
+    assert exchange_utilization([x(2.0, 2.0, 8.0)], cores=2, rate=0.5) == 0.5
+    many = [x(4.0, 6.0, 10.0), x(3.0, 3.0, 4.0), x(1.0, 1.0, 9.0)]
+    assert exchange_utilization(many, cores=2) == 0.5  # the median
+    assert exchange_utilization([x(4.0, 6.0, 2.0)], cores=2) == 1.0  # clamped
+    assert exchange_utilization([], cores=2) == 1.0
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PSCluster]:
     with PSCluster(resolve_fabric("lo"), Topology(ps=1, workers=1, sharding="greedy")) as c:
@@ -161,7 +177,7 @@ def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
         assert x.worker_s > 0 and x.ps_s > 0 and x.wall_s > 0
     host = machine.host
     assert host.cores == len(os.sched_getaffinity(0)) and host.load == 0.5
-    assert 0 <= host.overlap <= 1
+    assert 0 <= host.overlap <= 1 and 0 < host.utilization <= 1
     for cost in (host.worker, host.ps):
         assert all(math.isfinite(v) and v >= 0 for v in (cost.rpc_s, cost.message_s, cost.byte_s))
     assert host.aggregate_byte_s > 0 and host.update_byte_s > 0

@@ -329,6 +329,30 @@ def test_host_terms_follow_the_formulas() -> None:
     assert busy.shared_s > step.shared_s
 
 
+def test_utilization_bounds_the_shared_cores() -> None:
+    # All the work, 25.8 + 28.2 + 3 x 7.6 = 76.8 ms, over the cores the 5 tasks keep busy:
+    # half of 1.5 cores is 0.75 core, so 102.4 ms, beyond the 52.0 ms of ideal sharing.
+    half = replace(HOST, utilization=0.5)
+    assert half.capacity(5) == pytest.approx(0.75)
+    step = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=half)
+    assert step.shared_s == pytest.approx(76.8e-3 / 0.75)
+    assert (step.limit, step.comm_s) == ("cores", pytest.approx(102.4e-3))
+    # Kept busy enough, ideal sharing is the longer bound again.
+    assert predict_step(
+        SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, utilization=0.99)
+    ).shared_s == pytest.approx(52.0e-3)
+    # One worker and one PS with cores to spare: the bound is their work over u x 2 cores,
+    # which is the wall time of the exchange u was measured from, (a + b) / (2 u).
+    spare = replace(HOST, cores=8.0, utilization=0.6)
+    lone = predict_step(SMALL, Topology(1, 1), SLOW_LINK, host=spare)
+    assert lone.shared_s == pytest.approx((lone.worker_cpu_s + lone.ps_cpu_s[0]) / 1.2)
+    assert lone.shared_s > max(lone.worker_cpu_s, lone.ps_cpu_s[0])
+    # Others' load shrinks the cores the tasks can have, and the bound with them.
+    loaded = replace(half, load=5.0)
+    assert loaded.capacity(5) == pytest.approx(0.5 * 5 * 1.5 / 10)
+    assert "50% of them kept busy" in half.describe()
+
+
 def test_sharing_makespan() -> None:
     def on(cores: float) -> Callable[[int], float]:
         return lambda k: min(1.0, cores / k)
@@ -378,6 +402,8 @@ def test_streamed_steps_count_slices_as_messages_and_calls_on_the_link() -> None
         ({"overlap": 1.5}, "overlap=1.5"),
         ({"update_byte_s": -1.0}, "update_byte_s=-1.0"),
         ({"load": -0.5}, "load=-0.5"),
+        ({"utilization": 0.0}, "utilization=0.0"),
+        ({"utilization": 1.2}, "utilization=1.2"),
     ],
 )
 def test_host_costs_reject_bad_values(kwargs: dict[str, Any], message: str) -> None:
@@ -398,6 +424,7 @@ def test_prediction_properties_with_host_key_and_error() -> None:
     assert float(props[prefix + "cores"]) == 1.5
     assert float(props[prefix + "shared_us"]) == pytest.approx(52000)
     assert float(props[prefix + "load"]) == 0.0
+    assert float(props[prefix + "utilization"]) == 1.0
     assert float(props[prefix + "chain_us"]) == pytest.approx(32000)
     assert float(props[prefix + "error_pct"]) == pytest.approx(100 * (52.0 - 40) / 40)
     assert relative_error(0.03, 0.04) == pytest.approx(-0.25)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from pytest_tfgrpc._proto import service_pb2
 from pytest_tfgrpc.bench.ps import (
     PSResult,
     fetch_weights,
@@ -23,6 +24,7 @@ from pytest_tfgrpc.process import ServerDied
 from pytest_tfgrpc.profiles import Profile, TensorSpec, load_profile
 from pytest_tfgrpc.ps_service import apply_update, check_gradient, initial_weights
 from pytest_tfgrpc.topology import SHARDINGS, Topology, place_profile
+from pytest_tfgrpc.worker import sync_sgd_job
 
 RUN = RunSpec(iterations=30, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
 STEPS = RunSpec(iterations=4, warmup=1, max_seconds=20.0, warmup_seconds=10.0)
@@ -132,6 +134,39 @@ def test_sync_sgd_step_bytes_follow_the_placement(lo: Fabric, sharding: str) -> 
 
 def _budget(**limits: str) -> Budget:
     return parse_budget(limits)
+
+
+def test_a_job_can_run_on_the_first_workers_and_one_ps(cluster: PSCluster) -> None:
+    chief = service_pb2.PSJob(
+        job_id=cluster.next_job_id(),
+        task=0,
+        workers=1,
+        shards=[service_pb2.ShardSpec(tensor="t", nbytes=4096)],
+        learning_rate=0.1,
+        warmup_steps=1,
+        steps=3,
+        warmup_seconds=5.0,
+        max_seconds=10.0,
+        barrier_timeout_seconds=10.0,
+    )
+    cluster.configure([chief])
+    job = sync_sgd_job(
+        targets=cluster.targets[:1],
+        worker=0,
+        shards=[[(0, 4096)]],
+        chunk_bytes=1024,
+        warmup=1,
+        max_steps=5,
+        barrier_timeout=10.0,
+    )
+    (reply,) = cluster.run([job], timeout=60.0)
+    (stats,) = cluster.job_stats([0])
+    assert len(reply["samples_ns"]) == stats.measured_steps == 3
+    assert stats.task == 0 and stats.bytes_in == stats.bytes_out == 3 * 4096
+    with pytest.raises(ValueError, match="task 2: the cluster has PS tasks 0-1"):
+        cluster.job_stats([2])
+    with pytest.raises(ValueError, match="0 jobs for 3 workers"):
+        cluster.run([], timeout=1.0)
 
 
 def test_budgets_read_ps_results(cluster: PSCluster) -> None:

@@ -173,19 +173,30 @@ class PSCluster:
         return self._job_ids
 
     def configure(self, jobs: Sequence[service_pb2.PSJob], timeout: float = 60.0) -> None:
-        """Start ``jobs[i]`` on PS ``i`` (dropping its previous job and weights)."""
-        self._call_all("Configure", jobs, service_pb2.PSJob, timeout)
+        """Start ``jobs[i]`` on PS ``jobs[i].task`` (dropping its previous job and weights)."""
+        self._call_all("Configure", [job.task for job in jobs], jobs, service_pb2.PSJob, timeout)
 
-    def job_stats(self, timeout: float = 10.0) -> tuple[service_pb2.PSJobStats, ...]:
-        """What every PS saw of its current job, by task index."""
-        requests = [service_pb2.StatusRequest() for _ in self.ps]
-        return self._call_all("JobStats", requests, service_pb2.StatusRequest, timeout)
+    def job_stats(
+        self, tasks: Sequence[int] | None = None, timeout: float = 10.0
+    ) -> tuple[service_pb2.PSJobStats, ...]:
+        """What each PS of ``tasks`` (default: all) saw of its current job, in that order."""
+        chosen = list(range(len(self.ps))) if tasks is None else list(tasks)
+        requests = [service_pb2.StatusRequest() for _ in chosen]
+        return self._call_all("JobStats", chosen, requests, service_pb2.StatusRequest, timeout)
 
     def _call_all(
-        self, name: str, requests: Sequence[Any], request_type: Any, timeout: float
+        self,
+        name: str,
+        tasks: Sequence[int],
+        requests: Sequence[Any],
+        request_type: Any,
+        timeout: float,
     ) -> tuple[service_pb2.PSJobStats, ...]:
         replies = []
-        for ps, channel, request in zip(self.ps, self._channels, requests, strict=True):
+        for task, request in zip(tasks, requests, strict=True):
+            if not 0 <= task < len(self.ps):
+                raise ValueError(f"task {task}: the cluster has PS tasks 0-{len(self.ps) - 1}")
+            ps, channel = self.ps[task], self._channels[task]
             call = channel.unary_unary(
                 method(name),
                 request_serializer=request_type.SerializeToString,
@@ -206,24 +217,26 @@ class PSCluster:
     def run(self, jobs: Sequence[Mapping[str, Any]], timeout: float) -> list[dict[str, Any]]:
         """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
 
-        Raises ServerDied when a worker or a PS dies, BenchmarkError when a worker reports an
-        error, ClusterError when they do not finish within ``timeout`` seconds.
+        With fewer jobs than workers, the workers after the last job stay idle. Raises
+        ServerDied when a worker or a PS dies, BenchmarkError when a worker reports an error,
+        ClusterError when they do not finish within ``timeout`` seconds.
         """
-        if len(jobs) != len(self.workers):
+        if not 1 <= len(jobs) <= len(self.workers):
             raise ValueError(f"{len(jobs)} jobs for {len(self.workers)} workers")
+        busy = self.workers[: len(jobs)]
         deadline = time.monotonic() + timeout
-        for worker, job in zip(self.workers, jobs, strict=True):
+        for worker, job in zip(busy, jobs, strict=True):
             worker.send(job)
         try:
-            self._collect(self.workers, deadline, "prepare", expect="ready")
+            self._collect(busy, deadline, "prepare", expect="ready")
         except Exception:
-            for worker in self.workers:
+            for worker in busy:
                 if worker.poll() is None:
                     worker.send({"go": False})
             raise
-        for worker in self.workers:
+        for worker in busy:
             worker.send({"go": True})
-        replies = self._collect(self.workers, deadline, "run", expect="result")
+        replies = self._collect(busy, deadline, "run", expect="result")
         return [reply["result"] for reply in replies]
 
     def _collect(

@@ -39,7 +39,8 @@ receives; ``k_p`` is the number of stream messages (chunks) each way between a w
     cpu_ps(p)  = W * x_ps(p) + B_p * update                      PS p per step (one GIL)
     cpu_worker = sum_p worker.time(2, 2 k_p + 1, 2 B_p)          a worker per step
     chain      = (cpu_worker + max_p cpu_ps(p) - v * min(cpu_worker, max_p x_ps(p))) / rate(1)
-    shared     = ps_makespan(cpu_ps(0..P-1), W times cpu_worker; rate)
+    shared     = max(ps_makespan(cpu_ps(0..P-1), W times cpu_worker; rate),
+                     (sum_p cpu_ps(p) + W cpu_worker) / (u * (P + W) * rate(P + W)))
     t_comm     = max(link's t_comm, chain, shared)
 
 ``chain``: a worker's push must be made before a PS can sum it, and the PS must have summed
@@ -53,8 +54,13 @@ process's own work sets.
 runnable sessions: Linux shares CPU fairly between sessions, and a task's Python runs on one
 core at most, so with ``k`` of the cluster's tasks runnable each runs at ``rate(k) = min(1,
 cores / (k + load))``. ``ps_makespan`` is the time to finish every task's work of a step under
-that processor sharing (:func:`sharing_makespan`); it is never below ``sum(work) / cores``
-nor below the largest work. A chain's processes mostly run one at a time, at ``rate(1)``.
+that processor sharing (:func:`sharing_makespan`), never below the largest work nor below
+``sum(work) / cores``. But the tasks hand work to each other (a slice sent is a slice to
+receive) and every hand-off waits for a wake-up, so the cores they share are not kept busy
+all the time: ``u`` (``utilization``) is the share of the cores one exchange's two ends kept
+busy when measured, and all the step's work cannot take less than its total over the ``u``
+share of the cores the ``P + W`` tasks can have. A chain's processes mostly run one at a
+time, at ``rate(1)``; its hand-offs are in ``v``.
 """
 
 from __future__ import annotations
@@ -316,6 +322,8 @@ class HostCosts:
     other sessions compete for them, runnable on average. ``overlap``: the
     fraction of the smaller end's CPU work in one exchange that runs while the other end
     works (streamed messages let a PS sum one slice while the worker sends the next).
+    ``utilization``: the share of the cores they can have that tasks handing work to each
+    other keep busy, as every hand-off waits for a wake-up (see :meth:`capacity`).
     """
 
     worker: CpuCost
@@ -325,6 +333,7 @@ class HostCosts:
     cores: float | None = None
     overlap: float = 0.0
     load: float = 0.0
+    utilization: float = 1.0
 
     def __post_init__(self) -> None:
         _check_seconds("aggregate_byte_s", self.aggregate_byte_s)
@@ -334,6 +343,8 @@ class HostCosts:
             raise ValueError(f"cores={self.cores!r}: must be a finite number > 0, or None")
         if not (math.isfinite(self.load) and self.load >= 0):
             raise ValueError(f"load={self.load!r}: must be a finite number of sessions >= 0")
+        if not (isinstance(self.utilization, (int, float)) and 0.0 < self.utilization <= 1.0):
+            raise ValueError(f"utilization={self.utilization!r}: must be a fraction in (0, 1]")
 
     def rate(self, runnable: int) -> float:
         """The share of a core each of ``runnable`` tasks gets: ``min(1, cores / (runnable +
@@ -341,6 +352,11 @@ class HostCosts:
         if self.cores is None:
             return 1.0
         return min(1.0, self.cores / (max(1, runnable) + self.load))
+
+    def capacity(self, tasks: int) -> float:
+        """The cores ``tasks`` tasks that hand work to each other keep busy together:
+        ``utilization * tasks * rate(tasks)``."""
+        return self.utilization * max(1, tasks) * self.rate(tasks)
 
     def describe(self) -> str:
         """One line: the per-call, per-message and per-byte costs, and the shared cores."""
@@ -362,6 +378,8 @@ class HostCosts:
             text += f"; the ends of an exchange overlap {self.overlap:.0%}"
         if self.cores is not None:
             text += f"; {self.cores:.3g} cores shared with {self.load:.2g} other sessions"
+            if self.utilization < 1.0:
+                text += f", {self.utilization:.0%} of them kept busy"
         return text
 
 
@@ -474,7 +492,8 @@ def _step(
         hidden = host.overlap * min(worker_cpu, max(exchange))
         chain = (worker_cpu + max(ps_cpu) - hidden) / host.rate(1)
         if host.cores is not None:
-            shared = sharing_makespan([*ps_cpu, *[worker_cpu] * workers], host.rate)
+            work = [*ps_cpu, *[worker_cpu] * workers]
+            shared = max(sharing_makespan(work, host.rate), sum(work) / host.capacity(len(work)))
         terms |= {"chain": chain, "cores": shared}
         if max(ps_cpu) > ps_link[busiest]:
             busiest = max(range(placement.ps), key=ps_cpu.__getitem__)
@@ -597,9 +616,9 @@ def prediction_properties(
     measured point's ``key``, for ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
     ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps``; with host
     costs ``link_us``, ``chain_us``, ``ps_cpu_us``, ``worker_cpu_us`` and, with cores,
-    ``cores``, ``load`` and ``shared_us``; with a compute time, ``efficiency``; with ``measured_s``
-    (the measured step's median, in seconds), ``error_pct``: ``100 * (step - measured) /
-    measured``.
+    ``cores``, ``load``, ``utilization`` and ``shared_us``; with a compute time,
+    ``efficiency``; with ``measured_s`` (the measured step's median, in seconds),
+    ``error_pct``: ``100 * (step - measured) / measured``.
     """
     prefix = f"tfgrpc.{label}.{key}.model." if key is not None else f"tfgrpc.{label}.model."
     busiest = prediction.bottleneck_ps
@@ -623,6 +642,7 @@ def prediction_properties(
         ]
         if host.cores is not None:
             pairs += [("cores", repr(host.cores)), ("load", repr(host.load))]
+            pairs.append(("utilization", repr(host.utilization)))
             pairs.append(("shared_us", repr(prediction.shared_s * 1e6)))
     if prediction.efficiency is not None:
         pairs.append(("efficiency", repr(prediction.efficiency)))

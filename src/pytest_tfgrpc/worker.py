@@ -148,6 +148,32 @@ async def _throughput(
 
 
 # --- sync SGD --------------------------------------------------------------------------------
+def sync_sgd_job(
+    *,
+    targets: Sequence[str],
+    worker: int,
+    shards: Sequence[Sequence[tuple[int, int]]],
+    chunk_bytes: int,
+    warmup: int,
+    max_steps: int,
+    barrier_timeout: float,
+    check: bool = False,
+) -> dict[str, Any]:
+    """The parent's side of a ``sync_sgd`` job for worker ``worker``: ``shards[p]`` lists the
+    ``(tensor offset, nbytes)`` of each shard PS ``targets[p]`` owns, in that PS's order."""
+    return {
+        "kind": "sync_sgd",
+        "targets": list(targets),
+        "worker": worker,
+        "check": check,
+        "chunk_bytes": chunk_bytes,
+        "shards": [[(offset, nbytes) for offset, nbytes in mine] for mine in shards],
+        "warmup": warmup,
+        "max_steps": max_steps,
+        "barrier_timeout": barrier_timeout,
+    }
+
+
 def _chunks(
     gradients: Sequence[np.ndarray], chunk_bytes: int
 ) -> list[bytes]:  # the slices of one push, serialized once

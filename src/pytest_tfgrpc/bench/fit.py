@@ -7,14 +7,16 @@ needs to predict a sync-SGD step on the machine at hand:
   service): unary echoes of small tensors and streamed pushes of sizes spanning the
   placement's messages, in protobuf mode as the step's messages are. Their medians give the
   alpha-beta fit (:func:`pytest_tfgrpc.model.fit_from_results`);
-* the CPU costs of the step's own exchange: one worker's push and pull of four shard
-  layouts (one small shard, two larger ones, many small ones) against a one-worker job on PS 0, from
-  this process, with the CPU time of both ends (:func:`measure_exchanges`,
-  :func:`exchange_costs`): per call, per stream message and per byte;
+* the CPU costs of the step's own exchange: worker 0's push and pull of four shard layouts
+  (one small shard, two larger ones, many small ones) against a one-worker job on PS 0, the
+  step's own code in the step's own processes, with the CPU time of both ends
+  (:func:`measure_exchanges`, :func:`exchange_costs`): per call, per stream message and per
+  byte;
 * the PS's numpy costs per byte, timed here (:func:`measure_numpy_costs`): summing one
   worker's gradient into an accumulator (``W`` times a step) and applying the update (once
   a step); a one-worker exchange includes each once, so they are taken off its PS time;
-* how much of one exchange's work its two ends do at the same time (:func:`exchange_overlap`);
+* how much of one exchange's work its two ends do at the same time (:func:`exchange_overlap`),
+  and how busy they kept the cores (:func:`exchange_utilization`);
 * the load of other sessions on the machine's CPUs (:func:`measure_load`): the machine may be
   shared, and a cluster's tasks get only their fair share of it.
 """
@@ -26,23 +28,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import grpc
 import numpy as np
 
 from pytest_tfgrpc import transport
 from pytest_tfgrpc._proto import service_pb2
-from pytest_tfgrpc.bench.cpu import CpuProbe
 from pytest_tfgrpc.bench.p2p import p2p_bandwidth, p2p_latency
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.client import BenchmarkError, rpc_timeout
+from pytest_tfgrpc.client import BenchmarkError
 from pytest_tfgrpc.cluster import PSCluster
 from pytest_tfgrpc.model import CpuCost, HostCosts, LinkFit, fit_from_results
-from pytest_tfgrpc.ps_service import INIT_RANDOM, apply_update, method
+from pytest_tfgrpc.ps_service import INIT_RANDOM, apply_update
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.topology import Placement
 from pytest_tfgrpc.units import format_duration
+from pytest_tfgrpc.worker import sync_sgd_job
 
 __all__ = [
     "FIT_BANDWIDTH_RUN",
@@ -54,6 +55,7 @@ __all__ = [
     "exchange_costs",
     "exchange_layouts",
     "exchange_overlap",
+    "exchange_utilization",
     "measure_cores",
     "measure_exchanges",
     "measure_fit",
@@ -66,7 +68,9 @@ __all__ = [
 #: Each size of the sweep is bounded in count and in time: the whole fit takes 1-2 s.
 FIT_LATENCY_RUN = RunSpec(iterations=60, warmup=3, max_seconds=0.12, warmup_seconds=0.05)
 FIT_BANDWIDTH_RUN = RunSpec(iterations=30, warmup=2, max_seconds=0.15, warmup_seconds=0.1)
-FIT_EXCHANGE_RUN = RunSpec(iterations=12, warmup=1, max_seconds=0.12, warmup_seconds=0.1)
+FIT_EXCHANGE_RUN = RunSpec(iterations=24, warmup=2, max_seconds=0.25, warmup_seconds=0.1)
+#: A fit's one-worker job never waits on other workers: its barrier is short.
+EXCHANGE_BARRIER_S = 10.0
 #: Echo sizes for the per-call cost: small enough that bytes cost next to nothing.
 LATENCY_SIZES = (64, 1024)
 #: The sweep's largest push: the per-byte costs are linear, and larger pushes cost time.
@@ -220,82 +224,67 @@ def exchange_overlap(exchanges: Sequence[Exchange]) -> float:
     return min(1.0, max(0.0, float(np.median(fractions))))
 
 
+def exchange_utilization(exchanges: Sequence[Exchange], cores: float, rate: float = 1.0) -> float:
+    """The median, over exchanges, of the share of the cores its two ends kept busy:
+    ``(worker + ps) / (min(2, cores) * wall)``, divided by ``rate``, the share of a core each
+    end could have had (other sessions' load is counted apart), in (0, 1]; 1.0 without
+    exchanges."""
+    shares = [
+        (x.worker_s + x.ps_s) / (min(2.0, cores) * x.wall_s) / rate
+        for x in exchanges
+        if x.wall_s > 0
+    ]
+    if not shares:
+        return 1.0
+    return min(1.0, max(1e-3, float(np.median(shares))))
+
+
 def _exchange(
     cluster: PSCluster, shards: int, shard_bytes: int, chunk_bytes: int, run: RunSpec
 ) -> Exchange:
-    channel = cluster.channel(0)
-    configure = channel.unary_unary(
-        method("Configure"),
-        request_serializer=service_pb2.PSJob.SerializeToString,
-        response_deserializer=service_pb2.PSJobStats.FromString,
-    )
-    specs = [service_pb2.ShardSpec(tensor=f"fit{i}", nbytes=shard_bytes) for i in range(shards)]
+    """Worker 0's sync-SGD steps against a one-worker job on PS 0 of ``shards`` shards of
+    ``shard_bytes``: the step's own code at both ends, on the step's own processes."""
     job = service_pb2.PSJob(
         job_id=cluster.next_job_id(),
         task=0,
         workers=1,
-        shards=specs,
+        shards=[service_pb2.ShardSpec(tensor=f"fit{i}", nbytes=shard_bytes) for i in range(shards)],
         learning_rate=0.1,
         init=INIT_RANDOM,
-        warmup_steps=0,
-        steps=run.warmup + run.iterations + 2,
+        warmup_steps=run.warmup,
+        steps=run.iterations,
         warmup_seconds=run.warmup_seconds,
-        max_seconds=3600.0,
-        barrier_timeout_seconds=10.0,
+        max_seconds=run.time_limit_s,
+        barrier_timeout_seconds=EXCHANGE_BARRIER_S,
     )
-    configure(job, timeout=30.0)
-    push = channel.stream_unary(method("PushGradients"))
-    pull = channel.unary_stream(method("PullWeights"))
-    gradient = np.full(shard_bytes // 4, 1e-3, dtype=np.float32).tobytes()
-    body = [
-        service_pb2.WeightChunk(shard=i, offset=off, data=gradient[off : off + chunk_bytes])
-        for i in range(shards)
-        for off in range(0, shard_bytes, chunk_bytes)
-    ]
-    chunks = [bytes(c.SerializeToString()) for c in body]
-    timeout = rpc_timeout(2 * shards * shard_bytes)
-    state = {"step": 0}
-
-    def once() -> int:
-        step = state["step"]
-        state["step"] += 1
-        header = service_pb2.WeightChunk(step=step, worker=0, measured=True)
-        push(iter([bytes(header.SerializeToString()), *chunks]), timeout=timeout)
-        request = service_pb2.PullWeightsRequest(step=step, measured=True, chunk_bytes=chunk_bytes)
-        return sum(
-            len(service_pb2.WeightChunk.FromString(r).data)
-            for r in pull(bytes(request.SerializeToString()), timeout=timeout)
-        )
-
-    clock = time.perf_counter_ns
-    warm_end = clock() + int(run.warmup_seconds * 1e9)
-    for _ in range(run.warmup):
-        once()
-        if clock() >= warm_end:
-            break
-    samples: list[int] = []
-    with CpuProbe(cluster.ps[0].target) as probe:
-        probe.start()
-        deadline = clock() + int(run.time_limit_s * 1e9)
-        for _ in range(run.iterations):
-            t0 = clock()
-            got = once()
-            samples.append(clock() - t0)
-            if got != shards * shard_bytes:
-                raise BenchmarkError(f"pulled {got} B, the fit's job holds {shards * shard_bytes}")
-            if samples[-1] + t0 >= deadline:
-                break
-        probe.stop()
-        usage = probe.usage
-    assert usage is not None  # stop() sets it
+    cluster.configure([job])
+    worker_job = sync_sgd_job(
+        targets=cluster.targets[:1],
+        worker=0,
+        shards=[[(0, shard_bytes)] * shards],
+        chunk_bytes=chunk_bytes,
+        warmup=run.warmup,
+        max_steps=run.warmup + run.iterations + 1,
+        barrier_timeout=EXCHANGE_BARRIER_S,
+    )
+    timeout = run.warmup_seconds + run.time_limit_s + 2 * EXCHANGE_BARRIER_S + 60.0
+    (reply,) = cluster.run([worker_job], timeout)
+    (stats,) = cluster.job_stats([0])
+    samples = reply["samples_ns"]
     count = len(samples)
+    if count == 0 or stats.measured_steps != count:
+        raise BenchmarkError(
+            f"the fit's exchange measured {count} steps at the worker and "
+            f"{stats.measured_steps} at PS 0"
+        )
+    slices = shards * max(1, -(-shard_bytes // chunk_bytes))
     return Exchange(
         shards=shards,
         shard_bytes=shard_bytes,
-        messages=2 * len(chunks) + 1,
+        messages=2 * slices + 1,
         nbytes=2 * shards * shard_bytes,
-        worker_s=(usage.client_user_ns + usage.client_system_ns) / count / 1e9,
-        ps_s=(usage.server_user_ns + usage.server_system_ns) / count / 1e9,
+        worker_s=(reply["cpu_user_ns"] + reply["cpu_system_ns"]) / count / 1e9,
+        ps_s=(stats.cpu_user_ns + stats.cpu_system_ns) / count / 1e9,
         wall_s=float(np.median(samples)) / 1e9,
         count=count,
     )
@@ -308,20 +297,15 @@ def measure_exchanges(
     chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
     run: RunSpec = FIT_EXCHANGE_RUN,
 ) -> tuple[Exchange, ...]:
-    """One worker's exchanges with PS 0, from this process, for each ``(shards,
-    shard_bytes)`` layout: a one-worker job on PS 0 (which drops the job it had; the next
-    benchmark configures its own), a warm-up, then at most ``run.iterations`` exchanges
-    within ``run.time_limit_s``. Shard sizes are rounded down to whole float32 elements."""
+    """Worker 0's exchanges with PS 0 for each ``(shards, shard_bytes)`` layout: a one-worker
+    job on PS 0 (which drops the job it had; the next benchmark configures its own), a
+    warm-up, then at most ``run.iterations`` exchanges within ``run.time_limit_s``. Shard
+    sizes are rounded down to whole float32 elements."""
     out = []
     for shards, shard_bytes in layouts:
         if shards < 1 or shard_bytes < 4:
             raise ValueError(f"layout ({shards}, {shard_bytes}): needs a shard of 4 B or more")
-        try:
-            out.append(_exchange(cluster, shards, shard_bytes // 4 * 4, chunk_bytes, run))
-        except grpc.RpcError as error:
-            raise cluster.died(grace=1.0) or BenchmarkError(
-                f"the fit's exchange with PS 0 failed: {error}"
-            ) from error
+        out.append(_exchange(cluster, shards, shard_bytes // 4 * 4, chunk_bytes, run))
     return tuple(out)
 
 
@@ -482,4 +466,5 @@ def measure_fit(
         load = measure_load(topology.ps + topology.workers)
     cpus = float(_available_cpus())
     host = HostCosts(worker, ps, aggregate, update, cpus, exchange_overlap(exchanges), load)
+    host = replace(host, utilization=exchange_utilization(exchanges, cpus, host.rate(2)))
     return MachineFit(link, host, (echoes, pushes), exchanges, time.perf_counter() - start)

@@ -41,6 +41,7 @@ from pytest_tfgrpc.sketch import Sketch
 from pytest_tfgrpc.stats import Summary, summarize
 from pytest_tfgrpc.topology import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.units import size_label
+from pytest_tfgrpc.worker import sync_sgd_job
 
 __all__ = [
     "PS_THROUGHPUT_RUN",
@@ -437,17 +438,16 @@ def sync_sgd_step(
         ]
     )
     jobs = [
-        {
-            "kind": "sync_sgd",
-            "targets": list(cluster.targets),
-            "worker": w,
-            "check": check,
-            "chunk_bytes": chunk_bytes,
-            "shards": [[(s.offset, s.nbytes) for s in mine] for mine in shards],
-            "warmup": run.warmup,
-            "max_steps": run.warmup + run.iterations + 1,
-            "barrier_timeout": barrier_timeout,
-        }
+        sync_sgd_job(
+            targets=cluster.targets,
+            worker=w,
+            shards=[[(s.offset, s.nbytes) for s in mine] for mine in shards],
+            chunk_bytes=chunk_bytes,
+            warmup=run.warmup,
+            max_steps=run.warmup + run.iterations + 1,
+            barrier_timeout=barrier_timeout,
+            check=check,
+        )
         for w in range(topology.workers)
     ]
     replies = cluster.run(jobs, _job_timeout(run, barrier_timeout))
