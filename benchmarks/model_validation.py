@@ -93,7 +93,7 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
         error_pct=100 * (predicted - measured) / measured,
         limit=prediction.limit,
         cores=prediction.host.cores,
-        utilization=prediction.host.utilization,
+        utilization=prediction.utilization,
         other_load=prediction.host.load,
         predicted_idle_ms=idle.iter_s * 1e3,
         error_idle_pct=100 * (idle.iter_s * 1e3 - measured) / measured,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from junitparser.xunit2 import JUnitXml
@@ -18,9 +19,8 @@ from pytest_tfgrpc.bench.fit import (
     LATENCY_SIZES,
     Exchange,
     exchange_costs,
+    exchange_hidden,
     exchange_layouts,
-    exchange_overlap,
-    exchange_utilization,
     measure_cores,
     measure_fit,
     measure_numpy_costs,
@@ -102,17 +102,6 @@ def test_exchange_costs_recover_known_costs() -> None:
         exchange_costs(exchanges[:2])
 
 
-def test_exchange_overlap_is_the_hidden_share_of_the_smaller_end() -> None:
-    def x(worker: float, ps: float, wall: float) -> Exchange:
-        return Exchange(1, 64, 3, 128, worker, ps, wall, 5)
-
-    assert exchange_overlap([x(4.0, 6.0, 10.0)]) == 0.0  # one after the other
-    assert exchange_overlap([x(4.0, 6.0, 6.0)]) == 1.0  # the worker's part all hidden
-    assert exchange_overlap([x(4.0, 6.0, 8.0), x(2, 2, 3), x(1, 1, 9)]) == 0.5
-    assert exchange_overlap([x(4.0, 6.0, 2.0)]) == 1.0  # clamped
-    assert exchange_overlap([]) == 0.0
-
-
 def test_numpy_costs_and_cores_are_measured() -> None:
     aggregate, update = measure_numpy_costs(1 << 16, min_seconds=0.005)
     assert 0 < aggregate < 1e-6 and 0 < update < 1e-6  # well under a microsecond a byte
@@ -131,19 +120,27 @@ def test_other_load_follows_fair_sharing() -> None:
         other_load(0.0, 2, 2)
 
 
-def test_exchange_utilization_is_the_busy_share_of_two_cores() -> None:
-    def x(worker: float, ps: float, wall: float) -> Exchange:
-        return Exchange(1, 64, 3, 128, worker, ps, wall, 5)
-
-    assert exchange_utilization([x(4.0, 6.0, 10.0)], cores=2) == 0.5  # one after the other
-    assert exchange_utilization([x(5.0, 5.0, 5.0)], cores=8) == 1.0  # both busy throughout
-    assert exchange_utilization([x(4.0, 4.0, 8.0)], cores=1) == 1.0  # one core, always busy
-    # Others' load: a 0.5 core share each explains half of the lost time.
-    assert exchange_utilization([x(2.0, 2.0, 8.0)], cores=2, rate=0.5) == 0.5
-    many = [x(4.0, 6.0, 10.0), x(3.0, 3.0, 4.0), x(1.0, 1.0, 9.0)]
-    assert exchange_utilization(many, cores=2) == 0.5  # the median
-    assert exchange_utilization([x(4.0, 6.0, 2.0)], cores=2) == 1.0  # clamped
-    assert exchange_utilization([], cores=2) == 1.0
+def test_exchange_hidden_recovers_known_overlap() -> None:
+    worker = CpuCost(rpc_s=400e-6, message_s=60e-6, byte_s=0.5e-9)
+    ps = CpuCost(rpc_s=500e-6, message_s=80e-6, byte_s=0.8e-9)
+    both = CpuCost(rpc_s=100e-6, message_s=40e-6, byte_s=0.3e-9)
+    layouts = [(1, 64), (1, 1 << 18), (1, 1 << 22), (32, 64)]
+    exchanges = []
+    for k, n in layouts:
+        x = _exchange(k, n, worker, ps, 0.0)
+        wall = x.worker_s + x.ps_s - both.time(2, x.messages, x.nbytes)
+        exchanges.append(replace(x, wall_s=wall))
+    hidden = exchange_hidden(exchanges)
+    assert hidden.rpc_s == pytest.approx(both.rpc_s, rel=1e-6)
+    assert hidden.message_s == pytest.approx(both.message_s, rel=1e-6)
+    assert hidden.byte_s == pytest.approx(both.byte_s, rel=1e-6)
+    # Others' load stretched the walls: at half a core each, twice as long for the same work.
+    stretched = [replace(x, wall_s=2 * x.wall_s) for x in exchanges]
+    assert exchange_hidden(stretched, rate=0.5) == hidden
+    # Ends one after the other (or fewer than three layouts that overlap): nothing hidden.
+    serial = [replace(x, wall_s=x.worker_s + x.ps_s) for x in exchanges]
+    assert exchange_hidden(serial) == CpuCost(0.0, 0.0, 0.0)
+    assert exchange_hidden(exchanges[:2]) == CpuCost(0.0, 0.0, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +174,7 @@ def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
         assert x.worker_s > 0 and x.ps_s > 0 and x.wall_s > 0
     host = machine.host
     assert host.cores == len(os.sched_getaffinity(0)) and host.load == 0.5
-    assert 0 <= host.overlap <= 1 and 0 < host.utilization <= 1
+    assert all(v >= 0 for v in (host.hidden.rpc_s, host.hidden.message_s, host.hidden.byte_s))
     for cost in (host.worker, host.ps):
         assert all(math.isfinite(v) and v >= 0 for v in (cost.rpc_s, cost.message_s, cost.byte_s))
     assert host.aggregate_byte_s > 0 and host.update_byte_s > 0

@@ -294,15 +294,20 @@ def test_prediction_properties() -> None:
 # --- the host's CPU terms -----------------------------------------------------------------------
 
 # Round numbers for hand arithmetic; SMALL on 2 PS round-robin: PS 0 owns a and c (600 B in 2
-# shards), PS 1 owns b (800 B in 1 shard).
+# shards), PS 1 owns b (800 B in 1 shard). The ends of an exchange work at once for half the
+# worker's part.
 HOST = HostCosts(
     worker=CpuCost(rpc_s=1e-3, message_s=1e-4, byte_s=1e-6),
     ps=CpuCost(rpc_s=2e-3, message_s=2e-4, byte_s=2e-6),
     aggregate_byte_s=1e-6,
     update_byte_s=3e-6,
     cores=1.5,
-    overlap=0.5,
+    hidden=CpuCost(rpc_s=0.5e-3, message_s=0.5e-4, byte_s=0.5e-6),
 )
+# PS 1's exchange (the heaviest PS): 3.9 ms at the worker, 8.6 ms at the PS, 1.95 ms of them at
+# once, so the pair keeps 12.5 / (2 x 10.55) of two cores busy.
+BUSY = 12.5 / 21.1
+NONE = CpuCost(0.0, 0.0, 0.0)
 
 
 def test_host_terms_follow_the_formulas() -> None:
@@ -311,46 +316,48 @@ def test_host_terms_follow_the_formulas() -> None:
     x_ps = (4e-3 + 5 * 2e-4 + 1200 * 2e-6 + 600e-6, 4e-3 + 3 * 2e-4 + 1600 * 2e-6 + 800e-6)
     assert step.ps_cpu_s == pytest.approx((3 * x_ps[0] + 1.8e-3, 3 * x_ps[1] + 2.4e-3))
     assert step.worker_cpu_s == pytest.approx((2e-3 + 5e-4 + 1.2e-3) + (2e-3 + 3e-4 + 1.6e-3))
-    assert step.chain_s == pytest.approx(7.6e-3 + 28.2e-3 - 0.5 * 7.6e-3)
+    assert HOST.exchange(3, 1600, 800) == pytest.approx((3.9e-3, 8.6e-3, 1.95e-3))
+    assert step.chain_s == pytest.approx(7.6e-3 + 28.2e-3 - 1.95e-3)
     # 5 tasks on 1.5 cores: the 3 workers (7.6 ms each) finish at 0.3 core each, then the
-    # PS tasks share the 1.5 cores (0.75 each), then PS 1 runs alone.
-    shared = 7.6e-3 / 0.3 + (25.8e-3 - 7.6e-3) / 0.75 + (28.2e-3 - 25.8e-3)
-    assert step.shared_s == pytest.approx(shared) == pytest.approx(52.0e-3)
-    assert step.shared_s >= (25.8e-3 + 28.2e-3 + 3 * 7.6e-3) / 1.5
+    # PS tasks share the 1.5 cores (0.75 each), then PS 1 runs alone: 52.0 ms. But the pair
+    # keeps only BUSY of its cores busy, so all the work takes 76.8 ms / (BUSY x 1.5).
+    ideal = 7.6e-3 / 0.3 + (25.8e-3 - 7.6e-3) / 0.75 + (28.2e-3 - 25.8e-3)
+    work = [*step.ps_cpu_s, *[step.worker_cpu_s] * 3]
+    assert sharing_makespan(work, HOST.rate) == pytest.approx(ideal) == pytest.approx(52.0e-3)
+    assert step.utilization == pytest.approx(BUSY)
+    assert step.shared_s == pytest.approx(76.8e-3 / (BUSY * 1.5)) == pytest.approx(86.4e-3, 1e-3)
     assert step.link_s == pytest.approx(15.6e-3)  # the link alone, as without host costs
-    assert step.limit == "cores" and step.comm_s == pytest.approx(52.0e-3)
+    assert step.limit == "cores" and step.comm_s == step.shared_s
     assert step.bottleneck_ps == 1  # by CPU, though PS 0's link is the busier one
     alone = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, cores=None))
     assert (alone.limit, alone.shared_s) == ("chain", 0.0)
-    assert alone.comm_s == pytest.approx(32.0e-3)
+    assert alone.comm_s == pytest.approx(33.85e-3)
     # Others' load: a lone task gets 1.5 / (1 + 1.5) of a core, and the chain slows with it.
     busy = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, load=1.5))
-    assert busy.chain_s == pytest.approx(32.0e-3 / 0.6)
+    assert busy.chain_s == pytest.approx(33.85e-3 / 0.6)
     assert busy.shared_s > step.shared_s
 
 
-def test_utilization_bounds_the_shared_cores() -> None:
-    # All the work, 25.8 + 28.2 + 3 x 7.6 = 76.8 ms, over the cores the 5 tasks keep busy:
-    # half of 1.5 cores is 0.75 core, so 102.4 ms, beyond the 52.0 ms of ideal sharing.
-    half = replace(HOST, utilization=0.5)
-    assert half.capacity(5) == pytest.approx(0.75)
-    step = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=half)
-    assert step.shared_s == pytest.approx(76.8e-3 / 0.75)
-    assert (step.limit, step.comm_s) == ("cores", pytest.approx(102.4e-3))
-    # Kept busy enough, ideal sharing is the longer bound again.
-    assert predict_step(
-        SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, utilization=0.99)
-    ).shared_s == pytest.approx(52.0e-3)
-    # One worker and one PS with cores to spare: the bound is their work over u x 2 cores,
-    # which is the wall time of the exchange u was measured from, (a + b) / (2 u).
-    spare = replace(HOST, cores=8.0, utilization=0.6)
+def test_the_busy_share_of_the_cores_follows_the_hidden_work() -> None:
+    # Ends that never work at once keep half of two cores busy: all the work over 0.75 core.
+    serial = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=replace(HOST, hidden=NONE))
+    assert serial.utilization == 0.5
+    assert serial.shared_s == pytest.approx(76.8e-3 / 0.75)
+    assert serial.chain_s == pytest.approx(7.6e-3 + 28.2e-3)
+    # Hidden work is at most either end's: here all of the worker's part, 3.9 ms.
+    most = replace(HOST, hidden=CpuCost(1.0, 1.0, 1.0))
+    step = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=most)
+    assert step.utilization == pytest.approx(12.5 / (2 * 8.6))
+    assert step.chain_s == pytest.approx(7.6e-3 + 28.2e-3 - 3.9e-3)
+    # With cores to spare, one worker and one PS (all 3 shards, 1400 B): their work over the
+    # 2u cores they keep busy is the exchange's own wall time, x_w + x_ps - h, plus the update.
+    spare = replace(HOST, cores=8.0)
     lone = predict_step(SMALL, Topology(1, 1), SLOW_LINK, host=spare)
-    assert lone.shared_s == pytest.approx((lone.worker_cpu_s + lone.ps_cpu_s[0]) / 1.2)
-    assert lone.shared_s > max(lone.worker_cpu_s, lone.ps_cpu_s[0])
-    # Others' load shrinks the cores the tasks can have, and the bound with them.
-    loaded = replace(half, load=5.0)
-    assert loaded.capacity(5) == pytest.approx(0.5 * 5 * 1.5 / 10)
-    assert "50% of them kept busy" in half.describe()
+    x_w, x_ps, h = spare.exchange(2 * 3 + 1, 2 * 1400, 1400)
+    assert (lone.worker_cpu_s, *lone.ps_cpu_s) == pytest.approx((x_w, x_ps + 4.2e-3))
+    bound = (x_w + x_ps + 4.2e-3) * (x_w + x_ps - h) / (x_w + x_ps)
+    assert lone.shared_s == pytest.approx(bound) and bound > x_ps + 4.2e-3
+    assert "at once 500us/call" in HOST.describe()
 
 
 def test_sharing_makespan() -> None:
@@ -376,12 +383,14 @@ def test_every_limit_can_win_and_the_chain_covers_each_process() -> None:
     for limit, (host, topology) in cases.items():
         assert predict_step(SMALL, topology, SLOW_LINK, host=host).limit == limit
     assert set(cases) == set(LIMITS)
-    for overlap in (0.0, 0.5, 1.0):
+    for scale in (0.0, 0.5, 1.0, 10.0):
+        hidden = CpuCost(scale * 1e-3, scale * 1e-4, scale * 1e-6)
         for workers in (1, 4):
             step = predict_step(
-                SMALL, Topology(2, workers), SLOW_LINK, host=replace(HOST, overlap=overlap)
+                SMALL, Topology(2, workers), SLOW_LINK, host=replace(HOST, hidden=hidden)
             )
             assert step.chain_s >= max(step.worker_cpu_s, *step.ps_cpu_s)
+            assert 0.5 <= step.utilization <= 1.0
 
 
 def test_streamed_steps_count_slices_as_messages_and_calls_on_the_link() -> None:
@@ -399,11 +408,8 @@ def test_streamed_steps_count_slices_as_messages_and_calls_on_the_link() -> None
     ("kwargs", "message"),
     [
         ({"cores": 0.0}, "cores=0.0"),
-        ({"overlap": 1.5}, "overlap=1.5"),
         ({"update_byte_s": -1.0}, "update_byte_s=-1.0"),
         ({"load": -0.5}, "load=-0.5"),
-        ({"utilization": 0.0}, "utilization=0.0"),
-        ({"utilization": 1.2}, "utilization=1.2"),
     ],
 )
 def test_host_costs_reject_bad_values(kwargs: dict[str, Any], message: str) -> None:
@@ -422,16 +428,16 @@ def test_prediction_properties_with_host_key_and_error() -> None:
     assert all(name.startswith(prefix) for name in props)
     assert props[prefix + "limit"] == "cores"
     assert float(props[prefix + "cores"]) == 1.5
-    assert float(props[prefix + "shared_us"]) == pytest.approx(52000)
+    assert float(props[prefix + "shared_us"]) == pytest.approx(step.shared_s * 1e6)
     assert float(props[prefix + "load"]) == 0.0
-    assert float(props[prefix + "utilization"]) == 1.0
-    assert float(props[prefix + "chain_us"]) == pytest.approx(32000)
-    assert float(props[prefix + "error_pct"]) == pytest.approx(100 * (52.0 - 40) / 40)
+    assert float(props[prefix + "utilization"]) == pytest.approx(BUSY)
+    assert float(props[prefix + "chain_us"]) == pytest.approx(33850)
+    assert float(props[prefix + "error_pct"]) == pytest.approx(100 * (step.iter_s - 0.04) / 0.04)
     assert relative_error(0.03, 0.04) == pytest.approx(-0.25)
     with pytest.raises(ValueError, match="measured_s=0"):
         relative_error(0.03, 0)
     text = project(SMALL, SLOW_LINK, workers=[1, 3], ps=[2], host=HOST).describe()
-    assert "ps 2.00ms/call" in text and "overlap 50%" in text
+    assert "ps 2.00ms/call" in text and "at once 500us/call, 50.0us/message" in text
     assert "1.5 cores shared with 0 other sessions" in text
 
 

@@ -36,18 +36,22 @@ receives; ``k_p`` is the number of stream messages (chunks) each way between a w
 ``p``, and one exchange is a push (``k_p + 1`` messages, the header included) and a pull::
 
     x_ps(p)    = ps.time(2, 2 k_p + 1, 2 B_p) + B_p * aggregate   a worker's exchange, at PS p
+    x_w(p)     = worker.time(2, 2 k_p + 1, 2 B_p)                 the same exchange, at the worker
+    h(p)       = min(hidden.time(2, 2 k_p + 1, 2 B_p), x_w(p), x_ps(p))   its ends at once
+    u(p)       = (x_w(p) + x_ps(p)) / (2 (x_w(p) + x_ps(p) - h(p)))       busy share of 2 cores
     cpu_ps(p)  = W * x_ps(p) + B_p * update                      PS p per step (one GIL)
-    cpu_worker = sum_p worker.time(2, 2 k_p + 1, 2 B_p)          a worker per step
-    chain      = (cpu_worker + max_p cpu_ps(p) - v * min(cpu_worker, max_p x_ps(p))) / rate(1)
+    cpu_worker = sum_p x_w(p)                                     a worker per step
+    chain      = (cpu_worker + cpu_ps(b) - h(b)) / rate(1)        b: the busiest PS by CPU
     shared     = max(ps_makespan(cpu_ps(0..P-1), W times cpu_worker; rate),
-                     (sum_p cpu_ps(p) + W cpu_worker) / (u * (P + W) * rate(P + W)))
+                     (sum_p cpu_ps(p) + W cpu_worker) / (u(b) * (P + W) * rate(P + W)))
     t_comm     = max(link's t_comm, chain, shared)
 
 ``chain``: a worker's push must be made before a PS can sum it, and the PS must have summed
 every worker's push and served the pulls before the last worker has its weights, so the
 worker's and the busiest PS's work of a step mostly follow each other; streaming lets one
-exchange's ends overlap by the measured fraction ``v`` of the smaller end's work. As
-``v <= 1``, ``chain`` is never below ``cpu_worker`` nor ``max_p cpu_ps(p)``, the floors each
+exchange's ends work at once for ``h``, which ``hidden`` gives per call, per message and per
+byte as measured (more slices, more of them pipelined). As ``h`` is at most either end's
+work, ``chain`` is never below ``cpu_worker`` nor ``max_p cpu_ps(p)``, the floors each
 process's own work sets.
 
 ``shared`` applies when the tasks share ``cores`` CPUs (one machine) with ``load`` other
@@ -57,10 +61,9 @@ cores / (k + load))``. ``ps_makespan`` is the time to finish every task's work o
 that processor sharing (:func:`sharing_makespan`), never below the largest work nor below
 ``sum(work) / cores``. But the tasks hand work to each other (a slice sent is a slice to
 receive) and every hand-off waits for a wake-up, so the cores they share are not kept busy
-all the time: ``u`` (``utilization``) is the share of the cores one exchange's two ends kept
-busy when measured, and all the step's work cannot take less than its total over the ``u``
-share of the cores the ``P + W`` tasks can have. A chain's processes mostly run one at a
-time, at ``rate(1)``; its hand-offs are in ``v``.
+all the time: an exchange's two ends keep ``u`` of two cores busy, and all the step's work
+cannot take less than its total over that share of the cores the ``P + W`` tasks can have.
+A chain's processes mostly run one at a time, at ``rate(1)``; its hand-offs are in ``h``.
 """
 
 from __future__ import annotations
@@ -319,11 +322,9 @@ class HostCosts:
     accumulator, ``update_byte_s`` its cost per byte owned of applying the step's update and
     keeping the new weights to serve. ``cores``: the CPUs that every task of the cluster
     shares (one machine), or None when each task has a host of its own; ``load``: how many
-    other sessions compete for them, runnable on average. ``overlap``: the
-    fraction of the smaller end's CPU work in one exchange that runs while the other end
-    works (streamed messages let a PS sum one slice while the worker sends the next).
-    ``utilization``: the share of the cores they can have that tasks handing work to each
-    other keep busy, as every hand-off waits for a wake-up (see :meth:`capacity`).
+    other sessions compete for them, runnable on average. ``hidden``: the CPU time of one
+    exchange during which both its ends work (streamed messages let a PS sum one slice while
+    the worker sends the next), per call, per stream message and per byte; none by default.
     """
 
     worker: CpuCost
@@ -331,20 +332,16 @@ class HostCosts:
     aggregate_byte_s: float = 0.0
     update_byte_s: float = 0.0
     cores: float | None = None
-    overlap: float = 0.0
+    hidden: CpuCost = CpuCost(0.0, 0.0, 0.0)
     load: float = 0.0
-    utilization: float = 1.0
 
     def __post_init__(self) -> None:
         _check_seconds("aggregate_byte_s", self.aggregate_byte_s)
         _check_seconds("update_byte_s", self.update_byte_s)
-        _check_fraction("overlap", self.overlap)
         if self.cores is not None and not (math.isfinite(self.cores) and self.cores > 0):
             raise ValueError(f"cores={self.cores!r}: must be a finite number > 0, or None")
         if not (math.isfinite(self.load) and self.load >= 0):
             raise ValueError(f"load={self.load!r}: must be a finite number of sessions >= 0")
-        if not (isinstance(self.utilization, (int, float)) and 0.0 < self.utilization <= 1.0):
-            raise ValueError(f"utilization={self.utilization!r}: must be a fraction in (0, 1]")
 
     def rate(self, runnable: int) -> float:
         """The share of a core each of ``runnable`` tasks gets: ``min(1, cores / (runnable +
@@ -353,10 +350,13 @@ class HostCosts:
             return 1.0
         return min(1.0, self.cores / (max(1, runnable) + self.load))
 
-    def capacity(self, tasks: int) -> float:
-        """The cores ``tasks`` tasks that hand work to each other keep busy together:
-        ``utilization * tasks * rate(tasks)``."""
-        return self.utilization * max(1, tasks) * self.rate(tasks)
+    def exchange(self, messages: int, nbytes: int, aggregate_bytes: int) -> tuple[float, ...]:
+        """One worker-PS exchange of 2 calls, ``messages`` stream messages and ``nbytes`` bytes
+        (sent plus received, the PS summing ``aggregate_bytes``): the worker's CPU seconds,
+        the PS's, and the seconds both work at once."""
+        worker = self.worker.time(2, messages, nbytes)
+        ps = self.ps.time(2, messages, nbytes) + aggregate_bytes * self.aggregate_byte_s
+        return worker, ps, min(self.hidden.time(2, messages, nbytes), worker, ps)
 
     def describe(self) -> str:
         """One line: the per-call, per-message and per-byte costs, and the shared cores."""
@@ -374,12 +374,15 @@ class HostCosts:
                 f"; sum {self.aggregate_byte_s * 1e9:.3g} ns/B, "
                 f"update {self.update_byte_s * 1e9:.3g} ns/B"
             )
-        if self.overlap > 0:
-            text += f"; the ends of an exchange overlap {self.overlap:.0%}"
+        hidden = self.hidden
+        if hidden.rpc_s or hidden.message_s or hidden.byte_s:
+            text += (
+                f"; an exchange's ends at once {format_duration(hidden.rpc_s * 1e9)}/call, "
+                f"{format_duration(hidden.message_s * 1e9)}/message, "
+                f"{hidden.byte_s * 1e9:.3g} ns/B"
+            )
         if self.cores is not None:
             text += f"; {self.cores:.3g} cores shared with {self.load:.2g} other sessions"
-            if self.utilization < 1.0:
-                text += f", {self.utilization:.0%} of them kept busy"
         return text
 
 
@@ -403,8 +406,9 @@ class StepPrediction:
     ``bottleneck`` is ``"ps"`` or ``"worker"``, whichever link is slower; ``bottleneck_ps``
     is the busiest PS either way; ``link_s`` the slower link's time.
 
-    With ``host`` costs: ``ps_cpu_s[p]``, ``worker_cpu_s``, ``chain_s`` and ``shared_s`` as in
-    the module docstring (all 0.0 without ``host``; ``shared_s`` also without its cores).
+    With ``host`` costs: ``ps_cpu_s[p]``, ``worker_cpu_s``, ``chain_s``, ``shared_s`` and
+    ``utilization`` (``u(b)``) as in the module docstring (0.0, and 1.0, without ``host``;
+    ``shared_s`` also without its cores).
     ``comm_s`` is the largest of the busiest PS link, the worker link, ``chain_s`` and
     ``shared_s``; ``limit`` says which (one of :data:`LIMITS`). ``iter_s`` and ``efficiency``
     are as in the module docstring; ``efficiency`` is None when no compute time was given.
@@ -437,6 +441,7 @@ class StepPrediction:
     chain_s: float = 0.0
     shared_s: float = 0.0
     limit: str = "ps link"
+    utilization: float = 1.0
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -478,25 +483,30 @@ def _step(
     terms = {"ps link": ps_link[busiest], "worker link": worker_link}
     ps_cpu: tuple[float, ...] = ()
     worker_cpu = chain = shared = 0.0
+    utilization = 1.0
     if host is not None:
-        exchange = [
-            host.ps.time(2, 2 * m + 1, 2 * b) + b * host.aggregate_byte_s
-            for b, m in zip(owned, messages, strict=True)
+        exchanges = [
+            host.exchange(2 * m + 1, 2 * b, b) for b, m in zip(owned, messages, strict=True)
         ]
         ps_cpu = tuple(
-            workers * x + b * host.update_byte_s for x, b in zip(exchange, owned, strict=True)
+            workers * x_ps + b * host.update_byte_s
+            for (_, x_ps, _), b in zip(exchanges, owned, strict=True)
         )
-        worker_cpu = sum(
-            host.worker.time(2, 2 * m + 1, 2 * b) for b, m in zip(owned, messages, strict=True)
-        )
-        hidden = host.overlap * min(worker_cpu, max(exchange))
-        chain = (worker_cpu + max(ps_cpu) - hidden) / host.rate(1)
+        worker_cpu = sum(x_w for x_w, _, _ in exchanges)
+        heaviest = max(range(placement.ps), key=ps_cpu.__getitem__)
+        x_w, x_ps, hidden = exchanges[heaviest]
+        chain = (worker_cpu + ps_cpu[heaviest] - hidden) / host.rate(1)
+        utilization = (x_w + x_ps) / (2 * (x_w + x_ps - hidden)) if x_w + x_ps > 0 else 1.0
         if host.cores is not None:
             work = [*ps_cpu, *[worker_cpu] * workers]
-            shared = max(sharing_makespan(work, host.rate), sum(work) / host.capacity(len(work)))
+            tasks = len(work)
+            shared = max(
+                sharing_makespan(work, host.rate),
+                sum(work) / (utilization * tasks * host.rate(tasks)),
+            )
         terms |= {"chain": chain, "cores": shared}
-        if max(ps_cpu) > ps_link[busiest]:
-            busiest = max(range(placement.ps), key=ps_cpu.__getitem__)
+        if ps_cpu[heaviest] > ps_link[busiest]:
+            busiest = heaviest
     limit = max(LIMITS[: len(terms)], key=terms.__getitem__)
     comm = terms[limit]
     backward = backward_share * compute_s
@@ -528,6 +538,7 @@ def _step(
         chain_s=chain,
         shared_s=shared,
         limit=limit,
+        utilization=utilization,
     )
 
 
@@ -642,7 +653,7 @@ def prediction_properties(
         ]
         if host.cores is not None:
             pairs += [("cores", repr(host.cores)), ("load", repr(host.load))]
-            pairs.append(("utilization", repr(host.utilization)))
+            pairs.append(("utilization", repr(prediction.utilization)))
             pairs.append(("shared_us", repr(prediction.shared_s * 1e6)))
     if prediction.efficiency is not None:
         pairs.append(("efficiency", repr(prediction.efficiency)))

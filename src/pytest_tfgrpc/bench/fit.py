@@ -15,8 +15,7 @@ needs to predict a sync-SGD step on the machine at hand:
 * the PS's numpy costs per byte, timed here (:func:`measure_numpy_costs`): summing one
   worker's gradient into an accumulator (``W`` times a step) and applying the update (once
   a step); a one-worker exchange includes each once, so they are taken off its PS time;
-* how much of one exchange's work its two ends do at the same time (:func:`exchange_overlap`),
-  and how busy they kept the cores (:func:`exchange_utilization`);
+* how much of one exchange's work its two ends do at the same time (:func:`exchange_hidden`);
 * the load of other sessions on the machine's CPUs (:func:`measure_load`): the machine may be
   shared, and a cluster's tasks get only their fair share of it.
 """
@@ -53,9 +52,8 @@ __all__ = [
     "Exchange",
     "MachineFit",
     "exchange_costs",
+    "exchange_hidden",
     "exchange_layouts",
-    "exchange_overlap",
-    "exchange_utilization",
     "measure_cores",
     "measure_exchanges",
     "measure_fit",
@@ -211,32 +209,20 @@ def exchange_costs(
     return costs[0], costs[1]
 
 
-def exchange_overlap(exchanges: Sequence[Exchange]) -> float:
-    """The median, over exchanges, of the fraction of the smaller end's CPU time that ran
-    while the other end worked: ``(worker + ps - wall) / min(worker, ps)``, in [0, 1]."""
-    fractions = [
-        (x.worker_s + x.ps_s - x.wall_s) / min(x.worker_s, x.ps_s)
-        for x in exchanges
-        if min(x.worker_s, x.ps_s) > 0
-    ]
-    if not fractions:
-        return 0.0
-    return min(1.0, max(0.0, float(np.median(fractions))))
-
-
-def exchange_utilization(exchanges: Sequence[Exchange], cores: float, rate: float = 1.0) -> float:
-    """The median, over exchanges, of the share of the cores its two ends kept busy:
-    ``(worker + ps) / (min(2, cores) * wall)``, divided by ``rate``, the share of a core each
-    end could have had (other sessions' load is counted apart), in (0, 1]; 1.0 without
-    exchanges."""
-    shares = [
-        (x.worker_s + x.ps_s) / (min(2.0, cores) * x.wall_s) / rate
-        for x in exchanges
-        if x.wall_s > 0
-    ]
-    if not shares:
-        return 1.0
-    return min(1.0, max(1e-3, float(np.median(shares))))
+def exchange_hidden(exchanges: Sequence[Exchange], rate: float = 1.0) -> CpuCost:
+    """The seconds of an exchange during which both its ends worked, fitted per call, per
+    stream message and per byte as :func:`exchange_costs` fits CPU time: ``worker + ps -
+    wall * rate`` per exchange, where ``rate`` is the share of a core each end could have
+    had (other sessions' load is counted apart). Exchanges whose ends never worked at once
+    are left out; with fewer than three left, nothing is hidden."""
+    rows = []
+    for x in exchanges:
+        both = x.worker_s + x.ps_s - x.wall_s * rate
+        if both > 0:
+            rows.append(((float(x.calls), float(x.messages), float(x.nbytes)), both))
+    if len({row[0] for row in rows}) < 3:
+        return CpuCost(0.0, 0.0, 0.0)
+    return CpuCost(*_nonnegative_fit(rows))
 
 
 def _exchange(
@@ -465,6 +451,6 @@ def measure_fit(
         topology = cluster.topology
         load = measure_load(topology.ps + topology.workers)
     cpus = float(_available_cpus())
-    host = HostCosts(worker, ps, aggregate, update, cpus, exchange_overlap(exchanges), load)
-    host = replace(host, utilization=exchange_utilization(exchanges, cpus, host.rate(2)))
+    host = HostCosts(worker, ps, aggregate, update, cpus, load=load)
+    host = replace(host, hidden=exchange_hidden(exchanges, host.rate(2)))
     return MachineFit(link, host, (echoes, pushes), exchanges, time.perf_counter() - start)
