@@ -1,15 +1,17 @@
 """The analytic model against measured sync-SGD steps on this machine (issue 5's +-25% check).
 
-    python benchmarks/model_validation.py [--profile hep_cnn] [--workers 1,2,3,4] [--ps 1,2]
-        [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1] [--json out.json]
+    python benchmarks/model_validation.py [--profile hep_cnn] [--scale 1] [--workers 1,2,3,4]
+        [--ps 1,2] [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1]
+        [--json out.json]
 
 For every (PS, workers) a fresh cluster starts on the fabric; ``sync_sgd_step(model=True)``
-fits the link and host on PS 0 (1-2 s: P2P sweep, the step's exchange at four generic shard
-layouts, numpy costs, the other sessions' load) and predicts the step from that fit alone, then
-measures the steps. The table shows the prediction, the measured step p50, the error, which
-term of the model limits the step, the other sessions' load the probes found, the prediction
-and its error without that load (as if the cluster had the machine alone), and the 1-minute
-load average (the machine is shared: other processes' load changes what the cluster gets).
+fits the link and host on PS 0 and worker 0 (1-2 s: P2P sweep, the step's exchange at four
+generic shard layouts, numpy costs, the other sessions' load) and predicts the step from that
+fit alone, then measures the steps. The table shows the prediction, the measured step p50,
+the error, which term of the model limits the step, the other sessions' load the probes
+found, the prediction and its error without that load (as if the cluster had the machine
+alone), and the 1-minute load average (the machine is shared: other processes' load changes
+what the cluster gets).
 
 Nothing here asserts: the rows and the count within +-25% are printed.
 """
@@ -67,6 +69,8 @@ def _counts(text: str) -> tuple[int, ...]:
 
 def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
     profile = load_profile(args.profile)
+    if args.scale != 1.0:
+        profile = profile.scaled(scale=args.scale)
     run = RunSpec(
         iterations=args.iterations, warmup=3, max_seconds=args.max_seconds, warmup_seconds=10.0
     )
@@ -108,7 +112,7 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
 def _table(rows: Sequence[Row]) -> str:
     header = (
         *("workers", "ps", "predicted", "measured p50", "error", "limit", "others"),
-        *("if alone", "error", "loadavg"),
+        *("busy", "if alone", "error", "loadavg"),
     )
     lines: list[tuple[str, ...]] = [header]
     for r in rows:
@@ -121,6 +125,7 @@ def _table(rows: Sequence[Row]) -> str:
                 f"{r.error_pct:+.0f}%",
                 r.limit,
                 f"{r.other_load:.1f}",
+                f"{r.utilization:.0%}",
                 f"{r.predicted_idle_ms:.1f} ms",
                 f"{r.error_idle_pct:+.0f}%",
                 f"{r.load_1min:.2f}",
@@ -135,6 +140,7 @@ def _table(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--profile", default="hep_cnn")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink every tensor to this share")
     p.add_argument("--workers", type=_counts, default=(1, 2, 3, 4))
     p.add_argument("--ps", type=_counts, default=(1, 2))
     p.add_argument("--sharding", choices=SHARDINGS, default="greedy")
@@ -156,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     within = sum(abs(r.error_pct) <= 100 * TOLERANCE for r in rows)
     within_idle = sum(abs(r.error_idle_pct) <= 100 * TOLERANCE for r in rows)
     print(
-        f"{args.profile}, sharding {args.sharding}, fabric {args.fabric}, "
+        f"{args.profile} (scale {args.scale:g}), sharding {args.sharding}, fabric {args.fabric}, "
         f"{os.cpu_count()} CPUs; load average (1, 5, 15 min) "
         f"{' '.join(f'{x:.2f}' for x in load_start)} at start, "
         f"{' '.join(f'{x:.2f}' for x in load_end)} at end; "
@@ -172,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump(
                 {
                     "profile": args.profile,
+                    "scale": args.scale,
                     "sharding": args.sharding,
                     "fabric": args.fabric,
                     "cpus": os.cpu_count(),

@@ -233,8 +233,9 @@ class Driver:
     ) -> PSResult:
         """Synchronous SGD steps of a model profile on the cluster; see the README.
 
-        ``model=True`` fits the link and host on PS 0 first (1-2 s) and records the analytic
-        model's prediction beside the measurement, with its error against the step p50.
+        ``model=True`` fits the link and host on PS 0 and worker 0 first (1-2 s) and records
+        the analytic model's prediction beside the measurement, with its error against the
+        step p50.
         """
         __tracebackhide__ = True
         run = self._run(bench.SYNC_SGD_RUN, "sync_sgd_step", run_args)

@@ -419,7 +419,8 @@ def measure_fit(
     bandwidth_run: RunSpec = FIT_BANDWIDTH_RUN,
     exchange_run: RunSpec = FIT_EXCHANGE_RUN,
 ) -> MachineFit:
-    """Fit the link and the host costs for a step of ``placement`` on ``cluster``, on PS 0.
+    """Fit the link and the host costs for a step of ``placement`` on ``cluster``, on PS 0
+    and worker 0.
 
     Streams travel in slices of ``chunk_bytes``, as the step's do. The cluster's tasks share
     this machine's usable CPUs with ``load`` other runnable sessions; None measures it with

@@ -400,9 +400,10 @@ def sync_sgd_step(
     (:func:`~pytest_tfgrpc.ps_service.initial_weights`,
     :func:`~pytest_tfgrpc.ps_service.check_gradient`) so :func:`fetch_weights` can be compared
     with a numpy computation of the same steps. ``model=True`` first fits the link and the
-    host on PS 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 1-2 s) and the result carries
-    the model's prediction of the step (:attr:`PSResult.prediction`), with the other
-    sessions' load on the machine taken as the mean of a probe before and one after them.
+    host on PS 0 and worker 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 1-2 s) and the
+    result carries the model's prediction of the step (:attr:`PSResult.prediction`), with the
+    other sessions' load on the machine taken as the mean of a probe before and one after
+    them.
     """
     if chunk_bytes < 64 or chunk_bytes % 4:
         raise ValueError(f"chunk_bytes={chunk_bytes}: a multiple of 4 bytes, at least 64")
