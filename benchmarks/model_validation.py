@@ -5,7 +5,7 @@
         [--json out.json]
 
 For every (PS, workers) a fresh cluster starts on the fabric; ``sync_sgd_step(model=True)``
-fits the link and host on PS 0 and worker 0 (1-2 s: P2P sweep, the step's exchange at four
+fits the link and host on PS 0 and worker 0 (2-4 s: P2P sweep, the step's exchange at four
 generic shard layouts, numpy costs, the other sessions' load) and predicts the step from that
 fit alone, then measures the steps. The table shows the prediction, the measured step p50,
 the error, which term of the model limits the step, the other sessions' load the probes
@@ -55,6 +55,7 @@ class Row:
     link_ms: float
     steps: int
     load_1min: float
+    host: str
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -106,6 +107,7 @@ def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
         link_ms=prediction.link_s * 1e3,
         steps=point.count,
         load_1min=os.getloadavg()[0],
+        host=prediction.host.describe(),
     )
 
 

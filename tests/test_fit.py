@@ -24,6 +24,7 @@ from pytest_tfgrpc.bench.fit import (
     measure_cores,
     measure_fit,
     measure_numpy_costs,
+    median_exchanges,
     other_load,
     sweep_sizes,
 )
@@ -120,6 +121,16 @@ def test_other_load_follows_fair_sharing() -> None:
         other_load(0.0, 2, 2)
 
 
+def test_median_exchanges_take_each_layouts_median() -> None:
+    def x(shards: int, worker: float, ps: float, wall: float) -> Exchange:
+        return Exchange(shards, 64, 2 * shards + 1, 128 * shards, worker, ps, wall, 5)
+
+    passes = [x(1, 1.0, 2.0, 3.0), x(2, 4.0, 4.0, 6.0), x(1, 9.0, 2.5, 2.0), x(1, 1.5, 9.0, 4.0)]
+    one, two = median_exchanges(passes)
+    assert (one.shards, one.worker_s, one.ps_s, one.wall_s, one.count) == (1, 1.5, 2.5, 3.0, 15)
+    assert two == passes[1]
+
+
 def test_exchange_hidden_recovers_known_overlap() -> None:
     worker = CpuCost(rpc_s=400e-6, message_s=60e-6, byte_s=0.5e-9)
     ps = CpuCost(rpc_s=500e-6, message_s=80e-6, byte_s=0.8e-9)
@@ -165,9 +176,9 @@ def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
     assert [s.size_bytes for s in pushes.sizes] == list(sweep_sizes(placement, 4096))
     assert pushes.settings["chunk_bytes"] == "4096" and pushes.mode == "protobuf"
     layouts = exchange_layouts(placement, 4096)
-    assert [(x.shards, x.shard_bytes) for x in machine.exchanges] == [
+    assert [(x.shards, x.shard_bytes) for x in machine.exchanges] == 3 * [
         (k, n // 4 * 4) for k, n in layouts
-    ]
+    ]  # three passes
     for x in machine.exchanges:
         assert 1 <= x.count <= SHORT.iterations
         assert x.messages == 2 * x.shards * max(1, -(-x.shard_bytes // 4096)) + 1

@@ -233,7 +233,7 @@ class Driver:
     ) -> PSResult:
         """Synchronous SGD steps of a model profile on the cluster; see the README.
 
-        ``model=True`` fits the link and host on PS 0 and worker 0 first (1-2 s) and records
+        ``model=True`` fits the link and host on PS 0 and worker 0 first (2-4 s) and records
         the analytic model's prediction beside the measurement, with its error against the
         step p50.
         """

@@ -1,7 +1,8 @@
 """A quick fit of the link and the host a PS cluster runs on: the inputs of the analytic model.
 
-:func:`measure_fit` measures, in one or two seconds, what :func:`pytest_tfgrpc.model.predict_step`
-needs to predict a sync-SGD step on the machine at hand:
+:func:`measure_fit` measures, in two to four seconds, what
+:func:`pytest_tfgrpc.model.predict_step` needs to predict a sync-SGD step on the machine at
+hand:
 
 * the link: a short P2P sweep against a server (PS 0 of a cluster also serves the tensor
   service): unary echoes of small tensors and streamed pushes of sizes spanning the
@@ -46,6 +47,7 @@ from pytest_tfgrpc.worker import sync_sgd_job
 
 __all__ = [
     "FIT_BANDWIDTH_RUN",
+    "FIT_EXCHANGE_ROUNDS",
     "FIT_EXCHANGE_RUN",
     "FIT_LATENCY_RUN",
     "LATENCY_SIZES",
@@ -59,14 +61,19 @@ __all__ = [
     "measure_fit",
     "measure_load",
     "measure_numpy_costs",
+    "median_exchanges",
     "other_load",
     "sweep_sizes",
 ]
 
-#: Each size of the sweep is bounded in count and in time: the whole fit takes 1-2 s.
+#: Each size of the sweep is bounded in count and in time: the whole fit takes 2-4 s.
 FIT_LATENCY_RUN = RunSpec(iterations=60, warmup=3, max_seconds=0.12, warmup_seconds=0.05)
 FIT_BANDWIDTH_RUN = RunSpec(iterations=30, warmup=2, max_seconds=0.15, warmup_seconds=0.1)
-FIT_EXCHANGE_RUN = RunSpec(iterations=24, warmup=2, max_seconds=0.25, warmup_seconds=0.1)
+FIT_EXCHANGE_RUN = RunSpec(iterations=16, warmup=2, max_seconds=0.2, warmup_seconds=0.1)
+#: Passes over the exchange layouts, one after the other: costs drift with the machine's other
+#: work from second to second, and the median of three moments per layout shrugs off one
+#: burst that a single pass would fit as a cost.
+FIT_EXCHANGE_ROUNDS = 3
 #: A fit's one-worker job never waits on other workers: its barrier is short.
 EXCHANGE_BARRIER_S = 10.0
 #: Echo sizes for the per-call cost: small enough that bytes cost next to nothing.
@@ -207,6 +214,24 @@ def exchange_costs(
             raise ValueError(f"too few exchanges with a positive {end} CPU time to fit")
         costs.append(CpuCost(*_nonnegative_fit(rows)))
     return costs[0], costs[1]
+
+
+def median_exchanges(exchanges: Sequence[Exchange]) -> tuple[Exchange, ...]:
+    """One exchange per layout, in first-seen order: the median of its measurements' worker,
+    PS and wall times, with their counts added up."""
+    by_layout: dict[tuple[int, int], list[Exchange]] = {}
+    for x in exchanges:
+        by_layout.setdefault((x.shards, x.shard_bytes), []).append(x)
+    return tuple(
+        replace(
+            same[0],
+            worker_s=float(np.median([x.worker_s for x in same])),
+            ps_s=float(np.median([x.ps_s for x in same])),
+            wall_s=float(np.median([x.wall_s for x in same])),
+            count=sum(x.count for x in same),
+        )
+        for same in by_layout.values()
+    )
 
 
 def exchange_hidden(exchanges: Sequence[Exchange], rate: float = 1.0) -> CpuCost:
@@ -418,15 +443,18 @@ def measure_fit(
     latency_run: RunSpec = FIT_LATENCY_RUN,
     bandwidth_run: RunSpec = FIT_BANDWIDTH_RUN,
     exchange_run: RunSpec = FIT_EXCHANGE_RUN,
+    exchange_rounds: int = FIT_EXCHANGE_ROUNDS,
 ) -> MachineFit:
     """Fit the link and the host costs for a step of ``placement`` on ``cluster``, on PS 0
     and worker 0.
 
     Streams travel in slices of ``chunk_bytes``, as the step's do. The cluster's tasks share
     this machine's usable CPUs with ``load`` other runnable sessions; None measures it with
-    as many busy sessions as the cluster has tasks (:func:`measure_load`). Every size and layout
-    is bounded by its run spec; with the defaults the fit takes 1-2 s. PS 0 is left with the
-    fit's last job: a benchmark configures its own.
+    as many busy sessions as the cluster has tasks (:func:`measure_load`). The exchange
+    layouts are measured ``exchange_rounds`` times, one pass after the other, and fitted by
+    their medians (:func:`median_exchanges`). Every size and
+    layout is bounded by its run spec; with the defaults the fit takes 2-4 s. PS 0 is left
+    with the fit's last job: a benchmark configures its own.
     """
     start = time.perf_counter()
     server = cluster.ps[0]
@@ -444,14 +472,17 @@ def measure_fit(
     )
     link = fit_from_results((echoes, pushes))
     layouts = exchange_layouts(placement, chunk_bytes)
-    exchanges = measure_exchanges(cluster, layouts, chunk_bytes=chunk_bytes, run=exchange_run)
-    largest = max(x.nbytes // 2 for x in exchanges)
+    exchanges = measure_exchanges(
+        cluster, layouts * max(1, exchange_rounds), chunk_bytes=chunk_bytes, run=exchange_run
+    )
+    typical = median_exchanges(exchanges)
+    largest = max(x.nbytes // 2 for x in typical)
     aggregate, update = measure_numpy_costs(largest)
-    worker, ps = exchange_costs(exchanges, aggregate, update)
+    worker, ps = exchange_costs(typical, aggregate, update)
     if load is None:
         topology = cluster.topology
         load = measure_load(topology.ps + topology.workers)
     cpus = float(_available_cpus())
     host = HostCosts(worker, ps, aggregate, update, cpus, load=load)
-    host = replace(host, hidden=exchange_hidden(exchanges, host.rate(2)))
+    host = replace(host, hidden=exchange_hidden(typical, host.rate(2)))
     return MachineFit(link, host, (echoes, pushes), exchanges, time.perf_counter() - start)

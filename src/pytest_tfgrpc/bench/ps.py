@@ -400,7 +400,7 @@ def sync_sgd_step(
     (:func:`~pytest_tfgrpc.ps_service.initial_weights`,
     :func:`~pytest_tfgrpc.ps_service.check_gradient`) so :func:`fetch_weights` can be compared
     with a numpy computation of the same steps. ``model=True`` first fits the link and the
-    host on PS 0 and worker 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 1-2 s) and the
+    host on PS 0 and worker 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 2-4 s) and the
     result carries the model's prediction of the step (:attr:`PSResult.prediction`), with the
     other sessions' load on the machine taken as the mean of a probe before and one after
     them.
