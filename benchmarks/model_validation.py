@@ -13,7 +13,10 @@ found, the prediction and its error without that load (as if the cluster had the
 alone), and the 1-minute load average (the machine is shared: other processes' load changes
 what the cluster gets).
 
-Nothing here asserts: the rows and the count within +-25% are printed.
+Nothing here asserts: the rows and the count within +-25% are printed. With ``--repeat N``
+every topology is run N times, each with a fit of its own, and a second table puts the median
+prediction beside the median measured step, with the range of the passes' errors: on a shared
+machine one pass's fit or steps can meet a burst of other work.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -139,6 +143,40 @@ def _table(rows: Sequence[Row]) -> str:
     )
 
 
+def _medians(rows: Sequence[Row]) -> tuple[str, int, int]:
+    """Per topology over the passes: the median prediction against the median measured step,
+    and the range of the passes' errors; the table, the topologies within tolerance, and how
+    many topologies there are."""
+    by_topology: dict[tuple[int, int], list[Row]] = {}
+    for r in rows:
+        by_topology.setdefault((r.workers, r.ps), []).append(r)
+    header = ("workers", "ps", "passes", "median predicted", "median measured", "error", "range")
+    lines: list[tuple[str, ...]] = [header]
+    within = 0
+    for (workers, ps), same in sorted(by_topology.items(), key=lambda item: item[0][::-1]):
+        predicted = statistics.median(r.predicted_ms for r in same)
+        measured = statistics.median(r.measured_p50_ms for r in same)
+        error = 100 * (predicted - measured) / measured
+        within += abs(error) <= 100 * TOLERANCE
+        errors = [r.error_pct for r in same]
+        lines.append(
+            (
+                str(workers),
+                str(ps),
+                str(len(same)),
+                f"{predicted:.1f} ms",
+                f"{measured:.1f} ms",
+                f"{error:+.0f}%",
+                f"{min(errors):+.0f}% .. {max(errors):+.0f}%",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    table = "\n".join(
+        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+    )
+    return table, within, len(by_topology)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--profile", default="hep_cnn")
@@ -175,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n{within} of {len(rows)} rows within +-{TOLERANCE:.0%}; "
         f"{within_idle} if the other sessions' load is left out"
     )
+    if args.repeat > 1:
+        table, close, topologies = _medians(rows)
+        print(f"\nover the {args.repeat} passes, per topology:\n\n{table}")
+        print(f"\n{close} of {topologies} topologies within +-{TOLERANCE:.0%} by their medians")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(
