@@ -61,8 +61,13 @@ def test_exchange_layouts_tell_calls_messages_and_bytes_apart() -> None:
     shards = [count for count, _ in layouts]
     sizes = [size for _, size in layouts]
     assert shards == [1, 1, 1, 20]  # 20 messages on the busiest PS
-    assert sizes[0] == sizes[3] < sizes[1] < sizes[2] == 20 * 4096
+    assert sizes == [64, 5 * 4096, 20 * 4096, 4096]  # the last: that PS's mean message
     assert len(set(layouts)) == 4
+    # Slices count as messages, and their mean size is at most a slice.
+    chunked = exchange_layouts(place([("big", 3 << 20), ("b", 40)], 1, "greedy"), 1 << 20)
+    assert chunked[3] == (8, ((3 << 20) + 40) // 4 // 4 * 4)  # 3 slices and b; 8 shards at least
+    many = exchange_layouts(place([(f"t{i}", 64) for i in range(300)], 1, "greedy"), 1 << 20)
+    assert many[3] == (64, 64)  # at most 64 shards, at least 64 bytes each
 
 
 def _exchange(shards: int, size: int, worker: CpuCost, ps: CpuCost, extra: float) -> Exchange:
