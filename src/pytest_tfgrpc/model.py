@@ -350,7 +350,9 @@ class HostCosts:
             return 1.0
         return min(1.0, self.cores / (max(1, runnable) + self.load))
 
-    def exchange(self, messages: int, nbytes: int, aggregate_bytes: int) -> tuple[float, ...]:
+    def exchange(
+        self, messages: int, nbytes: int, aggregate_bytes: int
+    ) -> tuple[float, float, float]:
         """One worker-PS exchange of 2 calls, ``messages`` stream messages and ``nbytes`` bytes
         (sent plus received, the PS summing ``aggregate_bytes``): the worker's CPU seconds,
         the PS's, and the seconds both work at once."""

@@ -285,8 +285,7 @@ def _exchange(
         max_steps=run.warmup + run.iterations + 1,
         barrier_timeout=EXCHANGE_BARRIER_S,
     )
-    timeout = run.warmup_seconds + run.time_limit_s + 2 * EXCHANGE_BARRIER_S + 60.0
-    (reply,) = cluster.run([worker_job], timeout)
+    (reply,) = cluster.run([worker_job], run.job_timeout_s(EXCHANGE_BARRIER_S))
     (stats,) = cluster.job_stats([0])
     samples = reply["samples_ns"]
     count = len(samples)

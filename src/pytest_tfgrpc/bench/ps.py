@@ -239,10 +239,6 @@ def _imbalance(loads: Sequence[int]) -> float:
     return max(loads) * len(loads) / total if total else 1.0
 
 
-def _job_timeout(run: RunSpec, barrier_s: float) -> float:
-    return run.warmup_seconds + run.time_limit_s + 2 * barrier_s + 60.0
-
-
 def _loads(
     cluster: PSCluster, stats: Sequence[service_pb2.PSJobStats], placed: Sequence[int]
 ) -> tuple[PSLoad, ...]:
@@ -325,7 +321,7 @@ def ps_throughput(
             }
             for w in range(cluster.topology.workers)
         ]
-        replies = cluster.run(jobs, _job_timeout(run, 0.0))
+        replies = cluster.run(jobs, run.job_timeout_s())
         stats = cluster.job_stats()
         samples = np.concatenate(
             [np.asarray(s, dtype=np.int64) for r in replies for s in r["samples_ns"]]
@@ -451,7 +447,7 @@ def sync_sgd_step(
         )
         for w in range(topology.workers)
     ]
-    replies = cluster.run(jobs, _job_timeout(run, barrier_timeout))
+    replies = cluster.run(jobs, run.job_timeout_s(barrier_timeout))
     stats = cluster.job_stats()
     prediction = None
     if machine is not None:

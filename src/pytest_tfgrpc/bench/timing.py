@@ -49,6 +49,11 @@ class RunSpec:
             return self.max_seconds
         return min(self.duration, self.max_seconds)
 
+    def job_timeout_s(self, barrier_s: float = 0.0) -> float:
+        """The most a cluster job of this run may take: the warm-up and measured time, two
+        barrier waits of ``barrier_s``, and a minute for starting and reporting."""
+        return self.warmup_seconds + self.time_limit_s + 2 * barrier_s + 60.0
+
     def describe(self) -> dict[str, str]:
         out = {
             "iterations": str(self.iterations),
