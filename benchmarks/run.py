@@ -206,61 +206,53 @@ def floor_contenders(server: floor.FloorServer, cfg: Config) -> list[Contender]:
 
 
 def bare_contenders(sync: bare_grpc.BareServer, aio: bare_grpc.BareServer) -> list[Contender]:
-    def unary_echo(size: int, b: Budget) -> Measurement:
-        s = bare_grpc.unary_echo(
-            sync.target, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
-        )
-        return Measurement(s, size)
+    def on(
+        server: bare_grpc.BareServer, loop: Callable[..., Any]
+    ) -> Callable[[int, Budget], Measurement]:
+        """A contender that runs one of bare_grpc's timed loops against ``server``."""
 
-    def aio_unary_echo(size: int, b: Budget) -> Measurement:
-        s = bare_grpc.aio_unary_echo(
-            aio.target, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
-        )
-        return Measurement(s, size)
-
-    def stream_pingpong(server: bare_grpc.BareServer) -> Callable[[int, Budget], Measurement]:
         def run(size: int, b: Budget) -> Measurement:
-            s = bare_grpc.aio_stream_pingpong(
+            samples = loop(
                 server.target,
                 size,
                 iterations=b.iterations,
                 warmup=b.warmup,
                 max_seconds=b.max_seconds,
             )
-            return Measurement(s, size)
+            return Measurement(samples, size)
 
         return run
 
-    def client_stream(size: int, b: Budget) -> Measurement:
-        s = bare_grpc.client_stream_push(
-            sync.target, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
-        )
-        return Measurement(s, size)
-
-    def unary_push(size: int, b: Budget) -> Measurement:
-        s = bare_grpc.unary_push(
-            sync.target, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
-        )
-        return Measurement(s, size)
-
     return [
-        Contender("grpc sync unary", "latency", "unary echo, sync", unary_echo),
-        Contender("grpc aio unary", "latency", "unary echo, aio client+server", aio_unary_echo),
+        Contender("grpc sync unary", "latency", "unary echo, sync", on(sync, bare_grpc.unary_echo)),
+        Contender(
+            "grpc aio unary",
+            "latency",
+            "unary echo, aio client+server",
+            on(aio, bare_grpc.aio_unary_echo),
+        ),
         Contender(
             "grpc aio stream",
             "latency",
             "stream ping-pong, aio client+server",
-            stream_pingpong(aio),
+            on(aio, bare_grpc.aio_stream_pingpong),
         ),
         # The plugin's server is a sync (thread-pool) server: this is the same shape.
         Contender(
             "grpc aio stream/sync srv",
             "latency",
             "stream ping-pong, aio client, sync server",
-            stream_pingpong(sync),
+            on(sync, bare_grpc.aio_stream_pingpong),
         ),
-        Contender("grpc client-stream", "bandwidth", "1 MiB chunks, 1 ack/tensor", client_stream),
-        Contender("grpc unary push", "bandwidth", "whole tensor, unary", unary_push),
+        Contender(
+            "grpc client-stream",
+            "bandwidth",
+            "1 MiB chunks, 1 ack/tensor",
+            on(sync, bare_grpc.client_stream_push),
+        ),
+        Contender(
+            "grpc unary push", "bandwidth", "whole tensor, unary", on(sync, bare_grpc.unary_push)
+        ),
     ]
 
 
