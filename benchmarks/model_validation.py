@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, replace
 
 from pytest_tfgrpc.bench.ps import sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.cluster import PSCluster
-from pytest_tfgrpc.fabric import resolve_fabric
-from pytest_tfgrpc.model import predict_step
-from pytest_tfgrpc.profiles import load_profile
-from pytest_tfgrpc.topology import SHARDINGS, Topology
+from pytest_tfgrpc.model.analytic import predict_step
+from pytest_tfgrpc.model.placement import SHARDINGS, Topology
+from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 TOLERANCE = 0.25
 

@@ -11,8 +11,8 @@ What is measured, each over ``--rounds`` rounds (the figure is the median round)
   :func:`~pytest_tfgrpc.bench.timing.measure_async` is measured against a bare ``await`` loop;
 - memory: the bytes ``tracemalloc`` sees held by the samples of one size after
   :meth:`pytest_tfgrpc.results.SizeResult.from_samples` (the int64 array and the
-  :class:`~pytest_tfgrpc.stats.Summary`), and the peak while building it;
-- the time :func:`pytest_tfgrpc.stats.summarize` takes on 10^6 samples.
+  :class:`~pytest_tfgrpc.stats.summary.Summary`), and the peak while building it;
+- the time :func:`pytest_tfgrpc.stats.summary.summarize` takes on 10^6 samples.
 
 Nothing here asserts: it prints the figures and the targets of issue 3 next to them.
 """
@@ -35,7 +35,7 @@ import numpy as np
 
 from pytest_tfgrpc.bench.timing import RunSpec, measure, measure_async
 from pytest_tfgrpc.results import SizeResult
-from pytest_tfgrpc.stats import summarize
+from pytest_tfgrpc.stats.summary import summarize
 
 TARGET_NS_PER_SAMPLE = 1000.0
 TARGET_BYTES = 10 * 2**20

@@ -255,7 +255,8 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-# A copy of pytest_tfgrpc.process.end_process's essentials: this file also runs as a script
+# A copy of pytest_tfgrpc.servers.processes.end_process's essentials: this file also runs as a
+# script
 # under TensorFlow's own venv, where pytest_tfgrpc is not installed.
 def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is not None:

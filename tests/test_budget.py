@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.budget import (
+from pytest_tfgrpc.report.budget import (
     METRICS,
     RATE,
     RATIO,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_tfgrpc import codec
-from pytest_tfgrpc._proto import service_pb2, tensor_pb2
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2, tensor_pb2
 
 
 @pytest.mark.parametrize(

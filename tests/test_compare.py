@@ -11,7 +11,8 @@ import numpy.typing as npt
 import pytest
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
-from pytest_tfgrpc.compare import (
+from pytest_tfgrpc.cli.compare import main
+from pytest_tfgrpc.report.compare import (
     MIN_SAMPLES_U,
     Baseline,
     BaselineError,
@@ -37,10 +38,9 @@ from pytest_tfgrpc.compare import (
     tolerance_for,
     verdict_properties,
 )
-from pytest_tfgrpc.compare_cli import main
-from pytest_tfgrpc.report import result_properties
+from pytest_tfgrpc.report.summary import result_properties
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.sketch import Sketch
+from pytest_tfgrpc.stats.sketch import Sketch
 
 Props = list[tuple[str, str]]
 

@@ -20,8 +20,8 @@ import netns
 import pytest
 from netns import VethLink, can_make_links, veth_link
 
-from pytest_tfgrpc import fabric as fabric_module
-from pytest_tfgrpc.fabric import (
+from pytest_tfgrpc.wire import fabric as fabric_module
+from pytest_tfgrpc.wire.fabric import (
     Fabric,
     FabricError,
     FabricNameError,

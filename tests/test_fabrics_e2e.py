@@ -16,8 +16,8 @@ from conftest import QUICK, pid_alive
 from junitparser.xunit2 import JUnitXml
 from netns import can_make_links, veth_link
 
-from pytest_tfgrpc.fabric import interface_counters, resolve_fabric
-from pytest_tfgrpc.process import ServerProcess
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.wire.fabric import interface_counters, resolve_fabric
 
 SUITE = """
 import pytest
@@ -33,8 +33,8 @@ def test_bandwidth(tfgrpc, tensor_server):
 
 STATUS_FROM_NAMESPACE = """
 import sys, grpc
-from pytest_tfgrpc import transport
-from pytest_tfgrpc._proto import service_pb2
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire._proto import service_pb2
 with grpc.insecure_channel(sys.argv[1]) as channel:
     reply = channel.unary_unary(transport.method("raw", "Push"))(b"x" * (1 << 20), timeout=5)
     status = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=5)

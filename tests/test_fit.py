@@ -30,12 +30,12 @@ from pytest_tfgrpc.bench.fit import (
 )
 from pytest_tfgrpc.bench.ps import sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.cluster import PSCluster
-from pytest_tfgrpc.fabric import resolve_fabric
-from pytest_tfgrpc.model import CpuCost
-from pytest_tfgrpc.profiles import load_profile
-from pytest_tfgrpc.report import summary_rows
-from pytest_tfgrpc.topology import Topology, place, place_profile
+from pytest_tfgrpc.model.analytic import CpuCost
+from pytest_tfgrpc.model.placement import Topology, place, place_profile
+from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.report.summary import summary_rows
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 PROFILE = load_profile("hep_cnn").scaled(scale=0.05)
 SHORT = RunSpec(iterations=5, warmup=1, max_seconds=0.05, warmup_seconds=0.05)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.floor import (
+from pytest_tfgrpc.servers.floor_server import (
     ACK_BYTE,
     HEADER,
     OP_SINK_ACK,
@@ -177,7 +177,7 @@ def test_process_exits_when_its_parent_dies() -> None:
     # A parent that starts a floor server, prints its pid, then is killed without cleanup.
     code = (
         "import sys, time\n"
-        "from pytest_tfgrpc.floor import FloorServer\n"
+        "from pytest_tfgrpc.servers.floor_server import FloorServer\n"
         "s = FloorServer('127.0.0.1').start().ready()\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(60)\n"

@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 
 import pytest_tfgrpc
-import pytest_tfgrpc.metadata as metadata_module
-from pytest_tfgrpc.compare import META_CHECKED
-from pytest_tfgrpc.fabric import Fabric, resolve_fabric
-from pytest_tfgrpc.metadata import (
+import pytest_tfgrpc.report.metadata as metadata_module
+from pytest_tfgrpc.report.compare import META_CHECKED
+from pytest_tfgrpc.report.metadata import (
     META_PREFIX,
     NOT_INSTALLED,
     RUN_KEYS,
     fabric_metadata,
     run_metadata,
 )
-from pytest_tfgrpc.tuning import tune_allocator
+from pytest_tfgrpc.servers.allocator import tune_allocator
+from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
 M = META_PREFIX
 

@@ -1,6 +1,7 @@
 """The analytic model: alpha-beta fits, the sync-SGD step, projections and ``tfgrpc-model``.
 
-Expected step times are worked out by hand from the formulas in :mod:`pytest_tfgrpc.model` on
+Expected step times are worked out by hand from the formulas in :mod:`pytest_tfgrpc.model.analytic`
+on
 small profiles; the ResNet-50 projection is checked for the effects Mathuriya et al. report
 (arXiv:1712.09388), as properties of the model's output. The Cori-like link (alpha 25 us,
 5 GB/s) and the 1 s compute step are inputs chosen for those checks, not results.
@@ -19,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.model import (
+from pytest_tfgrpc.cli.model import link_points_from_junit, link_points_from_results, main
+from pytest_tfgrpc.model.analytic import (
     DEFAULT_PS,
     DEFAULT_WORKERS,
     LIMITS,
@@ -36,11 +38,10 @@ from pytest_tfgrpc.model import (
     relative_error,
     sharing_makespan,
 )
-from pytest_tfgrpc.model_cli import link_points_from_junit, link_points_from_results, main
-from pytest_tfgrpc.profiles import Profile, load_profile
-from pytest_tfgrpc.resultlog import ResultLog
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.model.profiles import Profile, load_profile
+from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.topology import Topology
 
 ALPHA = 20e-6
 BANDWIDTH = 1.25e9

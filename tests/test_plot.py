@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pytest_tfgrpc.bench.ps import PSPoint, PSResult
-from pytest_tfgrpc.plot import (
+from pytest_tfgrpc.report.plot import (
     PlotUnavailableError,
     draw,
     measurement_rows,
@@ -20,10 +20,10 @@ from pytest_tfgrpc.plot import (
     properties_from_junit,
     write_plots,
 )
-from pytest_tfgrpc.report import result_properties
-from pytest_tfgrpc.resultlog import ResultLog, read_results
+from pytest_tfgrpc.report.results_file import ResultLog, read_results
+from pytest_tfgrpc.report.summary import result_properties
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.stats import summarize
+from pytest_tfgrpc.stats.summary import summarize
 
 SIZES = (4, 1024, 65536)
 
@@ -185,7 +185,7 @@ def test_properties_from_junit_xml(tmp_path: Path) -> None:
 
 
 def test_importing_plot_does_not_import_matplotlib() -> None:
-    code = "import sys, pytest_tfgrpc.plot; print('matplotlib' in sys.modules)"
+    code = "import sys, pytest_tfgrpc.report.plot; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

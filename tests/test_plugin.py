@@ -257,8 +257,8 @@ def test_payload_schemes_record_the_buffers_they_sent(
 
 ALLOCATOR_PROBE = """
 import grpc
-from pytest_tfgrpc import transport
-from pytest_tfgrpc._proto import service_pb2
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire._proto import service_pb2
 
 def test_probe(tfgrpc, tensor_server, record_property):
     result = tfgrpc.p2p_latency(tensor_server, ["1KiB"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from junitparser.xunit2 import JUnitXml
 
-from pytest_tfgrpc.profiles import load_profile
-from pytest_tfgrpc.topology import place_profile
+from pytest_tfgrpc.model.placement import place_profile
+from pytest_tfgrpc.model.profiles import load_profile
 
 FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=5")
 

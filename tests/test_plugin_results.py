@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import QUICK, pid_alive
 
-from pytest_tfgrpc.resultlog import read_results
+from pytest_tfgrpc.report.results_file import read_results
 
 SUITE = """
 import os, time

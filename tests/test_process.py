@@ -11,10 +11,10 @@ import grpc
 import pytest
 from conftest import pid_alive
 
-from pytest_tfgrpc import transport
-from pytest_tfgrpc._proto import service_pb2
-from pytest_tfgrpc.fabric import resolve_fabric
-from pytest_tfgrpc.process import ServerDied, ServerError, ServerProcess, live_servers
+from pytest_tfgrpc.servers.processes import ServerDied, ServerError, ServerProcess, live_servers
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 LO = resolve_fabric("lo")
 
@@ -84,8 +84,8 @@ def test_a_server_stops_when_its_parent_goes_away() -> None:
     # The parent here is a child python that starts a server and is then SIGKILLed: the
     # server's stdin lifeline closes and it must exit on its own.
     code = (
-        "import sys; from pytest_tfgrpc.fabric import resolve_fabric; "
-        "from pytest_tfgrpc.process import ServerProcess; "
+        "import sys; from pytest_tfgrpc.wire.fabric import resolve_fabric; "
+        "from pytest_tfgrpc.servers.processes import ServerProcess; "
         "s = ServerProcess.start(resolve_fabric('lo')); print(s.pid, flush=True); "
         "import time; time.sleep(60)"
     )

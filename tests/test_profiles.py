@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_tfgrpc import architectures
-from pytest_tfgrpc.profiles import (
+from pytest_tfgrpc.model import architectures
+from pytest_tfgrpc.model.profiles import (
     Profile,
     Scaling,
     TensorSpec,

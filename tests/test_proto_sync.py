@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = ROOT / "src" / "pytest_tfgrpc" / "_proto"
+COMMITTED = ROOT / "pytest_tfgrpc" / "wire" / "_proto"
 
 
 def test_generated_code_matches_the_protos(tmp_path: Path) -> None:

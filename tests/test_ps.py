@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from pytest_tfgrpc._proto import service_pb2
 from pytest_tfgrpc.bench.ps import (
     PSResult,
     fetch_weights,
@@ -17,14 +16,15 @@ from pytest_tfgrpc.bench.ps import (
     sync_sgd_step,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.budget import Budget, BudgetError, check, parse_budget
-from pytest_tfgrpc.cluster import PSCluster
-from pytest_tfgrpc.fabric import Fabric, resolve_fabric
-from pytest_tfgrpc.process import ServerDied
-from pytest_tfgrpc.profiles import Profile, TensorSpec, load_profile
-from pytest_tfgrpc.ps_service import apply_update, check_gradient, initial_weights
-from pytest_tfgrpc.topology import SHARDINGS, Topology, place_profile
-from pytest_tfgrpc.worker import sync_sgd_job
+from pytest_tfgrpc.model.placement import SHARDINGS, Topology, place_profile
+from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
+from pytest_tfgrpc.report.budget import Budget, BudgetError, check, parse_budget
+from pytest_tfgrpc.servers.parameter_server import apply_update, check_gradient, initial_weights
+from pytest_tfgrpc.servers.processes import ServerDied
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.servers.worker import sync_sgd_job
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
 RUN = RunSpec(iterations=30, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
 STEPS = RunSpec(iterations=4, warmup=1, max_seconds=20.0, warmup_seconds=10.0)

@@ -12,7 +12,11 @@ from conftest import QUICK
 from junitparser.xunit2 import JUnitXml
 from netns import can_make_links, veth_link
 
-from pytest_tfgrpc.remote import ClusterSpecError, load_cluster_spec, parse_cluster_spec
+from pytest_tfgrpc.servers.cluster_spec import (
+    ClusterSpecError,
+    load_cluster_spec,
+    parse_cluster_spec,
+)
 
 
 def test_a_tf_config_spec_is_read_with_its_jobs() -> None:
@@ -83,7 +87,7 @@ def test_a_remote_server_is_measured_across_the_link(pytester: pytest.Pytester) 
     with veth_link(rate="100mbit") as link:
         # The other host: a tensor server inside the namespace, on its end of the link.
         command = link.ns_command(
-            [sys.executable, "-m", "pytest_tfgrpc.server", "--fabric", link.ns_if,
+            [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric", link.ns_if,
              "--exit-on-stdin-eof"]
         )  # fmt: skip
         server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

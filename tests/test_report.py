@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_tfgrpc.report import format_summary, summary_rows
+from pytest_tfgrpc.report.summary import format_summary, summary_rows
 
 
 def props(fabric: str, p50_us: float, mbps: float | None = None, change: float | None = None):  # type: ignore[no-untyped-def]

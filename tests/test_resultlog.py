@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.resultlog import PIPE_BUF, ResultLog, atomic_write, plain, read_results
+from pytest_tfgrpc.report.results_file import PIPE_BUF, ResultLog, atomic_write, plain, read_results
 
 # A child that appends records until killed and prints each index once its append returned.
 WRITER = textwrap.dedent(
     """
     import sys
-    from pytest_tfgrpc.resultlog import ResultLog
+    from pytest_tfgrpc.report.results_file import ResultLog
 
     path, name, count, pad = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     log = ResultLog(path)

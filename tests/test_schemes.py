@@ -5,8 +5,7 @@ from collections import Counter
 
 import pytest
 
-from pytest_tfgrpc.payload import DEFAULT_SEED
-from pytest_tfgrpc.schemes import (
+from pytest_tfgrpc.wire.schemes import (
     SIZE_CLASSES,
     Payload,
     PayloadSpec,
@@ -15,6 +14,7 @@ from pytest_tfgrpc.schemes import (
     payload_message,
     payload_spec,
 )
+from pytest_tfgrpc.wire.tensors import DEFAULT_SEED
 
 S, M, L = 10, 10_000, 1_000_000
 

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pytest_tfgrpc.sketch import FORMAT_PREFIX, Sketch
+from pytest_tfgrpc.stats.sketch import FORMAT_PREFIX, Sketch
 
 QUANTILES = (0.0, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999, 1.0)
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.profiles import load_profile
-from pytest_tfgrpc.specs import (
+from pytest_tfgrpc.bench.specs import (
     RunOverrides,
     SpecError,
     budget_spec,
@@ -14,6 +12,8 @@ from pytest_tfgrpc.specs import (
     run_marker_spec,
     run_spec,
 )
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.profiles import load_profile
 
 
 def test_sizes_positionally_by_keyword_and_as_a_range() -> None:

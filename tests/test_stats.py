@@ -7,8 +7,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pytest_tfgrpc import stats
-from pytest_tfgrpc.stats import Summary, min_samples_for, quantile_ci, summarize
+from pytest_tfgrpc.stats import summary as stats
+from pytest_tfgrpc.stats.summary import Summary, min_samples_for, quantile_ci, summarize
 
 
 def _ns(values: list[int]) -> npt.NDArray[np.int64]:

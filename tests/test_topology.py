@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_tfgrpc.profiles import list_profiles, load_profile
-from pytest_tfgrpc.specs import SpecError
-from pytest_tfgrpc.topology import (
+from pytest_tfgrpc.bench.specs import SpecError
+from pytest_tfgrpc.model.placement import (
     DEFAULT_PARTITION_BYTES,
     SHARDINGS,
     Placement,
@@ -16,6 +15,7 @@ from pytest_tfgrpc.topology import (
     place_profile,
     topology_spec,
 )
+from pytest_tfgrpc.model.profiles import list_profiles, load_profile
 
 PS_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 

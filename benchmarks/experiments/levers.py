@@ -20,7 +20,7 @@ bytes / median time per tensor (bandwidth) or of the median round trip (latency)
 - ``latency``: where the plugin's 1 KiB echo loses to bare grpcio: client channel options,
   server (plugin vs bare), and the plugin's loop itself, unary and stream.
 
-Client channel options are changed by replacing ``pytest_tfgrpc.transport.CHANNEL_OPTIONS``
+Client channel options are changed by replacing ``pytest_tfgrpc.wire.channels.CHANNEL_OPTIONS``
 in this process; server options by starting ``patched_server.py``. Every server is started
 with the plugin's tuned allocator environment, as the harness does.
 """
@@ -49,13 +49,15 @@ sys.path.insert(0, str(HERE.parent))
 
 import bare_grpc  # noqa: E402
 
-from pytest_tfgrpc import codec, transport, tuning  # noqa: E402
 from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency  # noqa: E402
 from pytest_tfgrpc.bench.timing import Samples, measure, measure_async  # noqa: E402
-from pytest_tfgrpc.client import connect, connect_aio  # noqa: E402
-from pytest_tfgrpc.fabric import Fabric, resolve_fabric  # noqa: E402
-from pytest_tfgrpc.payload import Tensor  # noqa: E402
-from pytest_tfgrpc.process import ServerProcess  # noqa: E402
+from pytest_tfgrpc.servers import allocator as tuning  # noqa: E402
+from pytest_tfgrpc.servers.processes import ServerProcess  # noqa: E402
+from pytest_tfgrpc.wire import channels as transport  # noqa: E402
+from pytest_tfgrpc.wire import codec  # noqa: E402
+from pytest_tfgrpc.wire.client import connect, connect_aio  # noqa: E402
+from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric  # noqa: E402
+from pytest_tfgrpc.wire.tensors import Tensor  # noqa: E402
 
 MiB = 1 << 20
 KiB = 1 << 10

@@ -4,8 +4,9 @@
         --fabric lo --exit-on-stdin-eof
 
 The first argument is a JSON list of ``[name, value]`` pairs that replace or extend
-``pytest_tfgrpc.transport.SERVER_OPTIONS`` (a pair whose value is null removes the option); the
-rest go to ``pytest_tfgrpc.server``. ``TFGRPC_EXPERIMENT_GC=freeze|off`` in the environment
+``pytest_tfgrpc.wire.channels.SERVER_OPTIONS`` (a pair whose value is null removes the option); the
+rest go to ``pytest_tfgrpc.servers.tensor_server``. ``TFGRPC_EXPERIMENT_GC=freeze|off`` in the
+environment
 freezes or disables the cyclic garbage collector first. Nothing in ``src/`` is changed: the
 module attribute is replaced in this process only, before the server reads it.
 """
@@ -18,7 +19,8 @@ import os
 import sys
 from typing import Any
 
-from pytest_tfgrpc import server, transport
+from pytest_tfgrpc.servers import tensor_server as server
+from pytest_tfgrpc.wire import channels as transport
 
 
 def patched(

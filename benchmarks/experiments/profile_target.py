@@ -17,11 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_tfgrpc import floor, tuning
 from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency
-from pytest_tfgrpc.fabric import resolve_fabric
-from pytest_tfgrpc.process import ServerProcess
+from pytest_tfgrpc.servers import allocator as tuning
+from pytest_tfgrpc.servers import floor_server as floor
+from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.units import parse_sizes
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 
 def cpu_ns(pid: int) -> int:

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from pytest_tfgrpc import codec, tuning
 from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth
-from pytest_tfgrpc.fabric import resolve_fabric
-from pytest_tfgrpc.process import ServerProcess
+from pytest_tfgrpc.servers import allocator as tuning
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 MiB = 1 << 20
 RUN = RunSpec(iterations=20, warmup=2, max_seconds=2.0, warmup_seconds=2.0)

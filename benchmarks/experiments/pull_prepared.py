@@ -30,7 +30,9 @@ HERE = Path(__file__).resolve().parent
 def serve(argv: Sequence[str]) -> int:
     import grpc
 
-    from pytest_tfgrpc import codec, server, transport
+    from pytest_tfgrpc.servers import tensor_server as server
+    from pytest_tfgrpc.wire import channels as transport
+    from pytest_tfgrpc.wire import codec
 
     cache: dict[tuple[int, str, int, bool], list[bytes]] = {}
     lock = threading.Lock()
@@ -62,11 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default="4MiB,16MiB,64MiB")
     args = p.parse_args(args_in)
 
-    from pytest_tfgrpc import tuning
     from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth
-    from pytest_tfgrpc.fabric import resolve_fabric
-    from pytest_tfgrpc.process import ServerProcess
+    from pytest_tfgrpc.servers import allocator as tuning
+    from pytest_tfgrpc.servers.processes import ServerProcess
     from pytest_tfgrpc.units import parse_sizes
+    from pytest_tfgrpc.wire.fabric import resolve_fabric
 
     env = tuning.apply_policy("tuned")
     fabric = resolve_fabric("lo")

@@ -1,0 +1,52 @@
+"""CPU time of the measuring process and of the server, over a measured phase only."""
+
+from __future__ import annotations
+
+import resource
+
+import grpc
+
+from pytest_tfgrpc.results import CpuUsage
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire._proto import service_pb2
+
+
+def _client_ns() -> tuple[int, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
+
+
+class CpuProbe:
+    """Reads CPU times when a measured phase starts and ends (never inside it).
+
+    The client's figure is this whole process (grpc's threads included); the server's comes
+    from its Status RPC, on a channel of the probe's own.
+    """
+
+    def __init__(self, target: str) -> None:
+        self._channel = grpc.insecure_channel(target, options=transport.CHANNEL_OPTIONS)
+        self._status = self._channel.unary_unary(transport.method("raw", "Status"))
+        self._start: tuple[int, int, int, int] | None = None
+        self.usage: CpuUsage | None = None
+
+    def _read(self) -> tuple[int, int, int, int]:
+        status = service_pb2.ServerStatus.FromString(self._status(b"", timeout=10))
+        return (*_client_ns(), status.cpu_user_ns, status.cpu_system_ns)
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self) -> None:
+        if self._start is None:
+            raise RuntimeError("CpuProbe.stop() before start()")
+        end = self._read()
+        self.usage = CpuUsage(*(b - a for a, b in zip(self._start, end, strict=True)))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CpuProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,534 @@
+"""Parameter-server benchmarks on a :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster`.
+
+* :func:`ps_throughput` (TF-gRPC-PS-Throughput): every worker calls every PS in a closed loop
+  with a payload, the PS acknowledges; aggregate RPCs/s and bytes/s, and per-PS figures. With a
+  :class:`~pytest_tfgrpc.model.placement.Placement` as the payload, each PS receives the bytes it
+  owns
+  and the result carries the load imbalance.
+* :func:`sync_sgd_step`: real synchronous SGD steps. Each worker pushes the gradients of the
+  shards each PS owns, each PS sums them (numpy, float32) once all workers have pushed and
+  updates its weights, each worker pulls the updated weights. One step is the slowest worker's
+  push + pull.
+
+Both return a :class:`PSResult`: one :class:`PSPoint` per message size or profile, with every
+sample, per-PS bytes and CPU time, the workers' CPU time, and JUnit-ready
+:meth:`PSResult.properties`.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_properties
+from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
+from pytest_tfgrpc.model.profiles import Profile
+from pytest_tfgrpc.results import Figure, find_figure
+from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.servers.worker import sync_sgd_job
+from pytest_tfgrpc.stats.sketch import Sketch
+from pytest_tfgrpc.stats.summary import Summary, summarize
+from pytest_tfgrpc.units import size_label
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.schemes import Payload
+
+__all__ = [
+    "PS_THROUGHPUT_RUN",
+    "SYNC_SGD_RUN",
+    "CpuTime",
+    "PSLoad",
+    "PSPoint",
+    "PSResult",
+    "fetch_weights",
+    "ps_throughput",
+    "sync_sgd_step",
+]
+
+PS_THROUGHPUT_RUN = RunSpec(iterations=200, warmup=10, max_seconds=5.0, warmup_seconds=2.0)
+SYNC_SGD_RUN = RunSpec(iterations=20, warmup=2, max_seconds=30.0, warmup_seconds=10.0)
+PREFIX = "tfgrpc."
+
+
+@dataclass(frozen=True)
+class CpuTime:
+    """User and system CPU time of one process over the measured phase, in nanoseconds."""
+
+    user_ns: int
+    system_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.user_ns + self.system_ns
+
+
+@dataclass(frozen=True)
+class PSLoad:
+    """What one PS task carried during the measured phase.
+
+    ``placed_bytes`` is what the payload or placement gives this PS per RPC or per step;
+    ``bytes_in``/``bytes_out`` are the tensor bytes the PS itself counted.
+    """
+
+    task: int
+    target: str
+    pid: int
+    placed_bytes: int
+    bytes_in: int
+    bytes_out: int
+    rpcs: int
+    steps: int
+    cpu: CpuTime
+
+
+@dataclass(frozen=True, eq=False)
+class PSPoint:
+    """The samples and figures of one payload (a message size, a payload, or a profile).
+
+    ``samples_ns``: every RPC's latency (ps_throughput) or every step's time, the slowest
+    worker's (sync_sgd_step). ``rate_per_s``: RPCs (or steps) per second over all workers.
+    """
+
+    key: str
+    step: bool
+    samples_ns: npt.NDArray[np.int64] = field(repr=False)
+    summary: Summary
+    elapsed_ns: int
+    rate_per_s: float
+    throughput_Bps: float
+    bytes_per_op: int
+    per_ps: tuple[PSLoad, ...]
+    workers_cpu: tuple[CpuTime, ...]
+    imbalance: float
+
+    @property
+    def label(self) -> str:
+        return self.key
+
+    @property
+    def count(self) -> int:
+        return self.summary.count
+
+    def figures(self, *, rates: bool = True) -> tuple[Figure, ...]:
+        """Every figure of this point; time names start with ``step_`` for SGD steps."""
+        s = self.summary
+        prefix = "step_" if self.step else ""
+        times = {"min": s.min_ns, "mean": s.mean_ns, "p50": s.p50_ns, "p90": s.p90_ns}
+        times |= {"p99": s.p99_ns, "max": s.max_ns}
+        out = [Figure(prefix + name, float(v), "ns") for name, v in times.items()]
+        out.append(Figure("throughput", self.throughput_Bps, "B/s"))
+        out.append(Figure("step_rate" if self.step else "rpc_rate", self.rate_per_s, "1/s"))
+        out.append(Figure("imbalance", self.imbalance, "ratio"))
+        per_op = "bytes_per_step" if self.step else "bytes_per_rpc_round"
+        out.append(Figure(per_op, float(self.bytes_per_op), "B"))
+        out.append(Figure("samples", float(s.count), "count"))
+        return tuple(out)
+
+    def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
+        return find_figure(self.figures(rates=rates), metric)
+
+
+_UNITS = {"ns": ("us", 1e3), "B/s": ("MBps", 1e6), "1/s": ("per_s", 1.0)}
+
+
+@dataclass(frozen=True, eq=False)
+class PSResult:
+    """What one PS benchmark measured on one cluster; ``sizes`` holds one point per payload.
+
+    It reads like a :class:`~pytest_tfgrpc.results.BenchmarkResult` to budgets (``label``,
+    ``fabric``, ``target``, ``sizes`` with ``figure()``), and :meth:`properties` gives its
+    JUnit properties. ``prediction``: the analytic model's step for the same profile,
+    topology and placement, on a link and host measured just before (``sync_sgd_step(...,
+    model=True)``).
+    """
+
+    benchmark: str
+    label: str
+    fabric: str
+    target: str
+    mode: str
+    rpc: str
+    ps: int
+    workers: int
+    sharding: str
+    sizes: tuple[PSPoint, ...]
+    placement: Placement | None = None
+    settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    prediction: StepPrediction | None = None
+
+    @property
+    def reports_rates(self) -> bool:
+        return True
+
+    @property
+    def points(self) -> tuple[PSPoint, ...]:
+        return self.sizes
+
+    def point(self, key: str) -> PSPoint:
+        for point in self.sizes:
+            if point.key == key:
+                return point
+        raise KeyError(f"{self.label} measured no payload {key!r}")
+
+    def properties(self) -> list[tuple[str, str]]:
+        """``(name, value)`` pairs: ``tfgrpc.<label>.<key>.<metric>_<unit>``, per PS as
+        ``tfgrpc.<label>.<key>.ps<i>.<metric>``, workers' CPU as ``....workers.cpu_*_us``, a
+        prediction as ``tfgrpc.<label>.<key>.model.<metric>`` with ``...model.error_pct``
+        against the measured step p50."""
+        base = f"{PREFIX}{self.label}"
+        out = [
+            (f"{base}.rpc", self.rpc),
+            (f"{base}.mode", self.mode),
+            (f"{base}.topology", f"{self.ps}ps_{self.workers}workers_{self.sharding}"),
+        ]
+        for point in self.sizes:
+            at = f"{base}.{point.key}"
+            for fig in point.figures():
+                if fig.unit in _UNITS:
+                    suffix, divisor = _UNITS[fig.unit]
+                    out.append((f"{at}.{fig.metric}_{suffix}", repr(fig.value / divisor)))
+                elif fig.unit == "ratio":
+                    out.append((f"{at}.{fig.metric}", repr(fig.value)))
+                else:
+                    out.append((f"{at}.{fig.metric}", str(int(fig.value))))
+            for load in point.per_ps:
+                where = f"{at}.ps{load.task}"
+                out += [
+                    (f"{where}.bytes_in", str(load.bytes_in)),
+                    (f"{where}.bytes_out", str(load.bytes_out)),
+                    (f"{where}.rpcs", str(load.rpcs)),
+                    (f"{where}.cpu_user_us", repr(load.cpu.user_ns / 1e3)),
+                    (f"{where}.cpu_system_us", repr(load.cpu.system_ns / 1e3)),
+                ]
+            out.append((f"{at}.sketch", Sketch.from_samples(point.samples_ns).to_string()))
+            user = sum(cpu.user_ns for cpu in point.workers_cpu)
+            system = sum(cpu.system_ns for cpu in point.workers_cpu)
+            out.append((f"{at}.workers.cpu_user_us", repr(user / 1e3)))
+            out.append((f"{at}.workers.cpu_system_us", repr(system / 1e3)))
+            if self.prediction is not None and point.step:
+                measured = point.summary.p50_ns / 1e9
+                out += prediction_properties(
+                    self.prediction, self.label, point.key, measured_s=measured
+                )
+        return out
+
+
+def _key(text: str) -> str:
+    # Keys sit between dots in property names: "resnet50[scale=0.01]" must not add a level.
+    return text.replace(".", "_") or "payload"
+
+
+def _settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
+    return MappingProxyType(
+        {**run.describe(), **extra, "grpcio": grpc.__version__, "python": platform.python_version()}
+    )
+
+
+def _imbalance(loads: Sequence[int]) -> float:
+    total = sum(loads)
+    return max(loads) * len(loads) / total if total else 1.0
+
+
+def _loads(
+    cluster: PSCluster, stats: Sequence[service_pb2.PSJobStats], placed: Sequence[int]
+) -> tuple[PSLoad, ...]:
+    return tuple(
+        PSLoad(
+            task=i,
+            target=cluster.ps[i].target,
+            pid=s.pid,
+            placed_bytes=placed[i],
+            bytes_in=s.bytes_in,
+            bytes_out=s.bytes_out,
+            rpcs=s.rpcs,
+            steps=s.measured_steps,
+            cpu=CpuTime(s.cpu_user_ns, s.cpu_system_ns),
+        )
+        for i, s in enumerate(stats)
+    )
+
+
+# --- PS throughput ---------------------------------------------------------------------------
+def _payloads(
+    cluster: PSCluster, payload: Sequence[int] | Placement | Payload
+) -> list[tuple[str, list[int]]]:
+    ps = cluster.topology.ps
+    if isinstance(payload, Placement):
+        if payload.ps != ps:
+            raise ValueError(f"a placement over {payload.ps} PS tasks for a cluster of {ps}")
+        return [(f"placed_{payload.sharding}", list(payload.bytes_per_ps()))]
+    if isinstance(payload, Payload):
+        return [(payload.description, [payload.total_bytes] * ps)]
+    sizes = list(payload)
+    if not sizes:
+        raise ValueError("no message sizes to measure")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"message size {size!r} is not a whole number of bytes")
+    return [(size_label(size), [size] * ps) for size in sizes]
+
+
+def ps_throughput(
+    cluster: PSCluster,
+    payload: Sequence[int] | Placement | Payload,
+    *,
+    mode: str = "raw",
+    run: RunSpec = PS_THROUGHPUT_RUN,
+    label: str | None = None,
+    key: str | None = None,
+) -> PSResult:
+    """Every worker calls every PS with the payload in a closed loop (TF-gRPC-PS-Throughput).
+
+    ``payload``: message sizes (one point each; every PS gets the same size), a
+    :class:`Payload` of buffers (one message of their total), or a :class:`Placement` (each PS
+    gets the bytes it owns; the point carries the placement's imbalance). Each worker keeps one
+    call in flight per PS; ``run.iterations`` bounds the calls per worker and PS,
+    ``run.time_limit_s`` the measured time. ``key`` names the point (default: the size, the
+    payload's key, or ``placed_<sharding>``).
+    """
+    if mode not in transport.MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(transport.MODES)}")
+    points = []
+    for default_key, per_ps in _payloads(cluster, payload):
+        point_key = _key(key or default_key)
+        cluster.configure(
+            [
+                service_pb2.PSJob(job_id=cluster.next_job_id(), task=i, workers=1)
+                for i in range(cluster.topology.ps)
+            ]
+        )
+        jobs = [
+            {
+                "kind": "throughput",
+                "targets": list(cluster.targets),
+                "worker": w,
+                "mode": mode,
+                "payload_bytes": per_ps,
+                "iterations": run.iterations,
+                "warmup": run.warmup,
+                "warmup_seconds": run.warmup_seconds,
+                "seconds": run.time_limit_s,
+            }
+            for w in range(cluster.topology.workers)
+        ]
+        replies = cluster.run(jobs, run.job_timeout_s())
+        stats = cluster.job_stats()
+        samples = np.concatenate(
+            [np.asarray(s, dtype=np.int64) for r in replies for s in r["samples_ns"]]
+        )
+        rate = 0.0
+        rate_bytes = 0.0
+        for reply in replies:
+            seconds = reply["elapsed_ns"] / 1e9
+            counts = [len(s) for s in reply["samples_ns"]]
+            rate += sum(counts) / seconds
+            rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
+        loads = _loads(cluster, stats, per_ps)
+        points.append(
+            PSPoint(
+                key=point_key,
+                step=False,
+                samples_ns=_frozen(samples),
+                summary=summarize(samples),
+                elapsed_ns=max(int(r["elapsed_ns"]) for r in replies),
+                rate_per_s=rate,
+                throughput_Bps=rate_bytes,
+                bytes_per_op=sum(per_ps),
+                per_ps=loads,
+                workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
+                imbalance=_imbalance([load.bytes_in for load in loads]),
+            )
+        )
+    topology = cluster.topology
+    return PSResult(
+        benchmark="ps_throughput",
+        label=label or "ps_throughput",
+        fabric=cluster.fabric.name,
+        target=",".join(cluster.targets),
+        mode=mode,
+        rpc="unary",
+        ps=topology.ps,
+        workers=topology.workers,
+        sharding=payload.sharding if isinstance(payload, Placement) else topology.sharding,
+        sizes=tuple(points),
+        placement=payload if isinstance(payload, Placement) else None,
+        settings=_settings(run, method=method("Throughput", raw=mode == "raw")),
+    )
+
+
+def _frozen(samples: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    out = np.ascontiguousarray(samples, dtype=np.int64)
+    out.setflags(write=False)
+    return out
+
+
+# --- sync SGD --------------------------------------------------------------------------------
+def sync_sgd_step(
+    cluster: PSCluster,
+    profile: Profile,
+    *,
+    run: RunSpec = SYNC_SGD_RUN,
+    learning_rate: float = 0.1,
+    check: bool = False,
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    barrier_timeout: float = 30.0,
+    label: str | None = None,
+    model: bool = False,
+) -> PSResult:
+    """Synchronous SGD steps of ``profile`` on the cluster, its tensors placed by its sharding.
+
+    Per step every worker pushes, to every PS, the gradients of the shards that PS owns (in
+    slices of ``chunk_bytes``), then pulls the weights the PS updated once all workers pushed.
+    One sample is one step: the slowest worker's push + pull. ``run.warmup`` steps come first;
+    then at most ``run.iterations`` measured steps, and none started after
+    ``run.time_limit_s``. ``check=True`` uses predictable weights and gradients
+    (:func:`~pytest_tfgrpc.servers.parameter_server.initial_weights`,
+    :func:`~pytest_tfgrpc.servers.parameter_server.check_gradient`) so :func:`fetch_weights` can be
+    compared
+    with a numpy computation of the same steps. ``model=True`` first fits the link and the
+    host on PS 0 and worker 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 2-4 s) and the
+    result carries the model's prediction of the step (:attr:`PSResult.prediction`), with the
+    other sessions' load on the machine taken as the mean of a probe before and one after
+    them.
+    """
+    if chunk_bytes < 64 or chunk_bytes % 4:
+        raise ValueError(f"chunk_bytes={chunk_bytes}: a multiple of 4 bytes, at least 64")
+    if not barrier_timeout > 0:
+        raise ValueError(f"barrier_timeout={barrier_timeout}: must be positive")
+    topology = cluster.topology
+    placement = place_profile(
+        profile, topology.ps, topology.sharding, partition_bytes=partition_bytes
+    )
+    shards = [placement.shards_of(ps) for ps in range(topology.ps)]
+    machine: MachineFit | None = None
+    if model:
+        machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
+    cluster.configure(
+        [
+            service_pb2.PSJob(
+                job_id=cluster.next_job_id(),
+                task=ps,
+                workers=topology.workers,
+                shards=[
+                    service_pb2.ShardSpec(tensor=s.tensor, offset=s.offset, nbytes=s.nbytes)
+                    for s in shards[ps]
+                ],
+                learning_rate=learning_rate,
+                init=INIT_INDEX if check else INIT_RANDOM,
+                warmup_steps=run.warmup,
+                steps=run.iterations,
+                warmup_seconds=run.warmup_seconds,
+                max_seconds=run.time_limit_s,
+                barrier_timeout_seconds=barrier_timeout,
+            )
+            for ps in range(topology.ps)
+        ]
+    )
+    jobs = [
+        sync_sgd_job(
+            targets=cluster.targets,
+            worker=w,
+            shards=[[(s.offset, s.nbytes) for s in mine] for mine in shards],
+            chunk_bytes=chunk_bytes,
+            warmup=run.warmup,
+            max_steps=run.warmup + run.iterations + 1,
+            barrier_timeout=barrier_timeout,
+            check=check,
+        )
+        for w in range(topology.workers)
+    ]
+    replies = cluster.run(jobs, run.job_timeout_s(barrier_timeout))
+    stats = cluster.job_stats()
+    prediction = None
+    if machine is not None:
+        # The machine is shared and its load moves: the other sessions' load during the
+        # steps is taken as the mean of what a probe found before them (in the fit) and
+        # finds after them.
+        after = measure_load(topology.ps + topology.workers)
+        host = replace(machine.host, load=(machine.host.load + after) / 2)
+        prediction = predict_step(
+            profile,
+            topology,
+            machine.link,
+            host=host,
+            chunk_bytes=chunk_bytes,
+            partition_bytes=partition_bytes,
+        )
+    per_worker = [np.asarray(r["samples_ns"], dtype=np.int64) for r in replies]
+    counts = {len(s) for s in per_worker}
+    if len(counts) != 1 or 0 in counts:
+        raise BenchmarkError(f"workers measured different numbers of steps: {sorted(counts)}")
+    steps = np.max(np.vstack(per_worker), axis=0)
+    per_step = placement.total_bytes * topology.workers * 2  # every worker pushes and pulls
+    loads = _loads(cluster, stats, list(placement.bytes_per_ps()))
+    total_ns = int(steps.sum())
+    point = PSPoint(
+        key=_key(profile.name),
+        step=True,
+        samples_ns=_frozen(steps),
+        summary=summarize(steps),
+        elapsed_ns=total_ns,
+        rate_per_s=len(steps) * 1e9 / total_ns if total_ns else 0.0,
+        throughput_Bps=per_step * len(steps) * 1e9 / total_ns if total_ns else 0.0,
+        bytes_per_op=per_step,
+        per_ps=loads,
+        workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
+        imbalance=_imbalance([load.bytes_in + load.bytes_out for load in loads]),
+    )
+    return PSResult(
+        benchmark="sync_sgd_step",
+        label=label or "sync_sgd_step",
+        fabric=cluster.fabric.name,
+        target=",".join(cluster.targets),
+        mode="protobuf",
+        rpc="stream",
+        ps=topology.ps,
+        workers=topology.workers,
+        sharding=topology.sharding,
+        sizes=(point,),
+        placement=placement,
+        settings=_settings(
+            run,
+            profile=profile.name,
+            learning_rate=f"{learning_rate:g}",
+            chunk_bytes=str(chunk_bytes),
+            partition_bytes=str(partition_bytes),
+            check=str(check),
+        ),
+        prediction=prediction,
+    )
+
+
+def fetch_weights(cluster: PSCluster, placement: Placement) -> dict[str, npt.NDArray[np.float32]]:
+    """The current weights of every tensor, reassembled from the shards on every PS."""
+    parts: dict[str, list[tuple[int, bytes]]] = {}
+    for ps in range(placement.ps):
+        owned = placement.shards_of(ps)
+        channel = cluster.channel(ps)
+        call = channel.unary_stream(
+            method("PullWeights"),
+            request_serializer=service_pb2.PullWeightsRequest.SerializeToString,
+            response_deserializer=service_pb2.WeightChunk.FromString,
+        )
+        pieces: dict[int, list[Any]] = {}
+        for chunk in call(service_pb2.PullWeightsRequest(step=-1), timeout=60.0):
+            pieces.setdefault(chunk.shard, []).append((chunk.offset, chunk.data))
+        for index, shard in enumerate(owned):
+            data = b"".join(d for _, d in sorted(pieces.get(index, [])))
+            parts.setdefault(shard.tensor, []).append((shard.offset, data))
+    return {
+        name: np.frombuffer(b"".join(d for _, d in sorted(pieces)), dtype=np.float32)
+        for name, pieces in parts.items()
+    }

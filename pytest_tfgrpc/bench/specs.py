@@ -1,0 +1,218 @@
+"""Markers, options and defaults -> frozen specs: one pure function per spec.
+
+Nothing here imports pytest: markers arrive as their positional and keyword arguments, and
+errors are :class:`SpecError` with a message that names the marker and the argument; the
+plugin puts the test's node id in front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.profiles import Profile, list_profiles, load_profile
+from pytest_tfgrpc.report.budget import Budget, BudgetError, parse_budget
+from pytest_tfgrpc.units import UnitError, parse_seconds, parse_sizes
+from pytest_tfgrpc.wire.schemes import Payload, generate, payload_spec
+
+
+class SpecError(ValueError):
+    """A marker or argument that cannot be turned into a spec."""
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    """The messages a test sends: sizes in bytes, and where they came from.
+
+    With a model profile, ``profile`` holds its tensors and ``sizes`` the distinct tensor
+    sizes, smallest first (what a point-to-point sweep over the model measures).
+    """
+
+    sizes: tuple[int, ...]
+    scheme: str = "uniform"
+    source: str = "sizes"
+    profile: Profile | None = None
+    payload: Payload | None = None
+
+    @property
+    def messages(self) -> tuple[int, ...] | tuple[Payload]:
+        """What a point-to-point benchmark sends: the payload, or each size."""
+        return (self.payload,) if self.payload is not None else self.sizes
+
+
+_PAYLOAD_ARGS = ("buffers", "classes", "bias", "seed", "size_range")
+_MESSAGE_ARGS = ("name", "sizes", "scheme", "scale", "max_tensors", "name_filter", *_PAYLOAD_ARGS)
+
+
+def _payload_spec(kwargs: Mapping[str, Any], where: str) -> MessageSpec:
+    arguments = {k: kwargs[k] for k in ("scheme", *_PAYLOAD_ARGS) if k in kwargs}
+    try:
+        payload = generate(payload_spec(**arguments))
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"{where} argument {exc}") from None
+    return MessageSpec(
+        (payload.total_bytes,), scheme=payload.spec.scheme, source="payload", payload=payload
+    )
+
+
+def _profile_spec(name: Any, kwargs: Mapping[str, Any], where: str) -> MessageSpec:
+    try:
+        profile = load_profile(name)
+        scaling = {k: kwargs[k] for k in ("scale", "max_tensors", "name_filter") if k in kwargs}
+        if scaling:
+            profile = profile.scaled(**scaling)
+    except (ValueError, TypeError, OSError) as exc:
+        raise SpecError(f"{where} argument name={name!r}: {exc}") from None
+    sizes = tuple(sorted(set(profile.sizes)))
+    return MessageSpec(sizes, source=f"profile {profile.name}", profile=profile)
+
+
+def _looks_like_sizes(value: Any) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        parse_sizes(value)
+    except UnitError:
+        return value[:1].isdigit() or ".." in value
+    return True
+
+
+def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
+    """``@message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", ...)`` -> spec.
+
+    The messages come from one of three sources: sizes (``["4B", "64KiB"]``,
+    ``"1KiB..64MiB"``); a model profile (a built-in name such as ``"resnet50"`` or a JSON
+    file, scalable with ``scale``, ``max_tensors``, ``name_filter``); or a TF-gRPC-Bench
+    payload (``scheme`` = uniform, random or skew, with ``buffers``, ``classes``, ``bias``,
+    ``seed``, ``size_range``; see :mod:`pytest_tfgrpc.wire.schemes`).
+    """
+    where = "@pytest.mark.message_profile"
+    unknown = sorted(set(kwargs) - set(_MESSAGE_ARGS))
+    if unknown:
+        known = ", ".join(_MESSAGE_ARGS)
+        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
+    if len(args) > 1:
+        raise SpecError(f"{where} takes one positional argument (sizes), not {len(args)}")
+    positional = args[0] if args else kwargs.get("name")
+    sizes = kwargs.get("sizes")
+    payload_args = [k for k in ("scheme", *_PAYLOAD_ARGS) if k in kwargs]
+    if payload_args and positional is None and sizes is None:
+        return _payload_spec(kwargs, where)
+    if [k for k in payload_args if k != "scheme" or kwargs[k] != "uniform"]:
+        raise SpecError(
+            f"{where}: {payload_args[0]}= describes a TF-gRPC-Bench payload, which is given "
+            "instead of sizes or a profile, not with them"
+        )
+    if sizes is None and positional is not None and not _looks_like_sizes(positional):
+        return _profile_spec(positional, kwargs, where)
+    scaling = sorted(set(kwargs) & {"scale", "max_tensors", "name_filter"})
+    if scaling:
+        raise SpecError(f"{where}: {scaling[0]} applies to a model profile, not to sizes")
+    if positional is not None and sizes is not None:
+        raise SpecError(f"{where}: give sizes either positionally or as sizes=, not both")
+    spec = sizes if sizes is not None else positional
+    argument = "sizes" if sizes is not None else ("name" if "name" in kwargs else "argument 1")
+    if spec is None:
+        raise SpecError(
+            f"{where}: no sizes given; e.g. message_profile(['4B', '64KiB']) or "
+            f"message_profile('resnet50') (profiles: {', '.join(list_profiles())})"
+        )
+    try:
+        return MessageSpec(parse_sizes(spec), source="sizes")
+    except UnitError as exc:
+        raise SpecError(f"{where} {argument}={spec!r}: {exc}") from None
+
+
+def budget_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Budget:
+    """``@budget(**limits)`` -> Budget."""
+    if args:
+        raise SpecError(
+            f"@pytest.mark.budget takes keyword limits such as p99='2ms', not {args[0]!r}"
+        )
+    try:
+        return parse_budget(kwargs)
+    except BudgetError as exc:
+        raise SpecError(f"@pytest.mark.budget: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RunOverrides:
+    """Run settings given on the command line, in the ini file or by a marker; None = not
+    given."""
+
+    iterations: int | None = None
+    warmup: int | None = None
+    max_seconds: float | None = None
+    warmup_seconds: float | None = None
+    duration: float | None = None
+
+    def merged(self, closer: RunOverrides) -> RunOverrides:
+        """These settings, with the ones ``closer`` gives (a marker over options) winning.
+
+        A closer duration makes the run time-based: the counts of farther layers then no
+        longer bound it.
+        """
+        values = {k: v for k, v in self.__dict__.items() if v is not None}
+        _layer(values, closer.__dict__)
+        return RunOverrides(**values)
+
+
+def _layer(values: dict[str, Any], closer: Mapping[str, Any]) -> None:
+    """Put the settings ``closer`` gives over ``values``. A closer duration makes the run
+    time-based: the counts and the time cap of farther layers no longer bound it."""
+    given = {key: value for key, value in closer.items() if value is not None}
+    if "duration" in given:
+        for key in ("iterations", "warmup", "max_seconds"):
+            if key not in given:
+                values.pop(key, None)
+    values.update(given)
+
+
+_RUN_COUNTS = ("iterations", "warmup")
+_RUN_SECONDS = ("max_seconds", "warmup_seconds", "duration")
+
+
+def run_marker_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> RunOverrides:
+    """``@tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None,
+    warmup_seconds=None)`` -> the test's run settings (seconds as numbers or ``"2s"``)."""
+    where = "@pytest.mark.tfgrpc_run"
+    if args:
+        raise SpecError(f"{where} takes keyword settings such as duration='10s', not {args[0]!r}")
+    unknown = sorted(set(kwargs) - {*_RUN_COUNTS, *_RUN_SECONDS})
+    if unknown:
+        known = ", ".join((*_RUN_COUNTS, *_RUN_SECONDS))
+        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
+    values: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if name in _RUN_COUNTS:
+            least = 1 if name == "iterations" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SpecError(f"{where} argument {name}={value!r}: a whole number >= {least}")
+            values[name] = value
+        else:
+            try:
+                values[name] = parse_seconds(value)
+            except UnitError as exc:
+                raise SpecError(f"{where} argument {name}={value!r}: {exc}") from None
+    return RunOverrides(**values)
+
+
+def run_spec(
+    default: RunSpec, options: RunOverrides, arguments: Mapping[str, Any], where: str
+) -> RunSpec:
+    """The run spec of one call: the benchmark's default, then options, then arguments."""
+    values: dict[str, Any] = {}
+    for layer in (options.__dict__, arguments):
+        _layer(values, layer)
+    if values.get("duration") is not None:
+        # A time-based run (TF-gRPC-Bench's way) warms up for warmup_seconds and measures
+        # for its duration; the counts only guard memory.
+        values.setdefault("iterations", 1_000_000)
+        values.setdefault("warmup", 1_000_000)
+        values.setdefault("max_seconds", max(default.max_seconds, values["duration"]))
+    try:
+        return replace(default, **values)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{where}: {exc}") from None

@@ -1,0 +1,145 @@
+"""``tfgrpc-compare OLD.xml NEW.xml``: the baseline gate outside pytest, for CI.
+
+Prints the comparison table (see :func:`pytest_tfgrpc.report.compare.format_comparison`) and exits
+0 when nothing regressed, 1 on a regression (or an inconclusive verdict or a setup mismatch,
+when ``--inconclusive fail`` or ``--mismatch fail`` says so), and 2 on bad input: a missing,
+corrupt or figureless file, or a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from pytest_tfgrpc.report.compare import (
+    DEFAULT_ALPHA,
+    DEFAULT_RESAMPLES,
+    DEFAULT_TOLERANCE,
+    MAX_RESAMPLES,
+    BaselineError,
+    ToleranceError,
+    compare_runs,
+    format_comparison,
+    load_baseline,
+    parse_tolerances,
+)
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_REGRESSION", "main"]
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+EXIT_BAD_INPUT = 2
+
+PROG = "tfgrpc-compare"
+
+
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a significance level between 0 and 1")
+    return value
+
+
+def _resamples(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_RESAMPLES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of resamples between 1 and {MAX_RESAMPLES}"
+        )
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Compare the tfgrpc figures of two pytest JUnit XML files. A figure regressed "
+            "when it is worse by more than its tolerance and the change is significant "
+            "(Mann-Whitney U for p50/mean/throughput, bootstrap CI for p90/p99/p999)."
+        ),
+        epilog="exit status: 0 no regression, 1 regression (or a failing policy), 2 bad input",
+    )
+    parser.add_argument("old", metavar="OLD.xml", help="the baseline run's JUnit XML")
+    parser.add_argument("new", metavar="NEW.xml", help="the current run's JUnit XML")
+    parser.add_argument(
+        "--max-regression",
+        metavar="[METRIC:]PCT",
+        action="append",
+        default=[],
+        help=(
+            "tolerated change for the worse, relative to the baseline: '10%%' for every metric, "
+            "'p99:10%%' or 'throughput:5%%' for one (repeatable, or comma-separated); "
+            f"default {DEFAULT_TOLERANCE * 100:g}%%"
+        ),
+    )
+    parser.add_argument(
+        "--alpha",
+        type=_alpha,
+        default=DEFAULT_ALPHA,
+        help=f"significance level of the tests (default {DEFAULT_ALPHA})",
+    )
+    parser.add_argument(
+        "--inconclusive",
+        choices=("fail", "pass"),
+        default="pass",
+        help="whether an inconclusive verdict fails (default: pass, but it is reported)",
+    )
+    parser.add_argument(
+        "--mismatch",
+        choices=("fail", "warn"),
+        default="warn",
+        help="whether a setup mismatch (host, fabric, MTU, grpcio, ...) fails (default: warn)",
+    )
+    parser.add_argument(
+        "--resamples",
+        type=_resamples,
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples for tail quantiles (default {DEFAULT_RESAMPLES})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
+    stdout = out if out is not None else sys.stdout
+    stderr = out if out is not None else sys.stderr
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        tolerances = parse_tolerances(args.max_regression)
+    except ToleranceError as error:
+        parser.error(f"--max-regression: {error}")
+    try:
+        old = load_baseline(args.old)
+        new = load_baseline(args.new)
+    except BaselineError as error:
+        print(f"{PROG}: error: {error}", file=stderr)
+        return EXIT_BAD_INPUT
+    comparison = compare_runs(
+        old, new, tolerances, alpha=args.alpha, resamples=args.resamples, seed=args.seed
+    )
+    for line in format_comparison(comparison):
+        print(line, file=stdout)
+    failures = []
+    if comparison.regressions:
+        failures.append(f"{len(comparison.regressions)} regressed")
+    if args.inconclusive == "fail" and comparison.inconclusive:
+        failures.append(f"{len(comparison.inconclusive)} inconclusive (--inconclusive fail)")
+    if args.mismatch == "fail" and comparison.mismatches:
+        failures.append(f"{len(comparison.mismatches)} setup mismatched (--mismatch fail)")
+    verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
+    print(f"{PROG}: {comparison.summary()}: {verdict}", file=stdout)
+    return EXIT_REGRESSION if failures else EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

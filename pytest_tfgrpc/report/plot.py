@@ -1,0 +1,551 @@
+"""PNG plots of a run's figures (``--tfgrpc-plot DIR``), drawn from its JUnit properties.
+
+Plots are made from the same ``tfgrpc.*`` properties that the JUnit XML and the results file
+hold, so they work from either (:func:`properties_from_junit`, or the records of
+:func:`pytest_tfgrpc.report.results_file.read_results`) and never show a figure the XML does not
+have.
+
+* ``latency_<label>.png`` for each latency benchmark label (a label without throughput
+  figures): time against message size, log-log, one colour per fabric, p50 solid and p99
+  dashed.
+* ``bandwidth_<label>.png`` for each label with throughput figures: ``throughput_MBps``
+  against message size, log-log, one line per fabric.
+* ``ps_<label>.png`` for each parameter-server label (one with a ``.topology`` property):
+  bars of the step (or RPC) p50 and p99 per payload, topology and sharding, one colour per
+  fabric. A step-time histogram would need every sample, and the properties hold only
+  quantiles; so the bars show the quantiles they hold.
+
+A label measured by several tests (``p2p_latency`` called from two test functions) gets one
+plot per test function, its fabric parametrization aside.
+
+matplotlib is an optional dependency (the ``plot`` extra); it is imported only when drawing,
+and drawing uses the Agg canvas directly, leaving pyplot's global backend alone.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from pytest_tfgrpc.report.results_file import atomic_write
+from pytest_tfgrpc.units import UnitError, format_duration, format_rate, parse_size
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "PlotUnavailableError",
+    "PropertySource",
+    "Row",
+    "draw",
+    "measurement_rows",
+    "per_test_properties",
+    "plot_available",
+    "properties_from_junit",
+    "write_plots",
+]
+
+PREFIX = "tfgrpc."
+INSTALL_HINT = "install the plot extra: pip install 'pytest-tfgrpc[plot]'"
+
+#: A run's per-test properties: ``{test: properties}`` (a mapping or ``(name, value)`` pairs),
+#: or the records of a results file (dicts with ``test`` and ``properties``).
+PropertySource = (
+    Mapping[str, Mapping[str, object] | Iterable[tuple[str, object]]] | Iterable[Mapping[str, Any]]
+)
+
+_LABEL_LEVEL = ("rpc", "mode", "settings", "topology")
+_FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_TOPOLOGY = re.compile(r"^(\d+)ps_(\d+)workers_(.+)$")
+
+
+class PlotUnavailableError(RuntimeError):
+    """Plots were asked for but matplotlib cannot be imported; the message says how to fix it."""
+
+
+def plot_available() -> tuple[bool, str]:
+    """Whether plots can be drawn: ``(True, "matplotlib 3.x")``, or ``(False, why)``."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        return False, f"matplotlib cannot be imported ({error}); {INSTALL_HINT}"
+    return True, f"matplotlib {matplotlib.__version__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties in
+
+
+def per_test_properties(source: PropertySource) -> dict[str, dict[str, str]]:
+    """``{test: {property name: value}}`` from any :data:`PropertySource`, values as text.
+
+    A name given twice in one test keeps its first value, as the results file does; a test
+    given twice (a results file with a rerun) has its later properties added over the earlier.
+    """
+    pairs: Iterable[tuple[object, object]]
+    if isinstance(source, Mapping):
+        pairs = source.items()
+    else:
+        pairs = ((record.get("test"), record.get("properties", {})) for record in source)
+    out: dict[str, dict[str, str]] = {}
+    for test, properties in pairs:
+        if not isinstance(test, str) or not test:
+            continue
+        items: Iterable[Any]
+        if isinstance(properties, Mapping):
+            items = properties.items()
+        elif isinstance(properties, Iterable) and not isinstance(properties, (str, bytes)):
+            items = properties
+        else:
+            continue
+        named: dict[str, str] = {}
+        for item in items:
+            if isinstance(item, (tuple, list)) and len(item) == 2:
+                named.setdefault(str(item[0]), str(item[1]))
+        out.setdefault(test, {}).update(named)
+    return out
+
+
+def properties_from_junit(path: str | os.PathLike[str]) -> dict[str, dict[str, str]]:
+    """``{test: {property name: value}}`` of every named test case in a JUnit XML file.
+
+    Tests are named ``classname.name`` as pytest writes them. A file that cannot be read or
+    parsed raises ``ValueError`` naming it.
+    """
+    from junitparser.xunit2 import JUnitXml
+
+    try:
+        xml = JUnitXml.fromfile(os.fspath(path))
+    except (OSError, SyntaxError) as error:
+        raise ValueError(f"cannot read JUnit XML {os.fspath(path)!r}: {error}") from None
+    out: dict[str, dict[str, str]] = {}
+    case: Any  # junitparser.xunit2.TestCase, whose properties() the stubs do not know
+    for suite in xml:
+        for case in suite:
+            if not case.name:
+                continue  # an interrupted run can leave a nameless <testcase/>
+            test = f"{case.classname}.{case.name}" if case.classname else str(case.name)
+            named = out.setdefault(test, {})
+            for prop in case.properties():
+                if prop.name is not None:
+                    named.setdefault(str(prop.name), str(prop.value or ""))
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """The figures of one message size (or payload) of one labelled result of one test.
+
+    ``metrics`` maps metric names as in the property (``p99_us``, ``throughput_MBps``) to
+    numbers; ``size_bytes`` is None for a key that is neither a size nor a payload with a
+    recorded size (a PS profile). ``topology`` is ``""`` except for parameter-server results.
+    """
+
+    test: str
+    fabric: str
+    label: str
+    key: str
+    size_bytes: int | None
+    metrics: Mapping[str, float]
+    topology: str = ""
+    rpc: str = ""
+    mode: str = ""
+
+    @property
+    def is_ps(self) -> bool:
+        return bool(self.topology)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _key_bytes(key: str, recorded: str | None) -> int | None:
+    if recorded is not None:
+        try:
+            return int(recorded)
+        except ValueError:
+            return None
+    try:
+        return parse_size(key)
+    except UnitError:
+        return None
+
+
+def measurement_rows(source: PropertySource) -> list[Row]:
+    """Every message size of every labelled result in ``source``, as :class:`Row` objects.
+
+    Reads ``tfgrpc.<label>.<key>.<metric>`` (numbers only: verdicts, sketches and the like are
+    left out), the label's ``rpc``, ``mode`` and ``topology``, and the test's ``tfgrpc.fabric``.
+    """
+    rows: list[Row] = []
+    for test, props in per_test_properties(source).items():
+        fabric = props.get(f"{PREFIX}fabric", "")
+        per_label: dict[str, dict[str, str]] = {}
+        figures: dict[tuple[str, str], dict[str, float]] = {}
+        for name, value in props.items():
+            if not name.startswith(PREFIX):
+                continue
+            parts = name[len(PREFIX) :].split(".")
+            if parts[0] == "meta":
+                continue
+            if len(parts) == 2 and parts[1] in _LABEL_LEVEL:
+                per_label.setdefault(parts[0], {})[parts[1]] = value
+            elif len(parts) == 3:
+                number = _number(value)
+                if number is not None:
+                    figures.setdefault((parts[0], parts[1]), {})[parts[2]] = number
+        for (label, key), metrics in figures.items():
+            if key == "model":  # a prediction (tfgrpc.<label>.model.*), not a measurement
+                continue
+            about = per_label.get(label, {})
+            rows.append(
+                Row(
+                    test=test,
+                    fabric=fabric,
+                    label=label,
+                    key=key,
+                    size_bytes=_key_bytes(key, props.get(f"{PREFIX}{label}.{key}.bytes")),
+                    metrics=MappingProxyType(metrics),
+                    topology=about.get("topology", ""),
+                    rpc=about.get("rpc", ""),
+                    mode=about.get("mode", ""),
+                )
+            )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts: what to draw, decided without matplotlib
+
+
+@dataclass(frozen=True)
+class _Series:
+    name: str
+    fabric: str
+    rows: tuple[Row, ...]
+
+
+@dataclass(frozen=True)
+class _Chart:
+    kind: str  # "latency", "bandwidth", "ps"
+    label: str
+    test: str  # the test the chart is about, its fabric parameter aside; "" for ps charts
+    series: tuple[_Series, ...]
+
+
+def _without_fabric(test: str, fabric: str) -> str:
+    """``test`` without the fabric's part of its parameter id: ``t[lo-4B]`` -> ``t[4B]``."""
+    start = test.find("[", max(test.rfind("::"), 0))
+    if start < 0 or not test.endswith("]") or not fabric:
+        return test
+    head, params = test[:start], test[start + 1 : -1]
+    if params == fabric:
+        return head
+    if params.startswith(f"{fabric}-"):
+        return f"{head}[{params[len(fabric) + 1 :]}]"
+    if params.endswith(f"-{fabric}"):
+        return f"{head}[{params[: -len(fabric) - 1]}]"
+    if f"-{fabric}-" in params:
+        return f"{head}[{params.replace(f'-{fabric}-', '-', 1)}]"
+    return test
+
+
+def _short(test: str) -> str:
+    """The test function and parameters of a node id or JUnit name, without its module."""
+    start = test.find("[")
+    head, params = (test, "") if start < 0 else (test[:start], test[start:])
+    return re.split(r"::|\.", head)[-1] + params
+
+
+def _series(rows: Sequence[Row]) -> tuple[_Series, ...]:
+    by_run: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        by_run.setdefault((row.fabric, row.test), []).append(row)
+    fabric_counts: dict[str, int] = {}
+    for fabric, _ in by_run:
+        fabric_counts[fabric] = fabric_counts.get(fabric, 0) + 1
+    out = []
+    for (fabric, test), group in sorted(by_run.items()):
+        name = fabric or "(no fabric)"
+        if fabric_counts[fabric] > 1:
+            name = f"{name} {_short(test)}"
+        out.append(_Series(name, fabric, tuple(group)))
+    return tuple(out)
+
+
+def _fabric_series(rows: Sequence[Row]) -> tuple[_Series, ...]:
+    by_fabric: dict[str, list[Row]] = {}
+    for row in rows:
+        by_fabric.setdefault(row.fabric, []).append(row)
+    return tuple(
+        _Series(fabric or "(no fabric)", fabric, tuple(group))
+        for fabric, group in sorted(by_fabric.items())
+    )
+
+
+def _charts(rows: Sequence[Row]) -> list[_Chart]:
+    by_label: dict[str, list[Row]] = {}
+    for row in rows:
+        by_label.setdefault(row.label, []).append(row)
+    charts: list[_Chart] = []
+    for label, label_rows in sorted(by_label.items()):
+        ps = [r for r in label_rows if r.is_ps]
+        if ps:
+            charts.append(_Chart("ps", label, "", _fabric_series(ps)))
+        by_test: dict[str, list[Row]] = {}
+        for row in label_rows:
+            if not row.is_ps and row.size_bytes is not None and row.size_bytes > 0:
+                by_test.setdefault(_without_fabric(row.test, row.fabric), []).append(row)
+        for test, test_rows in sorted(by_test.items()):
+            if any("throughput_MBps" in r.metrics for r in test_rows):
+                charts.append(_Chart("bandwidth", label, test, _series(test_rows)))
+            else:
+                charts.append(_Chart("latency", label, test, _series(test_rows)))
+    return charts
+
+
+def _file_names(charts: Sequence[_Chart]) -> list[str]:
+    """``<kind>_<label>.png``; with the test's name too where a label has several charts."""
+    counts: dict[tuple[str, str], int] = {}
+    for chart in charts:
+        counts[(chart.kind, chart.label)] = counts.get((chart.kind, chart.label), 0) + 1
+    names = []
+    for chart in charts:
+        stem = f"{chart.kind}_{chart.label}"
+        if counts[(chart.kind, chart.label)] > 1:
+            stem += f"__{_short(chart.test)}"
+        names.append(stem)
+    taken: dict[str, int] = {}
+    out = []
+    for name in names:
+        safe = _FILE_UNSAFE.sub("_", name).strip("_.") or "plot"
+        taken[safe] = taken.get(safe, 0) + 1
+        out.append(f"{safe}.png" if taken[safe] == 1 else f"{safe}_{taken[safe]}.png")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing
+
+
+def _colours(charts: Sequence[_Chart]) -> dict[str, str]:
+    """One colour per fabric, the same in every plot of the run."""
+    palette = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
+    fabrics = sorted({s.fabric for chart in charts for s in chart.series})
+    return {fabric: palette[i % len(palette)] for i, fabric in enumerate(fabrics)}
+
+
+def _size_axis(ax: Axes, rows: Iterable[Row]) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    labels: dict[int, str] = {}
+    for row in rows:
+        if row.size_bytes:
+            labels.setdefault(row.size_bytes, row.key)  # "64KiB", or a payload's name
+    ax.set_xscale("log", base=2)
+    sizes = sorted(labels)
+    step = max(1, math.ceil(len(sizes) / 12))  # at most a dozen tick labels
+    shown = sizes[::step]
+    ax.xaxis.set_major_locator(FixedLocator([float(s) for s in shown]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([labels[s] for s in shown], rotation=45, ha="right")
+    ax.set_xlabel("message size")
+
+
+def _log_y(ax: Axes, values: Sequence[float], text: Callable[[float], str]) -> None:
+    """A log y axis labelled in people's units (``text``), 1-2-5 ticks over a few decades."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    positive = [v for v in values if v > 0]
+    decades = math.log10(max(positive) / min(positive)) if positive else 0.0
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: text(v)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _points(rows: Iterable[Row], metric: str, scale: float) -> tuple[list[int], list[float]]:
+    pairs = sorted(
+        (r.size_bytes, r.metrics[metric] * scale)
+        for r in rows
+        if r.size_bytes and metric in r.metrics and r.metrics[metric] > 0
+    )
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _title(ax: Axes, what: str, chart: _Chart) -> None:
+    rows = [r for s in chart.series for r in s.rows]
+    how = sorted({f"{r.rpc} rpc, {r.mode}" for r in rows if r.rpc or r.mode})
+    detail = [_short(chart.test)] if chart.test else []
+    detail += how[:1] if len(how) == 1 else []
+    ax.set_title(f"{chart.label}: {what}" + (f"\n{'; '.join(detail)}" if detail else ""))
+
+
+def _draw_latency(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
+    ax = fig.add_subplot()
+    values: list[float] = []
+    for series in chart.series:
+        colour = colours[series.fabric]
+        for metric, style, marker in (("p50_us", "-", "o"), ("p99_us", "--", "v")):
+            x, y = _points(series.rows, metric, 1e3)  # to ns, for format_duration
+            if x:
+                name = f"{series.name} {metric.split('_')[0]}"
+                ax.plot(x, y, style, color=colour, marker=marker, markersize=4, label=name)
+                values += y
+    _log_y(ax, values, format_duration)
+    ax.set_ylabel("round-trip time (p50 solid, p99 dashed)")
+    _size_axis(ax, (r for s in chart.series for r in s.rows))
+    _title(ax, "latency vs message size", chart)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def _draw_bandwidth(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
+    ax = fig.add_subplot()
+    values: list[float] = []
+    for series in chart.series:
+        x, y = _points(series.rows, "throughput_MBps", 1e6)  # to B/s, for format_rate
+        if x:
+            colour = colours[series.fabric]
+            ax.plot(x, y, "-", color=colour, marker="o", markersize=4, label=series.name)
+            values += y
+    _log_y(ax, values, format_rate)
+    ax.set_ylabel("throughput (payload bytes over all timed operations)")
+    _size_axis(ax, (r for s in chart.series for r in s.rows))
+    _title(ax, "bandwidth vs message size", chart)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def _topology_text(topology: str) -> str:
+    match = _TOPOLOGY.match(topology)
+    if match is None:
+        return topology
+    ps, workers, sharding = match.groups()
+    return f"{ps} PS, {workers} worker{'' if workers == '1' else 's'}\n{sharding}"
+
+
+def _ps_categories(chart: _Chart) -> Callable[[Row], tuple[str, ...]]:
+    """How a PS chart tells its bars apart: payload and topology, and the test function
+    where two tests measured the same payload and topology on one fabric."""
+    seen: dict[tuple[str, str, str], str] = {}
+    clash = False
+    for series in chart.series:
+        for row in series.rows:
+            test = _without_fabric(row.test, row.fabric)
+            clash = clash or seen.setdefault((row.fabric, row.key, row.topology), test) != test
+    if clash:
+        return lambda r: (r.key, r.topology, _short(_without_fabric(r.test, r.fabric)))
+    return lambda r: (r.key, r.topology)
+
+
+def _draw_ps(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    step = any("step_p50_us" in r.metrics for s in chart.series for r in s.rows)
+    low, high = ("step_p50_us", "step_p99_us") if step else ("p50_us", "p99_us")
+    category_of = _ps_categories(chart)
+    categories = sorted({category_of(r) for s in chart.series for r in s.rows})
+    ax = fig.add_subplot()
+    width = 0.8 / (2 * len(chart.series))
+    values: list[float] = []
+    for i, series in enumerate(chart.series):
+        by_category = {category_of(r): r for r in series.rows}
+        for j, (metric, hatch, alpha) in enumerate(((low, "", 1.0), (high, "//", 0.45))):
+            xs, heights = [], []
+            for c, category in enumerate(categories):
+                found = by_category.get(category)
+                if found is not None and metric in found.metrics:
+                    xs.append(c - 0.4 + width * (2 * i + j + 0.5))
+                    heights.append(found.metrics[metric] * 1e3)  # to ns, for format_duration
+            values += heights
+            quantile = metric.removeprefix("step_").split("_")[0]
+            ax.bar(
+                xs,
+                heights,
+                width,
+                color=colours[series.fabric],
+                alpha=alpha,
+                hatch=hatch,
+                edgecolor=colours[series.fabric],
+                label=f"{series.name} {quantile}",
+            )
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 50:
+        _log_y(ax, positive, format_duration)
+    else:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_duration(v)))
+    ax.set_xticks(range(len(categories)))
+    ax.set_xticklabels(["\n".join((c[0], _topology_text(c[1]), *c[2:])) for c in categories])
+    what = "step time" if step else "RPC latency"
+    ax.set_ylabel(f"{what} (p50 solid, p99 hatched)")
+    ax.set_title(f"{chart.label}: {what} per payload and topology")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    samples = sorted(
+        {int(r.metrics["samples"]) for s in chart.series for r in s.rows if "samples" in r.metrics}
+    )
+    counted = f"{samples[0]}" if len(samples) == 1 else "varying numbers of"
+    fig.supxlabel(
+        f"quantiles of {counted} {'steps' if step else 'RPCs'} as recorded in the JUnit "
+        "properties (no per-step samples there, so no histogram)",
+        fontsize="x-small",
+        color="#555555",
+    )
+
+
+_DRAW = {"latency": _draw_latency, "bandwidth": _draw_bandwidth, "ps": _draw_ps}
+
+
+def draw(source: PropertySource) -> list[tuple[str, Figure]]:
+    """Every plot that ``source``'s figures allow, as ``(file name, matplotlib Figure)``
+    pairs on Agg canvases, not yet saved. Raises :class:`PlotUnavailableError` when
+    matplotlib cannot be imported."""
+    available, why = plot_available()
+    if not available:
+        raise PlotUnavailableError(why)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    charts = _charts(measurement_rows(source))
+    colours = _colours(charts)
+    out = []
+    for chart, name in zip(charts, _file_names(charts), strict=True):
+        fig = Figure(figsize=(8, 5), dpi=110, layout="constrained")
+        FigureCanvasAgg(fig)
+        _DRAW[chart.kind](fig, chart, colours)
+        out.append((name, fig))
+    return out
+
+
+def write_plots(source: PropertySource, directory: str | os.PathLike[str]) -> list[Path]:
+    """Draw every plot that ``source``'s figures allow into ``directory`` (made if missing).
+
+    Each PNG is written atomically. Returns the files written, in drawing order; an empty
+    list, and no directory made, when ``source`` holds no figures to plot. Raises
+    :class:`PlotUnavailableError` when matplotlib cannot be imported.
+    """
+    figures = draw(source)
+    if not figures:
+        return []
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        written.append(atomic_write(target / name, buffer.getvalue()))
+    return written

@@ -1,0 +1,364 @@
+"""The parameter-server side of the PS benchmarks: a job's shards, the step barrier, the update.
+
+A PS process (the tensor server, :mod:`pytest_tfgrpc.servers.tensor_server`) also serves
+``tfgrpc.ParameterServer`` (see ``protos/tfgrpc/service.proto``) and its raw twin
+``tfgrpc.RawParameterServer``. The parent configures a job on every PS; then worker processes
+drive it:
+
+* ``Throughput``: the PS acknowledges a payload (TF-gRPC-PS-Throughput). Calls carry
+  ``x-tfgrpc-phase: measure`` metadata in the measured phase, so only those are counted.
+* ``PushGradients``: one worker's gradients of one step, streamed as slices of the shards this
+  PS owns; they are added into float32 accumulators as they arrive (as TensorFlow's
+  ``ConditionalAccumulator`` does). When all W workers have pushed step ``s`` the PS applies
+  ``weights -= (learning_rate / W) * sum`` with numpy and the step is done.
+* ``PullWeights``: waits until step ``s`` is done (the barrier, bounded by the job's timeout),
+  then streams the updated weights.
+
+The chief (task 0) decides what the next step is (warm-up, measured, or none: the run is over)
+from the job's counts and time limits, and tells each worker in the trailing metadata of its
+pull. Workers pass each step's phase on to every PS, so all PS count the same measured steps.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2
+
+SERVICE = "tfgrpc.ParameterServer"
+RAW_SERVICE = "tfgrpc.RawParameterServer"
+
+#: Metadata on Throughput calls: ``measure`` in the measured phase.
+PHASE_KEY = "x-tfgrpc-phase"
+#: Trailing metadata of the chief's PullWeights: what the next step is.
+NEXT_PHASE_KEY = "x-tfgrpc-next-phase"
+WARMUP, MEASURE, STOP = "warmup", "measure", "stop"
+
+#: Initial weights: seeded random, or a function of the element index (the check mode).
+INIT_RANDOM, INIT_INDEX = 0, 1
+WEIGHT_SEED = 20171226
+DEFAULT_PULL_CHUNK = 1 << 20
+
+Floats = npt.NDArray[np.float32]
+
+
+def method(name: str, *, raw: bool = False) -> str:
+    """The full path of a ParameterServer method (``raw``: of its raw-bytes twin)."""
+    return f"/{RAW_SERVICE if raw else SERVICE}/{name}"
+
+
+def initial_weights(offset: int, nbytes: int, init: int, seed: int = WEIGHT_SEED) -> Floats:
+    """The initial float32 weights of the slice ``[offset, offset + nbytes)`` of a tensor.
+
+    ``INIT_INDEX`` gives element ``j`` of the tensor the value ``j % 251``, so any slice of it
+    can be predicted; ``INIT_RANDOM`` draws small normal values.
+    """
+    count = nbytes // 4
+    if init == INIT_INDEX:
+        return (np.arange(offset // 4, offset // 4 + count) % 251).astype(np.float32)
+    rng = np.random.default_rng([seed, offset])
+    weights: Floats = rng.standard_normal(count, dtype=np.float32) * np.float32(0.01)
+    return weights
+
+
+def check_gradient(worker: int, step: int, offset: int, nbytes: int) -> Floats:
+    """The check mode's gradient: element ``j`` of a tensor is ``((w+1)*(s+1) + j) % 16``.
+
+    Small integers, so that their float32 sum is exact whatever order they arrive in.
+    """
+    index = np.arange(offset // 4, offset // 4 + nbytes // 4)
+    return (((worker + 1) * (step + 1) + index) % 16).astype(np.float32)
+
+
+def apply_update(weights: Floats, total: Floats, learning_rate: float, workers: int) -> None:
+    """``weights -= (learning_rate / workers) * total`` in float32, in place: the SGD step."""
+    scale = np.float32(learning_rate / workers)
+    np.subtract(weights, scale * total, out=weights)
+
+
+def _cpu_ns() -> tuple[int, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
+
+
+class _Job:
+    """One configured job: shard weights and accumulators, and the step state."""
+
+    def __init__(self, spec: service_pb2.PSJob) -> None:
+        self.spec = spec
+        self.sizes = [shard.nbytes for shard in spec.shards]
+        self.total_bytes = sum(self.sizes)
+        self.weights = [
+            initial_weights(shard.offset, shard.nbytes, spec.init) for shard in spec.shards
+        ]
+        self.accumulators = [np.zeros_like(w) for w in self.weights]
+        self.served = [w.tobytes() for w in self.weights]
+        self.step = 0  # the step being pushed; steps below it are applied
+        self.pushed: set[int] = set()
+        self.phase = WARMUP if spec.warmup_steps > 0 else MEASURE
+        self.next_phase: dict[int, str] = {}
+        self.warmup_done = 0
+        self.scheduled = 0  # measured steps as the chief's schedule counts them
+        self.measured = 0  # steps the workers flagged as measured
+        self.step_measured = False
+        self.phase_start = time.monotonic()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.rpcs = 0
+        self.cpu_start: tuple[int, int] | None = None
+
+    def start_measuring(self) -> None:
+        if self.cpu_start is None:
+            self.cpu_start = _cpu_ns()
+
+    def decide_next(self) -> str:
+        """The chief's schedule: what the step after the one just applied is."""
+        now = time.monotonic()
+        spec = self.spec
+        if self.phase == WARMUP:
+            self.warmup_done += 1
+            if self.warmup_done < spec.warmup_steps and now - self.phase_start < (
+                spec.warmup_seconds
+            ):
+                return WARMUP
+            self.phase_start = now
+            return MEASURE
+        self.scheduled += 1
+        if self.scheduled >= spec.steps or now - self.phase_start >= spec.max_seconds:
+            return STOP
+        return MEASURE
+
+
+class ParameterServer:
+    """The ParameterServer handlers of one PS process; one job at a time."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job: _Job | None = None
+
+    def _current(self, context: grpc.ServicerContext) -> _Job:
+        job = self._job
+        if job is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job configured on this PS")
+            raise AssertionError("unreachable")  # abort raises
+        return job
+
+    # --- job -------------------------------------------------------------------------------
+    def configure(
+        self, request: service_pb2.PSJob, context: grpc.ServicerContext
+    ) -> service_pb2.PSJobStats:
+        for shard in request.shards:
+            if shard.nbytes % 4 or shard.offset % 4:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"shard {shard.tensor}@{shard.offset}: sync SGD aggregates float32, so "
+                    f"offsets and sizes must be multiples of 4 bytes, not {shard.nbytes}",
+                )
+        if request.workers < 1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one worker")
+        job = _Job(request)
+        with self._cond:
+            self._job = job
+            self._cond.notify_all()  # pulls waiting on an old job give up
+        return self._stats(job)
+
+    def _stats(self, job: _Job) -> service_pb2.PSJobStats:
+        user, system = 0, 0
+        if job.cpu_start is not None:
+            now = _cpu_ns()
+            user, system = now[0] - job.cpu_start[0], now[1] - job.cpu_start[1]
+        return service_pb2.PSJobStats(
+            job_id=job.spec.job_id,
+            task=job.spec.task,
+            steps=job.step,
+            measured_steps=job.measured,
+            bytes_in=job.bytes_in,
+            bytes_out=job.bytes_out,
+            rpcs=job.rpcs,
+            cpu_user_ns=user,
+            cpu_system_ns=system,
+            pid=os.getpid(),
+        )
+
+    def job_stats(
+        self, request: service_pb2.StatusRequest, context: grpc.ServicerContext
+    ) -> service_pb2.PSJobStats:
+        job = self._current(context)
+        with self._cond:
+            return self._stats(job)
+
+    # --- PS throughput ---------------------------------------------------------------------
+    def _throughput(self, request: bytes, context: grpc.ServicerContext, protobuf: bool) -> bytes:
+        size = len(codec.decode_tensor(request).content) if protobuf else len(request)
+        job = self._job
+        if job is not None and (PHASE_KEY, MEASURE) in context.invocation_metadata():
+            with self._cond:
+                job.start_measuring()
+                job.rpcs += 1
+                job.bytes_in += size
+        return codec.encode_ack(len(request), 1)
+
+    # --- sync SGD --------------------------------------------------------------------------
+    def push_gradients(
+        self, requests: Iterator[service_pb2.WeightChunk], context: grpc.ServicerContext
+    ) -> service_pb2.Ack:
+        job = self._current(context)
+        first = next(requests, None)
+        if first is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty gradient push")
+            raise AssertionError("unreachable")
+        step, worker, measured = first.step, first.worker, first.measured
+        with self._cond:
+            if step != job.step or worker in job.pushed:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"worker {worker} pushed step {step}, but the PS expects step {job.step} "
+                    f"from workers other than {sorted(job.pushed)}",
+                )
+            if measured:
+                job.start_measuring()
+                job.step_measured = True
+        received = 0
+        chunk: service_pb2.WeightChunk | None = first
+        while chunk is not None:
+            size = len(chunk.data)
+            if size:
+                if not 0 <= chunk.shard < len(job.sizes) or chunk.offset % 4 or size % 4:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a gradient slice ({size} B at {chunk.offset} of shard {chunk.shard}) "
+                        "is outside this PS's shards or not float32-aligned",
+                    )
+                start = chunk.offset // 4
+                gradient = np.frombuffer(chunk.data, dtype=np.float32)
+                accumulator = job.accumulators[chunk.shard]
+                with self._cond:
+                    accumulator[start : start + len(gradient)] += gradient
+                received += size
+            chunk = next(requests, None)
+        if received != job.total_bytes:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"worker {worker} pushed {received} B of gradients for step {step}; "
+                f"this PS owns {job.total_bytes} B",
+            )
+        with self._cond:
+            if job is not self._job:
+                context.abort(grpc.StatusCode.ABORTED, "the job was replaced during the push")
+            job.pushed.add(worker)
+            if measured:
+                job.bytes_in += received
+            if len(job.pushed) == job.spec.workers:
+                self._apply(job)
+        return service_pb2.Ack(bytes_received=received, messages=1)
+
+    def _apply(self, job: _Job) -> None:
+        """All workers pushed ``job.step``: update the weights, open the next step."""
+        for weights, accumulator in zip(job.weights, job.accumulators, strict=True):
+            apply_update(weights, accumulator, job.spec.learning_rate, job.spec.workers)
+            accumulator.fill(0.0)
+        job.served = [w.tobytes() for w in job.weights]
+        job.measured += job.step_measured
+        job.step_measured = False
+        job.next_phase[job.step] = job.decide_next()
+        job.phase = job.next_phase[job.step]
+        job.step += 1
+        job.pushed = set()
+        self._cond.notify_all()
+
+    def pull_weights(
+        self, request: service_pb2.PullWeightsRequest, context: grpc.ServicerContext
+    ) -> Iterator[service_pb2.WeightChunk]:
+        job = self._current(context)
+        step = request.step
+        timeout = job.spec.barrier_timeout_seconds
+        with self._cond:
+            if step >= 0:
+                if step > job.step:
+                    context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"pull of step {step} before it was pushed (the PS is at step {job.step})",
+                    )
+                done = self._cond.wait_for(
+                    lambda: job.step > step or self._job is not job, timeout=timeout
+                )
+                if self._job is not job:
+                    context.abort(grpc.StatusCode.ABORTED, "the job was replaced")
+                if not done:
+                    context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"step {step}: {len(job.pushed)} of {job.spec.workers} workers pushed "
+                        f"their gradients within {timeout:g} s (workers {sorted(job.pushed)})",
+                    )
+                if job.step != step + 1:
+                    context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"pull of step {step}, but the PS has applied step {job.step - 1}",
+                    )
+                if job.spec.task == 0:
+                    context.set_trailing_metadata(((NEXT_PHASE_KEY, job.next_phase[step]),))
+            served = job.served
+        chunk_bytes = request.chunk_bytes or DEFAULT_PULL_CHUNK
+        sent = 0
+        for index, data in enumerate(served):
+            view = memoryview(data)
+            for offset in range(0, len(view), chunk_bytes):
+                piece = view[offset : offset + chunk_bytes]
+                sent += len(piece)
+                yield service_pb2.WeightChunk(
+                    shard=index, offset=offset, data=piece.tobytes(), step=step
+                )
+        if request.measured and step >= 0:
+            with self._cond:
+                job.bytes_out += sent
+
+    # --- registration ----------------------------------------------------------------------
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        """The generic handlers of ``tfgrpc.ParameterServer`` and its raw twin."""
+
+        def unary(fn: Callable[[Any, Any], Any], request: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=request.FromString,
+                response_serializer=_serialize,
+            )
+
+        def throughput(protobuf: bool) -> grpc.RpcMethodHandler:
+            def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+                return self._throughput(request, context, protobuf)
+
+            return grpc.unary_unary_rpc_method_handler(handle)
+
+        protobuf = {
+            "Configure": unary(self.configure, service_pb2.PSJob),
+            "JobStats": unary(self.job_stats, service_pb2.StatusRequest),
+            "Throughput": throughput(True),
+            "PushGradients": grpc.stream_unary_rpc_method_handler(
+                self.push_gradients,
+                request_deserializer=service_pb2.WeightChunk.FromString,
+                response_serializer=_serialize,
+            ),
+            "PullWeights": grpc.unary_stream_rpc_method_handler(
+                self.pull_weights,
+                request_deserializer=service_pb2.PullWeightsRequest.FromString,
+                response_serializer=_serialize,
+            ),
+        }
+        return [
+            grpc.method_handlers_generic_handler(SERVICE, protobuf),
+            grpc.method_handlers_generic_handler(RAW_SERVICE, {"Throughput": throughput(False)}),
+        ]
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())

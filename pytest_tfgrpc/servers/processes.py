@@ -1,0 +1,269 @@
+"""Handles on tensor-server processes: start, wait until ready, detect death, stop.
+
+A server process is tied to its parent three ways, so that none outlives a test run:
+its stdin is a pipe whose closing stops it (the parent's exit closes it, even on SIGKILL),
+:meth:`ServerProcess.stop` ends it explicitly, and :func:`stop_all` (registered with
+``atexit`` and called by the plugin at session end) ends any still running. Servers run in
+their own session, so a Ctrl-C in the terminal reaches pytest, which stops them in order,
+instead of killing them under a measurement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from pytest_tfgrpc.wire.fabric import Fabric
+
+_LIVE: set[ChildProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class ServerError(RuntimeError):
+    """A tensor server that could not start, or that died."""
+
+
+class ServerDied(ServerError):
+    """A tensor server process exited while it was in use."""
+
+    def __init__(self, name: str, returncode: int, stderr_tail: str) -> None:
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        super().__init__(
+            f"{name} exited with {describe_exit(returncode)} while in use"
+            + (f"; the end of its stderr:\n{stderr_tail}" if stderr_tail else "; stderr was empty")
+        )
+
+
+def describe_exit(returncode: int) -> str:
+    """``status 3`` or ``signal 9 (SIGKILL)``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"signal {-returncode} ({name})"
+    return f"status {returncode}"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a server said when it became ready."""
+
+    target: str
+    pid: int
+    fabric: str
+
+
+def end_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
+    """End a child that watches its stdin: close stdin, wait, then SIGTERM, wait, then SIGKILL.
+    Returns its exit status."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+class ChildProcess:
+    """A child process of ours: stdin a pipe (its lifeline), stdout a pipe, stderr a file.
+
+    It runs in its own session (a Ctrl-C reaches pytest, which stops it in order), is
+    registered until stopped (:func:`stop_all` ends any left), and reports its death with
+    its exit status and the end of its stderr.
+    """
+
+    def __init__(
+        self, argv: Sequence[str], *, name: str, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.name = name
+        # Owned by the handle and closed in stop(): it outlives any one block.
+        self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
+            prefix="tfgrpc-", suffix=".err"
+        )
+        self._proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+        )
+        self._stopped = False
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def stderr_tail(self, max_lines: int = 20, max_bytes: int = 8192) -> str:
+        """The last lines the process wrote to stderr."""
+        try:
+            size = os.fstat(self._stderr.fileno()).st_size
+            self._stderr.seek(max(0, size - max_bytes))
+            text = self._stderr.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        return "\n".join(text.strip().splitlines()[-max_lines:])
+
+    def _stderr_suffix(self) -> str:
+        tail = self.stderr_tail()
+        return f"; the end of its stderr:\n{tail}" if tail else ""
+
+    def poll(self) -> int | None:
+        """The exit status if the process has ended, else None."""
+        return self._proc.poll()
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerDied` (exit status, stderr tail) if the process has ended."""
+        code = self._proc.poll()
+        if code is not None and not self._stopped:
+            raise ServerDied(self.name, code, self.stderr_tail())
+
+    def died(self, grace: float = 0.5) -> ServerDied | None:
+        """After something failed: the death that explains it, waiting ``grace`` s for it."""
+        if self._stopped:
+            return None
+        try:
+            code = self._proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return None
+        return ServerDied(self.name, code, self.stderr_tail())
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Stop the process (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
+        self._stopped = True
+        try:
+            return end_process(self._proc, timeout)
+        finally:
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+            self._stderr.close()
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} pid={self.pid}>"
+
+
+class ServerProcess(ChildProcess):
+    """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
+
+    def __init__(
+        self, argv: Sequence[str], *, fabric: Fabric, name: str, env: Mapping[str, str] | None
+    ) -> None:
+        super().__init__(argv, name=name, env=env)
+        self.fabric = fabric
+        self.info: ServerInfo | None = None
+
+    @classmethod
+    def start(
+        cls,
+        fabric: Fabric,
+        *,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        ready_timeout: float = 30.0,
+        name: str | None = None,
+    ) -> ServerProcess:
+        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves."""
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest_tfgrpc.servers.tensor_server",
+            "--fabric",
+            fabric.name,
+            "--exit-on-stdin-eof",
+            *extra_args,
+        ]
+        handle = cls(argv, fabric=fabric, name=name or f"tensor server on {fabric.name}", env=env)
+        try:
+            handle._wait_ready(ready_timeout)
+        except BaseException:
+            handle.stop()
+            raise
+        return handle
+
+    @property
+    def target(self) -> str:
+        if self.info is None:
+            raise ServerError(f"{self.name} is not ready")
+        return self.info.target
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._proc.stdout, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ServerError(
+                        f"{self.name} did not become ready within {timeout:g} s"
+                        + self._stderr_suffix()
+                    )
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self._proc.stdout.fileno(), 4096)
+                if not chunk:
+                    code = self._proc.wait(timeout=5)
+                    raise ServerError(
+                        f"{self.name} exited with {describe_exit(code)} before it was ready"
+                        + self._stderr_suffix()
+                    )
+                line += chunk
+        fields = json.loads(line)
+        self.info = ServerInfo(target=fields["target"], pid=fields["pid"], fabric=fields["fabric"])
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.info.target if self.info else "starting"
+        return f"<ServerProcess {self.name} pid={self.pid} {where}>"
+
+
+def live_children() -> tuple[ChildProcess, ...]:
+    """Child processes started here and not yet stopped."""
+    with _LIVE_LOCK:
+        return tuple(_LIVE)
+
+
+def live_servers() -> tuple[ServerProcess, ...]:
+    """Server processes started here and not yet stopped."""
+    return tuple(child for child in live_children() if isinstance(child, ServerProcess))
+
+
+def stop_all() -> int:
+    """Stop every child process still running; return how many there were."""
+    children = live_children()
+    for child in children:
+        child.stop(timeout=2.0)
+    return len(children)
+
+
+atexit.register(stop_all)

@@ -1,0 +1,317 @@
+"""A parameter-server cluster on one fabric: P PS server processes and W worker processes.
+
+:class:`PSCluster` starts the PS tasks (tensor servers, which also serve
+``tfgrpc.ParameterServer``) and the workers (:mod:`pytest_tfgrpc.servers.worker`), hands jobs to the
+workers, starts them together and collects what they measured, always with a deadline. Every
+process it starts is tied to it: PS servers and workers stop when their stdin closes (so when
+this process ends, however it ends), :meth:`PSCluster.stop` stops them in order, and an
+``atexit`` hook stops any still running. A process that dies is reported with its exit status
+and the end of its stderr (:class:`~pytest_tfgrpc.servers.processes.ServerDied`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.servers.parameter_server import method
+from pytest_tfgrpc.servers.processes import (
+    ChildProcess,
+    ServerDied,
+    ServerError,
+    ServerProcess,
+    describe_exit,
+    live_children,
+)
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.client import BenchmarkError, connect
+from pytest_tfgrpc.wire.fabric import Fabric
+
+__all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
+
+
+class ClusterError(ServerError):
+    """A cluster that could not start, or a job that did not finish in time."""
+
+
+class WorkerProcess(ChildProcess):
+    """One worker process; it speaks JSON lines on its stdin and stdout."""
+
+    def __init__(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(
+            [sys.executable, "-m", "pytest_tfgrpc.servers.worker"],
+            name=f"PS worker {index}",
+            env=env,
+        )
+        self.index = index
+        self._buffer = b""
+
+    def fileno(self) -> int:
+        assert self._proc.stdout is not None
+        return self._proc.stdout.fileno()
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        """Write one JSON line to the worker; a worker that is gone raises ServerDied."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            raise self.died(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
+
+    def take_line(self) -> dict[str, Any] | None:
+        """A complete line already read, if there is one."""
+        line, sep, rest = self._buffer.partition(b"\n")
+        if not sep:
+            return None
+        self._buffer = rest
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def read_more(self) -> bool:
+        """Read what the worker wrote; False at end of file (the worker exited)."""
+        chunk = os.read(self.fileno(), 1 << 20)
+        self._buffer += chunk
+        return bool(chunk)
+
+    def __repr__(self) -> str:
+        return f"<WorkerProcess {self.index} pid={self.pid}>"
+
+
+def live_workers() -> tuple[WorkerProcess, ...]:
+    """Worker processes started here and not yet stopped."""
+    return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
+
+
+class PSCluster:
+    """``topology.ps`` PS processes and ``topology.workers`` worker processes on ``fabric``.
+
+    Use as a context manager, or call :meth:`stop`. ``ps`` holds the PS server handles
+    (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``).
+    """
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        topology: Topology,
+        *,
+        env: Mapping[str, str] | None = None,
+        ready_timeout: float = 60.0,
+    ) -> None:
+        self.fabric = fabric
+        self.topology = topology
+        self.ps: tuple[ServerProcess, ...] = ()
+        self.workers: tuple[WorkerProcess, ...] = ()
+        self._channels: list[grpc.Channel] = []
+        self._job_ids = 0
+        try:
+            # Workers first: their interpreters start while the PS servers come up.
+            self.workers = tuple(WorkerProcess(i, env=env) for i in range(topology.workers))
+            threads = str(max(16, 2 * topology.workers + 4))  # a blocked pull holds a thread
+            for index in range(topology.ps):
+                self.ps = (
+                    *self.ps,
+                    ServerProcess.start(
+                        fabric,
+                        extra_args=("--workers", threads),
+                        env=dict(env) if env is not None else None,
+                        ready_timeout=ready_timeout,
+                        name=f"PS {index} on {fabric.name}",
+                    ),
+                )
+            hellos = self._collect(self.workers, time.monotonic() + ready_timeout, "start")
+            for worker, hello in zip(self.workers, hellos, strict=True):
+                if hello.get("hello") != worker.pid:
+                    raise ClusterError(f"{worker.name} greeted with {hello!r}")
+            self._channels = [connect(ps.target) for ps in self.ps]
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The PS targets, by task index."""
+        return tuple(ps.target for ps in self.ps)
+
+    def channel(self, task: int) -> grpc.Channel:
+        """The parent's channel to PS ``task`` (for control calls, not for measuring)."""
+        return self._channels[task]
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Every process of the cluster: PS tasks, then workers."""
+        return (*(ps.pid for ps in self.ps), *(w.pid for w in self.workers))
+
+    # --- failures ------------------------------------------------------------------------
+    def died(self, grace: float = 0.5) -> ServerDied | None:
+        """The death of a PS or a worker, if one has died (the first found)."""
+        for ps in self.ps:
+            if ps.poll() is not None:
+                death = ps.died(grace)
+                if death is not None:
+                    return death
+        for worker in self.workers:
+            if worker.poll() is not None:
+                death = worker.died(grace)
+                if death is not None:
+                    return death
+        return None
+
+    def _failure(self, message: str) -> BaseException:
+        # A worker's RPC error is usually the symptom of a PS that died: report the cause.
+        return self.died(grace=1.0) or BenchmarkError(message)
+
+    # --- PS control ----------------------------------------------------------------------
+    def next_job_id(self) -> int:
+        self._job_ids += 1
+        return self._job_ids
+
+    def configure(self, jobs: Sequence[service_pb2.PSJob], timeout: float = 60.0) -> None:
+        """Start ``jobs[i]`` on PS ``jobs[i].task`` (dropping its previous job and weights)."""
+        self._call_all("Configure", [job.task for job in jobs], jobs, service_pb2.PSJob, timeout)
+
+    def job_stats(
+        self, tasks: Sequence[int] | None = None, timeout: float = 10.0
+    ) -> tuple[service_pb2.PSJobStats, ...]:
+        """What each PS of ``tasks`` (default: all) saw of its current job, in that order."""
+        chosen = list(range(len(self.ps))) if tasks is None else list(tasks)
+        requests = [service_pb2.StatusRequest() for _ in chosen]
+        return self._call_all("JobStats", chosen, requests, service_pb2.StatusRequest, timeout)
+
+    def _call_all(
+        self,
+        name: str,
+        tasks: Sequence[int],
+        requests: Sequence[Any],
+        request_type: Any,
+        timeout: float,
+    ) -> tuple[service_pb2.PSJobStats, ...]:
+        replies = []
+        for task, request in zip(tasks, requests, strict=True):
+            if not 0 <= task < len(self.ps):
+                raise ValueError(f"task {task}: the cluster has PS tasks 0-{len(self.ps) - 1}")
+            ps, channel = self.ps[task], self._channels[task]
+            call = channel.unary_unary(
+                method(name),
+                request_serializer=request_type.SerializeToString,
+                response_deserializer=service_pb2.PSJobStats.FromString,
+            )
+            try:
+                replies.append(call(request, timeout=timeout))
+            except grpc.RpcError as error:
+                death = ps.died()
+                if death is not None:
+                    raise death from error
+                code = error.code().name if isinstance(error, grpc.Call) else "error"
+                details = error.details() if isinstance(error, grpc.Call) else str(error)
+                raise BenchmarkError(f"{name} on {ps.name} failed: {code}: {details}") from error
+        return tuple(replies)
+
+    # --- worker jobs ---------------------------------------------------------------------
+    def run(self, jobs: Sequence[Mapping[str, Any]], timeout: float) -> list[dict[str, Any]]:
+        """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
+
+        With fewer jobs than workers, the workers after the last job stay idle. Raises
+        ServerDied when a worker or a PS dies, BenchmarkError when a worker reports an error,
+        ClusterError when they do not finish within ``timeout`` seconds.
+        """
+        if not 1 <= len(jobs) <= len(self.workers):
+            raise ValueError(f"{len(jobs)} jobs for {len(self.workers)} workers")
+        busy = self.workers[: len(jobs)]
+        deadline = time.monotonic() + timeout
+        for worker, job in zip(busy, jobs, strict=True):
+            worker.send(job)
+        try:
+            self._collect(busy, deadline, "prepare", expect="ready")
+        except Exception:
+            for worker in busy:
+                if worker.poll() is None:
+                    worker.send({"go": False})
+            raise
+        for worker in busy:
+            worker.send({"go": True})
+        replies = self._collect(busy, deadline, "run", expect="result")
+        return [reply["result"] for reply in replies]
+
+    def _collect(
+        self,
+        workers: Sequence[WorkerProcess],
+        deadline: float,
+        what: str,
+        expect: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """One message from each worker, or the first failure: a death, an error, a timeout."""
+        got: dict[int, dict[str, Any]] = {}
+        errors: list[str] = []
+        with selectors.DefaultSelector() as selector:
+            for worker in workers:
+                selector.register(worker.fileno(), selectors.EVENT_READ, worker)
+            while len(got) + len(errors) < len(workers):
+                for worker in workers:
+                    if worker.index in got:
+                        continue
+                    message = worker.take_line()
+                    if message is None:
+                        continue
+                    if "error" in message:
+                        errors.append(f"{worker.name}: {message['error']}")
+                        got[worker.index] = message
+                    elif expect is None or expect in message:
+                        got[worker.index] = message
+                if len(got) == len(workers):
+                    break
+                for ps in self.ps:
+                    ps.check_alive()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = [w.name for w in workers if w.index not in got]
+                    raise ClusterError(
+                        f"{', '.join(missing)} did not {what} in time" + self._tails(workers)
+                    )
+                for key, _ in selector.select(min(remaining, 0.5)):
+                    worker = key.data
+                    if not worker.read_more():
+                        selector.unregister(key.fileobj)
+                        raise worker.died(grace=5.0) or ClusterError(
+                            f"{worker.name} closed its stdout"
+                        )
+        if errors:
+            raise self._failure("; ".join(errors))
+        return [got[worker.index] for worker in workers]
+
+    def _tails(self, workers: Sequence[WorkerProcess]) -> str:
+        tails = [f"{w.name}: {w.stderr_tail(5)}" for w in workers if w.stderr_tail(5)]
+        return ("; stderr:\n" + "\n".join(tails)) if tails else ""
+
+    # --- lifetime ------------------------------------------------------------------------
+    def stop(self) -> dict[str, str]:
+        """Stop every process (workers first); return how each ended, by name."""
+        ended: dict[str, str] = {}
+        for channel in self._channels:
+            channel.close()
+        self._channels = []
+        for worker in self.workers:
+            ended[worker.name] = describe_exit(worker.stop())
+        for ps in self.ps:
+            ended[ps.name] = describe_exit(ps.stop())
+        return ended
+
+    def __enter__(self) -> PSCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"<PSCluster {self.topology.ps} PS x {self.topology.workers} workers "
+            f"on {self.fabric.name}>"
+        )

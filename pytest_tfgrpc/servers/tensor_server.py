@@ -1,0 +1,304 @@
+"""The tensor server: a real gRPC server in its own process, bound to one fabric address.
+
+Run as ``tfgrpc-server --fabric ib0`` (or ``python -m pytest_tfgrpc.servers.tensor_server``). When
+it
+serves, it prints one JSON line (``{"target": ..., "pid": ..., "fabric": ...}``) on stdout;
+with ``--exit-on-stdin-eof`` it also stops when its stdin closes, which is how the plugin
+makes sure no server outlives the pytest process that started it, however that ends.
+
+Every method exists twice: in ``tfgrpc.TensorService`` (TensorProto messages, decoded and
+encoded by hand as TensorFlow does) and in ``tfgrpc.RawTensorService`` (opaque bytes, no
+protobuf work at all). Handlers are generic and take bytes, so neither mode pays for
+protobuf's generated (de)serializers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from pytest_tfgrpc.servers.parameter_server import ParameterServer
+from pytest_tfgrpc.units import UnitError, parse_duration_ns
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.fabric import Fabric, FabricError, resolve_fabric
+from pytest_tfgrpc.wire.tensors import make_content
+
+_ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
+
+
+class _Counters:
+    """Messages and bytes received, for the Status RPC."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.messages = 0
+        self.nbytes = 0
+
+    def add(self, messages: int, nbytes: int) -> None:
+        with self._lock:
+            self.messages += messages
+            self.nbytes += nbytes
+
+
+def _message_bytes(context: grpc.ServicerContext) -> int:
+    for key, value in context.invocation_metadata():
+        if key == transport.MESSAGE_BYTES_KEY:
+            size = int(value)
+            if size <= 0:
+                break
+            return size
+    context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"a stream must announce its message size in '{transport.MESSAGE_BYTES_KEY}' metadata",
+    )
+    raise AssertionError("unreachable")  # abort raises
+
+
+class TensorService:
+    """The handlers of both services; ``mode`` decides whether bytes are decoded as tensors."""
+
+    def __init__(
+        self, mode: str, target: str, fabric: str, counters: _Counters, delay_s: float = 0.0
+    ) -> None:
+        self.delay_s = delay_s
+        self.mode = mode
+        self.protobuf = mode == "protobuf"
+        self.target = target
+        self.fabric = fabric
+        self.counters = counters
+        self._pull_cache: dict[tuple[int, str], bytes] = {}
+        self._pull_lock = threading.Lock()
+
+    # --- latency -------------------------------------------------------------------------
+    def echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self.counters.add(1, len(request))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.protobuf:
+            tensor = codec.decode_tensor(request)
+            return codec.encode_tensor(tensor.content, tensor.dtype, tensor.shape)
+        return request
+
+    def echo_stream(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        for request in requests:
+            yield self.echo(request, context)
+
+    # --- worker -> PS --------------------------------------------------------------------
+    def push(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.protobuf:
+            codec.decode_tensor(request)
+        self.counters.add(1, len(request))
+        return codec.encode_ack(len(request), 1)
+
+    def push_stream(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        """Slices of messages of a size announced in metadata; one Ack per whole message."""
+        message_bytes = _message_bytes(context)
+        received = 0
+        messages = 0
+        first: memoryview | None = None
+        for request in requests:
+            data = codec.chunk_data(request) if self.protobuf else request
+            if first is None:
+                first = memoryview(data)
+            received += len(data)
+            if received < message_bytes:
+                continue
+            if received > message_bytes:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"slices overran the announced message size: {received} > {message_bytes}",
+                )
+            if self.protobuf:
+                # Decode the header from the first slice and check the content length
+                # against what arrived, without joining the slices into one buffer.
+                _, _, offset, length = codec.content_span(first)
+                if offset + length != message_bytes:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"TensorProto of {offset + length} bytes in a {message_bytes} B message",
+                    )
+            messages += 1
+            self.counters.add(1, received)
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            yield codec.encode_ack(received, messages)
+            received = 0
+            first = None
+
+    # --- PS -> worker (RecvTensor) -------------------------------------------------------
+    def _encoded(self, nbytes: int, dtype: str) -> bytes:
+        # A PS owns its tensors before a worker asks: encode once, as TensorFlow's zero-copy
+        # send path hands gRPC the existing tensor buffer.
+        key = (nbytes, dtype)
+        with self._pull_lock:
+            cached = self._pull_cache.get(key)
+            if cached is None:
+                content, dt, shape = make_content(nbytes, dtype=dtype)
+                cached = codec.encode_tensor(content, dt, shape) if self.protobuf else content
+                self._pull_cache = {key: cached}  # keep one: a sweep must not hoard memory
+            return cached
+
+    def pull(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        nbytes, dtype, _ = codec.decode_pull_request(request)
+        return self._encoded(nbytes, dtype)
+
+    def pull_stream(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        nbytes, dtype, chunk = codec.decode_pull_request(request)
+        chunk = chunk or transport.DEFAULT_CHUNK_BYTES
+        view = memoryview(self._encoded(nbytes, dtype))
+        for start in range(0, len(view), chunk):
+            piece = view[start : start + chunk]
+            yield codec.encode_chunk(piece) if self.protobuf else piece.tobytes()
+
+    # --- status --------------------------------------------------------------------------
+    def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        reply = service_pb2.ServerStatus(
+            pid=os.getpid(),
+            target=self.target,
+            fabric=self.fabric,
+            messages_received=self.counters.messages,
+            bytes_received=self.counters.nbytes,
+            cpu_user_ns=int(usage.ru_utime * 1e9),
+            cpu_system_ns=int(usage.ru_stime * 1e9),
+            grpc_version=grpc.__version__,
+            environment={k: os.environ[k] for k in _ALLOCATOR_VARS if k in os.environ},
+        )
+        return bytes(reply.SerializeToString())
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        service = transport.RAW_SERVICE if self.mode == "raw" else transport.PROTOBUF_SERVICE
+        unary: dict[str, Callable[[Any, Any], Any]] = {
+            "Echo": self.echo,
+            "Push": self.push,
+            "Pull": self.pull,
+            "Status": self.status,
+        }
+        handlers = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in unary.items()}
+        handlers["EchoStream"] = grpc.stream_stream_rpc_method_handler(self.echo_stream)
+        handlers["PushStream"] = grpc.stream_stream_rpc_method_handler(self.push_stream)
+        handlers["PullStream"] = grpc.unary_stream_rpc_method_handler(self.pull_stream)
+        return grpc.method_handlers_generic_handler(service, handlers)
+
+
+def build_server(
+    host: str, port: int, fabric: str, *, workers: int, delay_s: float = 0.0
+) -> tuple[grpc.Server, str]:
+    """A started-to-be server bound to ``host:port`` only; returns it and its target.
+
+    ``delay_s`` holds every tensor-service reply back that long: an injected slowdown, for
+    checking that performance gates catch one.
+    """
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfgrpc"),
+        options=transport.SERVER_OPTIONS,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    target = f"{host}:{bound}"
+    counters = _Counters()
+    server.add_generic_rpc_handlers(
+        [
+            TensorService(mode, target, fabric, counters, delay_s).handler()
+            for mode in transport.MODES
+        ]
+    )
+    server.add_generic_rpc_handlers(ParameterServer().handlers())
+    return server, target
+
+
+def _check_bindable(fabric: Fabric, port: int) -> str | None:
+    """Why ``fabric:port`` cannot be bound, or None. gRPC's own bind error does not say."""
+    with socket.socket(fabric.socket_family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind(fabric.sockaddr(port))
+        except OSError as exc:
+            return f"cannot bind {fabric.target(port)}: {exc.strerror or exc}"
+    return None
+
+
+def _watch_stdin(server: grpc.Server, done: threading.Event) -> None:
+    try:
+        while sys.stdin.buffer.read(65536):
+            pass
+    finally:
+        server.stop(grace=None)
+        done.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tfgrpc-server",
+        description="Serve pytest-tfgrpc's tensor service on one network interface.",
+    )
+    parser.add_argument("--fabric", default="lo", help="interface to bind to (default: lo)")
+    parser.add_argument("--port", type=int, default=0, help="port (default: one the OS picks)")
+    parser.add_argument("--workers", type=int, default=16, help="handler threads (default: 16)")
+    parser.add_argument(
+        "--delay",
+        default="0s",
+        help="fault injection: hold every tensor-service reply back this long (e.g. 200us)",
+    )
+    parser.add_argument(
+        "--exit-on-stdin-eof",
+        action="store_true",
+        help="stop when stdin closes (how a parent process ties the server's life to its own)",
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: a port is a number from 0 to 65535")
+    try:
+        fabric = resolve_fabric(args.fabric)
+    except FabricError as exc:
+        parser.error(str(exc))
+    try:
+        delay_s = parse_duration_ns(args.delay) / 1e9
+    except UnitError as exc:
+        parser.error(f"--delay: {exc}")
+    problem = _check_bindable(fabric, args.port)
+    if problem:
+        parser.error(problem)
+    server, target = build_server(
+        fabric.host, args.port, fabric.name, workers=args.workers, delay_s=delay_s
+    )
+    # Everything allocated so far lives as long as the server: keep the cyclic collector
+    # from walking it again and again while it serves (a few percent of a 1 KiB echo).
+    gc.freeze()
+    server.start()
+    done = threading.Event()
+    if args.exit_on_stdin_eof:
+        threading.Thread(target=_watch_stdin, args=(server, done), daemon=True).start()
+    print(json.dumps({"target": target, "pid": os.getpid(), "fabric": fabric.name}), flush=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        server.stop(grace=1.0).wait(2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""A PS-benchmark worker process: runs jobs against every parameter server, prints samples.
+
+Started by :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster` as ``python -m
+pytest_tfgrpc.servers.worker``.
+Workers are processes, not threads, so that W workers measure the network and the servers,
+not one interpreter's GIL. The parent talks to a worker in JSON lines:
+
+1. the worker prints ``{"hello": pid}`` once it is up;
+2. the parent writes a job (``{"kind": "throughput" | "sync_sgd", ...}``); the worker connects
+   to every PS, prepares its tensors and prints ``{"ready": true}``;
+3. the parent writes ``{"go": true}`` to all workers at once (the start barrier); the worker
+   runs the job and prints ``{"result": {...}}``; then it waits for the next job.
+
+Any failure is printed as ``{"error": "..."}``. The worker exits when its stdin closes, which
+is how no worker outlives its parent, however the parent ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import resource
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+import numpy as np
+
+from pytest_tfgrpc.servers.parameter_server import (
+    MEASURE,
+    NEXT_PHASE_KEY,
+    PHASE_KEY,
+    STOP,
+    WARMUP,
+    check_gradient,
+    method,
+)
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.client import BenchmarkError, connect_aio, rpc_timeout
+from pytest_tfgrpc.wire.tensors import make_content
+
+#: How long a worker waits for the parent's "go" after saying it is ready.
+GO_TIMEOUT_S = 120.0
+
+
+def _emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _cpu_ns() -> tuple[int, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
+
+
+def _lifeline(lines: queue.Queue[bytes]) -> None:
+    """Read stdin lines into ``lines``; on EOF the parent is gone or done: exit at once."""
+    for line in sys.stdin.buffer:
+        lines.put(line)
+    os._exit(0)
+
+
+async def _next_line(lines: queue.Queue[bytes], timeout: float) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    try:
+        line = await loop.run_in_executor(None, lambda: lines.get(timeout=timeout))
+    except queue.Empty:
+        raise BenchmarkError(f"no word from the parent within {timeout:g} s") from None
+    message: dict[str, Any] = json.loads(line)
+    return message
+
+
+def _describe(error: grpc.RpcError, target: str, what: str) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{what} to {target} failed: {error.code().name}: {error.details()}"
+    return f"{what} to {target} failed: {error}"
+
+
+async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
+    """The start barrier: say ready, then wait until the parent tells every worker to go."""
+    _emit({"ready": True})
+    if not (await _next_line(lines, GO_TIMEOUT_S)).get("go"):
+        raise BenchmarkError("the parent called the run off")
+
+
+# --- PS throughput ---------------------------------------------------------------------------
+async def _throughput(
+    job: dict[str, Any], channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
+) -> dict[str, Any]:
+    protobuf = job["mode"] == "protobuf"
+    calls = [ch.unary_unary(method("Throughput", raw=not protobuf)) for ch in channels]
+    payloads = [make_content(size) for size in job["payload_bytes"]]
+    timeouts = [rpc_timeout(size) for size in job["payload_bytes"]]
+    warm_meta = ((PHASE_KEY, WARMUP),)
+    measure_meta = ((PHASE_KEY, MEASURE),)
+    clock = time.perf_counter_ns
+
+    async def loop(ps: int, count: int, seconds: float, meta: Any, samples: list[int]) -> None:
+        call, timeout = calls[ps], timeouts[ps]
+        content, dtype, shape = payloads[ps]
+        encode = codec.encode_tensor
+        end = clock() + int(seconds * 1e9)
+        for _ in range(count):
+            t0 = clock()
+            message = encode(content, dtype, shape) if protobuf else content
+            try:
+                await call(message, timeout=timeout, metadata=meta)
+            except grpc.RpcError as error:
+                raise BenchmarkError(_describe(error, job["targets"][ps], "Throughput")) from None
+            t1 = clock()
+            samples.append(t1 - t0)
+            if t1 >= end:
+                return
+
+    # One untimed call per PS proves the path before anyone is told to start.
+    await asyncio.gather(*(loop(ps, 1, 60.0, warm_meta, []) for ps in range(len(calls))))
+    await _wait_for_go(lines)
+    ignored: list[list[int]] = [[] for _ in calls]
+    await asyncio.gather(
+        *(
+            loop(ps, job["warmup"], job["warmup_seconds"], warm_meta, ignored[ps])
+            for ps in range(len(calls))
+        )
+    )
+    samples: list[list[int]] = [[] for _ in calls]
+    cpu0 = _cpu_ns()
+    start = clock()
+    await asyncio.gather(
+        *(
+            loop(ps, job["iterations"], job["seconds"], measure_meta, samples[ps])
+            for ps in range(len(calls))
+        )
+    )
+    elapsed = clock() - start
+    cpu1 = _cpu_ns()
+    return {
+        "samples_ns": samples,
+        "elapsed_ns": elapsed,
+        "cpu_user_ns": cpu1[0] - cpu0[0],
+        "cpu_system_ns": cpu1[1] - cpu0[1],
+    }
+
+
+# --- sync SGD --------------------------------------------------------------------------------
+def sync_sgd_job(
+    *,
+    targets: Sequence[str],
+    worker: int,
+    shards: Sequence[Sequence[tuple[int, int]]],
+    chunk_bytes: int,
+    warmup: int,
+    max_steps: int,
+    barrier_timeout: float,
+    check: bool = False,
+) -> dict[str, Any]:
+    """The parent's side of a ``sync_sgd`` job for worker ``worker``: ``shards[p]`` lists the
+    ``(tensor offset, nbytes)`` of each shard PS ``targets[p]`` owns, in that PS's order."""
+    return {
+        "kind": "sync_sgd",
+        "targets": list(targets),
+        "worker": worker,
+        "check": check,
+        "chunk_bytes": chunk_bytes,
+        "shards": [[(offset, nbytes) for offset, nbytes in mine] for mine in shards],
+        "warmup": warmup,
+        "max_steps": max_steps,
+        "barrier_timeout": barrier_timeout,
+    }
+
+
+def _chunks(
+    gradients: Sequence[np.ndarray], chunk_bytes: int
+) -> list[bytes]:  # the slices of one push, serialized once
+    out = []
+    for shard, gradient in enumerate(gradients):
+        data = memoryview(gradient.tobytes())
+        for offset in range(0, len(data), chunk_bytes):
+            piece = data[offset : offset + chunk_bytes].tobytes()
+            out.append(_serialize(service_pb2.WeightChunk(shard=shard, offset=offset, data=piece)))
+    return out
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+async def _sync_sgd(
+    job: dict[str, Any], channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
+) -> dict[str, Any]:
+    worker: int = job["worker"]
+    check: bool = job["check"]
+    chunk_bytes: int = job["chunk_bytes"]
+    targets: list[str] = job["targets"]
+    # Per PS: the (tensor offset, nbytes) of each shard it owns, in the PS's shard order.
+    shards: list[list[tuple[int, int]]] = [[tuple(s) for s in ps] for ps in job["shards"]]
+    owned = [sum(nbytes for _, nbytes in ps) for ps in shards]
+    timeout = job["barrier_timeout"] + rpc_timeout(max(owned, default=0))
+    pushes = [ch.stream_unary(method("PushGradients")) for ch in channels]
+    pulls = [ch.unary_stream(method("PullWeights")) for ch in channels]
+
+    def gradients(ps: int, step: int) -> list[bytes]:
+        if check:
+            arrays = [check_gradient(worker, step, off, n) for off, n in shards[ps]]
+        else:
+            rng = np.random.default_rng([worker, ps])
+            arrays = [rng.standard_normal(n // 4, dtype=np.float32) * 1e-3 for _, n in shards[ps]]
+        return _chunks(arrays, chunk_bytes)
+
+    fixed = None if check else [gradients(ps, 0) for ps in range(len(channels))]
+
+    async def step_on(ps: int, step: int, measured: bool, body: list[bytes]) -> str:
+        header = service_pb2.WeightChunk(step=step, worker=worker, measured=measured)
+        target = targets[ps]
+        try:
+            await pushes[ps]([_serialize(header), *body], timeout=timeout)
+        except grpc.RpcError as error:
+            raise BenchmarkError(_describe(error, target, f"push of step {step}")) from None
+        request = service_pb2.PullWeightsRequest(
+            step=step, worker=worker, measured=measured, chunk_bytes=chunk_bytes
+        )
+        call = pulls[ps](_serialize(request), timeout=timeout)
+        got = 0
+        try:
+            async for reply in call:
+                got += len(service_pb2.WeightChunk.FromString(reply).data)
+            trailing = await call.trailing_metadata()
+        except grpc.RpcError as error:
+            raise BenchmarkError(_describe(error, target, f"pull of step {step}")) from None
+        if got != owned[ps]:
+            raise BenchmarkError(f"pulled {got} B of weights from {target}, it owns {owned[ps]} B")
+        return str(dict(trailing or ()).get(NEXT_PHASE_KEY, ""))
+
+    await _wait_for_go(lines)
+    clock = time.perf_counter_ns
+    phase = WARMUP if job["warmup"] > 0 else MEASURE
+    samples: list[int] = []
+    cpu0: tuple[int, int] | None = None
+    step = 0
+    while phase != STOP and step < job["max_steps"]:
+        measured = phase == MEASURE
+        bodies = fixed or [gradients(ps, step) for ps in range(len(channels))]
+        if measured and cpu0 is None:
+            cpu0 = _cpu_ns()
+        t0 = clock()
+        phases = await asyncio.gather(
+            *(step_on(ps, step, measured, bodies[ps]) for ps in range(len(channels)))
+        )
+        t1 = clock()
+        if measured:
+            samples.append(t1 - t0)
+        if phases[0] not in (WARMUP, MEASURE, STOP):
+            raise BenchmarkError(f"the chief PS sent no next phase after step {step}")
+        phase = phases[0]
+        step += 1
+    cpu1 = _cpu_ns()
+    cpu0 = cpu0 or cpu1
+    return {
+        "samples_ns": samples,
+        "steps": step,
+        "cpu_user_ns": cpu1[0] - cpu0[0],
+        "cpu_system_ns": cpu1[1] - cpu0[1],
+    }
+
+
+JOBS = {"throughput": _throughput, "sync_sgd": _sync_sgd}
+
+
+async def _run(job: dict[str, Any], lines: queue.Queue[bytes]) -> dict[str, Any]:
+    channels: list[grpc.aio.Channel] = []
+    try:
+        for target in job["targets"]:
+            channels.append(await connect_aio(target))
+        return await JOBS[job["kind"]](job, channels, lines)
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+def main() -> int:
+    """Serve jobs from stdin until it closes."""
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
+    _emit({"hello": os.getpid()})
+    while True:
+        job: dict[str, Any] = json.loads(lines.get())
+        if "kind" not in job:
+            continue  # a "go" meant for a job that failed before it was ready
+        try:
+            result = asyncio.run(_run(job, lines))
+        except (BenchmarkError, grpc.RpcError, KeyError, ValueError) as error:
+            _emit({"error": str(error) or type(error).__name__})
+        else:
+            _emit({"result": result})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
