@@ -36,16 +36,21 @@ class CpuUsage:
 
 @dataclass(frozen=True)
 class Figure:
-    """One named figure of one message size, in a base unit (ns, B/s or a count)."""
+    """One named figure of one point, in its metric's base unit (ns, B/s, 1/s, a ratio, a
+    count or bytes; :mod:`pytest_tfgrpc.report.metrics` declares each name and unit).
+
+    ``scope`` is empty for a figure of the whole point, ``ps<i>`` for one PS task's, ``workers``
+    for all workers'.
+    """
 
     metric: str
     value: float
-    unit: str  # "ns", "B/s", "count"
+    scope: str = ""
 
 
 def find_figure(figures: Sequence[Figure], metric: str) -> Figure | None:
     """The figure named ``metric``, or None."""
-    return next((fig for fig in figures if fig.metric == metric), None)
+    return next((fig for fig in figures if fig.metric == metric and not fig.scope), None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,17 +117,17 @@ class SizeResult:
         """Every figure of this size; ``rates`` adds the throughput figures."""
         s = self.summary
         times = (s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns)
-        out = [Figure(name, float(v), "ns") for name, v in zip(TIME_FIGURES, times, strict=True)]
+        out = [Figure(name, float(v)) for name, v in zip(TIME_FIGURES, times, strict=True)]
         if rates:
-            out.append(Figure("throughput", self.throughput_Bps, "B/s"))
-            out.append(Figure("throughput_p50", self.throughput_p50_Bps, "B/s"))
+            out.append(Figure("throughput", self.throughput_Bps))
+            out.append(Figure("throughput_p50", self.throughput_p50_Bps))
         if self.cpu is not None:
             cpu = self.cpu
-            out.append(Figure("client_cpu_user", float(cpu.client_user_ns), "ns"))
-            out.append(Figure("client_cpu_system", float(cpu.client_system_ns), "ns"))
-            out.append(Figure("server_cpu_user", float(cpu.server_user_ns), "ns"))
-            out.append(Figure("server_cpu_system", float(cpu.server_system_ns), "ns"))
-        out.append(Figure("samples", float(s.count), "count"))
+            out.append(Figure("client_cpu_user", float(cpu.client_user_ns)))
+            out.append(Figure("client_cpu_system", float(cpu.client_system_ns)))
+            out.append(Figure("server_cpu_user", float(cpu.server_user_ns)))
+            out.append(Figure("server_cpu_system", float(cpu.server_system_ns)))
+        out.append(Figure("samples", float(s.count)))
         return tuple(out)
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
@@ -130,13 +135,28 @@ class SizeResult:
 
 
 class MeasuredPoint(Protocol):
-    """One measured message size, payload or step of a result, as budgets read it."""
+    """One measured message size, payload or step of a result, as budgets and the property
+    writer read it."""
 
     @property
     def label(self) -> str: ...
 
     @property
     def count(self) -> int: ...
+
+    @property
+    def samples_ns(self) -> npt.NDArray[np.int64]: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    @property
+    def payload(self) -> str: ...
+
+    @property
+    def buffers(self) -> tuple[int, ...]: ...
+
+    def figures(self, *, rates: bool) -> tuple[Figure, ...]: ...
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None: ...
 
@@ -159,6 +179,18 @@ class Measured(Protocol):
 
     @property
     def reports_rates(self) -> bool: ...
+
+    @property
+    def rpc(self) -> str: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def topology(self) -> str: ...
+
+    @property
+    def settings(self) -> Mapping[str, str]: ...
 
     @property
     def sizes(self) -> Sequence[MeasuredPoint]: ...
@@ -187,6 +219,11 @@ class BenchmarkResult:
     def reports_rates(self) -> bool:
         """Latency benchmarks (an echo, a ping-pong) have no meaningful rate."""
         return not self.benchmark.endswith("latency")
+
+    @property
+    def topology(self) -> str:
+        """A P2P result has no cluster topology."""
+        return ""
 
     def size(self, size_bytes: int) -> SizeResult:
         for result in self.sizes:

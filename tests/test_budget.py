@@ -7,6 +7,7 @@ import pytest
 
 from pytest_tfgrpc.report.budget import (
     METRICS,
+    PER_SECOND,
     RATE,
     RATIO,
     TIME,
@@ -15,13 +16,11 @@ from pytest_tfgrpc.report.budget import (
     BudgetError,
     BudgetExceeded,
     Limit,
-    Metric,
     assert_budget,
     check,
     format_breaches,
     parse_budget,
     parse_limit,
-    register_metric,
 )
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 
@@ -64,7 +63,7 @@ def _bandwidth() -> BenchmarkResult:
     )
 
 
-def test_registry_lists_time_then_rate_metrics() -> None:
+def test_budget_metrics_are_the_registry_budget_entries() -> None:
     assert list(METRICS) == [
         "min",
         "mean",
@@ -75,26 +74,27 @@ def test_registry_lists_time_then_rate_metrics() -> None:
         "max",
         "throughput",
         "throughput_p50",
-        "step_p50",
-        "step_p99",
+        "step_min",
         "step_mean",
+        "step_p50",
+        "step_p90",
+        "step_p99",
         "step_max",
-        "imbalance",
         "rpc_rate",
+        "step_rate",
+        "imbalance",
     ]
-    assert METRICS["p999"] == Metric("p999", TIME, 0.999)
+    assert METRICS["p999"].kind is TIME and METRICS["p999"].quantile == 0.999
     assert METRICS["throughput"].kind is RATE
     assert METRICS["imbalance"].kind is RATIO
-    assert METRICS["step_p99"] == Metric("step_p99", TIME, 0.99)
+    assert METRICS["rpc_rate"].kind is PER_SECOND
+    assert METRICS["step_p99"].kind is TIME and METRICS["step_p99"].quantile == 0.99
+    assert all(metric.budget for metric in METRICS.values())
 
 
-def test_registry_is_read_only_and_refuses_a_conflicting_metric() -> None:
+def test_budget_metrics_are_read_only() -> None:
     with pytest.raises(TypeError):
-        METRICS["x"] = Metric("x", TIME)  # type: ignore[index]
-    register_metric(Metric("p99", TIME, 0.99))  # the same again: harmless
-    with pytest.raises(ValueError, match="'p99' is already registered"):
-        register_metric(Metric("p99", RATE))
-    assert METRICS["p99"].kind is TIME
+        METRICS["x"] = METRICS["p99"]  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_parse_limit_default_and_explicit_operators(
 
 
 def test_parse_limit_accepts_numbers_for_a_ratio_metric_only() -> None:
-    metrics = {**METRICS, "imbalance": Metric("imbalance", RATIO)}
+    metrics = METRICS
     assert parse_limit("imbalance", 1.2, metrics) == Limit("imbalance", "<=", 1.2, "1.2", RATIO)
     assert parse_limit("imbalance", 2, metrics).value == 2.0
     limit = parse_limit("imbalance", ">= 0.5", metrics)
@@ -164,8 +164,8 @@ def test_unknown_metric_lists_the_known_ones() -> None:
         parse_budget({"p98": "1ms"})
     assert str(info.value) == (
         "unknown budget metric 'p98': known metrics are min, mean, p50, p90, p99, p999, max, "
-        "throughput, throughput_p50, step_p50, step_p99, step_mean, step_max, imbalance, "
-        "rpc_rate; did you mean 'p99'?"
+        "throughput, throughput_p50, step_min, step_mean, step_p50, step_p90, step_p99, "
+        "step_max, rpc_rate, step_rate, imbalance; did you mean 'p99'?"
     )
 
 

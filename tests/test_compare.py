@@ -13,33 +13,39 @@ from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from pytest_tfgrpc.cli.compare import main
 from pytest_tfgrpc.report.compare import (
-    MIN_SAMPLES_U,
-    Baseline,
-    BaselineError,
-    Key,
-    Measurement,
     Outcome,
-    ToleranceError,
     Verdict,
-    bootstrap_quantile_ratio,
-    check_metadata,
     compare_figure,
     compare_runs,
     compare_test,
     format_comparison,
-    gated_metrics,
-    junit_test_id,
-    load_baseline,
-    mann_whitney_u,
-    mann_whitney_u_sketches,
-    measurements_from_properties,
     min_samples,
-    parse_tolerances,
-    tolerance_for,
     verdict_properties,
 )
-from pytest_tfgrpc.report.summary import result_properties
+from pytest_tfgrpc.report.junit import (
+    Baseline,
+    BaselineError,
+    Key,
+    Measurement,
+    junit_test_id,
+    load_baseline,
+    measurements_from_properties,
+)
+from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.report.setup_check import check_metadata
+from pytest_tfgrpc.report.tolerance import (
+    ToleranceError,
+    gated_metrics,
+    parse_tolerances,
+    tolerance_for,
+)
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.stats.significance import (
+    MIN_SAMPLES_U,
+    bootstrap_quantile_ratio,
+    mann_whitney_u,
+    mann_whitney_u_sketches,
+)
 from pytest_tfgrpc.stats.sketch import Sketch
 
 Props = list[tuple[str, str]]
@@ -563,8 +569,9 @@ def test_parse_tolerances() -> None:
     tolerances = parse_tolerances("p99:12%")
     assert tolerance_for(tolerances, "p99") == 0.12
     assert tolerance_for(tolerances, "p50") == 0.10  # the built-in default
-    assert gated_metrics(tolerances) == ("p50", "p99", "throughput")
-    assert gated_metrics(parse_tolerances("mean:5%")) == ("p50", "mean", "p99", "throughput")
+    defaults = ("p50", "p99", "throughput", "step_p50", "step_p99", "rpc_rate", "step_rate")
+    assert gated_metrics(tolerances) == (*defaults, "imbalance")
+    assert gated_metrics(parse_tolerances("mean:5%"))[:4] == ("mean", "p50", "p99", "throughput")
 
 
 @pytest.mark.parametrize(

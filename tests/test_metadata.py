@@ -15,7 +15,6 @@ import pytest
 
 import pytest_tfgrpc
 import pytest_tfgrpc.report.metadata as metadata_module
-from pytest_tfgrpc.report.compare import META_CHECKED
 from pytest_tfgrpc.report.metadata import (
     META_PREFIX,
     NOT_INSTALLED,
@@ -23,6 +22,7 @@ from pytest_tfgrpc.report.metadata import (
     fabric_metadata,
     run_metadata,
 )
+from pytest_tfgrpc.report.setup_check import META_CHECKED
 from pytest_tfgrpc.servers.allocator import tune_allocator
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 

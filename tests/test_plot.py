@@ -20,8 +20,8 @@ from pytest_tfgrpc.report.plot import (
     properties_from_junit,
     write_plots,
 )
+from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.report.results_file import ResultLog, read_results
-from pytest_tfgrpc.report.summary import result_properties
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.stats.summary import summarize
 
@@ -70,6 +70,7 @@ def _ps(fabric: str, sharding: str, step_ns: int) -> PSResult:
         per_ps=(),
         workers_cpu=(),
         imbalance=1.25,
+        bytes_imbalance=1.25,
     )
     return PSResult(
         benchmark="sync_sgd_step",
@@ -180,7 +181,7 @@ def test_properties_from_junit_xml(tmp_path: Path) -> None:
         }
     }
     path.write_text(JUNIT[:200])
-    with pytest.raises(ValueError, match="cannot read JUnit XML"):
+    with pytest.raises(ValueError, match=r"JUnit file .* is not well-formed XML"):
         properties_from_junit(path)
 
 

@@ -13,7 +13,7 @@ from pytest_tfgrpc import bench
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
-from pytest_tfgrpc.bench.floor import FLOOR_SUFFIX, transport_floor
+from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
@@ -21,7 +21,8 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.summary import PREFIX, result_properties
+from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
+from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, parse_sizes
@@ -274,10 +275,10 @@ class Driver:
         self.results.append(result)
         if result.fabric not in self._fabrics:
             self._fabrics.add(result.fabric)
-            self._record(f"{PREFIX}fabric", result.fabric)
+            self._record(FABRIC, result.fabric)
         if result.target not in self._targets:
             self._targets.add(result.target)
-            self._record(f"{PREFIX}target", result.target)
+            self._record(TARGET, result.target)
         properties = (
             result.properties() if isinstance(result, PSResult) else result_properties(result)
         )

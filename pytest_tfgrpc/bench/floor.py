@@ -11,11 +11,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.servers.floor_server import FloorServer, tcp_pingpong, tcp_push_ack
 from pytest_tfgrpc.wire.fabric import Fabric
-
-FLOOR_SUFFIX = "_floor"
 
 
 def transport_floor(

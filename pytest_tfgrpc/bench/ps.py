@@ -32,11 +32,11 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_properties
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile
+from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.results import Figure, find_figure
 from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.servers.worker import sync_sgd_job
-from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.stats.summary import Summary, summarize
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
@@ -58,7 +58,6 @@ __all__ = [
 
 PS_THROUGHPUT_RUN = RunSpec(iterations=200, warmup=10, max_seconds=5.0, warmup_seconds=2.0)
 SYNC_SGD_RUN = RunSpec(iterations=20, warmup=2, max_seconds=30.0, warmup_seconds=10.0)
-PREFIX = "tfgrpc."
 
 
 @dataclass(frozen=True)
@@ -111,35 +110,65 @@ class PSPoint:
     per_ps: tuple[PSLoad, ...]
     workers_cpu: tuple[CpuTime, ...]
     imbalance: float
+    bytes_imbalance: float
 
     @property
     def label(self) -> str:
         return self.key
 
     @property
+    def size_bytes(self) -> int:
+        return self.bytes_per_op
+
+    @property
+    def payload(self) -> str:
+        """A PS point is named by its key; it records no separate payload name."""
+        return ""
+
+    @property
+    def buffers(self) -> tuple[int, ...]:
+        return ()
+
+    @property
     def count(self) -> int:
         return self.summary.count
 
     def figures(self, *, rates: bool = True) -> tuple[Figure, ...]:
-        """Every figure of this point; time names start with ``step_`` for SGD steps."""
+        """Every figure of this point; time names start with ``step_`` for SGD steps. Per-PS
+        figures carry the scope ``ps<i>``, the workers' CPU time the scope ``workers``.
+
+        ``imbalance`` is the placement's (busiest PS bytes / mean, as placed), which the run
+        fixes; ``bytes_imbalance`` (PS throughput only) is the same ratio of the bytes each PS
+        happened to receive in the closed loop, which moves from run to run.
+        """
         s = self.summary
         prefix = "step_" if self.step else ""
         times = {"min": s.min_ns, "mean": s.mean_ns, "p50": s.p50_ns, "p90": s.p90_ns}
         times |= {"p99": s.p99_ns, "max": s.max_ns}
-        out = [Figure(prefix + name, float(v), "ns") for name, v in times.items()]
-        out.append(Figure("throughput", self.throughput_Bps, "B/s"))
-        out.append(Figure("step_rate" if self.step else "rpc_rate", self.rate_per_s, "1/s"))
-        out.append(Figure("imbalance", self.imbalance, "ratio"))
+        out = [Figure(prefix + name, float(v)) for name, v in times.items()]
+        out.append(Figure("throughput", self.throughput_Bps))
+        out.append(Figure("step_rate" if self.step else "rpc_rate", self.rate_per_s))
+        out.append(Figure("imbalance", self.imbalance))
+        if not self.step:
+            out.append(Figure("bytes_imbalance", self.bytes_imbalance))
         per_op = "bytes_per_step" if self.step else "bytes_per_rpc_round"
-        out.append(Figure(per_op, float(self.bytes_per_op), "B"))
-        out.append(Figure("samples", float(s.count), "count"))
+        out.append(Figure(per_op, float(self.bytes_per_op)))
+        out.append(Figure("samples", float(s.count)))
+        for load in self.per_ps:
+            where = f"ps{load.task}"
+            out.append(Figure("bytes_in", float(load.bytes_in), where))
+            out.append(Figure("bytes_out", float(load.bytes_out), where))
+            out.append(Figure("rpcs", float(load.rpcs), where))
+            out.append(Figure("cpu_user", float(load.cpu.user_ns), where))
+            out.append(Figure("cpu_system", float(load.cpu.system_ns), where))
+        user = sum(cpu.user_ns for cpu in self.workers_cpu)
+        system = sum(cpu.system_ns for cpu in self.workers_cpu)
+        out.append(Figure("cpu_user", float(user), "workers"))
+        out.append(Figure("cpu_system", float(system), "workers"))
         return tuple(out)
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
         return find_figure(self.figures(rates=rates), metric)
-
-
-_UNITS = {"ns": ("us", 1e3), "B/s": ("MBps", 1e6), "1/s": ("per_s", 1.0)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,6 +201,10 @@ class PSResult:
         return True
 
     @property
+    def topology(self) -> str:
+        return f"{self.ps}ps_{self.workers}workers_{self.sharding}"
+
+    @property
     def points(self) -> tuple[PSPoint, ...]:
         return self.sizes
 
@@ -182,40 +215,13 @@ class PSResult:
         raise KeyError(f"{self.label} measured no payload {key!r}")
 
     def properties(self) -> list[tuple[str, str]]:
-        """``(name, value)`` pairs: ``tfgrpc.<label>.<key>.<metric>_<unit>``, per PS as
-        ``tfgrpc.<label>.<key>.ps<i>.<metric>``, workers' CPU as ``....workers.cpu_*_us``, a
-        prediction as ``tfgrpc.<label>.<key>.model.<metric>`` with ``...model.error_pct``
+        """``(name, value)`` pairs: every figure as every benchmark writes them
+        (:func:`~pytest_tfgrpc.report.properties.result_properties`: per PS as
+        ``tfgrpc.<label>.<key>.ps<i>.<metric>``, workers' CPU as ``....workers.cpu_*_us``), then
+        a prediction as ``tfgrpc.<label>.<key>.model.<metric>`` with ``...model.error_pct``
         against the measured step p50."""
-        base = f"{PREFIX}{self.label}"
-        out = [
-            (f"{base}.rpc", self.rpc),
-            (f"{base}.mode", self.mode),
-            (f"{base}.topology", f"{self.ps}ps_{self.workers}workers_{self.sharding}"),
-        ]
+        out = result_properties(self)
         for point in self.sizes:
-            at = f"{base}.{point.key}"
-            for fig in point.figures():
-                if fig.unit in _UNITS:
-                    suffix, divisor = _UNITS[fig.unit]
-                    out.append((f"{at}.{fig.metric}_{suffix}", repr(fig.value / divisor)))
-                elif fig.unit == "ratio":
-                    out.append((f"{at}.{fig.metric}", repr(fig.value)))
-                else:
-                    out.append((f"{at}.{fig.metric}", str(int(fig.value))))
-            for load in point.per_ps:
-                where = f"{at}.ps{load.task}"
-                out += [
-                    (f"{where}.bytes_in", str(load.bytes_in)),
-                    (f"{where}.bytes_out", str(load.bytes_out)),
-                    (f"{where}.rpcs", str(load.rpcs)),
-                    (f"{where}.cpu_user_us", repr(load.cpu.user_ns / 1e3)),
-                    (f"{where}.cpu_system_us", repr(load.cpu.system_ns / 1e3)),
-                ]
-            out.append((f"{at}.sketch", Sketch.from_samples(point.samples_ns).to_string()))
-            user = sum(cpu.user_ns for cpu in point.workers_cpu)
-            system = sum(cpu.system_ns for cpu in point.workers_cpu)
-            out.append((f"{at}.workers.cpu_user_us", repr(user / 1e3)))
-            out.append((f"{at}.workers.cpu_system_us", repr(system / 1e3)))
             if self.prediction is not None and point.step:
                 measured = point.summary.p50_ns / 1e9
                 out += prediction_properties(
@@ -347,7 +353,8 @@ def ps_throughput(
                 bytes_per_op=sum(per_ps),
                 per_ps=loads,
                 workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
-                imbalance=_imbalance([load.bytes_in for load in loads]),
+                imbalance=payload.imbalance if isinstance(payload, Placement) else 1.0,
+                bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
             )
         )
     topology = cluster.topology
@@ -485,7 +492,8 @@ def sync_sgd_step(
         bytes_per_op=per_step,
         per_ps=loads,
         workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
-        imbalance=_imbalance([load.bytes_in + load.bytes_out for load in loads]),
+        imbalance=placement.imbalance,
+        bytes_imbalance=_imbalance([load.bytes_in + load.bytes_out for load in loads]),
     )
     return PSResult(
         benchmark="sync_sgd_step",

@@ -13,18 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pytest_tfgrpc.report.compare import (
-    DEFAULT_ALPHA,
-    DEFAULT_RESAMPLES,
-    DEFAULT_TOLERANCE,
-    MAX_RESAMPLES,
-    BaselineError,
-    ToleranceError,
-    compare_runs,
-    format_comparison,
-    load_baseline,
-    parse_tolerances,
-)
+from pytest_tfgrpc.report.compare import compare_runs, format_comparison
+from pytest_tfgrpc.report.junit import BaselineError, load_baseline
+from pytest_tfgrpc.report.tolerance import DEFAULT_TOLERANCE, ToleranceError, parse_tolerances
+from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA, DEFAULT_RESAMPLES, MAX_RESAMPLES
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_REGRESSION", "main"]
 
@@ -63,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Compare the tfgrpc figures of two pytest JUnit XML files. A figure regressed "
             "when it is worse by more than its tolerance and the change is significant "
-            "(Mann-Whitney U for p50/mean/throughput, bootstrap CI for p90/p99/p999)."
+            "(Mann-Whitney U for p50/mean/rates, bootstrap CI for p90/p99/p999, their "
+            "step_ forms alike; a placement's imbalance by its ratio)."
         ),
         epilog="exit status: 0 no regression, 1 regression (or a failing policy), 2 bad input",
     )

@@ -15,9 +15,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from junitparser import JUnitXmlError
-from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
-
 from pytest_tfgrpc.model.analytic import (
     DEFAULT_BACKWARD_SHARE,
     DEFAULT_PS,
@@ -28,15 +25,16 @@ from pytest_tfgrpc.model.analytic import (
     project,
 )
 from pytest_tfgrpc.model.placement import SHARDINGS
+from pytest_tfgrpc.report.junit import BaselineError, read_junit
+from pytest_tfgrpc.report.properties import FABRIC, figure_name, read_figures
 from pytest_tfgrpc.report.results_file import read_results
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_rate_Bps, parse_size
 
 __all__ = ["link_points_from_junit", "link_points_from_results", "main"]
 
 PROG = "tfgrpc-model"
-_PREFIX = "tfgrpc."
-#: The figure a JUnit file gives for a size's typical time: its median, in microseconds.
-_MEDIAN = "p50_us"
+#: The figure a run gives for a size's typical time: its median.
+_MEDIAN = "p50"
 _NO_FABRIC = "unknown"
 
 
@@ -47,19 +45,19 @@ class ModelInputError(Exception):
 def _add_points(
     properties: Mapping[str, object], points: dict[str, list[tuple[int, float]]]
 ) -> None:
-    """Add one test's P2P medians to ``points``, under its ``tfgrpc.fabric``."""
-    fabric = str(properties.get(f"{_PREFIX}fabric") or _NO_FABRIC)
-    for name, value in properties.items():
-        parts = name.removeprefix(_PREFIX).split(".")
-        if not name.startswith(_PREFIX) or len(parts) != 3 or parts[2] != _MEDIAN:
+    """Add one test's P2P medians to ``points``, under its ``tfgrpc.fabric``. A transport
+    floor's rows (``<label>_floor``, raw TCP) are not the gRPC link and are left out."""
+    fabric = str(properties.get(FABRIC) or _NO_FABRIC)
+    for figure in read_figures(properties.items(), strict=False):
+        at = figure.at
+        if at.metric.name != _MEDIAN or at.scope or at.floor:
             continue
-        label, size_text, _ = parts
         try:
-            size = parse_size(size_text)
-            seconds = float(str(value)) / 1e6
-        except (UnitError, ValueError, TypeError):
+            size = parse_size(at.key)
+        except UnitError:
             continue
-        point = link_point(label, size, seconds)
+        seconds = figure.value / 1e9
+        point = link_point(at.label, size, seconds)
         if point is not None and seconds > 0:
             points.setdefault(fabric, []).append(point)
 
@@ -69,24 +67,16 @@ def link_points_from_junit(path: Path) -> dict[str, list[tuple[int, float]]]:
 
     Reads every ``tfgrpc.<label>.<size>.p50_us`` property whose label starts with
     ``p2p_latency`` or ``p2p_bandwidth`` (counted as
-    :func:`~pytest_tfgrpc.model.analytic.link_point`
-    does), and takes the fabric from the same test case's ``tfgrpc.fabric``.
+    :func:`~pytest_tfgrpc.model.analytic.link_point` does), but not a transport floor's
+    (``p2p_latency_floor``), and takes the fabric from the same test case's ``tfgrpc.fabric``.
     """
-    if not path.is_file():
-        raise ModelInputError(f"JUnit file '{path}' does not exist or is not a file")
     try:
-        xml = JUnitXml.fromfile(str(path))
-    except (OSError, SyntaxError, JUnitXmlError) as exc:
-        raise ModelInputError(f"cannot read JUnit file '{path}': {exc}") from exc
-    suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+        run = read_junit(path)
+    except BaselineError as exc:
+        raise ModelInputError(f"cannot read {exc}") from None
     points: dict[str, list[tuple[int, float]]] = {}
-    for suite in suites:
-        for case in suite:
-            if not isinstance(case, TestCase):  # xunit2 suites hold xunit2 cases
-                continue
-            # junitparser leaves properties() unannotated; its items have .name and .value.
-            found = case.properties()  # type: ignore[no-untyped-call]
-            _add_points({str(prop.name): prop.value for prop in found}, points)
+    for case in run.cases:
+        _add_points(dict(case.properties), points)
     return points
 
 
@@ -114,7 +104,8 @@ def _fits_from(path: Path, fabric: str | None, results: bool) -> list[LinkFit]:
     if not points:
         raise ModelInputError(
             f"{kind} '{path}' holds no P2P figures to fit a link to (expected properties "
-            f"such as tfgrpc.p2p_latency.1KiB.{_MEDIAN} or tfgrpc.p2p_bandwidth.4MiB.{_MEDIAN})"
+            f"such as {figure_name('p2p_latency', '1KiB', _MEDIAN)} or "
+            f"{figure_name('p2p_bandwidth', '4MiB', _MEDIAN)})"
         )
     if fabric is not None and fabric not in points:
         raise ModelInputError(

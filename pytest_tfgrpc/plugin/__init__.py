@@ -28,8 +28,9 @@ from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
 from pytest_tfgrpc.report.plot import PlotUnavailableError, plot_available, write_plots
+from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
-from pytest_tfgrpc.report.summary import PREFIX, SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES, apply_policy
 from pytest_tfgrpc.servers.cluster_spec import (
     ClusterSpec,

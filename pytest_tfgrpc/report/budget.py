@@ -1,7 +1,8 @@
 """Budgets: limits on a result's figures (``p99="2ms"``, ``throughput=">=1 GB/s"``), per size.
 
 A budget is written as keyword arguments, by the ``budget`` marker or :func:`assert_budget`.
-Each names a metric from :data:`METRICS` and a limit in that metric's kind of unit, optionally
+Each names a metric from :data:`METRICS` (the registry's budget metrics,
+:mod:`pytest_tfgrpc.report.metrics`) and a limit in that metric's kind of unit, optionally
 after an operator. Every limit is checked against every message size of a result; a breach is
 reported in a table like pytest's ``approx``: size, metric, measured, budget, margin, samples,
 fabric.
@@ -17,18 +18,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pytest_tfgrpc.report.metrics import (
+    BUDGET_METRICS,
+    PER_SECOND,
+    RATE,
+    RATIO,
+    TIME,
+    Metric,
+    Unit,
+)
 from pytest_tfgrpc.results import Measured
 from pytest_tfgrpc.stats.summary import min_samples_for
-from pytest_tfgrpc.units import (
-    UnitError,
-    format_duration,
-    format_rate,
-    parse_duration_ns,
-    parse_rate_Bps,
-)
+from pytest_tfgrpc.units import UnitError
 
 __all__ = [
     "METRICS",
+    "PER_SECOND",
     "RATE",
     "RATIO",
     "TIME",
@@ -44,7 +49,6 @@ __all__ = [
     "format_breaches",
     "parse_budget",
     "parse_limit",
-    "register_metric",
 ]
 
 
@@ -60,101 +64,11 @@ class BudgetExceeded(AssertionError):
         self.breaches = breaches
 
 
-def _parse_ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise UnitError(f"cannot read {text!r} as a ratio: expected a plain number such as 1.2")
-    return value
-
-
-def _format_ratio(value: float) -> str:
-    return f"{value:.3g}"
-
-
-@dataclass(frozen=True)
-class Kind:
-    """How the limits of one kind of metric are read, compared by default, and shown.
-
-    ``unit`` is the base unit that values are held in; ``numbers`` says whether a bare int or
-    float is accepted as a limit (only where no unit is needed, as for ratios).
-    """
-
-    name: str
-    unit: str
-    default_op: str
-    parse: Callable[[str], float]
-    format: Callable[[float], str]
-    numbers: bool
-    example: str
-
-
-TIME = Kind("time", "ns", "<=", parse_duration_ns, format_duration, False, "'2ms'")
-RATE = Kind("rate", "B/s", ">=", parse_rate_Bps, format_rate, False, "'>=1 GB/s'")
-RATIO = Kind("ratio", "", "<=", _parse_ratio, _format_ratio, True, "'<=1.2'")
-
-
-def _parse_per_second(text: str) -> float:
-    text = text.strip().removesuffix("/s").strip()
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"cannot read {text!r} as a rate per second, e.g. '>=500'") from None
-
-
-#: Operations (RPCs, steps) per second: a minimum by default (``rpc_rate=">=500"``).
-PER_SECOND = Kind("per second", "1/s", ">=", _parse_per_second, "{:.4g}/s".format, True, "'>=500'")
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A figure that budgets can limit. ``quantile`` is set for percentiles (0.99 for p99):
-    a size with fewer samples than :func:`~pytest_tfgrpc.stats.summary.min_samples_for` it
-    breaches."""
-
-    name: str
-    kind: Kind
-    quantile: float | None = None
-
-
-_METRICS: dict[str, Metric] = {}
+#: How the limits of one kind of metric are read, compared by default and shown: the metric's
+#: unit in the registry (:class:`~pytest_tfgrpc.report.metrics.Unit`).
+Kind = Unit
 #: Every metric a budget may name, by name, in the order error messages list them.
-METRICS: Mapping[str, Metric] = MappingProxyType(_METRICS)
-
-
-def register_metric(metric: Metric) -> None:
-    """Make ``metric`` available to budgets (a benchmark registers the figures it adds).
-
-    Registering the same metric again is harmless; a different one under a taken name is a
-    ValueError.
-    """
-    known = _METRICS.get(metric.name)
-    if known is not None and known != metric:
-        raise ValueError(f"budget metric {metric.name!r} is already registered as {known}")
-    _METRICS[metric.name] = metric
-
-
-for _metric in (
-    Metric("min", TIME),
-    Metric("mean", TIME),
-    Metric("p50", TIME, 0.5),
-    Metric("p90", TIME, 0.9),
-    Metric("p99", TIME, 0.99),
-    Metric("p999", TIME, 0.999),
-    Metric("max", TIME),
-    Metric("throughput", RATE),
-    Metric("throughput_p50", RATE),
-    # parameter-server benchmarks (bench/ps.py)
-    Metric("step_p50", TIME, 0.5),
-    Metric("step_p99", TIME, 0.99),
-    Metric("step_mean", TIME),
-    Metric("step_max", TIME),
-    Metric("imbalance", RATIO),
-    Metric("rpc_rate", PER_SECOND),
-):
-    register_metric(_metric)
+METRICS: Mapping[str, Metric] = BUDGET_METRICS
 
 _COMPARE: Mapping[str, Callable[[float, float], bool]] = MappingProxyType(
     {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
@@ -204,7 +118,9 @@ def parse_limit(metric: str, value: object, metrics: Mapping[str, Metric] = METR
     """Read one budget argument, ``metric=value``: ``p99="2ms"``, ``throughput=">= 2 GB/s"``.
 
     Without an operator a time limit is a maximum (``<=``) and a rate limit a minimum
-    (``>=``). Raises :class:`BudgetError` naming the argument and its value.
+    (``>=``). Raises :class:`BudgetError` naming the argument and its value, for any metric:
+    an unknown metric, a bad operator, a value that does not read in the metric's unit, or one
+    that is not finite (``nan``, ``inf``, ``1e999ms``).
     """
     known = metrics.get(metric)
     if known is None:
@@ -231,6 +147,8 @@ def parse_limit(metric: str, value: object, metrics: Mapping[str, Metric] = METR
         number = kind.parse(rest)
     except UnitError as error:
         raise BudgetError(f"{where}: {error}") from None
+    if not math.isfinite(number):
+        raise BudgetError(f"{where}: a limit must be a finite number, e.g. {metric}={kind.example}")
     return Limit(metric, op, number, text, kind)
 
 

@@ -1,5 +1,5 @@
 """The baseline gate: each finished test's figures against an earlier run's, as the plugin
-applies it. The statistics are :mod:`pytest_tfgrpc.report.compare`'s; this module decides what a
+applies it. The verdicts are :mod:`pytest_tfgrpc.report.compare`'s; this module decides what a
 verdict costs a test, and what an unusable baseline or a different setup costs the run."""
 
 from __future__ import annotations
@@ -7,19 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_tfgrpc.report.compare import (
-    DEFAULT_ALPHA,
-    Baseline,
-    BaselineError,
-    Mismatch,
-    check_metadata,
-    compare_test,
-    format_comparison,
-    junit_test_id,
-    load_baseline,
-    parse_tolerances,
-    verdict_properties,
-)
+from pytest_tfgrpc.report.compare import compare_test, format_comparison, verdict_properties
+from pytest_tfgrpc.report.junit import Baseline, BaselineError, junit_test_id, load_baseline
+from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
+from pytest_tfgrpc.report.tolerance import parse_tolerances
+from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
 POLICIES = ("fail", "warn")
 INCONCLUSIVE_POLICIES = ("fail", "pass")

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
+from pytest_tfgrpc.report.properties import META_PREFIX
 from pytest_tfgrpc.servers.allocator import allocator_settings
 from pytest_tfgrpc.wire.fabric import Fabric
 
@@ -31,8 +32,6 @@ __all__ = [
     "fabric_metadata",
     "run_metadata",
 ]
-
-META_PREFIX = "tfgrpc.meta."
 
 #: Keys every run records, after ``tfgrpc.meta.``. Besides these a run records
 #: ``env.<MALLOC_*>`` for each allocator variable in the environment, ``mallopt.<name>`` for

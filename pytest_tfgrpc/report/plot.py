@@ -34,6 +34,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfgrpc.report.junit import read_junit
+from pytest_tfgrpc.report.metrics import is_floor
+from pytest_tfgrpc.report.properties import FABRIC, label_fields, point_property, read_figures
 from pytest_tfgrpc.report.results_file import atomic_write
 from pytest_tfgrpc.units import UnitError, format_duration, format_rate, parse_size
 
@@ -53,7 +56,6 @@ __all__ = [
     "write_plots",
 ]
 
-PREFIX = "tfgrpc."
 INSTALL_HINT = "install the plot extra: pip install 'pytest-tfgrpc[plot]'"
 
 #: A run's per-test properties: ``{test: properties}`` (a mapping or ``(name, value)`` pairs),
@@ -62,7 +64,6 @@ PropertySource = (
     Mapping[str, Mapping[str, object] | Iterable[tuple[str, object]]] | Iterable[Mapping[str, Any]]
 )
 
-_LABEL_LEVEL = ("rpc", "mode", "settings", "topology")
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _TOPOLOGY = re.compile(r"^(\d+)ps_(\d+)workers_(.+)$")
 
@@ -120,23 +121,12 @@ def properties_from_junit(path: str | os.PathLike[str]) -> dict[str, dict[str, s
     Tests are named ``classname.name`` as pytest writes them. A file that cannot be read or
     parsed raises ``ValueError`` naming it.
     """
-    from junitparser.xunit2 import JUnitXml
-
-    try:
-        xml = JUnitXml.fromfile(os.fspath(path))
-    except (OSError, SyntaxError) as error:
-        raise ValueError(f"cannot read JUnit XML {os.fspath(path)!r}: {error}") from None
+    run = read_junit(path)  # BaselineError is a ValueError naming the file
     out: dict[str, dict[str, str]] = {}
-    case: Any  # junitparser.xunit2.TestCase, whose properties() the stubs do not know
-    for suite in xml:
-        for case in suite:
-            if not case.name:
-                continue  # an interrupted run can leave a nameless <testcase/>
-            test = f"{case.classname}.{case.name}" if case.classname else str(case.name)
-            named = out.setdefault(test, {})
-            for prop in case.properties():
-                if prop.name is not None:
-                    named.setdefault(str(prop.name), str(prop.value or ""))
+    for case in run.cases:
+        named = out.setdefault(case.test, {})
+        for name, value in case.properties:
+            named.setdefault(name, value)
     return out
 
 
@@ -145,8 +135,9 @@ class Row:
     """The figures of one message size (or payload) of one labelled result of one test.
 
     ``metrics`` maps metric names as in the property (``p99_us``, ``throughput_MBps``) to
-    numbers; ``size_bytes`` is None for a key that is neither a size nor a payload with a
-    recorded size (a PS profile). ``topology`` is ``""`` except for parameter-server results.
+    numbers as the property writes them; ``floor`` marks a raw-TCP transport floor's row;
+    ``size_bytes`` is None for a key that is neither a size nor a payload with a recorded size
+    (a PS profile). ``topology`` is ``""`` except for parameter-server results.
     """
 
     test: str
@@ -158,6 +149,10 @@ class Row:
     topology: str = ""
     rpc: str = ""
     mode: str = ""
+
+    @property
+    def floor(self) -> bool:
+        return is_floor(self.label)
 
     @property
     def is_ps(self) -> bool:
@@ -192,32 +187,22 @@ def measurement_rows(source: PropertySource) -> list[Row]:
     """
     rows: list[Row] = []
     for test, props in per_test_properties(source).items():
-        fabric = props.get(f"{PREFIX}fabric", "")
-        per_label: dict[str, dict[str, str]] = {}
+        fabric = props.get(FABRIC, "")
         figures: dict[tuple[str, str], dict[str, float]] = {}
-        for name, value in props.items():
-            if not name.startswith(PREFIX):
-                continue
-            parts = name[len(PREFIX) :].split(".")
-            if parts[0] == "meta":
-                continue
-            if len(parts) == 2 and parts[1] in _LABEL_LEVEL:
-                per_label.setdefault(parts[0], {})[parts[1]] = value
-            elif len(parts) == 3:
-                number = _number(value)
-                if number is not None:
-                    figures.setdefault((parts[0], parts[1]), {})[parts[2]] = number
+        for figure in read_figures(props.items(), strict=False):
+            number = _number(figure.text)
+            if number is not None and not figure.at.scope:
+                at = figure.at
+                figures.setdefault((at.label, at.key), {})[at.metric.property_suffix] = number
         for (label, key), metrics in figures.items():
-            if key == "model":  # a prediction (tfgrpc.<label>.model.*), not a measurement
-                continue
-            about = per_label.get(label, {})
+            about = label_fields(props, label)
             rows.append(
                 Row(
                     test=test,
                     fabric=fabric,
                     label=label,
                     key=key,
-                    size_bytes=_key_bytes(key, props.get(f"{PREFIX}{label}.{key}.bytes")),
+                    size_bytes=_key_bytes(key, props.get(point_property(label, key, "bytes"))),
                     metrics=MappingProxyType(metrics),
                     topology=about.get("topology", ""),
                     rpc=about.get("rpc", ""),

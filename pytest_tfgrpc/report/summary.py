@@ -1,11 +1,10 @@
-"""Results -> JUnit properties, and JUnit properties -> the terminal summary.
+"""JUnit properties -> the terminal summary.
 
 Figures travel as ``(name, value)`` pairs of plain strings: they go into the test's
 ``user_properties`` (which pytest writes into its ``<testcase>``, and which pytest-xdist
-forwards from its workers), and the summary is rebuilt from those same pairs, so the
-terminal never shows a figure the XML does not hold.
-
-Names: ``tfgrpc.<label>.<size>.<metric>_<unit>``, e.g. ``tfgrpc.p2p_latency.1KiB.p99_us``.
+forwards from its workers), and the summary is rebuilt from those same pairs (read with
+:mod:`pytest_tfgrpc.report.properties`), so the terminal never shows a figure the XML does not
+hold.
 """
 
 from __future__ import annotations
@@ -13,52 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pytest_tfgrpc.results import BenchmarkResult, Figure
-from pytest_tfgrpc.stats.sketch import Sketch
+from pytest_tfgrpc.report.properties import FABRIC, PREFIX, read_figures
 from pytest_tfgrpc.units import format_duration, format_rate, parse_size
 
-PREFIX = "tfgrpc."
-
-#: How a figure's base unit is written in a property: (suffix, divisor).
-_UNITS = {"ns": ("us", 1e3), "B/s": ("MBps", 1e6), "count": ("", 1.0)}
-
-
-_NOT_FIGURES = frozenset(("rpc", "mode", "settings", "bytes", "buffers", "topology", "sketch"))
-_NOT_FIGURES |= {"verdict", "verdict_reason"}
-
-
-def property_name(label: str, size_label: str, figure: Figure) -> str:
-    suffix, _ = _UNITS[figure.unit]
-    metric = f"{figure.metric}_{suffix}" if suffix else figure.metric
-    return f"{PREFIX}{label}.{size_label}.{metric}"
-
-
-def property_value(figure: Figure) -> str:
-    _, divisor = _UNITS[figure.unit]
-    if figure.unit == "count":
-        return str(int(figure.value))
-    return repr(figure.value / divisor)  # repr: every digit measured, none rounded away
-
-
-def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
-    """The properties of one result: its figures per size, and how it was measured."""
-    settings = ";".join(f"{key}={value}" for key, value in sorted(result.settings.items()))
-    out = [
-        (f"{PREFIX}{result.label}.rpc", result.rpc),
-        (f"{PREFIX}{result.label}.mode", result.mode),
-        (f"{PREFIX}{result.label}.settings", settings),
-    ]
-    for size in result.sizes:
-        if size.payload:
-            key = f"{PREFIX}{result.label}.{size.label}"
-            out.append((f"{key}.bytes", str(size.size_bytes)))
-            out.append((f"{key}.buffers", ",".join(map(str, size.buffers))))
-        for figure in size.figures(rates=result.reports_rates):
-            out.append((property_name(result.label, size.label, figure), property_value(figure)))
-        # A compact sketch of every sample: what a later run's baseline gate tests against.
-        sketch = Sketch.from_samples(size.samples_ns).to_string()
-        out.append((f"{PREFIX}{result.label}.{size.label}.sketch", sketch))
-    return out
+#: The summary's columns, by the metric each shows (a sync-SGD step's where a point has one).
+_P50 = ("p50", "step_p50")
+_P99 = ("p99", "step_p99")
 
 
 @dataclass(frozen=True)
@@ -93,7 +52,9 @@ def _without_fabric(test: str, fabric: str) -> str:
     return test
 
 
-def _float(text: str | None) -> float | None:
+def _change(props: dict[str, str], label: str, size: str, metric: str) -> float | None:
+    """A baseline verdict's relative change (``tfgrpc.<label>.<size>.<metric>.change``)."""
+    text = props.get(f"{PREFIX}{label}.{size}.{metric}.change")
     try:
         return float(text) if text is not None else None
     except ValueError:
@@ -101,41 +62,34 @@ def _float(text: str | None) -> float | None:
 
 
 def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[SummaryRow]:
-    """Rebuild summary rows of one test from its properties."""
+    """Rebuild summary rows of one test from its properties: one per label and point with a
+    time or rate figure, in the units the table shows."""
     props = {str(name): str(value) for name, value in properties}
-    fabric = props.get(f"{PREFIX}fabric", "")
-    keyed: dict[tuple[str, str], dict[str, str]] = {}
-    for name, value in props.items():
-        if not name.startswith(PREFIX):
+    keyed: dict[tuple[str, str], dict[str, float]] = {}
+    for figure in read_figures(props.items(), strict=False):
+        if figure.at.scope:
             continue
-        parts = name[len(PREFIX) :].split(".")
-        if len(parts) == 4 and parts[3] == "change":  # a baseline verdict's relative change
-            keyed.setdefault((parts[0], parts[1]), {})[f"{parts[2]}.change"] = value
-            continue
-        if len(parts) != 3:
-            continue
-        label, size, metric = parts
-        if metric in _NOT_FIGURES or size == "model":
-            continue
-        keyed.setdefault((label, size), {})[metric] = value
+        keyed.setdefault((figure.at.label, figure.at.key), {})[figure.at.metric.name] = figure.value
     rows = []
     for (label, size), metrics in keyed.items():
-        if not any(m.endswith("_us") or m.endswith("_MBps") for m in metrics):
+        p50 = next((metrics[m] for m in _P50 if m in metrics), None)
+        p99 = next((metrics[m] for m in _P99 if m in metrics), None)
+        throughput = metrics.get("throughput")
+        if p50 is None and p99 is None and throughput is None:
             continue
-        samples = _float(metrics.get("samples"))
-        throughput = _float(metrics.get("throughput_MBps"))
-        change_of = "throughput.change" if throughput is not None else "p50.change"
+        samples = metrics.get("samples")
+        headline = "throughput" if throughput is not None else _P50["step_p50" in metrics]
         rows.append(
             SummaryRow(
                 test=test,
-                fabric=fabric,
+                fabric=props.get(FABRIC, ""),
                 label=label,
                 size=size,
-                p50_us=_float(metrics.get("p50_us", metrics.get("step_p50_us"))),
-                p99_us=_float(metrics.get("p99_us", metrics.get("step_p99_us"))),
-                throughput_MBps=throughput,
+                p50_us=p50 / 1e3 if p50 is not None else None,
+                p99_us=p99 / 1e3 if p99 is not None else None,
+                throughput_MBps=throughput / 1e6 if throughput is not None else None,
                 samples=int(samples) if samples is not None else None,
-                change=_float(metrics.get(change_of)),
+                change=_change(props, label, size, headline),
             )
         )
     return rows

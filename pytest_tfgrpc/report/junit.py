@@ -1,0 +1,280 @@
+"""Runs as recorded in JUnit XML: the one reader of test cases and their tfgrpc figures.
+
+A run's figures are the ``tfgrpc.<label>.<size>.<metric>_<unit>`` properties of its test cases,
+read with the property codec (:mod:`pytest_tfgrpc.report.properties`);
+``tfgrpc.<label>.<size>.sketch`` holds a :class:`~pytest_tfgrpc.stats.sketch.Sketch` of the same
+samples, which is what makes a significance test possible after the fact.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from pytest_tfgrpc.report.properties import (
+    FABRIC,
+    META_PREFIX,
+    PREFIX,
+    SKETCH,
+    parse_figure,
+)
+from pytest_tfgrpc.stats.sketch import Sketch
+from pytest_tfgrpc.units import parse_size
+
+__all__ = [
+    "Baseline",
+    "BaselineError",
+    "JUnitCase",
+    "Key",
+    "Measurement",
+    "junit_test_id",
+    "load_baseline",
+    "measurements_from_properties",
+    "read_junit",
+]
+
+
+class BaselineError(ValueError):
+    """A run's JUnit XML that cannot serve for a comparison; the message says which and why."""
+
+
+class Key(NamedTuple):
+    """What identifies a set of figures across runs: test id, fabric, label and size label."""
+
+    test: str
+    fabric: str
+    label: str
+    size: str
+
+    def describe(self) -> str:
+        fabric = f" on {self.fabric}" if self.fabric else ""
+        return f"{self.test}{fabric}: {self.label} {self.size}"
+
+
+def _sort_key(key: Key) -> tuple[str, str, int, str, str]:
+    try:
+        size = parse_size(key.size)
+    except ValueError:
+        size = -1
+    return (key.test, key.label, size, key.size, key.fabric)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The figures of one benchmark label and message size of one test, as a run recorded them.
+
+    ``figures`` are in base units (ns, B/s; ``samples`` a count), keyed by metric name without
+    its unit (``p99``, ``throughput``); ``sketch`` is the sketch of the duration samples, or
+    None when the run recorded none.
+    """
+
+    key: Key
+    figures: Mapping[str, float]
+    sketch: Sketch | None = None
+    rpc: str = ""
+    mode: str = ""
+
+    @property
+    def samples(self) -> int:
+        """The sample count: the sketch's, else the ``samples`` figure, else 0."""
+        if self.sketch is not None:
+            return self.sketch.count
+        count = self.figures.get("samples", 0.0)
+        return int(count) if math.isfinite(count) else 0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A recorded run: its measurements by :class:`Key`, and its run metadata.
+
+    ``meta`` maps ``tfgrpc.meta.<key>`` properties by ``<key>`` (``host``, ``grpcio``,
+    ``fabric.eth0.mtu``); ``hostname`` is the ``<testsuite hostname>`` pytest writes, which
+    stands in for ``host`` where the run recorded no metadata. The current run, loaded the same
+    way, is a Baseline too.
+    """
+
+    source: str
+    measurements: Mapping[Key, Measurement]
+    meta: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    hostname: str = ""
+
+    def setup(self) -> dict[str, str]:
+        """``meta``, with ``hostname`` as ``host`` where it records no host."""
+        out = dict(self.meta)
+        if self.hostname:
+            out.setdefault("host", self.hostname)
+        return out
+
+    @property
+    def fabrics(self) -> frozenset[str]:
+        """The fabrics the run measured on."""
+        return frozenset(key.fabric for key in self.measurements if key.fabric)
+
+    def for_test(self, test: str) -> dict[Key, Measurement]:
+        """The measurements of one test id."""
+        return {k: m for k, m in self.measurements.items() if k.test == test}
+
+
+def junit_test_id(nodeid: str) -> str:
+    """A pytest node id as the JUnit XML names its test case, ``<classname>.<name>``.
+
+    This is how pytest's junitxml mangles ids (``tests/test_x.py::TestA::test_b[lo]`` ->
+    ``tests.test_x.TestA.test_b[lo]``), so that a live test and a baseline's test case share a
+    key.
+    """
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    return ".".join(names)
+
+
+def measurements_from_properties(
+    test: str, properties: Iterable[tuple[str, object]], source: str = "current run"
+) -> dict[Key, Measurement]:
+    """The measurements of one test from its ``(name, value)`` properties (``test`` is its
+    JUnit id, see :func:`junit_test_id`), figures in base units keyed by metric name. Scoped
+    figures (per PS, workers) are left out: the gate compares whole points. Raises
+    :class:`BaselineError` for a figure that is not a number or a sketch that does not decode,
+    naming ``source``, the test and property."""
+    props = [(str(name), str(value)) for name, value in properties]
+    fabric = next((v for n, v in props if n == FABRIC), "")
+    figures: dict[tuple[str, str], dict[str, float]] = {}
+    sketches: dict[tuple[str, str], Sketch] = {}
+    how: dict[str, dict[str, str]] = {}
+    for name, value in props:
+        if not name.startswith(PREFIX) or name.startswith(META_PREFIX):
+            continue
+        parts = name[len(PREFIX) :].split(".")
+        where = f"{source}: test {test}: property {name}"
+        if len(parts) == 2 and parts[1] in ("rpc", "mode"):
+            how.setdefault(parts[0], {})[parts[1]] = value
+        elif len(parts) == 3 and parts[2] == SKETCH:
+            try:
+                sketches[(parts[0], parts[1])] = Sketch.from_string(value)
+            except ValueError as error:
+                raise BaselineError(f"{where}: {error}") from None
+        elif (at := parse_figure(name)) is not None and not at.scope:
+            try:
+                number = at.metric.unit.read_value(value)
+            except ValueError:
+                raise BaselineError(f"{where}: {value!r} is not a number") from None
+            figures.setdefault((at.label, at.key), {})[at.metric.name] = number
+    out = {}
+    for label, size in sorted(figures.keys() | sketches.keys()):
+        key = Key(test, fabric, label, size)
+        out[key] = Measurement(
+            key,
+            MappingProxyType(figures.get((label, size), {})),
+            sketches.get((label, size)),
+            how.get(label, {}).get("rpc", ""),
+            how.get(label, {}).get("mode", ""),
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class JUnitCase:
+    """One named test case of a JUnit file: its id (``<classname>.<name>``) and properties."""
+
+    test: str
+    properties: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class JUnitRun:
+    """A JUnit file's named test cases, its suites' properties and ``hostname``."""
+
+    source: str
+    cases: tuple[JUnitCase, ...]
+    suite_properties: tuple[tuple[str, str], ...]
+    hostname: str
+
+
+def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitRun:
+    """Read a JUnit file (any ``junit_family``; test cases without a name, as an interrupted
+    run leaves, are skipped). Raises :class:`BaselineError`, its message starting with
+    ``what`` and the path, when the file is missing or unreadable, is not well-formed XML (a
+    truncated file is not), or is not JUnit XML."""
+    from junitparser import JUnitXmlError
+    from junitparser.xunit2 import JUnitXml
+
+    where = f"{what} {os.fspath(path)}"
+    try:
+        xml = JUnitXml.fromfile(os.fspath(path))
+    except FileNotFoundError:
+        raise BaselineError(f"{where} does not exist") from None
+    except OSError as error:
+        raise BaselineError(f"{where} cannot be read: {error.strerror or error}") from None
+    except SyntaxError as error:  # ElementTree's ParseError (and lxml's) derive from it
+        raise BaselineError(
+            f"{where} is not well-formed XML, truncated or corrupt? ({error})"
+        ) from None
+    except JUnitXmlError:
+        raise BaselineError(
+            f"{where} is not JUnit XML: its root element is neither <testsuites> nor <testsuite>"
+        ) from None
+    cases = []
+    suite_properties: list[tuple[str, str]] = []
+    hostname = ""
+    for suite in _suites(xml):
+        suite_properties += _properties(suite)
+        hostname = hostname or str(suite.hostname or "")
+        case: Any
+        for case in suite:
+            if not getattr(case, "name", None):
+                continue
+            test = f"{case.classname}.{case.name}" if case.classname else str(case.name)
+            cases.append(JUnitCase(test, tuple(_properties(case))))
+    return JUnitRun(os.fspath(path), tuple(cases), tuple(suite_properties), hostname)
+
+
+def _suites(xml: Any) -> Iterator[Any]:
+    from junitparser.xunit2 import TestSuite
+
+    if isinstance(xml, TestSuite):
+        yield xml
+    else:
+        yield from xml
+
+
+def load_baseline(path: str | os.PathLike[str]) -> Baseline:
+    """Read a run's measurements and metadata from its JUnit XML (see :func:`read_junit`).
+
+    Raises :class:`BaselineError` when the file cannot be read (:func:`read_junit`), holds a
+    figure that is not a number or a sketch that does not decode, or holds no tfgrpc figure at
+    all: a comparison never passes for want of a baseline.
+    """
+    run = read_junit(path, "baseline")
+    where = f"baseline {os.fspath(path)}"
+    meta: dict[str, str] = {}
+    measurements: dict[Key, Measurement] = {}
+    for name, value in run.suite_properties:
+        _add_meta(meta, name, value)
+    for case in run.cases:
+        for name, value in case.properties:
+            _add_meta(meta, name, value)
+        measurements.update(measurements_from_properties(case.test, case.properties, where))
+    if not measurements:
+        raise BaselineError(
+            f"{where} holds no tfgrpc figures ({len(run.cases)} named test cases): was it "
+            "written by pytest --junitxml with pytest-tfgrpc benchmarks?"
+        )
+    return Baseline(
+        os.fspath(path), MappingProxyType(measurements), MappingProxyType(meta), run.hostname
+    )
+
+
+def _properties(element: Any) -> list[tuple[str, str]]:
+    """The named properties of a junitparser xunit2 test suite or test case."""
+    return [(p.name, p.value or "") for p in element.properties() if p.name is not None]
+
+
+def _add_meta(meta: dict[str, str], name: str, value: str) -> None:
+    if name.startswith(META_PREFIX):
+        meta.setdefault(name[len(META_PREFIX) :], value)

@@ -1,0 +1,180 @@
+"""The property codec: figures <-> JUnit ``(name, value)`` properties, in one place.
+
+Names (the README's contract):
+
+- ``tfgrpc.fabric``, ``tfgrpc.target``: where a test measured;
+- ``tfgrpc.<label>.<field>`` for ``rpc``, ``mode``, ``settings``, ``topology``;
+- ``tfgrpc.<label>.<key>.<metric>_<unit>``: a figure of one point (message size, payload or
+  profile), e.g. ``tfgrpc.p2p_latency.1KiB.p99_us``; the metric and its unit come from
+  :mod:`pytest_tfgrpc.report.metrics`;
+- ``tfgrpc.<label>.<key>.<scope>.<metric>_<unit>`` with scope ``ps<i>`` or ``workers``: a figure
+  of one PS task or of all workers;
+- ``tfgrpc.<label>.<key>.sketch``, ``.bytes``, ``.buffers``: a point's sketch and payload;
+- ``tfgrpc.meta.*``: run metadata; ``tfgrpc.<label>[.<key>].model.*``: the analytic model's
+  prediction; ``....<metric>.verdict`` / ``.verdict_reason`` / ``.change``: baseline verdicts.
+
+A label ending in ``_floor`` is a raw-TCP transport floor (:func:`ParsedFigure.floor`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor
+from pytest_tfgrpc.results import Measured
+from pytest_tfgrpc.stats.sketch import Sketch
+
+__all__ = [
+    "FABRIC",
+    "LABEL_FIELDS",
+    "META_PREFIX",
+    "PREFIX",
+    "TARGET",
+    "ParsedFigure",
+    "figure_name",
+    "figure_value",
+    "label_property",
+    "parse_figure",
+    "point_property",
+    "read_figures",
+    "result_properties",
+]
+
+PREFIX = "tfgrpc."
+META_PREFIX = "tfgrpc.meta."
+FABRIC = f"{PREFIX}fabric"
+TARGET = f"{PREFIX}target"
+#: Properties of a whole result label (``tfgrpc.<label>.<field>``), strings, not figures.
+LABEL_FIELDS = ("rpc", "mode", "settings", "topology")
+SKETCH = "sketch"
+#: The point key of a model prediction (``tfgrpc.<label>.model.*``): no measurement.
+MODEL = "model"
+
+_SCOPE = re.compile(r"^(?:ps\d+|workers)$")
+_BY_SUFFIX: Mapping[bool, Mapping[str, Metric]] = {
+    scoped: {m.property_suffix: m for m in METRICS.values() if m.scoped == scoped}
+    for scoped in (False, True)
+}
+
+
+def label_property(label: str, field: str) -> str:
+    """``tfgrpc.<label>.<field>``."""
+    return f"{PREFIX}{label}.{field}"
+
+
+def point_property(label: str, key: str, field: str) -> str:
+    """``tfgrpc.<label>.<key>.<field>`` (``sketch``, ``bytes``, ``buffers``)."""
+    return f"{PREFIX}{label}.{key}.{field}"
+
+
+def figure_name(label: str, key: str, metric: str, scope: str = "") -> str:
+    """The property name of one figure; KeyError for a metric the registry does not know."""
+    suffix = METRICS[metric].property_suffix
+    return f"{PREFIX}{label}.{key}.{scope + '.' if scope else ''}{suffix}"
+
+
+def figure_value(metric: str, value: float) -> str:
+    """A figure's value (base unit) as its property holds it."""
+    return METRICS[metric].unit.property_value(value)
+
+
+@dataclass(frozen=True)
+class ParsedFigure:
+    """A figure property read back: which result label, point key, scope and metric."""
+
+    label: str
+    key: str
+    metric: Metric
+    scope: str = ""
+
+    @property
+    def floor(self) -> bool:
+        """Whether the figure is a raw-TCP transport floor's, not a gRPC measurement's."""
+        return is_floor(self.label)
+
+
+def parse_figure(name: str) -> ParsedFigure | None:
+    """What a property name says, when it names a registered figure; None for anything else
+    (metadata, sketches, verdicts, model predictions, label fields)."""
+    if not name.startswith(PREFIX) or name.startswith(META_PREFIX):
+        return None
+    parts = name[len(PREFIX) :].split(".")
+    if len(parts) == 3:
+        label, key, last = parts
+        scope = ""
+    elif len(parts) == 4 and _SCOPE.match(parts[2]):
+        label, key, scope, last = parts
+    else:
+        return None
+    if key == MODEL:
+        return None
+    found = _BY_SUFFIX[bool(scope)].get(last)
+    return ParsedFigure(label, key, found, scope) if found is not None else None
+
+
+@dataclass(frozen=True)
+class ReadFigure:
+    """One figure read from properties: its name's parts, its value (base unit) and the text."""
+
+    at: ParsedFigure
+    value: float
+    text: str
+
+
+def read_figures(
+    properties: Iterable[tuple[str, object]], *, strict: bool = True
+) -> list[ReadFigure]:
+    """Every figure among ``(name, value)`` properties, in base units. A figure whose value is
+    not a number raises ValueError naming the property, or is skipped when not ``strict``."""
+    out = []
+    for name, raw in properties:
+        at = parse_figure(str(name))
+        if at is None:
+            continue
+        text = str(raw)
+        try:
+            value = at.metric.unit.read_value(text)
+        except ValueError:
+            if not strict:
+                continue
+            raise ValueError(f"property {name}: {text!r} is not a number") from None
+        out.append(ReadFigure(at, value, text))
+    return out
+
+
+def label_fields(properties: Mapping[str, str], label: str) -> dict[str, str]:
+    """The label-level fields (rpc, mode, settings, topology) recorded for ``label``."""
+    return {
+        field: properties[label_property(label, field)]
+        for field in LABEL_FIELDS
+        if label_property(label, field) in properties
+    }
+
+
+def result_properties(result: Measured) -> list[tuple[str, str]]:
+    """The properties of one result, whichever benchmark made it: how it was measured (rpc,
+    mode, topology when it has one, settings), then per point its payload, every figure (with
+    the scoped per-PS and workers' figures), and a sketch of every sample."""
+    label = result.label
+    settings = ";".join(f"{k}={v}" for k, v in sorted(result.settings.items()))
+    out = [
+        (label_property(label, "rpc"), result.rpc),
+        (label_property(label, "mode"), result.mode),
+    ]
+    if result.topology:
+        out.append((label_property(label, "topology"), result.topology))
+    out.append((label_property(label, "settings"), settings))
+    for point in result.sizes:
+        key = point.label
+        if point.payload:
+            out.append((point_property(label, key, "bytes"), str(point.size_bytes)))
+            out.append((point_property(label, key, "buffers"), ",".join(map(str, point.buffers))))
+        for figure in point.figures(rates=result.reports_rates):
+            name = figure_name(label, key, figure.metric, figure.scope)
+            out.append((name, figure_value(figure.metric, figure.value)))
+        # A compact sketch of every sample: what a later run's baseline gate tests against.
+        sketch = Sketch.from_samples(point.samples_ns).to_string()
+        out.append((point_property(label, key, SKETCH), sketch))
+    return out
