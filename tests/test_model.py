@@ -647,6 +647,46 @@ def test_cli_fits_a_results_file_like_a_junit_file(
     assert "results file" in capsys.readouterr().err
 
 
+def _with_floors(props: dict[str, str]) -> dict[str, str]:
+    """``props`` with transport-floor rows as the plugin records them, far from the gRPC link:
+    a fit that read them would move."""
+    out = dict(props)
+    for name, value in props.items():
+        for label in ("p2p_latency", "p2p_bandwidth"):
+            if name.startswith(f"tfgrpc.{label}.") and name.endswith(".p50_us"):
+                out[name.replace(label, f"{label}_floor", 1)] = repr(float(value) / 30)
+    return out
+
+
+def test_from_junit_and_from_results_ignore_floor_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = _p2p_properties("lo", 300e-6, 1e9)
+    floored = _with_floors(plain)
+    assert any("_floor." in name for name in floored)
+    for case, props in (("plain", plain), ("floored", floored)):
+        (tmp_path / f"{case}.xml").write_text(_junit({"test_p2p[lo]": props}), encoding="utf-8")
+        with ResultLog(tmp_path / f"{case}.jsonl", fsync=False) as log:
+            log.append("test_p2p[lo]", outcome="passed", duration=1.0, properties=props)
+    assert link_points_from_junit(tmp_path / "floored.xml") == link_points_from_junit(
+        tmp_path / "plain.xml"
+    )
+    assert link_points_from_results(tmp_path / "floored.jsonl") == link_points_from_results(
+        tmp_path / "plain.jsonl"
+    )
+    argv = ["--profile", "resnet50", "--ps", "1", "--workers", "1,2"]
+    outputs = set()
+    for source, name in (
+        ("--from-junit", "plain.xml"),
+        ("--from-junit", "floored.xml"),
+        ("--from-results", "plain.jsonl"),
+        ("--from-results", "floored.jsonl"),
+    ):
+        assert main([*argv, source, str(tmp_path / name)]) == 0
+        outputs.add(capsys.readouterr().out)
+    assert len(outputs) == 1
+
+
 def test_cli_with_given_link(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--profile", "resnet50", "--ps", "1,2,4", "--workers", "1,2,4,8"]
     argv += ["--sharding", "greedy", "--alpha", "50us", "--bandwidth", "1.2 GB/s"]

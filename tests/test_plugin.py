@@ -148,6 +148,9 @@ def test_unknown_fabric_is_a_usage_error_listing_interfaces(pytester: pytest.Pyt
         ('message_profile(["1KiB"], shape=3)', "message_profile: unknown argument 'shape'"),
         ('budget(p99="fast")', "@pytest.mark.budget: budget p99='fast': "),
         ('budget(p98="1ms")', "unknown budget metric 'p98'"),
+        ('budget(rpc_rate="fast")', "@pytest.mark.budget: budget rpc_rate='fast': "),
+        ('budget(imbalance=float("nan"))', "@pytest.mark.budget: budget imbalance=nan: "),
+        ('budget(step_p99="inf ms")', "@pytest.mark.budget: budget step_p99='inf ms': "),
     ],
 )
 def test_malformed_markers_name_the_test_and_argument(
