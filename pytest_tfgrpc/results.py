@@ -1,8 +1,11 @@
 """Frozen results of a benchmark run: raw samples, their statistics, named figures.
 
-A :class:`BenchmarkResult` holds one :class:`SizeResult` per message size. Every figure a
-result reports (for JUnit, the terminal summary and budgets) comes from :meth:`SizeResult.figures`,
-so that the three never disagree about a name, a unit or a value.
+One family for every benchmark (P2P, PS throughput, sync-SGD steps): a
+:class:`BenchmarkResult` holds one :class:`SizeResult` per point (message size, payload or
+profile), CPU time is a :class:`CpuTime` per process role, and every figure a result reports
+(for JUnit, the terminal summary and budgets) comes from :meth:`SizeResult.figures`, so that
+they never disagree about a name or a value. Names and units are declared in
+:mod:`pytest_tfgrpc.report.metrics`.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,20 +21,57 @@ import numpy.typing as npt
 from pytest_tfgrpc.stats.summary import Summary, summarize
 from pytest_tfgrpc.units import size_label
 
-#: Figure names, with the unit each is reported in (the unit ends the JUnit metric name).
+#: Time figures of every point, from its summary (``step_`` before each for sync-SGD steps).
 TIME_FIGURES = ("min", "mean", "p50", "p90", "p99", "p999", "max")
-RATE_FIGURES = ("throughput", "throughput_p50")
 
 
 @dataclass(frozen=True)
-class CpuUsage:
-    """User and system CPU time (ns) of the client process and the server process over a
-    measured phase."""
+class CpuTime:
+    """User and system CPU time of one process (or the sum over a group of processes) over a
+    measured phase, in nanoseconds."""
 
-    client_user_ns: int
-    client_system_ns: int
-    server_user_ns: int
-    server_system_ns: int
+    user_ns: int
+    system_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.user_ns + self.system_ns
+
+
+#: The old name of the CPU record (P2P's), kept so that old imports still work.
+CpuUsage = CpuTime
+
+
+@dataclass(frozen=True)
+class PSLoad:
+    """What one PS task carried during the measured phase.
+
+    ``placed_bytes`` is what the payload or placement gives this PS per RPC or per step;
+    ``bytes_in``/``bytes_out`` are the tensor bytes the PS itself counted.
+    """
+
+    task: int
+    target: str
+    pid: int
+    placed_bytes: int
+    bytes_in: int
+    bytes_out: int
+    rpcs: int
+    steps: int
+    cpu: CpuTime
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The parameter-server topology a result was measured on."""
+
+    ps: int
+    workers: int
+    sharding: str
+
+    def describe(self) -> str:
+        """``2ps_3workers_round_robin``, as the ``topology`` property records it."""
+        return f"{self.ps}ps_{self.workers}workers_{self.sharding}"
 
 
 @dataclass(frozen=True)
@@ -53,12 +93,26 @@ def find_figure(figures: Sequence[Figure], metric: str) -> Figure | None:
     return next((fig for fig in figures if fig.metric == metric and not fig.scope), None)
 
 
+def _no_cpu() -> Mapping[str, CpuTime]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, eq=False)
 class SizeResult:
-    """The samples and statistics of one message size.
+    """The samples and figures of one point of a result: a message size, a payload, a placed
+    profile (PS throughput) or a profile's sync-SGD steps.
 
-    ``samples_ns`` holds the duration of every timed operation (an echo round trip, or a push
-    until its acknowledgement), warm-up excluded; ``summary`` is computed from all of them.
+    ``samples_ns`` holds the duration of every timed operation (an echo round trip, a push
+    until its acknowledgement, an RPC to a PS, or a step: the slowest worker's push and pull),
+    warm-up excluded; ``summary`` is computed from all of them. ``cpu`` holds the CPU time of
+    each process role over the measured phase: ``client`` and ``server`` (P2P), ``workers``
+    (PS benchmarks, summed over the workers); each PS task's is in its ``per_ps`` load.
+
+    Parameter-server points also carry: ``key`` (the point's name when it is not a size),
+    ``step`` (samples are sync-SGD steps: time figures are named ``step_*``), ``rate_per_s``
+    (RPCs or steps per second over all workers), ``rate_Bps`` (bytes per second over all
+    workers), ``per_ps``, ``imbalance`` (the placement's: busiest PS bytes / mean) and
+    ``bytes_imbalance`` (the same ratio of the bytes each PS received in a closed loop).
     """
 
     size_bytes: int
@@ -68,7 +122,14 @@ class SizeResult:
     elapsed_ns: int
     payload: str = ""
     buffers: tuple[int, ...] = ()
-    cpu: CpuUsage | None = None
+    cpu: Mapping[str, CpuTime] = field(default_factory=_no_cpu)
+    key: str = ""
+    step: bool = False
+    rate_per_s: float | None = None
+    rate_Bps: float | None = None
+    per_ps: tuple[PSLoad, ...] = ()
+    imbalance: float | None = None
+    bytes_imbalance: float | None = None
 
     @classmethod
     def from_samples(
@@ -77,26 +138,29 @@ class SizeResult:
         wire_bytes: int,
         samples_ns: npt.NDArray[np.int64],
         elapsed_ns: int,
-        *,
-        payload: str = "",
-        buffers: tuple[int, ...] = (),
-        cpu: CpuUsage | None = None,
+        **extra: Any,
     ) -> SizeResult:
-        """Freeze the samples of one message (read-only) with their statistics.
-
-        ``payload`` names a generated payload (``skew-10x``) and ``buffers`` lists the exact
-        sizes of the buffers it is made of; a plain size has neither.
-        """
+        """Freeze the samples of one point (read-only) with their statistics; ``extra`` sets
+        the other fields (``payload`` names a generated payload, ``skew-10x``, and ``buffers``
+        lists the exact sizes of the buffers it is made of; a plain size has neither)."""
         samples = np.ascontiguousarray(samples_ns, dtype=np.int64)
         samples.setflags(write=False)
-        summary = summarize(samples)
-        return cls(size_bytes, wire_bytes, samples, summary, elapsed_ns, payload, buffers, cpu)
+        cpu = extra.pop("cpu", None)
+        return cls(
+            size_bytes,
+            wire_bytes,
+            samples,
+            summarize(samples),
+            elapsed_ns,
+            cpu=MappingProxyType(dict(cpu or {})),
+            **extra,
+        )
 
     @property
     def label(self) -> str:
-        """The message as named in JUnit properties: its size as people write it (``64KiB``),
-        or the payload's name (``skew-10x``)."""
-        return self.payload or size_label(self.size_bytes)
+        """The point as named in JUnit properties: its key, the payload's name (``skew-10x``),
+        or its size as people write it (``64KiB``)."""
+        return self.key or self.payload or size_label(self.size_bytes)
 
     @property
     def count(self) -> int:
@@ -104,7 +168,10 @@ class SizeResult:
 
     @property
     def throughput_Bps(self) -> float:
-        """Payload bytes moved per second over all timed operations."""
+        """Payload bytes moved per second: over all workers for a PS point, else over all timed
+        operations."""
+        if self.rate_Bps is not None:
+            return self.rate_Bps
         total_ns = int(self.samples_ns.sum())
         return self.size_bytes * self.count * 1e9 / total_ns if total_ns else 0.0
 
@@ -113,87 +180,43 @@ class SizeResult:
         """Payload bytes per second of the median operation."""
         return self.size_bytes * 1e9 / self.summary.p50_ns if self.summary.p50_ns else 0.0
 
-    def figures(self, *, rates: bool) -> tuple[Figure, ...]:
-        """Every figure of this size; ``rates`` adds the throughput figures."""
+    def figures(self, *, rates: bool = True) -> tuple[Figure, ...]:
+        """Every figure of this point; ``rates`` adds the throughput figures. Per-PS figures
+        carry the scope ``ps<i>``, the workers' CPU time the scope ``workers``."""
         s = self.summary
         times = (s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns)
-        out = [Figure(name, float(v)) for name, v in zip(TIME_FIGURES, times, strict=True)]
+        prefix = "step_" if self.step else ""
+        out = [Figure(prefix + name, float(v)) for name, v in zip(TIME_FIGURES, times, strict=True)]
         if rates:
             out.append(Figure("throughput", self.throughput_Bps))
-            out.append(Figure("throughput_p50", self.throughput_p50_Bps))
-        if self.cpu is not None:
-            cpu = self.cpu
-            out.append(Figure("client_cpu_user", float(cpu.client_user_ns)))
-            out.append(Figure("client_cpu_system", float(cpu.client_system_ns)))
-            out.append(Figure("server_cpu_user", float(cpu.server_user_ns)))
-            out.append(Figure("server_cpu_system", float(cpu.server_system_ns)))
+            if self.rate_Bps is None:  # one operation's bytes over its time: P2P only
+                out.append(Figure("throughput_p50", self.throughput_p50_Bps))
+        if self.rate_per_s is not None:
+            out.append(Figure("step_rate" if self.step else "rpc_rate", self.rate_per_s))
+            per_op = "bytes_per_step" if self.step else "bytes_per_rpc_round"
+            out.append(Figure(per_op, float(self.size_bytes)))
+        if self.imbalance is not None:
+            out.append(Figure("imbalance", self.imbalance))
+        if self.bytes_imbalance is not None:
+            out.append(Figure("bytes_imbalance", self.bytes_imbalance))
+        for role, cpu in self.cpu.items():
+            scoped = role not in ("client", "server")
+            metric = "cpu" if scoped else f"{role}_cpu"
+            scope = role if scoped else ""
+            out.append(Figure(f"{metric}_user", float(cpu.user_ns), scope))
+            out.append(Figure(f"{metric}_system", float(cpu.system_ns), scope))
         out.append(Figure("samples", float(s.count)))
+        for load in self.per_ps:
+            where = f"ps{load.task}"
+            out.append(Figure("bytes_in", float(load.bytes_in), where))
+            out.append(Figure("bytes_out", float(load.bytes_out), where))
+            out.append(Figure("rpcs", float(load.rpcs), where))
+            out.append(Figure("cpu_user", float(load.cpu.user_ns), where))
+            out.append(Figure("cpu_system", float(load.cpu.system_ns), where))
         return tuple(out)
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
         return find_figure(self.figures(rates=rates), metric)
-
-
-class MeasuredPoint(Protocol):
-    """One measured message size, payload or step of a result, as budgets and the property
-    writer read it."""
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def count(self) -> int: ...
-
-    @property
-    def samples_ns(self) -> npt.NDArray[np.int64]: ...
-
-    @property
-    def size_bytes(self) -> int: ...
-
-    @property
-    def payload(self) -> str: ...
-
-    @property
-    def buffers(self) -> tuple[int, ...]: ...
-
-    def figures(self, *, rates: bool) -> tuple[Figure, ...]: ...
-
-    def figure(self, metric: str, *, rates: bool = True) -> Figure | None: ...
-
-
-@runtime_checkable
-class Measured(Protocol):
-    """What every benchmark returns: named points with figures, on one fabric."""
-
-    @property
-    def benchmark(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def fabric(self) -> str: ...
-
-    @property
-    def target(self) -> str: ...
-
-    @property
-    def reports_rates(self) -> bool: ...
-
-    @property
-    def rpc(self) -> str: ...
-
-    @property
-    def mode(self) -> str: ...
-
-    @property
-    def topology(self) -> str: ...
-
-    @property
-    def settings(self) -> Mapping[str, str]: ...
-
-    @property
-    def sizes(self) -> Sequence[MeasuredPoint]: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,7 +226,8 @@ class BenchmarkResult:
     ``label`` names the result in JUnit (``tfgrpc.<label>.<size>.<metric>``); it is the
     benchmark's name unless the test gave another. ``rpc`` and ``mode`` say which RPC shape
     and encoding were measured; ``settings`` records everything else that shapes the figures
-    (warm-up, chunk size, allocator settings, grpcio version).
+    (warm-up, chunk size, allocator settings, grpcio and Python versions). ``cluster`` is the
+    parameter-server topology of a PS benchmark, None for P2P.
     """
 
     benchmark: str
@@ -214,6 +238,7 @@ class BenchmarkResult:
     rpc: str
     sizes: tuple[SizeResult, ...]
     settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cluster: Cluster | None = None
 
     @property
     def reports_rates(self) -> bool:
@@ -222,8 +247,23 @@ class BenchmarkResult:
 
     @property
     def topology(self) -> str:
-        """A P2P result has no cluster topology."""
-        return ""
+        """``2ps_3workers_round_robin`` for a PS result, ``""`` for P2P."""
+        return self.cluster.describe() if self.cluster is not None else ""
+
+    @property
+    def points(self) -> tuple[SizeResult, ...]:
+        return self.sizes
+
+    def point(self, label: str) -> SizeResult:
+        """The point named ``label`` (a size label, payload or profile key)."""
+        for point in self.sizes:
+            if point.label == label:
+                return point
+        raise KeyError(f"{self.label} measured no payload {label!r}")
+
+    def extra_properties(self) -> list[tuple[str, str]]:
+        """Properties beyond the figures (a PS step's model prediction); none here."""
+        return []
 
     def size(self, size_bytes: int) -> SizeResult:
         for result in self.sizes:

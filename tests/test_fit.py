@@ -33,6 +33,7 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost
 from pytest_tfgrpc.model.placement import Topology, place, place_profile
 from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.report.summary import summary_rows
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.fabric import resolve_fabric
@@ -207,20 +208,20 @@ def test_the_step_after_a_fit_carries_its_prediction(cluster: PSCluster) -> None
     assert prediction.topology == cluster.topology and prediction.host is not None
     point = result.sizes[0]
     assert point.count == 3  # the fit's job on PS 0 did not disturb the step's
-    props = dict(result.properties())
-    model = f"tfgrpc.sgd.{point.key}.model."
-    measured = float(props[f"tfgrpc.sgd.{point.key}.step_p50_us"])
+    props = dict(result_properties(result))
+    model = f"tfgrpc.sgd.{point.label}.model."
+    measured = float(props[f"tfgrpc.sgd.{point.label}.step_p50_us"])
     predicted = float(props[model + "step_us"])
     assert predicted == pytest.approx(prediction.iter_s * 1e6)
     error = float(props[model + "error_pct"])
     assert error == pytest.approx(100 * (predicted - measured) / measured)
     assert props[model + "limit"] == prediction.limit
     # The prediction stays out of the terminal summary: one row, the measured step.
-    rows = summary_rows("t", result.properties())
+    rows = summary_rows("t", result_properties(result))
     assert [(r.label, r.size) for r in rows] == [("sgd", point.key)]
     plain = sync_sgd_step(cluster, PROFILE, run=steps, label="plain")
     assert plain.prediction is None
-    assert not any(".model." in name for name, _ in plain.properties())
+    assert not any(".model." in name for name, _ in result_properties(plain))
 
 
 SUITE = """

@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pytest
 from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
-from pytest_tfgrpc.bench.ps import CpuTime, PSLoad, PSPoint, PSResult
+from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.cli.compare import main as compare_main
 from pytest_tfgrpc.report.budget import BudgetError, parse_budget
 from pytest_tfgrpc.report.compare import Outcome, compare_test
@@ -33,8 +33,7 @@ from pytest_tfgrpc.report.properties import (
     result_properties,
 )
 from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS, ToleranceError, parse_tolerances
-from pytest_tfgrpc.results import BenchmarkResult, CpuUsage, SizeResult
-from pytest_tfgrpc.stats.summary import summarize
+from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 
 TEST = "test_perf.test_steps[lo]"
 NODEID = "test_perf.py::test_steps[lo]"
@@ -47,26 +46,26 @@ def _steps(n: int, seed: int, scale: float = 1.0) -> npt.NDArray[np.int64]:
 
 def _ps_point(
     samples: npt.NDArray[np.int64], *, step: bool, imbalance: float = 1.25, rate_scale: float = 1
-) -> PSPoint:
+) -> SizeResult:
     total = int(samples.sum())
     load = PSLoad(0, "127.0.0.1:1", 1, 100, 100, 100, 4, 4, CpuTime(1000, 2000))
-    return PSPoint(
+    return SizeResult.from_samples(
+        1_000_000,
+        1_000_000,
+        samples,
+        total,
         key="hep_cnn",
         step=step,
-        samples_ns=samples,
-        summary=summarize(samples),
-        elapsed_ns=total,
         rate_per_s=len(samples) * 1e9 / total * rate_scale,
-        throughput_Bps=1e6 * len(samples) * 1e9 / total,
-        bytes_per_op=1_000_000,
+        rate_Bps=1e6 * len(samples) * 1e9 / total,
         per_ps=(load,),
-        workers_cpu=(CpuTime(5000, 6000),),
+        cpu={"workers": CpuTime(5000, 6000)},
         imbalance=imbalance,
-        bytes_imbalance=1.4,
+        bytes_imbalance=None if step else 1.4,
     )
 
 
-def _ps_result(point: PSPoint) -> PSResult:
+def _ps_result(point: SizeResult) -> PSResult:
     return PSResult(
         benchmark="sync_sgd_step" if point.step else "ps_throughput",
         label="sync_sgd_step" if point.step else "ps_throughput",
@@ -74,9 +73,7 @@ def _ps_result(point: PSPoint) -> PSResult:
         target="127.0.0.1:1",
         mode="protobuf",
         rpc="stream",
-        ps=1,
-        workers=2,
-        sharding="greedy",
+        cluster=Cluster(1, 2, "greedy"),
         sizes=(point,),
     )
 
@@ -84,7 +81,11 @@ def _ps_result(point: PSPoint) -> PSResult:
 def _p2p_result() -> BenchmarkResult:
     samples = _steps(50, 1)
     size = SizeResult.from_samples(
-        1024, 1040, samples, int(samples.sum()), cpu=CpuUsage(1, 2, 3, 4)
+        1024,
+        1040,
+        samples,
+        int(samples.sum()),
+        cpu={"client": CpuTime(1, 2), "server": CpuTime(3, 4)},
     )
     return BenchmarkResult("p2p_bandwidth", "p2p_bandwidth", "lo", "t", "raw", "unary", (size,))
 

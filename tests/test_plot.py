@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.bench.ps import PSPoint, PSResult
+from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.report.plot import (
     PlotUnavailableError,
     draw,
@@ -22,8 +22,7 @@ from pytest_tfgrpc.report.plot import (
 )
 from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.report.results_file import ResultLog, read_results
-from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.stats.summary import summarize
+from pytest_tfgrpc.results import BenchmarkResult, Cluster, SizeResult
 
 SIZES = (4, 1024, 65536)
 
@@ -49,28 +48,23 @@ def _p2p(benchmark: str, fabric: str, scale: int, label: str | None = None) -> B
     )
 
 
-def _properties(result: BenchmarkResult | PSResult) -> list[tuple[str, str]]:
-    props = result_properties(result) if isinstance(result, BenchmarkResult) else []
-    if isinstance(result, PSResult):
-        props = result.properties()
+def _properties(result: BenchmarkResult) -> list[tuple[str, str]]:
+    props = result_properties(result)
     return [("tfgrpc.fabric", result.fabric), ("tfgrpc.target", result.target), *props]
 
 
 def _ps(fabric: str, sharding: str, step_ns: int) -> PSResult:
     samples = _samples(step_ns, 20)
-    point = PSPoint(
+    point = SizeResult.from_samples(
+        1 << 20,
+        1 << 20,
+        samples,
+        int(samples.sum()),
         key="hep_cnn[scale=0_05]",
         step=True,
-        samples_ns=samples,
-        summary=summarize(samples),
-        elapsed_ns=int(samples.sum()),
         rate_per_s=100.0,
-        throughput_Bps=5e7,
-        bytes_per_op=1 << 20,
-        per_ps=(),
-        workers_cpu=(),
+        rate_Bps=5e7,
         imbalance=1.25,
-        bytes_imbalance=1.25,
     )
     return PSResult(
         benchmark="sync_sgd_step",
@@ -79,9 +73,7 @@ def _ps(fabric: str, sharding: str, step_ns: int) -> PSResult:
         target=f"{fabric}:6000",
         mode="protobuf",
         rpc="stream",
-        ps=2,
-        workers=2,
-        sharding=sharding,
+        cluster=Cluster(2, 2, sharding),
         sizes=(point,),
     )
 

@@ -6,7 +6,7 @@ import resource
 
 import grpc
 
-from pytest_tfgrpc.results import CpuUsage
+from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
 
@@ -27,7 +27,7 @@ class CpuProbe:
         self._channel = grpc.insecure_channel(target, options=transport.CHANNEL_OPTIONS)
         self._status = self._channel.unary_unary(transport.method("raw", "Status"))
         self._start: tuple[int, int, int, int] | None = None
-        self.usage: CpuUsage | None = None
+        self.usage: dict[str, CpuTime] | None = None
 
     def _read(self) -> tuple[int, int, int, int]:
         status = service_pb2.ServerStatus.FromString(self._status(b"", timeout=10))
@@ -40,7 +40,8 @@ class CpuProbe:
         if self._start is None:
             raise RuntimeError("CpuProbe.stop() before start()")
         end = self._read()
-        self.usage = CpuUsage(*(b - a for a, b in zip(self._start, end, strict=True)))
+        used = [b - a for a, b in zip(self._start, end, strict=True)]
+        self.usage = {"client": CpuTime(used[0], used[1]), "server": CpuTime(used[2], used[3])}
 
     def close(self) -> None:
         self._channel.close()

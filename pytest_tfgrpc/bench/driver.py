@@ -42,7 +42,7 @@ class RunArgs(TypedDict, total=False):
     duration: float
 
 
-R = TypeVar("R", BenchmarkResult, PSResult)
+R = TypeVar("R", bound=BenchmarkResult)
 
 
 class Driver:
@@ -77,7 +77,7 @@ class Driver:
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
-        self.results: list[BenchmarkResult | PSResult] = []
+        self.results: list[BenchmarkResult] = []
 
     def _sizes(self, sizes: Any, call: str) -> tuple[Message, ...]:
         if sizes is None:
@@ -279,10 +279,7 @@ class Driver:
         if result.target not in self._targets:
             self._targets.add(result.target)
             self._record(TARGET, result.target)
-        properties = (
-            result.properties() if isinstance(result, PSResult) else result_properties(result)
-        )
-        for name, value in properties:
+        for name, value in result_properties(result):
             self._record(name, value)
         if self._budget is not None and self._budget.limits:
             breaches = check(self._budget, result)

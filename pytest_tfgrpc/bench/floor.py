@@ -8,8 +8,8 @@ sizes for latency, a push with one acknowledgement per tensor for bandwidth.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
+from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
@@ -63,5 +63,5 @@ def transport_floor(
         mode="raw",
         rpc="tcp-pingpong" if latency else "tcp-push-ack",
         sizes=tuple(sizes),
-        settings=MappingProxyType({**run.describe(), "floor_of": result.label}),
+        settings=run_settings(run, floor_of=result.label),
     )

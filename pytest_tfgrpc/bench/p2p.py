@@ -13,16 +13,14 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 
 from __future__ import annotations
 
-import platform
-from collections.abc import Callable, Iterator, Sequence
-from types import MappingProxyType
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import grpc
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
+from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
-from pytest_tfgrpc.results import BenchmarkResult, CpuUsage, SizeResult
-from pytest_tfgrpc.servers.allocator import allocator_settings
+from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire import codec
@@ -87,7 +85,7 @@ def _size_result(
     mode: str,
     samples: Samples,
     elapsed: int,
-    cpu: CpuUsage | None,
+    cpu: Mapping[str, CpuTime] | None,
 ) -> SizeResult:
     payload = message if isinstance(message, Payload) else None
     return SizeResult.from_samples(
@@ -104,18 +102,6 @@ def _size_result(
 def _slices(message: bytes, chunk_bytes: int) -> list[bytes]:
     view = memoryview(message)
     return [view[i : i + chunk_bytes].tobytes() for i in range(0, max(len(view), 1), chunk_bytes)]
-
-
-def _settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
-    return MappingProxyType(
-        {
-            **run.describe(),
-            **extra,
-            **allocator_settings(),
-            "grpcio": grpc.__version__,
-            "python": platform.python_version(),
-        }
-    )
 
 
 def _verify_echo(tensor: Tensor, mode: str, reply: bytes) -> None:
@@ -247,7 +233,7 @@ def p2p_latency(
         mode=mode,
         rpc=rpc,
         sizes=results,
-        settings=_settings(run, method=transport.method(mode, method)),
+        settings=run_settings(run, method=transport.method(mode, method)),
     )
 
 
@@ -406,5 +392,5 @@ def p2p_bandwidth(
         mode=mode,
         rpc=rpc,
         sizes=results,
-        settings=_settings(run, **extra),
+        settings=run_settings(run, **extra),
     )

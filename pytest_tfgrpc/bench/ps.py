@@ -10,34 +10,30 @@
   updates its weights, each worker pulls the updated weights. One step is the slowest worker's
   push + pull.
 
-Both return a :class:`PSResult`: one :class:`PSPoint` per message size or profile, with every
-sample, per-PS bytes and CPU time, the workers' CPU time, and JUnit-ready
-:meth:`PSResult.properties`.
+Both return a :class:`PSResult`, a :class:`~pytest_tfgrpc.results.BenchmarkResult` like every
+benchmark's: one :class:`~pytest_tfgrpc.results.SizeResult` per message size or profile, with
+every sample, per-PS bytes and CPU time, and the workers' CPU time.
 """
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import dataclass, replace
 from typing import Any
 
-import grpc
 import numpy as np
 import numpy.typing as npt
 
 from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
+from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_properties
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile
-from pytest_tfgrpc.report.properties import result_properties
-from pytest_tfgrpc.results import Figure, find_figure
+from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.servers.worker import sync_sgd_job
-from pytest_tfgrpc.stats.summary import Summary, summarize
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
@@ -49,7 +45,6 @@ __all__ = [
     "SYNC_SGD_RUN",
     "CpuTime",
     "PSLoad",
-    "PSPoint",
     "PSResult",
     "fetch_weights",
     "ps_throughput",
@@ -60,172 +55,26 @@ PS_THROUGHPUT_RUN = RunSpec(iterations=200, warmup=10, max_seconds=5.0, warmup_s
 SYNC_SGD_RUN = RunSpec(iterations=20, warmup=2, max_seconds=30.0, warmup_seconds=10.0)
 
 
-@dataclass(frozen=True)
-class CpuTime:
-    """User and system CPU time of one process over the measured phase, in nanoseconds."""
-
-    user_ns: int
-    system_ns: int
-
-    @property
-    def total_ns(self) -> int:
-        return self.user_ns + self.system_ns
-
-
-@dataclass(frozen=True)
-class PSLoad:
-    """What one PS task carried during the measured phase.
-
-    ``placed_bytes`` is what the payload or placement gives this PS per RPC or per step;
-    ``bytes_in``/``bytes_out`` are the tensor bytes the PS itself counted.
-    """
-
-    task: int
-    target: str
-    pid: int
-    placed_bytes: int
-    bytes_in: int
-    bytes_out: int
-    rpcs: int
-    steps: int
-    cpu: CpuTime
-
-
 @dataclass(frozen=True, eq=False)
-class PSPoint:
-    """The samples and figures of one payload (a message size, a payload, or a profile).
+class PSResult(BenchmarkResult):
+    """A :class:`~pytest_tfgrpc.results.BenchmarkResult` of a PS benchmark, with what the
+    model layer knows of it: the ``placement`` measured (None for plain sizes), and
+    ``prediction``, the analytic model's step for the same profile, topology and placement on a
+    link and host measured just before (``sync_sgd_step(..., model=True)``). Its points,
+    figures, CPU times and settings are those of every result."""
 
-    ``samples_ns``: every RPC's latency (ps_throughput) or every step's time, the slowest
-    worker's (sync_sgd_step). ``rate_per_s``: RPCs (or steps) per second over all workers.
-    """
-
-    key: str
-    step: bool
-    samples_ns: npt.NDArray[np.int64] = field(repr=False)
-    summary: Summary
-    elapsed_ns: int
-    rate_per_s: float
-    throughput_Bps: float
-    bytes_per_op: int
-    per_ps: tuple[PSLoad, ...]
-    workers_cpu: tuple[CpuTime, ...]
-    imbalance: float
-    bytes_imbalance: float
-
-    @property
-    def label(self) -> str:
-        return self.key
-
-    @property
-    def size_bytes(self) -> int:
-        return self.bytes_per_op
-
-    @property
-    def payload(self) -> str:
-        """A PS point is named by its key; it records no separate payload name."""
-        return ""
-
-    @property
-    def buffers(self) -> tuple[int, ...]:
-        return ()
-
-    @property
-    def count(self) -> int:
-        return self.summary.count
-
-    def figures(self, *, rates: bool = True) -> tuple[Figure, ...]:
-        """Every figure of this point; time names start with ``step_`` for SGD steps. Per-PS
-        figures carry the scope ``ps<i>``, the workers' CPU time the scope ``workers``.
-
-        ``imbalance`` is the placement's (busiest PS bytes / mean, as placed), which the run
-        fixes; ``bytes_imbalance`` (PS throughput only) is the same ratio of the bytes each PS
-        happened to receive in the closed loop, which moves from run to run.
-        """
-        s = self.summary
-        prefix = "step_" if self.step else ""
-        times = {"min": s.min_ns, "mean": s.mean_ns, "p50": s.p50_ns, "p90": s.p90_ns}
-        times |= {"p99": s.p99_ns, "max": s.max_ns}
-        out = [Figure(prefix + name, float(v)) for name, v in times.items()]
-        out.append(Figure("throughput", self.throughput_Bps))
-        out.append(Figure("step_rate" if self.step else "rpc_rate", self.rate_per_s))
-        out.append(Figure("imbalance", self.imbalance))
-        if not self.step:
-            out.append(Figure("bytes_imbalance", self.bytes_imbalance))
-        per_op = "bytes_per_step" if self.step else "bytes_per_rpc_round"
-        out.append(Figure(per_op, float(self.bytes_per_op)))
-        out.append(Figure("samples", float(s.count)))
-        for load in self.per_ps:
-            where = f"ps{load.task}"
-            out.append(Figure("bytes_in", float(load.bytes_in), where))
-            out.append(Figure("bytes_out", float(load.bytes_out), where))
-            out.append(Figure("rpcs", float(load.rpcs), where))
-            out.append(Figure("cpu_user", float(load.cpu.user_ns), where))
-            out.append(Figure("cpu_system", float(load.cpu.system_ns), where))
-        user = sum(cpu.user_ns for cpu in self.workers_cpu)
-        system = sum(cpu.system_ns for cpu in self.workers_cpu)
-        out.append(Figure("cpu_user", float(user), "workers"))
-        out.append(Figure("cpu_system", float(system), "workers"))
-        return tuple(out)
-
-    def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
-        return find_figure(self.figures(rates=rates), metric)
-
-
-@dataclass(frozen=True, eq=False)
-class PSResult:
-    """What one PS benchmark measured on one cluster; ``sizes`` holds one point per payload.
-
-    It reads like a :class:`~pytest_tfgrpc.results.BenchmarkResult` to budgets (``label``,
-    ``fabric``, ``target``, ``sizes`` with ``figure()``), and :meth:`properties` gives its
-    JUnit properties. ``prediction``: the analytic model's step for the same profile,
-    topology and placement, on a link and host measured just before (``sync_sgd_step(...,
-    model=True)``).
-    """
-
-    benchmark: str
-    label: str
-    fabric: str
-    target: str
-    mode: str
-    rpc: str
-    ps: int
-    workers: int
-    sharding: str
-    sizes: tuple[PSPoint, ...]
     placement: Placement | None = None
-    settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     prediction: StepPrediction | None = None
 
-    @property
-    def reports_rates(self) -> bool:
-        return True
-
-    @property
-    def topology(self) -> str:
-        return f"{self.ps}ps_{self.workers}workers_{self.sharding}"
-
-    @property
-    def points(self) -> tuple[PSPoint, ...]:
-        return self.sizes
-
-    def point(self, key: str) -> PSPoint:
-        for point in self.sizes:
-            if point.key == key:
-                return point
-        raise KeyError(f"{self.label} measured no payload {key!r}")
-
-    def properties(self) -> list[tuple[str, str]]:
-        """``(name, value)`` pairs: every figure as every benchmark writes them
-        (:func:`~pytest_tfgrpc.report.properties.result_properties`: per PS as
-        ``tfgrpc.<label>.<key>.ps<i>.<metric>``, workers' CPU as ``....workers.cpu_*_us``), then
-        a prediction as ``tfgrpc.<label>.<key>.model.<metric>`` with ``...model.error_pct``
+    def extra_properties(self) -> list[tuple[str, str]]:
+        """The prediction as ``tfgrpc.<label>.<key>.model.<metric>``, with ``...model.error_pct``
         against the measured step p50."""
-        out = result_properties(self)
+        out: list[tuple[str, str]] = []
         for point in self.sizes:
             if self.prediction is not None and point.step:
                 measured = point.summary.p50_ns / 1e9
                 out += prediction_properties(
-                    self.prediction, self.label, point.key, measured_s=measured
+                    self.prediction, self.label, point.label, measured_s=measured
                 )
         return out
 
@@ -233,12 +82,6 @@ class PSResult:
 def _key(text: str) -> str:
     # Keys sit between dots in property names: "resnet50[scale=0.01]" must not add a level.
     return text.replace(".", "_") or "payload"
-
-
-def _settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
-    return MappingProxyType(
-        {**run.describe(), **extra, "grpcio": grpc.__version__, "python": platform.python_version()}
-    )
 
 
 def _imbalance(loads: Sequence[int]) -> float:
@@ -342,17 +185,16 @@ def ps_throughput(
             rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
         loads = _loads(cluster, stats, per_ps)
         points.append(
-            PSPoint(
+            SizeResult.from_samples(
+                sum(per_ps),
+                sum(per_ps),
+                samples,
+                max(int(r["elapsed_ns"]) for r in replies),
                 key=point_key,
-                step=False,
-                samples_ns=_frozen(samples),
-                summary=summarize(samples),
-                elapsed_ns=max(int(r["elapsed_ns"]) for r in replies),
                 rate_per_s=rate,
-                throughput_Bps=rate_bytes,
-                bytes_per_op=sum(per_ps),
+                rate_Bps=rate_bytes,
                 per_ps=loads,
-                workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
+                cpu={"workers": _workers_cpu(replies)},
                 imbalance=payload.imbalance if isinstance(payload, Placement) else 1.0,
                 bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
             )
@@ -365,19 +207,23 @@ def ps_throughput(
         target=",".join(cluster.targets),
         mode=mode,
         rpc="unary",
-        ps=topology.ps,
-        workers=topology.workers,
-        sharding=payload.sharding if isinstance(payload, Placement) else topology.sharding,
+        cluster=Cluster(
+            topology.ps,
+            topology.workers,
+            payload.sharding if isinstance(payload, Placement) else topology.sharding,
+        ),
         sizes=tuple(points),
         placement=payload if isinstance(payload, Placement) else None,
-        settings=_settings(run, method=method("Throughput", raw=mode == "raw")),
+        settings=run_settings(run, method=method("Throughput", raw=mode == "raw")),
     )
 
 
-def _frozen(samples: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    out = np.ascontiguousarray(samples, dtype=np.int64)
-    out.setflags(write=False)
-    return out
+def _workers_cpu(replies: Sequence[Mapping[str, Any]]) -> CpuTime:
+    """The CPU time of all workers together."""
+    return CpuTime(
+        sum(int(r["cpu_user_ns"]) for r in replies),
+        sum(int(r["cpu_system_ns"]) for r in replies),
+    )
 
 
 # --- sync SGD --------------------------------------------------------------------------------
@@ -481,19 +327,18 @@ def sync_sgd_step(
     per_step = placement.total_bytes * topology.workers * 2  # every worker pushes and pulls
     loads = _loads(cluster, stats, list(placement.bytes_per_ps()))
     total_ns = int(steps.sum())
-    point = PSPoint(
+    point = SizeResult.from_samples(
+        per_step,
+        per_step,
+        steps,
+        total_ns,
         key=_key(profile.name),
         step=True,
-        samples_ns=_frozen(steps),
-        summary=summarize(steps),
-        elapsed_ns=total_ns,
         rate_per_s=len(steps) * 1e9 / total_ns if total_ns else 0.0,
-        throughput_Bps=per_step * len(steps) * 1e9 / total_ns if total_ns else 0.0,
-        bytes_per_op=per_step,
+        rate_Bps=per_step * len(steps) * 1e9 / total_ns if total_ns else 0.0,
         per_ps=loads,
-        workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
+        cpu={"workers": _workers_cpu(replies)},
         imbalance=placement.imbalance,
-        bytes_imbalance=_imbalance([load.bytes_in + load.bytes_out for load in loads]),
     )
     return PSResult(
         benchmark="sync_sgd_step",
@@ -502,12 +347,10 @@ def sync_sgd_step(
         target=",".join(cluster.targets),
         mode="protobuf",
         rpc="stream",
-        ps=topology.ps,
-        workers=topology.workers,
-        sharding=topology.sharding,
+        cluster=Cluster(topology.ps, topology.workers, topology.sharding),
         sizes=(point,),
         placement=placement,
-        settings=_settings(
+        settings=run_settings(
             run,
             profile=profile.name,
             learning_rate=f"{learning_rate:g}",

@@ -27,7 +27,7 @@ from pytest_tfgrpc.report.metrics import (
     Metric,
     Unit,
 )
-from pytest_tfgrpc.results import Measured
+from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.summary import min_samples_for
 from pytest_tfgrpc.units import UnitError
 
@@ -199,13 +199,13 @@ class Breach:
     reason: str = ""
 
 
-def _name(result: Measured) -> str:
+def _name(result: BenchmarkResult) -> str:
     if result.label == result.benchmark:
         return result.label
     return f"{result.label} ({result.benchmark})"
 
 
-def check(budget: Budget, result: Measured) -> tuple[Breach, ...]:
+def check(budget: Budget, result: BenchmarkResult) -> tuple[Breach, ...]:
     """Check every limit of ``budget`` against every size of ``result``; return the breaches.
 
     A percentile limit on a size with fewer samples than the percentile needs
@@ -250,7 +250,7 @@ def check(budget: Budget, result: Measured) -> tuple[Breach, ...]:
     return tuple(breaches)
 
 
-def format_breaches(result: Measured, breaches: tuple[Breach, ...], checked: int) -> str:
+def format_breaches(result: BenchmarkResult, breaches: tuple[Breach, ...], checked: int) -> str:
     """The failure message: a headline naming the result and fabric, then an aligned table."""
     checks = "check" if checked == 1 else "checks"
     lines = [
@@ -279,14 +279,14 @@ def format_breaches(result: Measured, breaches: tuple[Breach, ...], checked: int
     return "\n".join(lines)
 
 
-def assert_budget(result: Measured, **limits: object) -> None:
+def assert_budget(result: BenchmarkResult, **limits: object) -> None:
     """Fail the test with a table when ``result`` breaks any of ``limits``.
 
     ``assert_budget(result, p99="500us", throughput=">=2 GB/s")``: each keyword is a metric of
     :data:`METRICS`, each value a limit as in the ``budget`` marker.
     """
     __tracebackhide__ = True
-    if not isinstance(result, Measured):
+    if not isinstance(result, BenchmarkResult):
         raise TypeError(
             "assert_budget() takes the result a tfgrpc benchmark returned "
             f"(result = tfgrpc.p2p_latency(server)), not {type(result).__name__}"

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor
-from pytest_tfgrpc.results import Measured
+from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.sketch import Sketch
 
 __all__ = [
@@ -153,10 +153,11 @@ def label_fields(properties: Mapping[str, str], label: str) -> dict[str, str]:
     }
 
 
-def result_properties(result: Measured) -> list[tuple[str, str]]:
+def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
     """The properties of one result, whichever benchmark made it: how it was measured (rpc,
     mode, topology when it has one, settings), then per point its payload, every figure (with
-    the scoped per-PS and workers' figures), and a sketch of every sample."""
+    the scoped per-PS and workers' figures), and a sketch of every sample; then the result's
+    :meth:`~pytest_tfgrpc.results.BenchmarkResult.extra_properties` (a model prediction)."""
     label = result.label
     settings = ";".join(f"{k}={v}" for k, v in sorted(result.settings.items()))
     out = [
@@ -177,4 +178,4 @@ def result_properties(result: Measured) -> list[tuple[str, str]]:
         # A compact sketch of every sample: what a later run's baseline gate tests against.
         sketch = Sketch.from_samples(point.samples_ns).to_string()
         out.append((point_property(label, key, SKETCH), sketch))
-    return out
+    return out + result.extra_properties()

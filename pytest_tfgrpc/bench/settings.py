@@ -1,0 +1,28 @@
+"""The run settings every result records (``tfgrpc.<label>.settings``), whatever the benchmark."""
+
+from __future__ import annotations
+
+import platform
+from types import MappingProxyType
+
+import grpc
+
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.servers.allocator import allocator_settings
+
+__all__ = ["run_settings"]
+
+
+def run_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
+    """The run's iterations, warm-up and time bounds, the benchmark's own ``extra`` settings,
+    the allocator settings, and the grpcio and Python versions: what shapes the figures beside
+    the code measured."""
+    return MappingProxyType(
+        {
+            **run.describe(),
+            **extra,
+            **allocator_settings(),
+            "grpcio": grpc.__version__,
+            "python": platform.python_version(),
+        }
+    )
