@@ -733,7 +733,7 @@ def test_cli_fits_each_fabric_of_a_junit_file(
     ("content", "extra", "message"),
     [
         (None, [], "does not exist"),
-        ("not xml at all", [], "cannot read JUnit file"),
+        ("not xml at all", [], "is not well-formed XML"),
         (_junit({"t": {"tfgrpc.fabric": "lo"}}), [], "holds no P2P figures to fit"),
         (
             _junit({"t": _p2p_properties("lo", 30e-6, 2e9)}),

@@ -72,8 +72,8 @@ def link_points_from_junit(path: Path) -> dict[str, list[tuple[int, float]]]:
     """
     try:
         run = read_junit(path)
-    except BaselineError as exc:
-        raise ModelInputError(f"cannot read {exc}") from None
+    except BaselineError as exc:  # names the file and why it cannot be read
+        raise ModelInputError(str(exc)) from None
     points: dict[str, list[tuple[int, float]]] = {}
     for case in run.cases:
         _add_points(dict(case.properties), points)

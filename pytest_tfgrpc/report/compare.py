@@ -43,7 +43,6 @@ from pytest_tfgrpc.stats.significance import (
     bootstrap_quantile_ratio,
     mann_whitney_u_sketches,
 )
-from pytest_tfgrpc.units import parse_size
 
 __all__ = [
     "Comparison",
@@ -65,14 +64,6 @@ def min_samples(metric: str) -> int:
         return 0
     quantile = gated.quantile if gated.gate is GateTest.BOOTSTRAP else None
     return significance.min_samples(quantile)
-
-
-def _sort_key(key: Key) -> tuple[str, str, int, str, str]:
-    try:
-        size = parse_size(key.size)
-    except ValueError:
-        size = -1
-    return (key.test, key.label, size, key.size, key.fabric)
 
 
 class Outcome(str, Enum):
@@ -306,7 +297,7 @@ def _compare_measurements(
     verdicts: list[Verdict] = []
     mismatches: list[Mismatch] = []
     metrics = gated_metrics(tolerances)
-    for key in sorted(old.keys() & new.keys(), key=_sort_key):
+    for key in sorted(old.keys() & new.keys(), key=Key.order):
         base, cur = old[key], new[key]
         for attribute in ("rpc", "mode"):
             was, now = getattr(base, attribute), getattr(cur, attribute)
@@ -349,8 +340,8 @@ def compare_runs(
     setup = check_metadata(baseline, current.setup(), current.fabrics)
     return Comparison(
         tuple(verdicts),
-        tuple(sorted(baseline.measurements.keys() - current.measurements.keys(), key=_sort_key)),
-        tuple(sorted(current.measurements.keys() - baseline.measurements.keys(), key=_sort_key)),
+        tuple(sorted(baseline.measurements.keys() - current.measurements.keys(), key=Key.order)),
+        tuple(sorted(current.measurements.keys() - baseline.measurements.keys(), key=Key.order)),
         (*setup, *mismatches),
     )
 
@@ -374,8 +365,8 @@ def compare_test(
     verdicts, mismatches = _compare_measurements(old, current, tolerances, alpha, resamples, seed)
     return Comparison(
         tuple(verdicts),
-        tuple(sorted(old.keys() - current.keys(), key=_sort_key)),
-        tuple(sorted(current.keys() - old.keys(), key=_sort_key)),
+        tuple(sorted(old.keys() - current.keys(), key=Key.order)),
+        tuple(sorted(current.keys() - old.keys(), key=Key.order)),
         tuple(mismatches),
     )
 

@@ -55,13 +55,13 @@ class Key(NamedTuple):
         fabric = f" on {self.fabric}" if self.fabric else ""
         return f"{self.test}{fabric}: {self.label} {self.size}"
 
-
-def _sort_key(key: Key) -> tuple[str, str, int, str, str]:
-    try:
-        size = parse_size(key.size)
-    except ValueError:
-        size = -1
-    return (key.test, key.label, size, key.size, key.fabric)
+    def order(self) -> tuple[str, str, int, str, str]:
+        """Sort key: by test and label, then sizes by bytes (``4B`` before ``1KiB``)."""
+        try:
+            size = parse_size(self.size)
+        except ValueError:
+            size = -1
+        return (self.test, self.label, size, self.size, self.fabric)
 
 
 @dataclass(frozen=True)
