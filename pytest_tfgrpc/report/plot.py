@@ -35,7 +35,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pytest_tfgrpc.report.junit import read_junit
-from pytest_tfgrpc.report.metrics import is_floor
 from pytest_tfgrpc.report.properties import FABRIC, label_fields, point_property, read_figures
 from pytest_tfgrpc.report.results_file import atomic_write
 from pytest_tfgrpc.units import UnitError, format_duration, format_rate, parse_size
@@ -135,9 +134,9 @@ class Row:
     """The figures of one message size (or payload) of one labelled result of one test.
 
     ``metrics`` maps metric names as in the property (``p99_us``, ``throughput_MBps``) to
-    numbers as the property writes them; ``floor`` marks a raw-TCP transport floor's row;
-    ``size_bytes`` is None for a key that is neither a size nor a payload with a recorded size
-    (a PS profile). ``topology`` is ``""`` except for parameter-server results.
+    numbers as the property writes them; ``size_bytes`` is None for a key that is neither a
+    size nor a payload with a recorded size (a PS profile). ``topology`` is ``""`` except for
+    parameter-server results.
     """
 
     test: str
@@ -149,10 +148,6 @@ class Row:
     topology: str = ""
     rpc: str = ""
     mode: str = ""
-
-    @property
-    def floor(self) -> bool:
-        return is_floor(self.label)
 
     @property
     def is_ps(self) -> bool:
