@@ -250,10 +250,6 @@ class BenchmarkResult:
         """``2ps_3workers_round_robin`` for a PS result, ``""`` for P2P."""
         return self.cluster.describe() if self.cluster is not None else ""
 
-    @property
-    def points(self) -> tuple[SizeResult, ...]:
-        return self.sizes
-
     def point(self, label: str) -> SizeResult:
         """The point named ``label`` (a size label, payload or profile key)."""
         for point in self.sizes:
@@ -264,9 +260,3 @@ class BenchmarkResult:
     def extra_properties(self) -> list[tuple[str, str]]:
         """Properties beyond the figures (a PS step's model prediction); none here."""
         return []
-
-    def size(self, size_bytes: int) -> SizeResult:
-        for result in self.sizes:
-            if result.size_bytes == size_bytes:
-                return result
-        raise KeyError(f"{self.label} measured no message of {size_bytes} bytes")

@@ -40,7 +40,6 @@ __all__ = [
     "Metric",
     "Unit",
     "is_floor",
-    "metric",
 ]
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
@@ -187,6 +186,7 @@ _EXTREME = "a single extreme sample, which no test can gate"
 _CPU = "one CPU-time reading per run: no samples to test a change against"
 _FIXED = "fixed by the payload and topology, not measured"
 _COUNT = "a count set by the run settings"
+_TOTAL = "one PS task's total over the run: no samples to test a change against"
 
 
 def _times(prefix: str, what: str, budget: bool) -> list[Metric]:
@@ -278,9 +278,9 @@ _ALL: list[Metric] = [
     *_cpu("client_"),
     *_cpu("server_"),
     *_cpu("", scoped=True),
-    Metric("bytes_in", BYTES, "tensor bytes a PS received", not_gated=_FIXED, scoped=True),
-    Metric("bytes_out", BYTES, "tensor bytes a PS sent", not_gated=_FIXED, scoped=True),
-    Metric("rpcs", COUNT, "RPCs a PS served", not_gated=_COUNT, scoped=True),
+    Metric("bytes_in", BYTES, "tensor bytes a PS received", not_gated=_TOTAL, scoped=True),
+    Metric("bytes_out", BYTES, "tensor bytes a PS sent", not_gated=_TOTAL, scoped=True),
+    Metric("rpcs", COUNT, "RPCs a PS served", not_gated=_TOTAL, scoped=True),
 ]
 
 #: Every figure, by name.
@@ -295,8 +295,3 @@ assert all(m.gated or m.not_gated for m in _ALL), "an ungated metric must say wh
 assert all(m.gated for m in BUDGET_METRICS.values() if m.not_gated != _EXTREME), (
     "every budget metric but a single extreme sample takes a tolerance"
 )
-
-
-def metric(name: str) -> Metric | None:
-    """The registered metric called ``name``, or None."""
-    return METRICS.get(name)
