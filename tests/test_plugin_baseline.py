@@ -140,3 +140,26 @@ def test_a_baseline_from_another_setup_is_reported(
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*comes from another setup: grpcio: baseline 0.0.1*"])
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "accepted"),
+    [
+        ("step_p99:5%", True),
+        ("step_p50:5%,rpc_rate:3%,imbalance:1%", True),
+        ("step_max:5%", False),
+        ("step_p98:5%", False),
+    ],
+)
+def test_max_regression_takes_every_gated_metric(
+    pytester: pytest.Pytester, baseline: Path, tolerance: str, accepted: bool
+) -> None:
+    result = run(
+        pytester, "out.xml", "0s", f"--tfgrpc-baseline={baseline}",
+        f"--tfgrpc-max-regression={tolerance}", *GATE, "-k", "steady",
+    )  # fmt: skip
+    if accepted:
+        result.assert_outcomes(passed=1, deselected=1)
+    else:
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*cannot read tolerance '{tolerance}'*"])
