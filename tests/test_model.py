@@ -33,13 +33,14 @@ from pytest_tfgrpc.model.analytic import (
     fit_from_results,
     link_point,
     predict_step,
-    prediction_properties,
+    prediction_figures,
     project,
     relative_error,
     sharing_makespan,
 )
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.profiles import Profile, load_profile
+from pytest_tfgrpc.report.properties import model_properties, parse_figure
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 
@@ -265,11 +266,11 @@ def test_step_partitioned_splits_large_tensors() -> None:
     assert whole.comm_s > 3.5 * split.comm_s
 
 
-def test_prediction_properties() -> None:
+def test_prediction_figures() -> None:
     step = predict_step(SMALL, Topology(2, 3), SLOW_LINK, compute_s=30e-3)
-    props = dict(prediction_properties(step, "resnet50_step"))
+    props = dict(prediction_figures(step))
     assert set(props) == {
-        f"tfgrpc.resnet50_step.model.{name}"
+        name
         for name in (
             "step_comm_us",
             "step_us",
@@ -282,14 +283,14 @@ def test_prediction_properties() -> None:
             "efficiency",
         )
     }
-    assert float(props["tfgrpc.resnet50_step.model.step_comm_us"]) == pytest.approx(15600)
-    assert float(props["tfgrpc.resnet50_step.model.step_us"]) == pytest.approx(45600)
-    assert props["tfgrpc.resnet50_step.model.bottleneck_ps"] == "0"
-    assert props["tfgrpc.resnet50_step.model.limit"] == "ps link"
-    assert props["tfgrpc.resnet50_step.model.busiest_ps_in_bytes"] == "1800"
-    assert float(props["tfgrpc.resnet50_step.model.bandwidth_MBps"]) == pytest.approx(1.0)
-    no_compute = dict(prediction_properties(predict_step(SMALL, Topology(2, 3), SLOW_LINK), "x"))
-    assert "tfgrpc.x.model.efficiency" not in no_compute
+    assert float(props["step_comm_us"]) == pytest.approx(15600)
+    assert float(props["step_us"]) == pytest.approx(45600)
+    assert props["bottleneck_ps"] == "0"
+    assert props["limit"] == "ps link"
+    assert props["busiest_ps_in_bytes"] == "1800"
+    assert float(props["bandwidth_MBps"]) == pytest.approx(1.0)
+    no_compute = dict(prediction_figures(predict_step(SMALL, Topology(2, 3), SLOW_LINK)))
+    assert "efficiency" not in no_compute
 
 
 # --- the host's CPU terms -----------------------------------------------------------------------
@@ -424,9 +425,9 @@ def test_host_costs_reject_bad_values(kwargs: dict[str, Any], message: str) -> N
 
 def test_prediction_properties_with_host_key_and_error() -> None:
     step = predict_step(SMALL, Topology(2, 3), SLOW_LINK, host=HOST)
-    props = dict(prediction_properties(step, "sgd", "small", measured_s=0.04))
+    props = dict(model_properties("sgd", "small", prediction_figures(step, measured_s=0.04)))
     prefix = "tfgrpc.sgd.small.model."
-    assert all(name.startswith(prefix) for name in props)
+    assert all(name.startswith(prefix) and parse_figure(name) is None for name in props)
     assert props[prefix + "limit"] == "cores"
     assert float(props[prefix + "cores"]) == 1.5
     assert float(props[prefix + "shared_us"]) == pytest.approx(step.shared_s * 1e6)

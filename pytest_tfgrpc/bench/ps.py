@@ -27,9 +27,10 @@ import numpy.typing as npt
 from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_properties
+from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile
+from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
@@ -73,9 +74,8 @@ class PSResult(BenchmarkResult):
         for point in self.sizes:
             if self.prediction is not None and point.step:
                 measured = point.summary.p50_ns / 1e9
-                out += prediction_properties(
-                    self.prediction, self.label, point.label, measured_s=measured
-                )
+                figures = prediction_figures(self.prediction, measured_s=measured)
+                out += model_properties(self.label, point.label, figures)
         return out
 
 

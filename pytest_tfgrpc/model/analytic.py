@@ -98,7 +98,7 @@ __all__ = [
     "fit_from_results",
     "link_point",
     "predict_step",
-    "prediction_properties",
+    "prediction_figures",
     "project",
     "relative_error",
     "sharing_makespan",
@@ -621,24 +621,20 @@ def relative_error(predicted_s: float, measured_s: float) -> float:
     return (predicted_s - measured_s) / measured_s
 
 
-def prediction_properties(
-    prediction: StepPrediction,
-    label: str,
-    key: str | None = None,
-    *,
-    measured_s: float | None = None,
+def prediction_figures(
+    prediction: StepPrediction, *, measured_s: float | None = None
 ) -> list[tuple[str, str]]:
-    """JUnit properties that put ``prediction`` beside a measured result labelled ``label``.
+    """``(name, value)`` pairs that put ``prediction`` beside a measured step; the property
+    codec (:func:`pytest_tfgrpc.report.properties.model_properties`) names them
+    ``tfgrpc.<label>.<key>.model.<name>``.
 
-    ``tfgrpc.<label>.model.<metric>``, or ``tfgrpc.<label>.<key>.model.<metric>`` with the
-    measured point's ``key``, for ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
+    Names: ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
     ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps``; with host
     costs ``link_us``, ``chain_us``, ``ps_cpu_us``, ``worker_cpu_us`` and, with cores,
     ``cores``, ``load``, ``utilization`` and ``shared_us``; with a compute time,
     ``efficiency``; with ``measured_s`` (the measured step's median, in seconds),
     ``error_pct``: ``100 * (step - measured) / measured``.
     """
-    prefix = f"tfgrpc.{label}.{key}.model." if key is not None else f"tfgrpc.{label}.model."
     busiest = prediction.bottleneck_ps
     pairs = [
         ("step_comm_us", repr(prediction.comm_s * 1e6)),
@@ -666,7 +662,7 @@ def prediction_properties(
         pairs.append(("efficiency", repr(prediction.efficiency)))
     if measured_s is not None:
         pairs.append(("error_pct", repr(100 * relative_error(prediction.iter_s, measured_s))))
-    return [(prefix + name, value) for name, value in pairs]
+    return pairs
 
 
 # --- projections ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pytest_tfgrpc.report.compare import compare_test, format_comparison, verdict_properties
 from pytest_tfgrpc.report.junit import Baseline, BaselineError, junit_test_id, load_baseline
+from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
@@ -98,7 +99,7 @@ class BaselineGate:
     def judge(self, nodeid: str, properties: Sequence[tuple[str, object]]) -> TestVerdict:
         """Compare one finished test's recorded figures with the baseline's."""
         if self.baseline is None:
-            return TestVerdict((("tfgrpc.baseline", "unusable"),), None)
+            return TestVerdict(((f"{PREFIX}baseline", "unusable"),), None)
         comparison = compare_test(
             self.baseline,
             junit_test_id(nodeid),

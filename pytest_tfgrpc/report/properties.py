@@ -36,6 +36,7 @@ __all__ = [
     "figure_name",
     "figure_value",
     "label_property",
+    "model_properties",
     "parse_figure",
     "point_property",
     "read_figures",
@@ -151,6 +152,16 @@ def label_fields(properties: Mapping[str, str], label: str) -> dict[str, str]:
         for field in LABEL_FIELDS
         if label_property(label, field) in properties
     }
+
+
+def model_properties(
+    label: str, key: str, figures: Iterable[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """A model prediction's ``(name, value)`` pairs
+    (:func:`~pytest_tfgrpc.model.analytic.prediction_figures`) beside the measured point
+    ``key`` of result ``label``: ``tfgrpc.<label>.<key>.model.<name>``. No reader takes them
+    for measured figures (:func:`parse_figure`)."""
+    return [(point_property(label, key, f"{MODEL}.{name}"), value) for name, value in figures]
 
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
