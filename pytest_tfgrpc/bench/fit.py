@@ -37,9 +37,9 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, HostCosts, LinkFit, fit_from_results
 from pytest_tfgrpc.model.placement import Placement
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.jobs import SyncSGDJob
 from pytest_tfgrpc.servers.parameter_server import INIT_RANDOM, apply_update
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.servers.worker import sync_sgd_job
 from pytest_tfgrpc.units import format_duration
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
@@ -276,10 +276,10 @@ def _exchange(
         barrier_timeout_seconds=EXCHANGE_BARRIER_S,
     )
     cluster.configure([job])
-    worker_job = sync_sgd_job(
+    worker_job = SyncSGDJob(
         targets=cluster.targets[:1],
         worker=0,
-        shards=[[(0, shard_bytes)] * shards],
+        shards=(((0, shard_bytes),) * shards,),
         chunk_bytes=chunk_bytes,
         warmup=run.warmup,
         max_steps=run.warmup + run.iterations + 1,
@@ -287,7 +287,7 @@ def _exchange(
     )
     (reply,) = cluster.run([worker_job], run.job_timeout_s(EXCHANGE_BARRIER_S))
     (stats,) = cluster.job_stats([0])
-    samples = reply["samples_ns"]
+    samples = reply.samples_ns
     count = len(samples)
     if count == 0 or stats.measured_steps != count:
         raise BenchmarkError(
@@ -300,7 +300,7 @@ def _exchange(
         shard_bytes=shard_bytes,
         messages=2 * slices + 1,
         nbytes=2 * shards * shard_bytes,
-        worker_s=(reply["cpu_user_ns"] + reply["cpu_system_ns"]) / count / 1e9,
+        worker_s=(reply.cpu_user_ns + reply.cpu_system_ns) / count / 1e9,
         ps_s=(stats.cpu_user_ns + stats.cpu_system_ns) / count / 1e9,
         wall_s=float(np.median(samples)) / 1e9,
         count=count,

@@ -33,9 +33,9 @@ from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, predictio
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import Figure, find_figure
+from pytest_tfgrpc.servers.jobs import SyncSGDJob, ThroughputJob
 from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.servers.worker import sync_sgd_job
 from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.stats.summary import Summary, summarize
 from pytest_tfgrpc.units import size_label
@@ -309,29 +309,26 @@ def ps_throughput(
             ]
         )
         jobs = [
-            {
-                "kind": "throughput",
-                "targets": list(cluster.targets),
-                "worker": w,
-                "mode": mode,
-                "payload_bytes": per_ps,
-                "iterations": run.iterations,
-                "warmup": run.warmup,
-                "warmup_seconds": run.warmup_seconds,
-                "seconds": run.time_limit_s,
-            }
+            ThroughputJob(
+                targets=cluster.targets,
+                worker=w,
+                mode=mode,
+                payload_bytes=tuple(per_ps),
+                iterations=run.iterations,
+                warmup=run.warmup,
+                warmup_seconds=run.warmup_seconds,
+                seconds=run.time_limit_s,
+            )
             for w in range(cluster.topology.workers)
         ]
         replies = cluster.run(jobs, run.job_timeout_s())
         stats = cluster.job_stats()
-        samples = np.concatenate(
-            [np.asarray(s, dtype=np.int64) for r in replies for s in r["samples_ns"]]
-        )
+        samples = np.concatenate([s for r in replies for s in r.samples_ns])
         rate = 0.0
         rate_bytes = 0.0
         for reply in replies:
-            seconds = reply["elapsed_ns"] / 1e9
-            counts = [len(s) for s in reply["samples_ns"]]
+            seconds = reply.elapsed_ns / 1e9
+            counts = [len(s) for s in reply.samples_ns]
             rate += sum(counts) / seconds
             rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
         loads = _loads(cluster, stats, per_ps)
@@ -341,12 +338,12 @@ def ps_throughput(
                 step=False,
                 samples_ns=_frozen(samples),
                 summary=summarize(samples),
-                elapsed_ns=max(int(r["elapsed_ns"]) for r in replies),
+                elapsed_ns=max(r.elapsed_ns for r in replies),
                 rate_per_s=rate,
                 throughput_Bps=rate_bytes,
                 bytes_per_op=sum(per_ps),
                 per_ps=loads,
-                workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
+                workers_cpu=tuple(CpuTime(r.cpu_user_ns, r.cpu_system_ns) for r in replies),
                 imbalance=_imbalance([load.bytes_in for load in loads]),
             )
         )
@@ -437,10 +434,10 @@ def sync_sgd_step(
         ]
     )
     jobs = [
-        sync_sgd_job(
+        SyncSGDJob(
             targets=cluster.targets,
             worker=w,
-            shards=[[(s.offset, s.nbytes) for s in mine] for mine in shards],
+            shards=tuple(tuple((s.offset, s.nbytes) for s in mine) for mine in shards),
             chunk_bytes=chunk_bytes,
             warmup=run.warmup,
             max_steps=run.warmup + run.iterations + 1,
@@ -466,7 +463,7 @@ def sync_sgd_step(
             chunk_bytes=chunk_bytes,
             partition_bytes=partition_bytes,
         )
-    per_worker = [np.asarray(r["samples_ns"], dtype=np.int64) for r in replies]
+    per_worker = [r.samples_ns for r in replies]
     counts = {len(s) for s in per_worker}
     if len(counts) != 1 or 0 in counts:
         raise BenchmarkError(f"workers measured different numbers of steps: {sorted(counts)}")
@@ -484,7 +481,7 @@ def sync_sgd_step(
         throughput_Bps=per_step * len(steps) * 1e9 / total_ns if total_ns else 0.0,
         bytes_per_op=per_step,
         per_ps=loads,
-        workers_cpu=tuple(CpuTime(r["cpu_user_ns"], r["cpu_system_ns"]) for r in replies),
+        workers_cpu=tuple(CpuTime(r.cpu_user_ns, r.cpu_system_ns) for r in replies),
         imbalance=_imbalance([load.bytes_in + load.bytes_out for load in loads]),
     )
     return PSResult(

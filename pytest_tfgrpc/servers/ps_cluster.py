@@ -11,17 +11,32 @@ and the end of its stderr (:class:`~pytest_tfgrpc.servers.processes.ServerDied`)
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import grpc
 
 from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.servers.jobs import (
+    Go,
+    Hello,
+    JobMessage,
+    Message,
+    MessageError,
+    Ready,
+    Reply,
+    SyncSGDJob,
+    SyncSGDReply,
+    ThroughputJob,
+    ThroughputReply,
+    WorkerFailed,
+    decode,
+    encode,
+)
 from pytest_tfgrpc.servers.parameter_server import method
 from pytest_tfgrpc.servers.processes import (
     ChildProcess,
@@ -43,7 +58,8 @@ class ClusterError(ServerError):
 
 
 class WorkerProcess(ChildProcess):
-    """One worker process; it speaks JSON lines on its stdin and stdout."""
+    """One worker process; it speaks the messages of :mod:`pytest_tfgrpc.servers.jobs`, one
+    per line, on its stdin and stdout."""
 
     def __init__(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
         super().__init__(
@@ -58,22 +74,26 @@ class WorkerProcess(ChildProcess):
         assert self._proc.stdout is not None
         return self._proc.stdout.fileno()
 
-    def send(self, message: Mapping[str, Any]) -> None:
-        """Write one JSON line to the worker; a worker that is gone raises ServerDied."""
+    def send(self, message: Message) -> None:
+        """Write one message to the worker; a worker that is gone raises ServerDied."""
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.write(encode(message))
             self._proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             raise self.died(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
 
-    def take_line(self) -> dict[str, Any] | None:
-        """A complete line already read, if there is one."""
+    def take_message(self) -> Message | None:
+        """A complete message already read, if there is one; a line that is not a message of
+        the protocol raises ClusterError naming the worker."""
         line, sep, rest = self._buffer.partition(b"\n")
         if not sep:
             return None
         self._buffer = rest
-        message: dict[str, Any] = json.loads(line)
+        try:
+            message: Message = decode(line)
+        except MessageError as error:
+            raise ClusterError(f"{self.name} wrote {error}") from None
         return message
 
     def read_more(self) -> bool:
@@ -127,9 +147,9 @@ class PSCluster:
                         name=f"PS {index} on {fabric.name}",
                     ),
                 )
-            hellos = self._collect(self.workers, time.monotonic() + ready_timeout, "start")
+            hellos = self._collect(self.workers, time.monotonic() + ready_timeout, "start", Hello)
             for worker, hello in zip(self.workers, hellos, strict=True):
-                if hello.get("hello") != worker.pid:
+                if not isinstance(hello, Hello) or hello.pid != worker.pid:
                     raise ClusterError(f"{worker.name} greeted with {hello!r}")
             self._channels = [connect(ps.target) for ps in self.ps]
         except BaseException:
@@ -216,7 +236,13 @@ class PSCluster:
         return tuple(replies)
 
     # --- worker jobs ---------------------------------------------------------------------
-    def run(self, jobs: Sequence[Mapping[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    @overload
+    def run(self, jobs: Sequence[ThroughputJob], timeout: float) -> list[ThroughputReply]: ...
+
+    @overload
+    def run(self, jobs: Sequence[SyncSGDJob], timeout: float) -> list[SyncSGDReply]: ...
+
+    def run(self, jobs: Sequence[JobMessage], timeout: float) -> Sequence[Reply]:
         """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
 
         With fewer jobs than workers, the workers after the last job stay idle. Raises
@@ -230,26 +256,33 @@ class PSCluster:
         for worker, job in zip(busy, jobs, strict=True):
             worker.send(job)
         try:
-            self._collect(busy, deadline, "prepare", expect="ready")
+            self._collect(busy, deadline, "prepare", Ready)
         except Exception:
             for worker in busy:
                 if worker.poll() is None:
-                    worker.send({"go": False})
+                    worker.send(Go(False))
             raise
         for worker in busy:
-            worker.send({"go": True})
-        replies = self._collect(busy, deadline, "run", expect="result")
-        return [reply["result"] for reply in replies]
+            worker.send(Go(True))
+        replies = self._collect(busy, deadline, "run", (ThroughputReply, SyncSGDReply))
+        out: list[Reply] = []
+        for worker, job, reply in zip(busy, jobs, replies, strict=True):
+            wanted = ThroughputReply if isinstance(job, ThroughputJob) else SyncSGDReply
+            if not isinstance(reply, wanted):
+                raise ClusterError(f"{worker.name} answered a {job.kind} job with {reply!r}")
+            out.append(reply)
+        return out
 
     def _collect(
         self,
         workers: Sequence[WorkerProcess],
         deadline: float,
         what: str,
-        expect: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """One message from each worker, or the first failure: a death, an error, a timeout."""
-        got: dict[int, dict[str, Any]] = {}
+        expect: type[Message] | tuple[type[Message], ...],
+    ) -> list[Message]:
+        """One message of type ``expect`` from each worker, or the first failure: a death,
+        an error, a timeout. Other messages are passed over."""
+        got: dict[int, Message] = {}
         errors: list[str] = []
         with selectors.DefaultSelector() as selector:
             for worker in workers:
@@ -258,13 +291,13 @@ class PSCluster:
                 for worker in workers:
                     if worker.index in got:
                         continue
-                    message = worker.take_line()
+                    message = worker.take_message()
                     if message is None:
                         continue
-                    if "error" in message:
-                        errors.append(f"{worker.name}: {message['error']}")
+                    if isinstance(message, WorkerFailed):
+                        errors.append(f"{worker.name}: {message.error}")
                         got[worker.index] = message
-                    elif expect is None or expect in message:
+                    elif isinstance(message, expect):
                         got[worker.index] = message
                 if len(got) == len(workers):
                     break
