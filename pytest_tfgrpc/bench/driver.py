@@ -18,7 +18,7 @@ from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.placement import Placement, place_profile
+from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.report.summary import PREFIX, result_properties
@@ -211,8 +211,7 @@ class Driver:
         payload: Sequence[int] | Placement | Payload
         messages = self._messages
         if sizes is None and messages is not None and messages.profile is not None:
-            topology = cluster.topology
-            payload = place_profile(messages.profile, topology.ps, topology.sharding)
+            payload = placed_on(messages.profile, cluster.topology)
             key = messages.profile.name
         elif sizes is None and messages is not None and messages.payload is not None:
             payload = messages.payload
@@ -252,8 +251,10 @@ class Driver:
                 profile = load_profile(profile)
             except (ValueError, OSError) as exc:
                 raise SpecError(f"{self._test}: sync_sgd_step() profile: {exc}") from None
+        # Placed once here; the benchmark, the fit and the model all take this placement.
+        placement = placed_on(profile, cluster.topology)
         result = bench.sync_sgd_step(
-            cluster, profile, run=run, check=check, label=label, model=model
+            cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(result)
 

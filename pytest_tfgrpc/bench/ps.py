@@ -30,7 +30,7 @@ import numpy.typing as npt
 from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_properties
-from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
+from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import Figure, find_figure
 from pytest_tfgrpc.servers.jobs import SyncSGDJob, ThroughputJob
@@ -383,8 +383,13 @@ def sync_sgd_step(
     barrier_timeout: float = 30.0,
     label: str | None = None,
     model: bool = False,
+    placement: Placement | None = None,
 ) -> PSResult:
     """Synchronous SGD steps of ``profile`` on the cluster, its tensors placed by its sharding.
+
+    ``placement``: the profile's placement on the cluster when the caller already made it
+    (the driver does, once per test); it is handed to the fit and the model as is. Without
+    it the profile is placed here, once.
 
     Per step every worker pushes, to every PS, the gradients of the shards that PS owns (in
     slices of ``chunk_bytes``), then pulls the weights the PS updated once all workers pushed.
@@ -405,9 +410,7 @@ def sync_sgd_step(
     if not barrier_timeout > 0:
         raise ValueError(f"barrier_timeout={barrier_timeout}: must be positive")
     topology = cluster.topology
-    placement = place_profile(
-        profile, topology.ps, topology.sharding, partition_bytes=partition_bytes
-    )
+    placement = placed_on(profile, topology, placement, partition_bytes=partition_bytes)
     shards = [placement.shards_of(ps) for ps in range(topology.ps)]
     machine: MachineFit | None = None
     if model:
@@ -459,6 +462,7 @@ def sync_sgd_step(
             profile,
             topology,
             machine.link,
+            placement=placement,
             host=host,
             chunk_bytes=chunk_bytes,
             partition_bytes=partition_bytes,

@@ -79,6 +79,7 @@ from pytest_tfgrpc.model.placement import (
     Placement,
     Topology,
     place_profile,
+    placed_on,
 )
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.results import BenchmarkResult
@@ -586,6 +587,7 @@ def predict_step(
     topology: Topology,
     fit: LinkFit,
     *,
+    placement: Placement | None = None,
     compute_s: float = 0.0,
     overlap: float = 0.0,
     backward_share: float = DEFAULT_BACKWARD_SHARE,
@@ -601,16 +603,18 @@ def predict_step(
     message costs ``alpha`` at the link it crosses; a PS's link carries its ``W`` workers'
     messages one after the other, push before pull (the pull waits for the update). A shard
     is one message each way, or, with ``chunk_bytes``, one per slice of that size (as
-    :func:`~pytest_tfgrpc.bench.ps.sync_sgd_step` streams them). ``host`` adds the CPU
-    terms. ``compute_s`` is the compute time of a step (input, forward and backward),
-    ``overlap`` the fraction of the backward pass that communication can hide behind,
-    ``backward_share`` the backward pass's share of ``compute_s``.
+    :func:`~pytest_tfgrpc.bench.ps.sync_sgd_step` streams them). ``placement``: the profile's
+    placement on ``topology`` when the caller already has it (a measured step's own), used as
+    is instead of placing again; ValueError if it is over other PS tasks or another sharding.
+    ``host`` adds the CPU terms. ``compute_s`` is the compute time of a step (input, forward
+    and backward), ``overlap`` the fraction of the backward pass that communication can hide
+    behind, ``backward_share`` the backward pass's share of ``compute_s``.
     """
     _check_step_inputs(compute_s, overlap, backward_share, chunk_bytes)
     model = load_profile(profile)
-    placement = _placement(model, topology.ps, topology.sharding, partition_bytes)
+    placed = placed_on(model, topology, placement, partition_bytes=partition_bytes)
     return _step(
-        model, topology, placement, fit, compute_s, overlap, backward_share, host, chunk_bytes
+        model, topology, placed, fit, compute_s, overlap, backward_share, host, chunk_bytes
     )
 
 
