@@ -33,7 +33,7 @@ from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, predictio
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import Figure, find_figure
-from pytest_tfgrpc.servers.jobs import SyncSGDJob, ThroughputJob
+from pytest_tfgrpc.servers.jobs import ThroughputJob
 from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.stats.sketch import Sketch
@@ -415,42 +415,20 @@ def sync_sgd_step(
     machine: MachineFit | None = None
     if model:
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
-    cluster.configure(
-        [
-            service_pb2.PSJob(
-                job_id=cluster.next_job_id(),
-                task=ps,
-                workers=topology.workers,
-                shards=[
-                    service_pb2.ShardSpec(tensor=s.tensor, offset=s.offset, nbytes=s.nbytes)
-                    for s in shards[ps]
-                ],
-                learning_rate=learning_rate,
-                init=INIT_INDEX if check else INIT_RANDOM,
-                warmup_steps=run.warmup,
-                steps=run.iterations,
-                warmup_seconds=run.warmup_seconds,
-                max_seconds=run.time_limit_s,
-                barrier_timeout_seconds=barrier_timeout,
-            )
-            for ps in range(topology.ps)
-        ]
+    replies, stats = cluster.sync_sgd(
+        [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
+        workers=topology.workers,
+        chunk_bytes=chunk_bytes,
+        learning_rate=learning_rate,
+        init=INIT_INDEX if check else INIT_RANDOM,
+        warmup=run.warmup,
+        steps=run.iterations,
+        warmup_seconds=run.warmup_seconds,
+        max_seconds=run.time_limit_s,
+        barrier_timeout=barrier_timeout,
+        timeout=run.job_timeout_s(barrier_timeout),
+        check=check,
     )
-    jobs = [
-        SyncSGDJob(
-            targets=cluster.targets,
-            worker=w,
-            shards=tuple(tuple((s.offset, s.nbytes) for s in mine) for mine in shards),
-            chunk_bytes=chunk_bytes,
-            warmup=run.warmup,
-            max_steps=run.warmup + run.iterations + 1,
-            barrier_timeout=barrier_timeout,
-            check=check,
-        )
-        for w in range(topology.workers)
-    ]
-    replies = cluster.run(jobs, run.job_timeout_s(barrier_timeout))
-    stats = cluster.job_stats()
     prediction = None
     if machine is not None:
         # The machine is shared and its load moves: the other sessions' load during the

@@ -21,22 +21,8 @@ from typing import Any, overload
 import grpc
 
 from pytest_tfgrpc.model.placement import Topology
-from pytest_tfgrpc.servers.jobs import (
-    Go,
-    Hello,
-    JobMessage,
-    Message,
-    MessageError,
-    Ready,
-    Reply,
-    SyncSGDJob,
-    SyncSGDReply,
-    ThroughputJob,
-    ThroughputReply,
-    WorkerFailed,
-    decode,
-    encode,
-)
+from pytest_tfgrpc.servers import jobs as protocol
+from pytest_tfgrpc.servers.jobs import JobMessage, Message, Reply
 from pytest_tfgrpc.servers.parameter_server import method
 from pytest_tfgrpc.servers.processes import (
     ChildProcess,
@@ -78,7 +64,7 @@ class WorkerProcess(ChildProcess):
         """Write one message to the worker; a worker that is gone raises ServerDied."""
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write(encode(message))
+            self._proc.stdin.write(protocol.encode(message))
             self._proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             raise self.died(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
@@ -91,8 +77,8 @@ class WorkerProcess(ChildProcess):
             return None
         self._buffer = rest
         try:
-            message: Message = decode(line)
-        except MessageError as error:
+            message: Message = protocol.decode(line)
+        except protocol.MessageError as error:
             raise ClusterError(f"{self.name} wrote {error}") from None
         return message
 
@@ -147,9 +133,11 @@ class PSCluster:
                         name=f"PS {index} on {fabric.name}",
                     ),
                 )
-            hellos = self._collect(self.workers, time.monotonic() + ready_timeout, "start", Hello)
+            hellos = self._collect(
+                self.workers, time.monotonic() + ready_timeout, "start", protocol.Hello
+            )
             for worker, hello in zip(self.workers, hellos, strict=True):
-                if not isinstance(hello, Hello) or hello.pid != worker.pid:
+                if not isinstance(hello, protocol.Hello) or hello.pid != worker.pid:
                     raise ClusterError(f"{worker.name} greeted with {hello!r}")
             self._channels = [connect(ps.target) for ps in self.ps]
         except BaseException:
@@ -237,10 +225,14 @@ class PSCluster:
 
     # --- worker jobs ---------------------------------------------------------------------
     @overload
-    def run(self, jobs: Sequence[ThroughputJob], timeout: float) -> list[ThroughputReply]: ...
+    def run(
+        self, jobs: Sequence[protocol.ThroughputJob], timeout: float
+    ) -> list[protocol.ThroughputReply]: ...
 
     @overload
-    def run(self, jobs: Sequence[SyncSGDJob], timeout: float) -> list[SyncSGDReply]: ...
+    def run(
+        self, jobs: Sequence[protocol.SyncSGDJob], timeout: float
+    ) -> list[protocol.SyncSGDReply]: ...
 
     def run(self, jobs: Sequence[JobMessage], timeout: float) -> Sequence[Reply]:
         """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
@@ -256,22 +248,92 @@ class PSCluster:
         for worker, job in zip(busy, jobs, strict=True):
             worker.send(job)
         try:
-            self._collect(busy, deadline, "prepare", Ready)
+            self._collect(busy, deadline, "prepare", protocol.Ready)
         except Exception:
             for worker in busy:
                 if worker.poll() is None:
-                    worker.send(Go(False))
+                    worker.send(protocol.Go(False))
             raise
         for worker in busy:
-            worker.send(Go(True))
-        replies = self._collect(busy, deadline, "run", (ThroughputReply, SyncSGDReply))
+            worker.send(protocol.Go(True))
+        replies = self._collect(
+            busy, deadline, "run", (protocol.ThroughputReply, protocol.SyncSGDReply)
+        )
         out: list[Reply] = []
         for worker, job, reply in zip(busy, jobs, replies, strict=True):
-            wanted = ThroughputReply if isinstance(job, ThroughputJob) else SyncSGDReply
+            wanted = (
+                protocol.ThroughputReply
+                if isinstance(job, protocol.ThroughputJob)
+                else protocol.SyncSGDReply
+            )
             if not isinstance(reply, wanted):
                 raise ClusterError(f"{worker.name} answered a {job.kind} job with {reply!r}")
             out.append(reply)
         return out
+
+    def sync_sgd(
+        self,
+        shards: Sequence[Sequence[tuple[str, int, int]]],
+        *,
+        workers: int,
+        chunk_bytes: int,
+        learning_rate: float,
+        init: int,
+        warmup: int,
+        steps: int,
+        warmup_seconds: float,
+        max_seconds: float,
+        barrier_timeout: float,
+        timeout: float,
+        check: bool = False,
+    ) -> tuple[list[protocol.SyncSGDReply], tuple[service_pb2.PSJobStats, ...]]:
+        """Run one sync-SGD job: PS ``p`` owns ``shards[p]`` (``(tensor, offset, nbytes)``,
+        in its order), ``workers`` workers step against PS tasks ``0..len(shards)-1``.
+
+        The PS tasks are configured (``warmup`` steps within ``warmup_seconds``, then at
+        most ``steps`` within ``max_seconds``, each step's barrier bounded by
+        ``barrier_timeout``); each worker gets a
+        :class:`~pytest_tfgrpc.servers.jobs.SyncSGDJob` that allows one step more than that.
+        Returns the workers' replies and what each PS saw, within ``timeout`` seconds.
+        """
+        tasks = range(len(shards))
+        self.configure(
+            [
+                service_pb2.PSJob(
+                    job_id=self.next_job_id(),
+                    task=ps,
+                    workers=workers,
+                    shards=[
+                        service_pb2.ShardSpec(tensor=tensor, offset=offset, nbytes=nbytes)
+                        for tensor, offset, nbytes in shards[ps]
+                    ],
+                    learning_rate=learning_rate,
+                    init=init,
+                    warmup_steps=warmup,
+                    steps=steps,
+                    warmup_seconds=warmup_seconds,
+                    max_seconds=max_seconds,
+                    barrier_timeout_seconds=barrier_timeout,
+                )
+                for ps in tasks
+            ]
+        )
+        owned = tuple(tuple((offset, nbytes) for _, offset, nbytes in mine) for mine in shards)
+        jobs = [
+            protocol.SyncSGDJob(
+                targets=self.targets[: len(shards)],
+                worker=w,
+                shards=owned,
+                chunk_bytes=chunk_bytes,
+                warmup=warmup,
+                max_steps=warmup + steps + 1,
+                barrier_timeout=barrier_timeout,
+                check=check,
+            )
+            for w in range(workers)
+        ]
+        replies = self.run(jobs, timeout)
+        return replies, self.job_stats(list(tasks))
 
     def _collect(
         self,
@@ -294,7 +356,7 @@ class PSCluster:
                     message = worker.take_message()
                     if message is None:
                         continue
-                    if isinstance(message, WorkerFailed):
+                    if isinstance(message, protocol.WorkerFailed):
                         errors.append(f"{worker.name}: {message.error}")
                         got[worker.index] = message
                     elif isinstance(message, expect):
