@@ -262,16 +262,12 @@ def _exchange(
     ``shard_bytes``: the step's own code at both ends, on the step's own processes."""
     (reply,), (stats,) = cluster.sync_sgd(
         [[(f"fit{i}", 0, shard_bytes) for i in range(shards)]],
+        run,
         workers=1,
         chunk_bytes=chunk_bytes,
         learning_rate=0.1,
         init=INIT_RANDOM,
-        warmup=run.warmup,
-        steps=run.iterations,
-        warmup_seconds=run.warmup_seconds,
-        max_seconds=run.time_limit_s,
         barrier_timeout=EXCHANGE_BARRIER_S,
-        timeout=run.job_timeout_s(EXCHANGE_BARRIER_S),
     )
     samples = reply.samples_ns
     count = len(samples)

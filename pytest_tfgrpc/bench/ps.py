@@ -417,16 +417,12 @@ def sync_sgd_step(
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
     replies, stats = cluster.sync_sgd(
         [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
+        run,
         workers=topology.workers,
         chunk_bytes=chunk_bytes,
         learning_rate=learning_rate,
         init=INIT_INDEX if check else INIT_RANDOM,
-        warmup=run.warmup,
-        steps=run.iterations,
-        warmup_seconds=run.warmup_seconds,
-        max_seconds=run.time_limit_s,
         barrier_timeout=barrier_timeout,
-        timeout=run.job_timeout_s(barrier_timeout),
         check=check,
     )
     prediction = None
