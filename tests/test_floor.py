@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pytest_tfgrpc.bench import floor as floor_bench
+from pytest_tfgrpc.bench import timing
 from pytest_tfgrpc.bench.floor import (
     FloorClient,
     FloorStream,
@@ -158,7 +159,7 @@ def test_floor_loops_are_the_timing_loops(
     # Every floor loop goes through bench.timing.measure with the run spec it was given: the
     # same warm-up, GC and bound rules as the gRPC loops.
     seen: list[RunSpec] = []
-    real = floor_bench.measure
+    real = timing.measure
 
     def spy(op: object, run: RunSpec, phase: object = None) -> object:
         seen.append(run)

@@ -8,23 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.servers.jobs import (
-    Go,
-    Hello,
-    MessageError,
-    Ready,
-    SyncSGDJob,
-    SyncSGDReply,
-    ThroughputJob,
-    ThroughputReply,
-    WorkerFailed,
-    decode,
-    encode,
-    pack_samples,
-    unpack_samples,
-)
+from pytest_tfgrpc.servers import jobs
 
-THROUGHPUT = ThroughputJob(
+THROUGHPUT = jobs.ThroughputJob(
     targets=("127.0.0.1:1", "127.0.0.1:2"),
     worker=1,
     mode="protobuf",
@@ -34,7 +20,7 @@ THROUGHPUT = ThroughputJob(
     warmup_seconds=2.0,
     seconds=5.0,
 )
-SYNC = SyncSGDJob(
+SYNC = jobs.SyncSGDJob(
     targets=("127.0.0.1:1", "[::1]:2"),
     worker=0,
     shards=(((0, 4096), (4096, 64)), ()),
@@ -47,12 +33,21 @@ SYNC = SyncSGDJob(
 
 
 @pytest.mark.parametrize(
-    "message", [THROUGHPUT, SYNC, Go(True), Go(False), Hello(1234), Ready(), WorkerFailed("boom")]
+    "message",
+    [
+        THROUGHPUT,
+        SYNC,
+        jobs.Go(True),
+        jobs.Go(False),
+        jobs.Hello(1234),
+        jobs.Ready(),
+        jobs.WorkerFailed("boom"),
+    ],
 )
 def test_messages_round_trip_on_one_line(message: Any) -> None:
-    line = encode(message)
+    line = jobs.encode(message)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert decode(line) == message
+    assert jobs.decode(line) == message
 
 
 def test_sync_job_knows_the_bytes_each_ps_owns() -> None:
@@ -61,27 +56,27 @@ def test_sync_job_knows_the_bytes_each_ps_owns() -> None:
 
 def test_replies_carry_samples_as_packed_int64() -> None:
     big = [2**40 + 7, 1, 0, 123_456_789]
-    reply = ThroughputReply(
+    reply = jobs.ThroughputReply(
         samples_ns=(np.array(big, dtype=np.int64), np.array([], dtype=np.int64)),
         elapsed_ns=10,
         cpu_user_ns=5,
         cpu_system_ns=0,
     )
-    line = encode(reply)
+    line = jobs.encode(reply)
     raw = json.loads(line)
     assert all(isinstance(s, str) for s in raw["samples_ns"])  # not JSON lists
-    back = decode(line, ThroughputReply)
+    back = jobs.decode(line, jobs.ThroughputReply)
     assert [list(s) for s in back.samples_ns] == [big, []]
     assert back.samples_ns[0].dtype == np.int64 and not back.samples_ns[0].flags.writeable
-    step = decode(encode(SyncSGDReply(np.array(big), 9, 1, 2)), SyncSGDReply)
+    step = jobs.decode(jobs.encode(jobs.SyncSGDReply(np.array(big), 9, 1, 2)), jobs.SyncSGDReply)
     assert list(step.samples_ns) == big and step.steps == 9
 
 
 def test_packed_samples_are_eight_bytes_each() -> None:
     samples = np.arange(1000, dtype=np.int64) * 1_000_003
-    assert len(pack_samples(samples)) == 8 * 1000 * 4 // 3 + 4 - (8000 * 4 // 3) % 4
-    assert len(pack_samples(samples)) < len(json.dumps(samples.tolist()))
-    assert list(unpack_samples(pack_samples(samples))) == samples.tolist()
+    assert len(jobs.pack_samples(samples)) == 8 * 1000 * 4 // 3 + 4 - (8000 * 4 // 3) % 4
+    assert len(jobs.pack_samples(samples)) < len(json.dumps(samples.tolist()))
+    assert list(jobs.unpack_samples(jobs.pack_samples(samples))) == samples.tolist()
 
 
 @pytest.mark.parametrize(
@@ -119,18 +114,18 @@ def test_packed_samples_are_eight_bytes_each() -> None:
     ],
 )
 def test_decode_refuses_what_is_not_a_message(line: bytes, match: str) -> None:
-    with pytest.raises(MessageError, match=match):
-        decode(line)
+    with pytest.raises(jobs.MessageError, match=match):
+        jobs.decode(line)
 
 
 def test_negative_samples_are_refused() -> None:
-    with pytest.raises(MessageError, match="negative"):
-        unpack_samples(pack_samples(np.array([5, -1], dtype=np.int64)))
+    with pytest.raises(jobs.MessageError, match="negative"):
+        jobs.unpack_samples(jobs.pack_samples(np.array([5, -1], dtype=np.int64)))
 
 
 def test_a_reply_counts_no_fewer_steps_than_samples() -> None:
-    with pytest.raises(MessageError, match="steps=1"):
-        SyncSGDReply(np.array([1, 2], dtype=np.int64), 1, 0, 0)
+    with pytest.raises(jobs.MessageError, match="steps=1"):
+        jobs.SyncSGDReply(np.array([1, 2], dtype=np.int64), 1, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -147,8 +142,8 @@ def test_a_reply_counts_no_fewer_steps_than_samples() -> None:
 )
 def test_throughput_jobs_validate_their_fields(change: dict[str, Any], match: str) -> None:
     fields = {**THROUGHPUT.__dict__, **change}
-    with pytest.raises(MessageError, match=match):
-        ThroughputJob(**fields)
+    with pytest.raises(jobs.MessageError, match=match):
+        jobs.ThroughputJob(**fields)
 
 
 @pytest.mark.parametrize(
@@ -165,14 +160,14 @@ def test_throughput_jobs_validate_their_fields(change: dict[str, Any], match: st
 )
 def test_sync_jobs_validate_their_fields(change: dict[str, Any], match: str) -> None:
     fields = {**SYNC.__dict__, **change}
-    with pytest.raises(MessageError, match=match):
-        SyncSGDJob(**fields)
+    with pytest.raises(jobs.MessageError, match=match):
+        jobs.SyncSGDJob(**fields)
 
 
 def test_decode_can_insist_on_a_kind() -> None:
-    with pytest.raises(MessageError, match="a 'ready' message where 'hello' was expected"):
-        decode(encode(Ready()), Hello)
-    assert decode(encode(Go(True)), (SyncSGDJob, Go)) == Go(True)
+    with pytest.raises(jobs.MessageError, match="a 'ready' message where 'hello' was expected"):
+        jobs.decode(jobs.encode(jobs.Ready()), jobs.Hello)
+    assert jobs.decode(jobs.encode(jobs.Go(True)), (jobs.SyncSGDJob, jobs.Go)) == jobs.Go(True)
 
 
 def test_bench_imports_no_worker_entry_module() -> None:
