@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -177,3 +178,40 @@ def test_bench_imports_no_worker_entry_module() -> None:
 
     for path in Path(bench.__file__).parent.glob("*.py"):
         assert "servers.worker" not in path.read_text(), path.name
+
+
+def test_a_line_outside_the_protocol_is_a_cluster_error_naming_the_worker() -> None:
+    from pytest_tfgrpc.servers.ps_cluster import ClusterError, WorkerProcess
+
+    worker = WorkerProcess(3)
+    try:
+        worker._buffer = b'{"hello": 12}\n' + jobs.encode(jobs.Ready())
+        with pytest.raises(ClusterError, match=r"PS worker 3 wrote not a message \(no 'kind'\)"):
+            worker.take_message()
+        assert worker.take_message() == jobs.Ready()
+        assert worker.take_message() is None
+    finally:
+        worker.stop()
+
+
+def test_a_worker_answers_a_bad_job_with_a_typed_failure() -> None:
+    from pytest_tfgrpc.servers.ps_cluster import WorkerProcess
+
+    worker = WorkerProcess(0)
+    try:
+        deadline = time.monotonic() + 60
+        message = None
+        while message is None and time.monotonic() < deadline:
+            assert worker.read_more()
+            message = worker.take_message()
+        assert message == jobs.Hello(worker.pid)
+        worker._proc.stdin.write(b'{"kind": "sync_sgd", "targets": []}\n')  # type: ignore[union-attr]
+        worker._proc.stdin.flush()  # type: ignore[union-attr]
+        message = None
+        while message is None and time.monotonic() < deadline:
+            assert worker.read_more()
+            message = worker.take_message()
+        assert isinstance(message, jobs.WorkerFailed)
+        assert message.error.startswith("bad job: ")
+    finally:
+        worker.stop()
