@@ -55,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bare_grpc
 
+from pytest_tfgrpc.bench import floor as floor_client
+from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.servers import allocator as tuning
 from pytest_tfgrpc.servers import floor_server as floor
 from pytest_tfgrpc.units import parse_sizes, size_label
@@ -179,24 +181,31 @@ class Config:
 # --------------------------------------------------------------------------------------------
 
 
+def _floor_run(count: int, b: Budget, warmup: int | None = None) -> RunSpec:
+    """The plugin's run spec for a floor loop: warm-up and measurement each bounded by the
+    budget's deadline, as the plugin contenders' are."""
+    return RunSpec(
+        iterations=count,
+        warmup=b.warmup if warmup is None else warmup,
+        max_seconds=b.max_seconds,
+        warmup_seconds=b.max_seconds,
+    )
+
+
 def floor_contenders(server: floor.FloorServer, cfg: Config) -> list[Contender]:
     host, port = server.address
 
     def pingpong(size: int, b: Budget) -> Measurement:
-        s = floor.tcp_pingpong(
-            host, port, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
-        )
+        s = floor_client.tcp_pingpong(host, port, size, _floor_run(b.iterations, b))
         return Measurement(s, size)
 
     def push_ack(size: int, b: Budget) -> Measurement:
-        s = floor.tcp_push_ack(
-            host, port, size, iterations=b.iterations, warmup=b.warmup, max_seconds=b.max_seconds
-        )
+        s = floor_client.tcp_push_ack(host, port, size, _floor_run(b.iterations, b))
         return Measurement(s, size)
 
     def stream(size: int, b: Budget) -> Measurement:
         count = max(4, min(1000, cfg.stream_bytes // max(size, 1)))
-        r = floor.tcp_stream(host, port, size, count=count, warmup=2, max_seconds=b.max_seconds)
+        r = floor_client.tcp_stream(host, port, size, _floor_run(count, b, warmup=2))
         return Measurement(np.array([r.elapsed_ns], dtype=np.int64), r.nbytes, r.count)
 
     return [
@@ -792,7 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with ExitStack() as stack:
         with process_environment(server_env):
-            fs = stack.enter_context(floor.FloorServer(fabric.address))
+            fs = stack.enter_context(floor.FloorServer.start(fabric.address))
         cfg.servers["tcp floor server"] = fs.pid
         sync = stack.enter_context(bare_grpc.BareServer(fabric.address, "sync", env=server_env))
         aio = stack.enter_context(bare_grpc.BareServer(fabric.address, "aio", env=server_env))

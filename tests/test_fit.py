@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from junitparser.xunit2 import JUnitXml
@@ -30,9 +32,9 @@ from pytest_tfgrpc.bench.fit import (
 )
 from pytest_tfgrpc.bench.ps import sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.analytic import CpuCost
+from pytest_tfgrpc.model.analytic import CpuCost, LinkFit, predict_step
 from pytest_tfgrpc.model.placement import Topology, place, place_profile
-from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.report.summary import summary_rows
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
@@ -260,3 +262,54 @@ def test_the_fixture_records_the_prediction_in_junit(pytester: pytest.Pytester) 
     label = "sync_sgd_step"
     summary = [line for line in result.stdout.lines if f"  {label}  " in line]
     assert len(summary) == 2 and all(line.split()[1:3] == [label, "hep_cnn"] for line in summary)
+
+
+def test_a_step_is_placed_once_and_the_model_takes_that_placement(
+    cluster: PSCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The driver places the profile; the benchmark, the fit and the model use that placement.
+    from pytest_tfgrpc.bench.driver import Driver
+    from pytest_tfgrpc.bench.specs import RunOverrides
+    from pytest_tfgrpc.model import placement, profiles
+
+    placed: list[object] = []
+    real_place = placement.place_profile
+    loaded: list[object] = []
+    real_load = profiles.load_profile
+
+    def count_place(*args: Any, **kwargs: Any) -> Any:
+        placed.append(args[0])
+        return real_place(*args, **kwargs)
+
+    def count_load(source: Any, **kwargs: Any) -> Any:
+        loaded.append(source)
+        return real_load(source, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("pytest_tfgrpc"):
+            if getattr(module, "place_profile", None) is real_place:
+                monkeypatch.setattr(module, "place_profile", count_place)
+            if getattr(module, "load_profile", None) is real_load:
+                monkeypatch.setattr(module, "load_profile", count_load)
+    driver = Driver(
+        test="t",
+        messages=None,
+        budget=None,
+        options=RunOverrides(iterations=2, warmup=1, max_seconds=5.0, warmup_seconds=5.0),
+        record=lambda name, value: None,
+    )
+    result = driver.sync_sgd_step(cluster, PROFILE, model=True)
+    assert placed == [PROFILE]
+    assert result.prediction is not None and result.placement is not None
+    assert result.prediction.bytes_per_ps == result.placement.bytes_per_ps()
+    assert all(isinstance(source, Profile) for source in loaded)  # nothing read twice
+
+
+def test_the_model_refuses_a_placement_of_another_topology() -> None:
+    link = LinkFit.given(alpha=1e-4, bandwidth_Bps=1e9)
+    two = place_profile(PROFILE, 2, "greedy")
+    same = predict_step(PROFILE, Topology(2, 3, "greedy"), link, placement=two)
+    assert same == predict_step(PROFILE, Topology(2, 3, "greedy"), link)
+    for topology in (Topology(3, 3, "greedy"), Topology(2, 3, "round_robin")):
+        with pytest.raises(ValueError, match="placement: 2 PS tasks by greedy for a topology"):
+            predict_step(PROFILE, topology, link, placement=two)

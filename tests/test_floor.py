@@ -1,4 +1,4 @@
-"""The raw-TCP floor: protocol, sample counts, deadlines, and the server process's lifetime."""
+"""The raw-TCP floor: protocol, sample counts, deadlines, timing rules, the server's lifetime."""
 
 from __future__ import annotations
 
@@ -14,18 +14,28 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.servers.floor_server import (
-    ACK_BYTE,
-    HEADER,
-    OP_SINK_ACK,
+from pytest_tfgrpc.bench import floor as floor_bench
+from pytest_tfgrpc.bench import timing
+from pytest_tfgrpc.bench.floor import (
     FloorClient,
-    FloorError,
-    FloorServer,
     FloorStream,
     tcp_pingpong,
     tcp_push_ack,
     tcp_stream,
 )
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.servers.floor_server import (
+    ACK_BYTE,
+    HEADER,
+    OP_SINK_ACK,
+    FloorError,
+    FloorServer,
+)
+from pytest_tfgrpc.servers.processes import ChildProcess, live_children, stop_all
+
+
+def _run(iterations: int, warmup: int = 0, max_seconds: float = 30.0) -> RunSpec:
+    return RunSpec(iterations, warmup, max_seconds=max_seconds, warmup_seconds=30.0)
 
 
 def _ipv6_loopback() -> bool:
@@ -71,7 +81,7 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
 
 @pytest.fixture(params=HOSTS)
 def server(request: pytest.FixtureRequest) -> Iterator[FloorServer]:
-    with FloorServer(request.param) as srv:
+    with FloorServer.start(request.param) as srv:
         yield srv
 
 
@@ -107,21 +117,21 @@ def test_ack_comes_only_after_the_whole_payload(server: FloorServer) -> None:
 
 
 def test_pingpong_takes_one_sample_per_iteration(server: FloorServer) -> None:
-    samples = tcp_pingpong(*server.address, 1024, iterations=57, warmup=5, max_seconds=30)
+    samples = tcp_pingpong(*server.address, 1024, _run(57, 5))
     assert samples.dtype == np.int64
     assert samples.shape == (57,)
     assert (samples > 0).all()
 
 
 def test_push_ack_takes_one_sample_per_iteration(server: FloorServer) -> None:
-    samples = tcp_push_ack(*server.address, 1024 * 1024, iterations=9, warmup=1, max_seconds=30)
+    samples = tcp_push_ack(*server.address, 1024 * 1024, _run(9, 1))
     assert samples.dtype == np.int64
     assert samples.shape == (9,)
     assert (samples > 0).all()
 
 
 def test_stream_counts_what_it_sent(server: FloorServer) -> None:
-    result = tcp_stream(*server.address, 65536, count=40, warmup=2, max_seconds=30)
+    result = tcp_stream(*server.address, 65536, _run(40, 2))
     assert isinstance(result, FloorStream)
     assert (result.size, result.count, result.nbytes) == (65536, 40, 40 * 65536)
     assert result.elapsed_ns > 0
@@ -131,9 +141,10 @@ def test_stream_counts_what_it_sent(server: FloorServer) -> None:
 def test_max_seconds_stops_a_long_loop_early(server: FloorServer) -> None:
     big = 16 * 1024 * 1024
     with FloorClient(*server.address) as client:
-        pp = client.pingpong(big, iterations=10_000, warmup=0, max_seconds=0.001)
-        pa = client.push_ack_samples(big, iterations=10_000, warmup=0, max_seconds=0.001)
-        st = client.stream(big, count=10_000, warmup=0, max_seconds=0.001)
+        short = _run(10_000, 0, max_seconds=0.001)
+        pp = client.pingpong(big, short)
+        pa = client.push_ack_samples(big, short)
+        st = client.stream(big, short)
         # Never empty (one operation always runs), never the whole count.
         assert 1 <= len(pp) < 10_000
         assert 1 <= len(pa) < 10_000
@@ -142,34 +153,67 @@ def test_max_seconds_stops_a_long_loop_early(server: FloorServer) -> None:
         assert client.echo(b"still in step") == b"still in step"
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"iterations": 0}, "iterations"),
-        ({"iterations": 1, "warmup": -1}, "warmup"),
-        ({"iterations": 1, "max_seconds": 0}, "max_seconds"),
-    ],
-)
-def test_bad_loop_bounds_are_rejected(
-    server: FloorServer, kwargs: dict[str, float], match: str
+def test_floor_loops_are_the_timing_loops(
+    server: FloorServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with FloorClient(*server.address) as client, pytest.raises(ValueError, match=match):
-        client.pingpong(8, **kwargs)  # type: ignore[arg-type]
+    # Every floor loop goes through bench.timing.measure with the run spec it was given: the
+    # same warm-up, GC and bound rules as the gRPC loops.
+    seen: list[RunSpec] = []
+    real = timing.measure
+
+    def spy(op: object, run: RunSpec, phase: object = None) -> object:
+        seen.append(run)
+        return real(op, run, phase)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(floor_bench, "measure", spy)
+    run = _run(5, 2)
+    with FloorClient(*server.address) as client:
+        client.pingpong(64, run)
+        client.push_ack_samples(64, run)
+        client.stream(64, run)
+    assert seen == [run, run, run]
+
+
+def test_floor_warm_up_is_outside_the_measured_deadline(server: FloorServer) -> None:
+    # A warm-up longer than the measured time leaves the measured loop its own time: the old
+    # loops counted the warm-up inside the deadline and measured one operation here.
+    long_warmup = RunSpec(iterations=5, warmup=10**7, max_seconds=0.1, warmup_seconds=0.3)
+    with FloorClient(*server.address) as client:
+        assert len(client.pingpong(64, long_warmup)) == 5
+
+
+def test_floor_samples_are_timed_without_cyclic_gc(
+    server: FloorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states: list[bool] = []
+    with FloorClient(*server.address) as client:
+        real = client._wait_ack
+
+        def spy() -> None:
+            real()
+            states.append(gc.isenabled())
+
+        monkeypatch.setattr(client, "_wait_ack", spy)
+        client.push_ack_samples(64, RunSpec(3, 0, max_seconds=5.0, warmup_seconds=1.0))
+    assert states == [False, False, False]
 
 
 def test_process_is_gone_after_stop() -> None:
-    srv = FloorServer("127.0.0.1").start().ready()
+    srv = FloorServer.start("127.0.0.1")
     pid = srv.pid
+    assert srv in live_children() and isinstance(srv, ChildProcess)
     assert srv.stop() == 0
     assert not _alive(pid)
+    assert srv not in live_children()
     assert srv.stop() == 0  # stopping twice is harmless
 
 
-def test_process_is_gone_when_the_handle_is_dropped() -> None:
-    srv = FloorServer("127.0.0.1").start().ready()
+def test_process_machinery_stops_a_forgotten_floor_server() -> None:
+    srv = FloorServer.start("127.0.0.1")
     pid = srv.pid
     del srv
     gc.collect()
+    assert stop_all() >= 1  # what atexit and the plugin's session end call
     assert _wait_gone(pid)
 
 
@@ -178,7 +222,7 @@ def test_process_exits_when_its_parent_dies() -> None:
     code = (
         "import sys, time\n"
         "from pytest_tfgrpc.servers.floor_server import FloorServer\n"
-        "s = FloorServer('127.0.0.1').start().ready()\n"
+        "s = FloorServer.start('127.0.0.1')\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -199,7 +243,7 @@ def test_process_exits_when_its_parent_dies() -> None:
 
 
 def test_sigterm_stops_the_server() -> None:
-    srv = FloorServer("127.0.0.1").start().ready()
+    srv = FloorServer.start("127.0.0.1")
     try:
         os.kill(srv.pid, 15)
         assert _wait_gone(srv.pid)
@@ -218,16 +262,15 @@ def test_sigterm_stops_the_server() -> None:
     ],
 )
 def test_bad_bind_address_errors_clearly(host: str, match: str) -> None:
-    srv = FloorServer(host).start()
+    before = set(live_children())
     with pytest.raises(FloorError, match=match) as info:
-        srv.ready(timeout=30)
-    assert "exited with status 2" in str(info.value)
-    assert srv.stop() == 2
-    assert not _alive(srv.pid)
+        FloorServer.start(host, ready_timeout=30)
+    assert "exited with status 2 before it was ready" in str(info.value)
+    assert set(live_children()) == before
 
 
 def test_connection_to_a_stopped_server_fails() -> None:
-    with FloorServer("127.0.0.1") as srv:
+    with FloorServer.start("127.0.0.1") as srv:
         address = srv.address
     with pytest.raises(OSError):
         FloorClient(*address, connect_timeout=5).close()

@@ -20,10 +20,10 @@ from pytest_tfgrpc.model.placement import SHARDINGS, Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetError, check, parse_budget
 from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.servers.jobs import SyncSGDJob
 from pytest_tfgrpc.servers.parameter_server import apply_update, check_gradient, initial_weights
 from pytest_tfgrpc.servers.processes import ServerDied
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.servers.worker import sync_sgd_job
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
@@ -151,10 +151,10 @@ def test_a_job_can_run_on_the_first_workers_and_one_ps(cluster: PSCluster) -> No
         barrier_timeout_seconds=10.0,
     )
     cluster.configure([chief])
-    job = sync_sgd_job(
+    job = SyncSGDJob(
         targets=cluster.targets[:1],
         worker=0,
-        shards=[[(0, 4096)]],
+        shards=(((0, 4096),),),
         chunk_bytes=1024,
         warmup=1,
         max_steps=5,
@@ -162,7 +162,7 @@ def test_a_job_can_run_on_the_first_workers_and_one_ps(cluster: PSCluster) -> No
     )
     (reply,) = cluster.run([job], timeout=60.0)
     (stats,) = cluster.job_stats([0])
-    assert len(reply["samples_ns"]) == stats.measured_steps == 3
+    assert len(reply.samples_ns) == stats.measured_steps == 3
     assert stats.task == 0 and stats.bytes_in == stats.bytes_out == 3 * 4096
     with pytest.raises(ValueError, match="task 2: the cluster has PS tasks 0-1"):
         cluster.job_stats([2])

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench import floor as floor_client
 from pytest_tfgrpc.servers import allocator as tuning
 from pytest_tfgrpc.servers import floor_server as floor
 from pytest_tfgrpc.servers.processes import ServerProcess
@@ -61,7 +62,7 @@ def floor_push(size: int, seconds: float, pidfile: Path, env: dict[str, str] | N
     saved = dict(os.environ)
     os.environ.update(env or {})
     try:
-        server = floor.FloorServer("127.0.0.1").start().ready()
+        server = floor.FloorServer.start("127.0.0.1")
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -71,8 +72,8 @@ def floor_push(size: int, seconds: float, pidfile: Path, env: dict[str, str] | N
         cpu0 = cpu_ns(os.getpid()), cpu_ns(server.pid)
         t0 = time.monotonic()
         host, port = server.address
-        samples = floor.tcp_push_ack(
-            host, port, size, iterations=100_000, warmup=2, max_seconds=seconds
+        samples = floor_client.tcp_push_ack(
+            host, port, size, RunSpec(100_000, 2, max_seconds=seconds, warmup_seconds=seconds)
         )
         wall = time.monotonic() - t0
         count = len(samples)

@@ -18,7 +18,7 @@ from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.placement import Placement, place_profile
+from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
@@ -125,18 +125,43 @@ class Driver:
         fabric, labelled ``<label>_floor``.
         """
         __tracebackhide__ = True
-        run = self._run(bench.LATENCY_RUN, "p2p_latency", run_args)
-        self._check_label(label or "p2p_latency")
-        if floor:
-            self._check_label((label or "p2p_latency") + FLOOR_SUFFIX)
-        result = bench.p2p_latency(
+        return self._p2p(
+            bench.p2p_latency,
+            bench.LATENCY_RUN,
             server,
-            self._sizes(sizes, "p2p_latency"),
+            sizes,
+            label,
+            floor,
+            run_args,
             mode=mode,
             rpc=rpc,
+        )
+
+    def _p2p(
+        self,
+        benchmark: Callable[..., BenchmarkResult],
+        default: RunSpec,
+        server: Server,
+        sizes: Any,
+        label: str | None,
+        floor: bool,
+        run_args: RunArgs,
+        **options: Any,
+    ) -> BenchmarkResult:
+        """Run a P2P benchmark under the test's settings, record it, and its floor if asked."""
+        __tracebackhide__ = True
+        call = benchmark.__name__
+        run = self._run(default, call, run_args)
+        self._check_label(label or call)
+        if floor:
+            self._check_label((label or call) + FLOOR_SUFFIX)
+        result = benchmark(
+            server,
+            self._sizes(sizes, call),
             run=run,
             label=label,
-            progress=self._progress_of(label or "p2p_latency", server),
+            progress=self._progress_of(label or call, server),
+            **options,
         )
         return self._with_floor(self.record(result), server, run, floor)
 
@@ -166,10 +191,6 @@ class Driver:
         same sizes on the same fabric, labelled ``<label>_floor``.
         """
         __tracebackhide__ = True
-        run = self._run(bench.BANDWIDTH_RUN, "p2p_bandwidth", run_args)
-        self._check_label(label or "p2p_bandwidth")
-        if floor:
-            self._check_label((label or "p2p_bandwidth") + FLOOR_SUFFIX)
         extra: dict[str, Any] = {}
         if chunk_bytes is not None:
             try:
@@ -178,18 +199,19 @@ class Driver:
                 raise SpecError(
                     f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
-        result = bench.p2p_bandwidth(
+        return self._p2p(
+            bench.p2p_bandwidth,
+            bench.BANDWIDTH_RUN,
             server,
-            self._sizes(sizes, "p2p_bandwidth"),
+            sizes,
+            label,
+            floor,
+            run_args,
             mode=mode,
             rpc=rpc,
             direction=direction,
-            run=run,
-            label=label,
-            progress=self._progress_of(label or "p2p_bandwidth", server),
             **extra,
         )
-        return self._with_floor(self.record(result), server, run, floor)
 
     def ps_throughput(
         self,
@@ -212,8 +234,7 @@ class Driver:
         payload: Sequence[int] | Placement | Payload
         messages = self._messages
         if sizes is None and messages is not None and messages.profile is not None:
-            topology = cluster.topology
-            payload = place_profile(messages.profile, topology.ps, topology.sharding)
+            payload = placed_on(messages.profile, cluster.topology)
             key = messages.profile.name
         elif sizes is None and messages is not None and messages.payload is not None:
             payload = messages.payload
@@ -253,8 +274,10 @@ class Driver:
                 profile = load_profile(profile)
             except (ValueError, OSError) as exc:
                 raise SpecError(f"{self._test}: sync_sgd_step() profile: {exc}") from None
+        # Placed once here; the benchmark, the fit and the model all take this placement.
+        placement = placed_on(profile, cluster.topology)
         result = bench.sync_sgd_step(
-            cluster, profile, run=run, check=check, label=label, model=model
+            cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(result)
 

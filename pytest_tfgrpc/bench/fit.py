@@ -39,10 +39,8 @@ from pytest_tfgrpc.model.placement import Placement
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.parameter_server import INIT_RANDOM, apply_update
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.servers.worker import sync_sgd_job
 from pytest_tfgrpc.units import format_duration
 from pytest_tfgrpc.wire import channels as transport
-from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError
 
 __all__ = [
@@ -262,32 +260,16 @@ def _exchange(
 ) -> Exchange:
     """Worker 0's sync-SGD steps against a one-worker job on PS 0 of ``shards`` shards of
     ``shard_bytes``: the step's own code at both ends, on the step's own processes."""
-    job = service_pb2.PSJob(
-        job_id=cluster.next_job_id(),
-        task=0,
+    (reply,), (stats,) = cluster.sync_sgd(
+        [[(f"fit{i}", 0, shard_bytes) for i in range(shards)]],
+        run,
         workers=1,
-        shards=[service_pb2.ShardSpec(tensor=f"fit{i}", nbytes=shard_bytes) for i in range(shards)],
+        chunk_bytes=chunk_bytes,
         learning_rate=0.1,
         init=INIT_RANDOM,
-        warmup_steps=run.warmup,
-        steps=run.iterations,
-        warmup_seconds=run.warmup_seconds,
-        max_seconds=run.time_limit_s,
-        barrier_timeout_seconds=EXCHANGE_BARRIER_S,
-    )
-    cluster.configure([job])
-    worker_job = sync_sgd_job(
-        targets=cluster.targets[:1],
-        worker=0,
-        shards=[[(0, shard_bytes)] * shards],
-        chunk_bytes=chunk_bytes,
-        warmup=run.warmup,
-        max_steps=run.warmup + run.iterations + 1,
         barrier_timeout=EXCHANGE_BARRIER_S,
     )
-    (reply,) = cluster.run([worker_job], run.job_timeout_s(EXCHANGE_BARRIER_S))
-    (stats,) = cluster.job_stats([0])
-    samples = reply["samples_ns"]
+    samples = reply.samples_ns
     count = len(samples)
     if count == 0 or stats.measured_steps != count:
         raise BenchmarkError(
@@ -300,7 +282,7 @@ def _exchange(
         shard_bytes=shard_bytes,
         messages=2 * slices + 1,
         nbytes=2 * shards * shard_bytes,
-        worker_s=(reply["cpu_user_ns"] + reply["cpu_system_ns"]) / count / 1e9,
+        worker_s=(reply.cpu_user_ns + reply.cpu_system_ns) / count / 1e9,
         ps_s=(stats.cpu_user_ns + stats.cpu_system_ns) / count / 1e9,
         wall_s=float(np.median(samples)) / 1e9,
         count=count,

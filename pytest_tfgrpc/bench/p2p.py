@@ -13,7 +13,9 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import grpc
 
@@ -112,6 +114,23 @@ def _verify_echo(tensor: Tensor, mode: str, reply: bytes) -> None:
         )
 
 
+@contextlib.asynccontextmanager
+async def _stream(
+    server: Server, method: str, timeout: float, metadata: tuple[tuple[str, str], ...] = ()
+) -> AsyncIterator[Any]:
+    """A bidirectional stream call on a channel of its own; on the way out (not after a
+    failure) the stream is half-closed and its end awaited, so no task of it outlives the
+    loop, then the channel closes."""
+    channel = await connect_aio(server.target)
+    try:
+        stream = channel.stream_stream(method)(timeout=timeout, metadata=metadata or None)
+        yield stream
+        await stream.done_writing()
+        await stream.code()
+    finally:
+        await channel.close()
+
+
 # --- latency -------------------------------------------------------------------------------
 def _latency_unary(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
@@ -143,11 +162,8 @@ def _latency_unary(
 async def _latency_stream(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
-    channel = await connect_aio(server.target)
-    try:
-        stream = channel.stream_stream(transport.method(mode, "EchoStream"))(
-            timeout=rpc_timeout(2 * tensor.wire_bytes(mode)) + 2 * run.time_limit_s
-        )
+    timeout = rpc_timeout(2 * tensor.wire_bytes(mode)) + 2 * run.time_limit_s
+    async with _stream(server, transport.method(mode, "EchoStream"), timeout) as stream:
         write, read = stream.write, stream.read
         content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
         if mode == "raw":
@@ -167,12 +183,7 @@ async def _latency_stream(
                 await write(encode(content, dtype, shape))
                 return decode(await read())
 
-        result = await measure_async(op, run, probe)
-        await stream.done_writing()
-        await stream.code()  # the call's end, so no task of it outlives the loop
-        return result
-    finally:
-        await channel.close()
+        return await measure_async(op, run, probe)
 
 
 #: Measures one tensor: (samples, elapsed ns), telling the probe when timing starts and ends.
@@ -272,12 +283,9 @@ async def _push_stream(
     protobuf = mode == "protobuf"
     wire = tensor.wire_bytes(mode)
     content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-    channel = await connect_aio(server.target)
-    try:
-        stream = channel.stream_stream(transport.method(mode, "PushStream"))(
-            timeout=rpc_timeout(wire) * 2 + 2 * (run.time_limit_s + run.warmup_seconds),
-            metadata=((transport.MESSAGE_BYTES_KEY, str(wire)),),
-        )
+    timeout = rpc_timeout(wire) * 2 + 2 * (run.time_limit_s + run.warmup_seconds)
+    metadata = ((transport.MESSAGE_BYTES_KEY, str(wire)),)
+    async with _stream(server, transport.method(mode, "PushStream"), timeout, metadata) as stream:
         write, read = stream.write, stream.read
         # Slices of a tensor that already exists, made once outside the timed region, as
         # TensorFlow's send path hands gRPC the tensor's own buffer; in protobuf mode the
@@ -299,12 +307,7 @@ async def _push_stream(
         acked, _ = codec.decode_ack(await op())
         if acked != wire:
             raise BenchmarkError(f"the server acknowledged {acked} B of a {wire} B push")
-        result = await measure_async(op, run, probe)
-        await stream.done_writing()
-        await stream.code()  # the call's end, so no task of it outlives the loop
-        return result
-    finally:
-        await channel.close()
+        return await measure_async(op, run, probe)
 
 
 def _pull(

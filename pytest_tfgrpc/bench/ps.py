@@ -17,7 +17,7 @@ every sample, per-PS bytes and CPU time, and the workers' CPU time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,13 +28,13 @@ from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
-from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, place_profile
+from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
+from pytest_tfgrpc.servers.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
 from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.servers.worker import sync_sgd_job
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
@@ -158,29 +158,26 @@ def ps_throughput(
             ]
         )
         jobs = [
-            {
-                "kind": "throughput",
-                "targets": list(cluster.targets),
-                "worker": w,
-                "mode": mode,
-                "payload_bytes": per_ps,
-                "iterations": run.iterations,
-                "warmup": run.warmup,
-                "warmup_seconds": run.warmup_seconds,
-                "seconds": run.time_limit_s,
-            }
+            ThroughputJob(
+                targets=cluster.targets,
+                worker=w,
+                mode=mode,
+                payload_bytes=tuple(per_ps),
+                iterations=run.iterations,
+                warmup=run.warmup,
+                warmup_seconds=run.warmup_seconds,
+                seconds=run.time_limit_s,
+            )
             for w in range(cluster.topology.workers)
         ]
         replies = cluster.run(jobs, run.job_timeout_s())
         stats = cluster.job_stats()
-        samples = np.concatenate(
-            [np.asarray(s, dtype=np.int64) for r in replies for s in r["samples_ns"]]
-        )
+        samples = np.concatenate([s for r in replies for s in r.samples_ns])
         rate = 0.0
         rate_bytes = 0.0
         for reply in replies:
-            seconds = reply["elapsed_ns"] / 1e9
-            counts = [len(s) for s in reply["samples_ns"]]
+            seconds = reply.elapsed_ns / 1e9
+            counts = [len(s) for s in reply.samples_ns]
             rate += sum(counts) / seconds
             rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
         loads = _loads(cluster, stats, per_ps)
@@ -189,7 +186,7 @@ def ps_throughput(
                 sum(per_ps),
                 sum(per_ps),
                 samples,
-                max(int(r["elapsed_ns"]) for r in replies),
+                max(r.elapsed_ns for r in replies),
                 key=point_key,
                 rate_per_s=rate,
                 rate_Bps=rate_bytes,
@@ -218,11 +215,11 @@ def ps_throughput(
     )
 
 
-def _workers_cpu(replies: Sequence[Mapping[str, Any]]) -> CpuTime:
+def _workers_cpu(replies: Sequence[ThroughputReply | SyncSGDReply]) -> CpuTime:
     """The CPU time of all workers together."""
     return CpuTime(
-        sum(int(r["cpu_user_ns"]) for r in replies),
-        sum(int(r["cpu_system_ns"]) for r in replies),
+        sum(r.cpu_user_ns for r in replies),
+        sum(r.cpu_system_ns for r in replies),
     )
 
 
@@ -239,8 +236,13 @@ def sync_sgd_step(
     barrier_timeout: float = 30.0,
     label: str | None = None,
     model: bool = False,
+    placement: Placement | None = None,
 ) -> PSResult:
     """Synchronous SGD steps of ``profile`` on the cluster, its tensors placed by its sharding.
+
+    ``placement``: the profile's placement on the cluster when the caller already made it
+    (the driver does, once per test); it is handed to the fit and the model as is. Without
+    it the profile is placed here, once.
 
     Per step every worker pushes, to every PS, the gradients of the shards that PS owns (in
     slices of ``chunk_bytes``), then pulls the weights the PS updated once all workers pushed.
@@ -261,49 +263,21 @@ def sync_sgd_step(
     if not barrier_timeout > 0:
         raise ValueError(f"barrier_timeout={barrier_timeout}: must be positive")
     topology = cluster.topology
-    placement = place_profile(
-        profile, topology.ps, topology.sharding, partition_bytes=partition_bytes
-    )
+    placement = placed_on(profile, topology, placement, partition_bytes=partition_bytes)
     shards = [placement.shards_of(ps) for ps in range(topology.ps)]
     machine: MachineFit | None = None
     if model:
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
-    cluster.configure(
-        [
-            service_pb2.PSJob(
-                job_id=cluster.next_job_id(),
-                task=ps,
-                workers=topology.workers,
-                shards=[
-                    service_pb2.ShardSpec(tensor=s.tensor, offset=s.offset, nbytes=s.nbytes)
-                    for s in shards[ps]
-                ],
-                learning_rate=learning_rate,
-                init=INIT_INDEX if check else INIT_RANDOM,
-                warmup_steps=run.warmup,
-                steps=run.iterations,
-                warmup_seconds=run.warmup_seconds,
-                max_seconds=run.time_limit_s,
-                barrier_timeout_seconds=barrier_timeout,
-            )
-            for ps in range(topology.ps)
-        ]
+    replies, stats = cluster.sync_sgd(
+        [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
+        run,
+        workers=topology.workers,
+        chunk_bytes=chunk_bytes,
+        learning_rate=learning_rate,
+        init=INIT_INDEX if check else INIT_RANDOM,
+        barrier_timeout=barrier_timeout,
+        check=check,
     )
-    jobs = [
-        sync_sgd_job(
-            targets=cluster.targets,
-            worker=w,
-            shards=[[(s.offset, s.nbytes) for s in mine] for mine in shards],
-            chunk_bytes=chunk_bytes,
-            warmup=run.warmup,
-            max_steps=run.warmup + run.iterations + 1,
-            barrier_timeout=barrier_timeout,
-            check=check,
-        )
-        for w in range(topology.workers)
-    ]
-    replies = cluster.run(jobs, run.job_timeout_s(barrier_timeout))
-    stats = cluster.job_stats()
     prediction = None
     if machine is not None:
         # The machine is shared and its load moves: the other sessions' load during the
@@ -315,11 +289,12 @@ def sync_sgd_step(
             profile,
             topology,
             machine.link,
+            placement=placement,
             host=host,
             chunk_bytes=chunk_bytes,
             partition_bytes=partition_bytes,
         )
-    per_worker = [np.asarray(r["samples_ns"], dtype=np.int64) for r in replies]
+    per_worker = [r.samples_ns for r in replies]
     counts = {len(s) for s in per_worker}
     if len(counts) != 1 or 0 in counts:
         raise BenchmarkError(f"workers measured different numbers of steps: {sorted(counts)}")

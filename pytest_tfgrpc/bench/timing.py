@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,26 +73,67 @@ class Phase(Protocol):
     def stop(self) -> None: ...
 
 
-@contextlib.contextmanager
-def _measured_phase(phase: Phase | None) -> Iterator[None]:
-    """The measured phase: ``phase`` told when it starts and ends, and no cyclic garbage
-    collection in this process meanwhile (its pauses are the tool's, not the transport's)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        if phase is not None:
-            phase.start()
-        yield
-        if phase is not None:
-            phase.stop()
-    finally:
-        if enabled:
+class _Window:
+    """The measured phase of one loop: ``phase`` told when it starts and ends, and no cyclic
+    garbage collection in this process meanwhile (its pauses are the tool's, not the
+    transport's). Inside, ``samples`` (capped at ``run.iterations``) and ``deadline`` (ns on
+    the perf counter) are ready for the loop; both loops take them into locals, so the
+    window costs nothing per sample."""
+
+    def __init__(self, run: RunSpec, phase: Phase | None) -> None:
+        self.run = run
+        self.phase = phase
+        self.samples: Samples = np.empty(run.iterations, dtype=np.int64)
+        self.start = self.deadline = self.elapsed = 0
+        self._gc = gc.isenabled()
+
+    def __enter__(self) -> _Window:
+        gc.disable()
+        try:
+            if self.phase is not None:
+                self.phase.start()
+        except BaseException:
+            self._restore_gc()
+            raise
+        self.start = time.perf_counter_ns()
+        self.deadline = self.start + int(self.run.time_limit_s * 1e9)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        self.elapsed = time.perf_counter_ns() - self.start
+        try:
+            if kind is None and self.phase is not None:
+                self.phase.stop()
+        finally:
+            self._restore_gc()
+
+    def _restore_gc(self) -> None:
+        if self._gc:
             gc.enable()
 
+    def result(self, count: int) -> tuple[Samples, int]:
+        """The ``count`` samples taken (a run that stopped early keeps only those, not the
+        whole capped array) and the measured phase's wall time (ns)."""
+        samples = self.samples
+        return (samples if count == len(samples) else samples[:count].copy()), self.elapsed
 
-def _taken(samples: Samples, count: int) -> Samples:
-    # A run that stopped early keeps only what it measured, not the whole capped array.
-    return samples if count == len(samples) else samples[:count].copy()
+
+def _warm_up(op: Callable[[], object], run: RunSpec) -> None:
+    clock = time.perf_counter_ns
+    warm_end = clock() + int(run.warmup_seconds * 1e9)
+    for _ in range(run.warmup):
+        op()
+        if clock() >= warm_end:
+            return
+
+
+async def _warm_up_async(op: Callable[[], Awaitable[object]], run: RunSpec) -> None:
+    clock = time.perf_counter_ns
+    warm_end = clock() + int(run.warmup_seconds * 1e9)
+    for _ in range(run.warmup):
+        await op()
+        if clock() >= warm_end:
+            return
 
 
 def measure(
@@ -104,17 +144,10 @@ def measure(
     Returns the samples (ns) and the wall time of the measured phase (ns). ``phase`` is told
     when the measured phase starts and ends, outside the timed operations.
     """
+    _warm_up(op, run)
     clock = time.perf_counter_ns
-    warm_end = clock() + int(run.warmup_seconds * 1e9)
-    for _ in range(run.warmup):
-        op()
-        if clock() >= warm_end:
-            break
-    samples = np.empty(run.iterations, dtype=np.int64)
-    count = 0
-    with _measured_phase(phase):
-        start = clock()
-        deadline = start + int(run.time_limit_s * 1e9)
+    with _Window(run, phase) as window:
+        samples, deadline = window.samples, window.deadline
         for count in range(1, run.iterations + 1):
             t0 = clock()
             op()
@@ -122,25 +155,17 @@ def measure(
             samples[count - 1] = t1 - t0
             if t1 >= deadline:
                 break
-        elapsed = clock() - start
-    return _taken(samples, count), elapsed
+    return window.result(count)
 
 
 async def measure_async(
     op: Callable[[], Awaitable[object]], run: RunSpec, phase: Phase | None = None
 ) -> tuple[Samples, int]:
     """:func:`measure` for operations that are coroutines."""
+    await _warm_up_async(op, run)
     clock = time.perf_counter_ns
-    warm_end = clock() + int(run.warmup_seconds * 1e9)
-    for _ in range(run.warmup):
-        await op()
-        if clock() >= warm_end:
-            break
-    samples = np.empty(run.iterations, dtype=np.int64)
-    count = 0
-    with _measured_phase(phase):
-        start = clock()
-        deadline = start + int(run.time_limit_s * 1e9)
+    with _Window(run, phase) as window:
+        samples, deadline = window.samples, window.deadline
         for count in range(1, run.iterations + 1):
             t0 = clock()
             await op()
@@ -148,5 +173,4 @@ async def measure_async(
             samples[count - 1] = t1 - t0
             if t1 >= deadline:
                 break
-        elapsed = clock() - start
-    return _taken(samples, count), elapsed
+    return window.result(count)

@@ -71,6 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -79,10 +80,14 @@ from pytest_tfgrpc.model.placement import (
     Placement,
     Topology,
     place_profile,
+    placed_on,
 )
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.units import format_duration, format_rate, format_size
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 __all__ = [
     "DEFAULT_BACKWARD_SHARE",
@@ -93,7 +98,9 @@ __all__ = [
     "HostCosts",
     "LinkFit",
     "Projection",
+    "StepOptions",
     "StepPrediction",
+    "StepTerms",
     "fit",
     "fit_from_results",
     "link_point",
@@ -463,17 +470,60 @@ def _messages(placement: Placement, chunk_bytes: int | None) -> tuple[int, ...]:
     return tuple(counts)
 
 
+class StepOptions(TypedDict, total=False):
+    """The keyword arguments :func:`predict_step` and :func:`project` take besides their
+    grid: the fields of :class:`StepTerms`."""
+
+    compute_s: float
+    overlap: float
+    backward_share: float
+    host: HostCosts | None
+    chunk_bytes: int | None
+    partition_bytes: int
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """What a step prediction takes besides the profile, the topology and the link.
+
+    ``compute_s``: a step's compute time (input, forward and backward), seconds >= 0;
+    ``overlap``: the fraction of the backward pass communication can hide behind;
+    ``backward_share``: the backward pass's share of ``compute_s``; ``host``: the CPU
+    costs (None: the link alone); ``chunk_bytes``: streams travel in slices of this size
+    (None: one message per shard each way); ``partition_bytes``: the ``partitioned``
+    sharding cuts tensors above this size. Bad values raise ValueError naming the field.
+    """
+
+    compute_s: float = 0.0
+    overlap: float = 0.0
+    backward_share: float = DEFAULT_BACKWARD_SHARE
+    host: HostCosts | None = None
+    chunk_bytes: int | None = None
+    partition_bytes: int = DEFAULT_PARTITION_BYTES
+
+    def __post_init__(self) -> None:
+        compute_s, chunk_bytes = self.compute_s, self.chunk_bytes
+        if not (
+            isinstance(compute_s, (int, float)) and math.isfinite(compute_s) and compute_s >= 0
+        ):
+            raise ValueError(f"compute_s={compute_s!r}: must be a finite number of seconds >= 0")
+        _check_fraction("overlap", self.overlap)
+        _check_fraction("backward_share", self.backward_share)
+        if chunk_bytes is not None and (
+            isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1
+        ):
+            raise ValueError(f"chunk_bytes={chunk_bytes!r}: must be a whole number of bytes >= 1")
+
+
 def _step(
     profile: Profile,
     topology: Topology,
     placement: Placement,
     link: LinkFit,
-    compute_s: float,
-    overlap: float,
-    backward_share: float,
-    host: HostCosts | None = None,
-    chunk_bytes: int | None = None,
+    inputs: StepTerms,
 ) -> StepPrediction:
+    compute_s, overlap, backward_share = inputs.compute_s, inputs.overlap, inputs.backward_share
+    host, chunk_bytes = inputs.host, inputs.chunk_bytes
     workers = topology.workers
     owned = placement.bytes_per_ps()
     shards = [0] * placement.ps
@@ -564,34 +614,13 @@ def sharing_makespan(work: Sequence[float], rate: Callable[[int], float]) -> flo
     return elapsed
 
 
-def _check_step_inputs(
-    compute_s: float, overlap: float, backward_share: float, chunk_bytes: int | None = None
-) -> None:
-    if not (isinstance(compute_s, (int, float)) and math.isfinite(compute_s) and compute_s >= 0):
-        raise ValueError(f"compute_s={compute_s!r}: must be a finite number of seconds >= 0")
-    _check_fraction("overlap", overlap)
-    _check_fraction("backward_share", backward_share)
-    if chunk_bytes is not None and (
-        isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1
-    ):
-        raise ValueError(f"chunk_bytes={chunk_bytes!r}: must be a whole number of bytes >= 1")
-
-
-def _placement(profile: Profile, ps: int, sharding: str, partition_bytes: int) -> Placement:
-    return place_profile(profile, ps, sharding, partition_bytes=partition_bytes)
-
-
 def predict_step(
     profile: Profile | str,
     topology: Topology,
     fit: LinkFit,
     *,
-    compute_s: float = 0.0,
-    overlap: float = 0.0,
-    backward_share: float = DEFAULT_BACKWARD_SHARE,
-    host: HostCosts | None = None,
-    chunk_bytes: int | None = None,
-    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    placement: Placement | None = None,
+    **options: Unpack[StepOptions],
 ) -> StepPrediction:
     """Predict one sync-SGD step: the formulas are in the module docstring.
 
@@ -601,17 +630,18 @@ def predict_step(
     message costs ``alpha`` at the link it crosses; a PS's link carries its ``W`` workers'
     messages one after the other, push before pull (the pull waits for the update). A shard
     is one message each way, or, with ``chunk_bytes``, one per slice of that size (as
-    :func:`~pytest_tfgrpc.bench.ps.sync_sgd_step` streams them). ``host`` adds the CPU
-    terms. ``compute_s`` is the compute time of a step (input, forward and backward),
-    ``overlap`` the fraction of the backward pass that communication can hide behind,
-    ``backward_share`` the backward pass's share of ``compute_s``.
+    :func:`~pytest_tfgrpc.bench.ps.sync_sgd_step` streams them). ``placement``: the profile's
+    placement on ``topology`` when the caller already has it (a measured step's own), used as
+    is instead of placing again; ValueError if it is over other PS tasks or another sharding.
+    ``host`` adds the CPU terms. ``compute_s`` is the compute time of a step (input, forward
+    and backward), ``overlap`` the fraction of the backward pass that communication can hide
+    behind, ``backward_share`` the backward pass's share of ``compute_s`` (the keyword
+    arguments are the fields of :class:`StepTerms`, with its defaults).
     """
-    _check_step_inputs(compute_s, overlap, backward_share, chunk_bytes)
+    terms = StepTerms(**options)
     model = load_profile(profile)
-    placement = _placement(model, topology.ps, topology.sharding, partition_bytes)
-    return _step(
-        model, topology, placement, fit, compute_s, overlap, backward_share, host, chunk_bytes
-    )
+    placed = placed_on(model, topology, placement, partition_bytes=terms.partition_bytes)
+    return _step(model, topology, placed, fit, terms)
 
 
 def relative_error(predicted_s: float, measured_s: float) -> float:
@@ -782,34 +812,23 @@ def project(
     workers: Iterable[int] = DEFAULT_WORKERS,
     ps: Iterable[int] = DEFAULT_PS,
     sharding: str = "round_robin",
-    compute_s: float = 0.0,
-    overlap: float = 0.0,
-    backward_share: float = DEFAULT_BACKWARD_SHARE,
-    host: HostCosts | None = None,
-    chunk_bytes: int | None = None,
-    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+    **options: Unpack[StepOptions],
 ) -> Projection:
     """:func:`predict_step` for every combination of ``workers`` and ``ps`` counts.
 
     The default grid is 1, 2, 4, ..., 512 workers by 1, 2, 4, ..., 64 PS tasks: scales that
-    cannot run on one machine, from a link measured on it.
+    cannot run on one machine, from a link measured on it. The other keyword arguments are
+    the fields of :class:`StepTerms`.
     """
-    _check_step_inputs(compute_s, overlap, backward_share, chunk_bytes)
+    terms = StepTerms(**options)
     model = load_profile(profile)
     worker_counts, ps_counts = _counts("workers", workers), _counts("ps", ps)
-    placements = {p: _placement(model, p, sharding, partition_bytes) for p in ps_counts}
+    placements = {
+        p: place_profile(model, p, sharding, partition_bytes=terms.partition_bytes)
+        for p in ps_counts
+    }
     rows = tuple(
-        _step(
-            model,
-            Topology(p, w, sharding),
-            placements[p],
-            fit,
-            compute_s,
-            overlap,
-            backward_share,
-            host,
-            chunk_bytes,
-        )
+        _step(model, Topology(p, w, sharding), placements[p], fit, terms)
         for w in worker_counts
         for p in ps_counts
     )
@@ -817,10 +836,10 @@ def project(
         profile=model.name,
         sharding=sharding,
         link=fit,
-        compute_s=compute_s,
-        overlap=overlap,
+        compute_s=terms.compute_s,
+        overlap=terms.overlap,
         workers=worker_counts,
         ps=ps_counts,
         rows=rows,
-        host=host,
+        host=terms.host,
     )

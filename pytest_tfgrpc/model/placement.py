@@ -41,6 +41,7 @@ __all__ = [
     "Topology",
     "place",
     "place_profile",
+    "placed_on",
     "topology_spec",
 ]
 
@@ -246,3 +247,27 @@ def place_profile(
     align = math.lcm(*(spec.itemsize for spec in profile.tensors))
     tensors = [(spec.name, spec.nbytes) for spec in profile.tensors]
     return place(tensors, ps, sharding, partition_bytes=partition_bytes, align=align)
+
+
+def placed_on(
+    profile: Profile,
+    topology: Topology,
+    placement: Placement | None = None,
+    *,
+    partition_bytes: int = DEFAULT_PARTITION_BYTES,
+) -> Placement:
+    """``profile`` placed on ``topology``'s PS tasks by its sharding, or ``placement`` when
+    the caller already made it (so a test places its profile once and hands it down).
+
+    Raises ValueError when ``placement`` is over other PS tasks or another sharding.
+    """
+    if placement is None:
+        return place_profile(
+            profile, topology.ps, topology.sharding, partition_bytes=partition_bytes
+        )
+    if (placement.ps, placement.sharding) != (topology.ps, topology.sharding):
+        raise ValueError(
+            f"placement: {placement.ps} PS tasks by {placement.sharding} for a topology of "
+            f"{topology.ps} PS tasks by {topology.sharding}"
+        )
+    return placement

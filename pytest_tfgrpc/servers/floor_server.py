@@ -9,8 +9,10 @@ operation starts with a header (op code, payload length) sent in the same buffer
 - ``SINK``: the server reads the payload and answers nothing; a following ``ACK`` (length 0) asks
   for one acknowledgement byte once everything before it was read (a pure stream).
 
-The client functions return the duration of every timed operation in nanoseconds, so each gRPC
-figure measured in the same run can be read as floor + gRPC overhead.
+This module is the server side and the protocol; :class:`FloorServer` starts the server as a
+child process through the same machinery as the tensor server
+(:class:`~pytest_tfgrpc.servers.processes.ChildProcess`). The measuring client, timed by the
+same loops as every gRPC figure, is :mod:`pytest_tfgrpc.bench.floor`.
 
 Run ``python -m pytest_tfgrpc.servers.floor_server --bind HOST`` to serve: it prints one JSON line
 ``{"port": N, "pid": P}`` once listening, and exits on stdin EOF or SIGTERM.
@@ -22,25 +24,14 @@ import argparse
 import ipaddress
 import json
 import os
-import selectors
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
-import time
-import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from types import TracebackType
-from typing import IO
 
-import numpy as np
-import numpy.typing as npt
-
-from pytest_tfgrpc.servers.processes import end_process
+from pytest_tfgrpc.servers.processes import ChildProcess, ServerError
 
 OP_ECHO = 1
 OP_SINK_ACK = 2
@@ -55,26 +46,8 @@ MAX_PAYLOAD = 2**34
 SINK_CHUNK = 4 * 1024 * 1024
 
 
-class FloorError(Exception):
+class FloorError(ServerError):
     """The floor server could not start, or answered outside the protocol."""
-
-
-@dataclass(frozen=True)
-class FloorStream:
-    """A timed stream: ``count`` payloads of ``size`` bytes, one acknowledgement at the end."""
-
-    size: int
-    count: int
-    elapsed_ns: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.count
-
-    @property
-    def throughput(self) -> float:
-        """Payload bytes per second (headers not counted)."""
-        return self.nbytes * 1e9 / self.elapsed_ns if self.elapsed_ns > 0 else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,7 +88,8 @@ def listen(host: str, port: int = 0) -> socket.socket:
     return sock
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; FloorError if the peer closes first."""
     n = len(view)
     got = sock.recv_into(view)
     while got < n:
@@ -139,7 +113,7 @@ def _serve_connection(conn: socket.socket) -> None:
             if got == 0:
                 return  # clean close between operations
             if got < HEADER.size:
-                _recv_exact(conn, hview[got:])
+                recv_exact(conn, hview[got:])
             op, length = HEADER.unpack(header)
             if length > MAX_PAYLOAD:
                 return
@@ -147,13 +121,13 @@ def _serve_connection(conn: socket.socket) -> None:
                 if length > len(buf):
                     buf = bytearray(length)
                     view = memoryview(buf)
-                _recv_exact(conn, view[:length])
+                recv_exact(conn, view[:length])
                 conn.sendall(view[:length])
             elif op in (OP_SINK_ACK, OP_SINK):
                 remaining = length
                 while remaining:
                     k = min(remaining, len(buf))
-                    _recv_exact(conn, view[:k])
+                    recv_exact(conn, view[:k])
                     remaining -= k
                 if op == OP_SINK_ACK:
                     conn.sendall(ACK_BYTE)
@@ -212,354 +186,48 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_tail(f: IO[bytes], limit: int = 4000) -> str:
-    f.seek(0)
-    return f.read().decode(errors="replace")[-limit:]
+class FloorServer(ChildProcess):
+    """A floor server process bound to ``host``: ``.port``, ``.address``, ``.pid``.
 
-
-class FloorServer:
-    """A floor server in its own process: start, wait until ready, stop; never left behind.
-
-    Use as a context manager, or call :meth:`start` and :meth:`stop`. Dropping the last
-    reference stops the process too, and the process exits by itself when this one dies (it
-    watches its stdin).
+    Started with :meth:`start`, which returns once it listens; it is tied to this process as
+    a tensor server is (stdin lifeline, own session, stopped by
+    :func:`~pytest_tfgrpc.servers.processes.stop_all`), and a context manager.
     """
 
-    def __init__(
-        self,
+    def __init__(self, host: str, port: int = 0, *, env: Mapping[str, str] | None = None) -> None:
+        argv = [sys.executable, "-m", "pytest_tfgrpc.servers.floor_server", "--bind", host]
+        super().__init__([*argv, "--port", str(port)], name=f"floor server on {host!r}", env=env)
+        self.host = host
+        self._port: int | None = None
+
+    @classmethod
+    def start(
+        cls,
         host: str,
         port: int = 0,
         *,
-        python: str = sys.executable,
         env: Mapping[str, str] | None = None,
-    ) -> None:
-        self.env = dict(env) if env is not None else None
-        self.host = host
-        self.requested_port = port
-        self.python = python
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stderr: IO[bytes] | None = None
-        self._port: int | None = None
-        self._finalizer: weakref.finalize[[subprocess.Popen[bytes], float], FloorServer] | None = (
-            None
-        )
+        ready_timeout: float = 15.0,
+    ) -> FloorServer:
+        """Start a floor server on ``host`` and return once it listens; FloorError (with the
+        end of its stderr) if it cannot bind or does not come up within ``ready_timeout``."""
+        handle = cls(host, port, env=env)
+        try:
+            handle._port = int(handle.read_ready_line(ready_timeout, FloorError)["port"])
+        except BaseException:
+            handle.stop()
+            raise
+        return handle
 
     @property
     def port(self) -> int:
         if self._port is None:
-            raise FloorError("the floor server is not ready")
+            raise FloorError(f"{self.name} is not ready")
         return self._port
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise FloorError("the floor server was not started")
-        return self._proc.pid
 
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
-
-    def start(self) -> FloorServer:
-        """Start the process (returns at once; :meth:`ready` waits for it to listen)."""
-        if self._proc is not None:
-            raise FloorError("the floor server was already started")
-        # A file, not a pipe: a chatty child can never block on a full pipe nobody drains.
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
-        self._proc = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "pytest_tfgrpc.servers.floor_server",
-                "--bind",
-                self.host,
-                "--port",
-                str(self.requested_port),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=self.env,
-        )
-        self._finalizer = weakref.finalize(self, end_process, self._proc, 5.0)
-        return self
-
-    def ready(self, timeout: float = 15.0) -> FloorServer:
-        """Wait until the server listens; raise :class:`FloorError` with its stderr otherwise."""
-        proc = self._proc
-        if proc is None or proc.stdout is None:
-            raise FloorError("the floor server was not started")
-        if self._port is not None:
-            return self
-        deadline = time.monotonic() + timeout
-        line = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while not line.endswith(b"\n"):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.stop()
-                    raise FloorError(
-                        f"floor server on {self.host!r} not ready within {timeout} s"
-                        f"{self._stderr_note()}"
-                    )
-                if sel.select(left):
-                    chunk = os.read(proc.stdout.fileno(), 4096)
-                    if not chunk:
-                        code = proc.wait()
-                        note = self._stderr_note()
-                        self.stop()
-                        raise FloorError(
-                            f"floor server on {self.host!r} exited with status {code}{note}"
-                        )
-                    line += chunk
-        self._port = int(json.loads(line)["port"])
-        return self
-
-    def _stderr_note(self) -> str:
-        if self._stderr is None:
-            return ""
-        tail = _read_tail(self._stderr).strip()
-        return f": {tail}" if tail else ""
-
-    def stop(self, timeout: float = 5.0) -> int | None:
-        """Close its stdin, wait, then SIGTERM, then SIGKILL; return its exit status."""
-        proc = self._proc
-        if proc is None:
-            return None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        end_process(proc, timeout)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-        return proc.returncode
-
-    def __enter__(self) -> FloorServer:
-        if self._proc is None:
-            self.start()
-        try:
-            return self.ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-# --------------------------------------------------------------------------------------------
-# Client side
-# --------------------------------------------------------------------------------------------
-
-
-def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
-    # A kernel timeout on a blocking socket bounds every call without the poll() that Python
-    # adds before each recv when the socket has a Python-level timeout.
-    sec = int(seconds)
-    tv = struct.pack("ll", sec, int((seconds - sec) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-
-
-def _check_counts(iterations: int, warmup: int, max_seconds: float) -> None:
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if not max_seconds > 0:
-        raise ValueError(f"max_seconds must be > 0, got {max_seconds}")
-
-
-def _payload(size: int) -> bytearray:
-    """A header-sized gap followed by ``size`` bytes of a pattern that is not all zeros."""
-    buf = bytearray(HEADER.size + size)
-    np.frombuffer(buf, dtype=np.uint8, offset=HEADER.size)[:] = (
-        np.arange(size, dtype=np.uint64) * 2654435761 >> 13
-    ).astype(np.uint8)
-    return buf
-
-
-class FloorClient:
-    """One TCP connection to a floor server (TCP_NODELAY), with the timed operations.
-
-    Every loop stops at ``iterations`` (or ``count``) operations or when ``max_seconds`` have
-    passed since the call began, whichever comes first; it checks the time between operations,
-    and always times at least one, so a result is never empty.
-    """
-
-    def __init__(
-        self, host: str, port: int, *, connect_timeout: float = 10.0, io_timeout: float = 60.0
-    ) -> None:
-        self.sock = socket.create_connection((host, port), timeout=connect_timeout)
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _set_io_timeout(self.sock, io_timeout)
-        self._ack = bytearray(1)
-        self._ackview = memoryview(self._ack)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> FloorClient:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _wait_ack(self) -> None:
-        if self.sock.recv_into(self._ackview) != 1 or self._ack != ACK_BYTE:
-            raise FloorError("expected one acknowledgement byte from the floor server")
-
-    def echo(self, data: bytes | bytearray | memoryview) -> bytes:
-        """Send ``data`` as one ECHO operation and return what came back."""
-        out = bytearray(HEADER.size) + bytes(data)
-        HEADER.pack_into(out, 0, OP_ECHO, len(out) - HEADER.size)
-        self.sock.sendall(out)
-        back = bytearray(len(out) - HEADER.size)
-        _recv_exact(self.sock, memoryview(back))
-        return bytes(back)
-
-    def push_ack(self, data: bytes | bytearray | memoryview) -> None:
-        """Send ``data`` as one SINK_ACK operation and wait for its acknowledgement."""
-        out = bytearray(HEADER.size) + bytes(data)
-        HEADER.pack_into(out, 0, OP_SINK_ACK, len(out) - HEADER.size)
-        self.sock.sendall(out)
-        self._wait_ack()
-
-    def pingpong(
-        self, size: int, *, iterations: int, warmup: int = 10, max_seconds: float = 10.0
-    ) -> npt.NDArray[np.int64]:
-        """Round-trip time of each ECHO of ``size`` bytes, in ns; checks the echoed bytes."""
-        _check_counts(iterations, warmup, max_seconds)
-        out = _payload(size)
-        HEADER.pack_into(out, 0, OP_ECHO, size)
-        send = memoryview(out)
-        back = bytearray(size)
-        recv = memoryview(back)
-        sock, clock = self.sock, time.perf_counter_ns
-        deadline = clock() + int(max_seconds * 1e9)
-        for _ in range(warmup):
-            if clock() >= deadline:
-                break
-            sock.sendall(send)
-            _recv_exact(sock, recv)
-        samples = np.empty(iterations, dtype=np.int64)
-        n = 0
-        while n < iterations:
-            t0 = clock()
-            sock.sendall(send)
-            _recv_exact(sock, recv)
-            t1 = clock()
-            samples[n] = t1 - t0
-            n += 1
-            if t1 >= deadline:
-                break
-        if recv != send[HEADER.size :]:
-            raise FloorError(f"the floor server echoed different bytes for size {size}")
-        taken: npt.NDArray[np.int64] = samples[:n].copy()
-        return taken
-
-    def push_ack_samples(
-        self, size: int, *, iterations: int, warmup: int = 3, max_seconds: float = 10.0
-    ) -> npt.NDArray[np.int64]:
-        """Time of each push of ``size`` bytes until its one-byte acknowledgement, in ns."""
-        _check_counts(iterations, warmup, max_seconds)
-        out = _payload(size)
-        HEADER.pack_into(out, 0, OP_SINK_ACK, size)
-        send = memoryview(out)
-        sock, clock, wait_ack = self.sock, time.perf_counter_ns, self._wait_ack
-        deadline = clock() + int(max_seconds * 1e9)
-        for _ in range(warmup):
-            if clock() >= deadline:
-                break
-            sock.sendall(send)
-            wait_ack()
-        samples = np.empty(iterations, dtype=np.int64)
-        n = 0
-        while n < iterations:
-            t0 = clock()
-            sock.sendall(send)
-            wait_ack()
-            t1 = clock()
-            samples[n] = t1 - t0
-            n += 1
-            if t1 >= deadline:
-                break
-        taken: npt.NDArray[np.int64] = samples[:n].copy()
-        return taken
-
-    def stream(
-        self, size: int, *, count: int, warmup: int = 2, max_seconds: float = 10.0
-    ) -> FloorStream:
-        """Push up to ``count`` payloads back to back, one acknowledgement after the last."""
-        _check_counts(count, warmup, max_seconds)
-        out = _payload(size)
-        HEADER.pack_into(out, 0, OP_SINK, size)
-        send = memoryview(out)
-        ack_op = HEADER.pack(OP_ACK, 0)
-        sock, clock = self.sock, time.perf_counter_ns
-        deadline = clock() + int(max_seconds * 1e9)
-        for _ in range(warmup):
-            if clock() >= deadline:
-                break
-            sock.sendall(send)
-        sock.sendall(ack_op)
-        self._wait_ack()
-        n = 0
-        t0 = clock()
-        while n < count:
-            sock.sendall(send)
-            n += 1
-            if clock() >= deadline:
-                break
-        sock.sendall(ack_op)
-        self._wait_ack()
-        return FloorStream(size=size, count=n, elapsed_ns=clock() - t0)
-
-
-def tcp_pingpong(
-    host: str,
-    port: int,
-    size: int,
-    *,
-    iterations: int,
-    warmup: int = 10,
-    max_seconds: float = 10.0,
-) -> npt.NDArray[np.int64]:
-    """Round-trip times (ns) of ``size``-byte echoes over one fresh connection."""
-    with FloorClient(host, port) as client:
-        return client.pingpong(size, iterations=iterations, warmup=warmup, max_seconds=max_seconds)
-
-
-def tcp_push_ack(
-    host: str,
-    port: int,
-    size: int,
-    *,
-    iterations: int,
-    warmup: int = 3,
-    max_seconds: float = 10.0,
-) -> npt.NDArray[np.int64]:
-    """Push-until-acknowledged times (ns) of ``size``-byte tensors over one fresh connection."""
-    with FloorClient(host, port) as client:
-        return client.push_ack_samples(
-            size, iterations=iterations, warmup=warmup, max_seconds=max_seconds
-        )
-
-
-def tcp_stream(
-    host: str, port: int, size: int, *, count: int, warmup: int = 2, max_seconds: float = 10.0
-) -> FloorStream:
-    """A stream of ``size``-byte tensors with one acknowledgement at the end."""
-    with FloorClient(host, port) as client:
-        return client.stream(size, count=count, warmup=warmup, max_seconds=max_seconds)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any, TypeVar
 
 from pytest_tfgrpc.wire.fabric import Fabric
 
 _LIVE: set[ChildProcess] = set()
+C = TypeVar("C", bound="ChildProcess")
 _LIVE_LOCK = threading.Lock()
 
 
@@ -150,6 +151,36 @@ class ChildProcess:
             return None
         return ServerDied(self.name, code, self.stderr_tail())
 
+    def read_ready_line(
+        self, timeout: float, error: type[ServerError] = ServerError
+    ) -> dict[str, Any]:
+        """The JSON line a child prints once it serves; ``error`` (with the end of its
+        stderr) if it exits first or says nothing within ``timeout`` seconds."""
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._proc.stdout, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise error(
+                        f"{self.name} did not become ready within {timeout:g} s"
+                        + self._stderr_suffix()
+                    )
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self._proc.stdout.fileno(), 4096)
+                if not chunk:
+                    code = self._proc.wait(timeout=5)
+                    raise error(
+                        f"{self.name} exited with {describe_exit(code)} before it was ready"
+                        + self._stderr_suffix()
+                    )
+                line += chunk
+        fields: dict[str, Any] = json.loads(line)
+        return fields
+
     def stop(self, timeout: float = 5.0) -> int:
         """Stop the process (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
         self._stopped = True
@@ -161,6 +192,12 @@ class ChildProcess:
             self._stderr.close()
             with _LIVE_LOCK:
                 _LIVE.discard(self)
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} pid={self.pid}>"
@@ -211,36 +248,8 @@ class ServerProcess(ChildProcess):
         return self.info.target
 
     def _wait_ready(self, timeout: float) -> None:
-        assert self._proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        line = b""
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._proc.stdout, selectors.EVENT_READ)
-            while not line.endswith(b"\n"):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ServerError(
-                        f"{self.name} did not become ready within {timeout:g} s"
-                        + self._stderr_suffix()
-                    )
-                if not selector.select(remaining):
-                    continue
-                chunk = os.read(self._proc.stdout.fileno(), 4096)
-                if not chunk:
-                    code = self._proc.wait(timeout=5)
-                    raise ServerError(
-                        f"{self.name} exited with {describe_exit(code)} before it was ready"
-                        + self._stderr_suffix()
-                    )
-                line += chunk
-        fields = json.loads(line)
+        fields = self.read_ready_line(timeout)
         self.info = ServerInfo(target=fields["target"], pid=fields["pid"], fabric=fields["fabric"])
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = self.info.target if self.info else "starting"

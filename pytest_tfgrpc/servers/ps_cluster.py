@@ -11,17 +11,18 @@ and the end of its stderr (:class:`~pytest_tfgrpc.servers.processes.ServerDied`)
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, overload
 
 import grpc
 
 from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.servers import jobs as protocol
+from pytest_tfgrpc.servers.jobs import JobMessage, Message, Reply
 from pytest_tfgrpc.servers.parameter_server import method
 from pytest_tfgrpc.servers.processes import (
     ChildProcess,
@@ -38,12 +39,32 @@ from pytest_tfgrpc.wire.fabric import Fabric
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
 
 
+class StepRun(Protocol):
+    """The bounds of a sync-SGD job, as :class:`~pytest_tfgrpc.bench.timing.RunSpec` gives
+    them: warm-up steps and seconds, measured steps and seconds, the job's timeout."""
+
+    @property
+    def warmup(self) -> int: ...
+
+    @property
+    def iterations(self) -> int: ...
+
+    @property
+    def warmup_seconds(self) -> float: ...
+
+    @property
+    def time_limit_s(self) -> float: ...
+
+    def job_timeout_s(self, barrier_s: float = 0.0) -> float: ...
+
+
 class ClusterError(ServerError):
     """A cluster that could not start, or a job that did not finish in time."""
 
 
 class WorkerProcess(ChildProcess):
-    """One worker process; it speaks JSON lines on its stdin and stdout."""
+    """One worker process; it speaks the messages of :mod:`pytest_tfgrpc.servers.jobs`, one
+    per line, on its stdin and stdout."""
 
     def __init__(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
         super().__init__(
@@ -58,22 +79,26 @@ class WorkerProcess(ChildProcess):
         assert self._proc.stdout is not None
         return self._proc.stdout.fileno()
 
-    def send(self, message: Mapping[str, Any]) -> None:
-        """Write one JSON line to the worker; a worker that is gone raises ServerDied."""
+    def send(self, message: Message) -> None:
+        """Write one message to the worker; a worker that is gone raises ServerDied."""
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self._proc.stdin.write(protocol.encode(message))
             self._proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             raise self.died(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
 
-    def take_line(self) -> dict[str, Any] | None:
-        """A complete line already read, if there is one."""
+    def take_message(self) -> Message | None:
+        """A complete message already read, if there is one; a line that is not a message of
+        the protocol raises ClusterError naming the worker."""
         line, sep, rest = self._buffer.partition(b"\n")
         if not sep:
             return None
         self._buffer = rest
-        message: dict[str, Any] = json.loads(line)
+        try:
+            message: Message = protocol.decode(line)
+        except protocol.MessageError as error:
+            raise ClusterError(f"{self.name} wrote {error}") from None
         return message
 
     def read_more(self) -> bool:
@@ -127,9 +152,11 @@ class PSCluster:
                         name=f"PS {index} on {fabric.name}",
                     ),
                 )
-            hellos = self._collect(self.workers, time.monotonic() + ready_timeout, "start")
+            hellos = self._collect(
+                self.workers, time.monotonic() + ready_timeout, "start", protocol.Hello
+            )
             for worker, hello in zip(self.workers, hellos, strict=True):
-                if hello.get("hello") != worker.pid:
+                if not isinstance(hello, protocol.Hello) or hello.pid != worker.pid:
                     raise ClusterError(f"{worker.name} greeted with {hello!r}")
             self._channels = [connect(ps.target) for ps in self.ps]
         except BaseException:
@@ -216,7 +243,17 @@ class PSCluster:
         return tuple(replies)
 
     # --- worker jobs ---------------------------------------------------------------------
-    def run(self, jobs: Sequence[Mapping[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    @overload
+    def run(
+        self, jobs: Sequence[protocol.ThroughputJob], timeout: float
+    ) -> list[protocol.ThroughputReply]: ...
+
+    @overload
+    def run(
+        self, jobs: Sequence[protocol.SyncSGDJob], timeout: float
+    ) -> list[protocol.SyncSGDReply]: ...
+
+    def run(self, jobs: Sequence[JobMessage], timeout: float) -> Sequence[Reply]:
         """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
 
         With fewer jobs than workers, the workers after the last job stay idle. Raises
@@ -230,26 +267,101 @@ class PSCluster:
         for worker, job in zip(busy, jobs, strict=True):
             worker.send(job)
         try:
-            self._collect(busy, deadline, "prepare", expect="ready")
+            self._collect(busy, deadline, "prepare", protocol.Ready)
         except Exception:
             for worker in busy:
                 if worker.poll() is None:
-                    worker.send({"go": False})
+                    worker.send(protocol.Go(False))
             raise
         for worker in busy:
-            worker.send({"go": True})
-        replies = self._collect(busy, deadline, "run", expect="result")
-        return [reply["result"] for reply in replies]
+            worker.send(protocol.Go(True))
+        replies = self._collect(
+            busy, deadline, "run", (protocol.ThroughputReply, protocol.SyncSGDReply)
+        )
+        out: list[Reply] = []
+        for worker, job, reply in zip(busy, jobs, replies, strict=True):
+            wanted = (
+                protocol.ThroughputReply
+                if isinstance(job, protocol.ThroughputJob)
+                else protocol.SyncSGDReply
+            )
+            if not isinstance(reply, wanted):
+                raise ClusterError(f"{worker.name} answered a {job.kind} job with {reply!r}")
+            out.append(reply)
+        return out
+
+    def sync_sgd(
+        self,
+        shards: Sequence[Sequence[tuple[str, int, int]]],
+        run: StepRun,
+        *,
+        workers: int,
+        chunk_bytes: int,
+        learning_rate: float,
+        init: int,
+        barrier_timeout: float,
+        check: bool = False,
+    ) -> tuple[list[protocol.SyncSGDReply], tuple[service_pb2.PSJobStats, ...]]:
+        """Run one sync-SGD job: PS ``p`` owns ``shards[p]`` (``(tensor, offset, nbytes)``,
+        in its order), ``workers`` workers step against PS tasks ``0..len(shards)-1``.
+
+        The PS tasks are configured (``run.warmup`` steps within ``run.warmup_seconds``,
+        then at most ``run.iterations`` within ``run.time_limit_s``, each step's barrier
+        bounded by ``barrier_timeout``); each worker gets a
+        :class:`~pytest_tfgrpc.servers.jobs.SyncSGDJob` that allows one step more than that.
+        Returns the workers' replies and what each PS saw, within
+        ``run.job_timeout_s(barrier_timeout)``.
+        """
+        warmup, steps = run.warmup, run.iterations
+        tasks = range(len(shards))
+        self.configure(
+            [
+                service_pb2.PSJob(
+                    job_id=self.next_job_id(),
+                    task=ps,
+                    workers=workers,
+                    shards=[
+                        service_pb2.ShardSpec(tensor=tensor, offset=offset, nbytes=nbytes)
+                        for tensor, offset, nbytes in shards[ps]
+                    ],
+                    learning_rate=learning_rate,
+                    init=init,
+                    warmup_steps=warmup,
+                    steps=steps,
+                    warmup_seconds=run.warmup_seconds,
+                    max_seconds=run.time_limit_s,
+                    barrier_timeout_seconds=barrier_timeout,
+                )
+                for ps in tasks
+            ]
+        )
+        owned = tuple(tuple((offset, nbytes) for _, offset, nbytes in mine) for mine in shards)
+        jobs = [
+            protocol.SyncSGDJob(
+                targets=self.targets[: len(shards)],
+                worker=w,
+                shards=owned,
+                chunk_bytes=chunk_bytes,
+                warmup=warmup,
+                max_steps=warmup + steps + 1,
+                barrier_timeout=barrier_timeout,
+                check=check,
+            )
+            for w in range(workers)
+        ]
+        replies = self.run(jobs, run.job_timeout_s(barrier_timeout))
+        return replies, self.job_stats(list(tasks))
 
     def _collect(
         self,
         workers: Sequence[WorkerProcess],
         deadline: float,
         what: str,
-        expect: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """One message from each worker, or the first failure: a death, an error, a timeout."""
-        got: dict[int, dict[str, Any]] = {}
+        expect: type[Message] | tuple[type[Message], ...],
+    ) -> list[Message]:
+        """One message of type ``expect`` from each worker, or the first failure: a death,
+        an error, a timeout. Other messages are passed over."""
+        got: dict[int, Message] = {}
         errors: list[str] = []
         with selectors.DefaultSelector() as selector:
             for worker in workers:
@@ -258,13 +370,13 @@ class PSCluster:
                 for worker in workers:
                     if worker.index in got:
                         continue
-                    message = worker.take_line()
+                    message = worker.take_message()
                     if message is None:
                         continue
-                    if "error" in message:
-                        errors.append(f"{worker.name}: {message['error']}")
+                    if isinstance(message, protocol.WorkerFailed):
+                        errors.append(f"{worker.name}: {message.error}")
                         got[worker.index] = message
-                    elif expect is None or expect in message:
+                    elif isinstance(message, expect):
                         got[worker.index] = message
                 if len(got) == len(workers):
                     break

@@ -3,22 +3,24 @@
 Started by :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster` as ``python -m
 pytest_tfgrpc.servers.worker``.
 Workers are processes, not threads, so that W workers measure the network and the servers,
-not one interpreter's GIL. The parent talks to a worker in JSON lines:
+not one interpreter's GIL. The parent talks to a worker in the typed messages of
+:mod:`pytest_tfgrpc.servers.jobs`, one per line:
 
-1. the worker prints ``{"hello": pid}`` once it is up;
-2. the parent writes a job (``{"kind": "throughput" | "sync_sgd", ...}``); the worker connects
-   to every PS, prepares its tensors and prints ``{"ready": true}``;
-3. the parent writes ``{"go": true}`` to all workers at once (the start barrier); the worker
-   runs the job and prints ``{"result": {...}}``; then it waits for the next job.
+1. the worker prints :class:`~pytest_tfgrpc.servers.jobs.Hello` once it is up;
+2. the parent writes a job (:class:`~pytest_tfgrpc.servers.jobs.ThroughputJob` or
+   :class:`~pytest_tfgrpc.servers.jobs.SyncSGDJob`); the worker connects to every PS, prepares
+   its tensors and prints :class:`~pytest_tfgrpc.servers.jobs.Ready`;
+3. the parent writes :class:`~pytest_tfgrpc.servers.jobs.Go` to all workers at once (the start
+   barrier); the worker runs the job and prints its reply, samples packed as int64; then it
+   waits for the next job.
 
-Any failure is printed as ``{"error": "..."}``. The worker exits when its stdin closes, which
-is how no worker outlives its parent, however the parent ends.
+Any failure is printed as :class:`~pytest_tfgrpc.servers.jobs.WorkerFailed`. The worker exits
+when its stdin closes, which is how no worker outlives its parent, however the parent ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import queue
 import resource
@@ -26,12 +28,29 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 import numpy as np
+import numpy.typing as npt
 
+from pytest_tfgrpc.servers.jobs import (
+    Go,
+    Hello,
+    JobMessage,
+    Message,
+    MessageError,
+    Ready,
+    Reply,
+    SyncSGDJob,
+    SyncSGDReply,
+    ThroughputJob,
+    ThroughputReply,
+    WorkerFailed,
+    decode,
+    encode,
+)
 from pytest_tfgrpc.servers.parameter_server import (
     MEASURE,
     NEXT_PHASE_KEY,
@@ -50,9 +69,12 @@ from pytest_tfgrpc.wire.tensors import make_content
 GO_TIMEOUT_S = 120.0
 
 
-def _emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+M = TypeVar("M")
+
+
+def _emit(message: Message) -> None:
+    sys.stdout.buffer.write(encode(message))
+    sys.stdout.buffer.flush()
 
 
 def _cpu_ns() -> tuple[int, int]:
@@ -67,14 +89,13 @@ def _lifeline(lines: queue.Queue[bytes]) -> None:
     os._exit(0)
 
 
-async def _next_line(lines: queue.Queue[bytes], timeout: float) -> dict[str, Any]:
+async def _next_message(lines: queue.Queue[bytes], timeout: float, expect: type[M]) -> M:
     loop = asyncio.get_running_loop()
     try:
         line = await loop.run_in_executor(None, lambda: lines.get(timeout=timeout))
     except queue.Empty:
         raise BenchmarkError(f"no word from the parent within {timeout:g} s") from None
-    message: dict[str, Any] = json.loads(line)
-    return message
+    return decode(line, expect)
 
 
 def _describe(error: grpc.RpcError, target: str, what: str) -> str:
@@ -85,19 +106,19 @@ def _describe(error: grpc.RpcError, target: str, what: str) -> str:
 
 async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
     """The start barrier: say ready, then wait until the parent tells every worker to go."""
-    _emit({"ready": True})
-    if not (await _next_line(lines, GO_TIMEOUT_S)).get("go"):
+    _emit(Ready())
+    if not (await _next_message(lines, GO_TIMEOUT_S, Go)).go:
         raise BenchmarkError("the parent called the run off")
 
 
 # --- PS throughput ---------------------------------------------------------------------------
 async def _throughput(
-    job: dict[str, Any], channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
-) -> dict[str, Any]:
-    protobuf = job["mode"] == "protobuf"
+    job: ThroughputJob, channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
+) -> ThroughputReply:
+    protobuf = job.mode == "protobuf"
     calls = [ch.unary_unary(method("Throughput", raw=not protobuf)) for ch in channels]
-    payloads = [make_content(size) for size in job["payload_bytes"]]
-    timeouts = [rpc_timeout(size) for size in job["payload_bytes"]]
+    payloads = [make_content(size) for size in job.payload_bytes]
+    timeouts = [rpc_timeout(size) for size in job.payload_bytes]
     warm_meta = ((PHASE_KEY, WARMUP),)
     measure_meta = ((PHASE_KEY, MEASURE),)
     clock = time.perf_counter_ns
@@ -113,7 +134,7 @@ async def _throughput(
             try:
                 await call(message, timeout=timeout, metadata=meta)
             except grpc.RpcError as error:
-                raise BenchmarkError(_describe(error, job["targets"][ps], "Throughput")) from None
+                raise BenchmarkError(_describe(error, job.targets[ps], "Throughput")) from None
             t1 = clock()
             samples.append(t1 - t0)
             if t1 >= end:
@@ -125,7 +146,7 @@ async def _throughput(
     ignored: list[list[int]] = [[] for _ in calls]
     await asyncio.gather(
         *(
-            loop(ps, job["warmup"], job["warmup_seconds"], warm_meta, ignored[ps])
+            loop(ps, job.warmup, job.warmup_seconds, warm_meta, ignored[ps])
             for ps in range(len(calls))
         )
     )
@@ -134,47 +155,25 @@ async def _throughput(
     start = clock()
     await asyncio.gather(
         *(
-            loop(ps, job["iterations"], job["seconds"], measure_meta, samples[ps])
+            loop(ps, job.iterations, job.seconds, measure_meta, samples[ps])
             for ps in range(len(calls))
         )
     )
     elapsed = clock() - start
     cpu1 = _cpu_ns()
-    return {
-        "samples_ns": samples,
-        "elapsed_ns": elapsed,
-        "cpu_user_ns": cpu1[0] - cpu0[0],
-        "cpu_system_ns": cpu1[1] - cpu0[1],
-    }
+    return ThroughputReply(
+        samples_ns=tuple(_packed(s) for s in samples),
+        elapsed_ns=elapsed,
+        cpu_user_ns=cpu1[0] - cpu0[0],
+        cpu_system_ns=cpu1[1] - cpu0[1],
+    )
+
+
+def _packed(samples: list[int]) -> npt.NDArray[np.int64]:
+    return np.asarray(samples, dtype=np.int64)
 
 
 # --- sync SGD --------------------------------------------------------------------------------
-def sync_sgd_job(
-    *,
-    targets: Sequence[str],
-    worker: int,
-    shards: Sequence[Sequence[tuple[int, int]]],
-    chunk_bytes: int,
-    warmup: int,
-    max_steps: int,
-    barrier_timeout: float,
-    check: bool = False,
-) -> dict[str, Any]:
-    """The parent's side of a ``sync_sgd`` job for worker ``worker``: ``shards[p]`` lists the
-    ``(tensor offset, nbytes)`` of each shard PS ``targets[p]`` owns, in that PS's order."""
-    return {
-        "kind": "sync_sgd",
-        "targets": list(targets),
-        "worker": worker,
-        "check": check,
-        "chunk_bytes": chunk_bytes,
-        "shards": [[(offset, nbytes) for offset, nbytes in mine] for mine in shards],
-        "warmup": warmup,
-        "max_steps": max_steps,
-        "barrier_timeout": barrier_timeout,
-    }
-
-
 def _chunks(
     gradients: Sequence[np.ndarray], chunk_bytes: int
 ) -> list[bytes]:  # the slices of one push, serialized once
@@ -192,16 +191,14 @@ def _serialize(message: Any) -> bytes:
 
 
 async def _sync_sgd(
-    job: dict[str, Any], channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
-) -> dict[str, Any]:
-    worker: int = job["worker"]
-    check: bool = job["check"]
-    chunk_bytes: int = job["chunk_bytes"]
-    targets: list[str] = job["targets"]
+    job: SyncSGDJob, channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
+) -> SyncSGDReply:
+    worker, check, chunk_bytes = job.worker, job.check, job.chunk_bytes
+    targets = job.targets
     # Per PS: the (tensor offset, nbytes) of each shard it owns, in the PS's shard order.
-    shards: list[list[tuple[int, int]]] = [[tuple(s) for s in ps] for ps in job["shards"]]
-    owned = [sum(nbytes for _, nbytes in ps) for ps in shards]
-    timeout = job["barrier_timeout"] + rpc_timeout(max(owned, default=0))
+    shards = job.shards
+    owned = job.owned_bytes
+    timeout = job.barrier_timeout + rpc_timeout(max(owned, default=0))
     pushes = [ch.stream_unary(method("PushGradients")) for ch in channels]
     pulls = [ch.unary_stream(method("PullWeights")) for ch in channels]
 
@@ -239,11 +236,11 @@ async def _sync_sgd(
 
     await _wait_for_go(lines)
     clock = time.perf_counter_ns
-    phase = WARMUP if job["warmup"] > 0 else MEASURE
+    phase = WARMUP if job.warmup > 0 else MEASURE
     samples: list[int] = []
     cpu0: tuple[int, int] | None = None
     step = 0
-    while phase != STOP and step < job["max_steps"]:
+    while phase != STOP and step < job.max_steps:
         measured = phase == MEASURE
         bodies = fixed or [gradients(ps, step) for ps in range(len(channels))]
         if measured and cpu0 is None:
@@ -261,23 +258,22 @@ async def _sync_sgd(
         step += 1
     cpu1 = _cpu_ns()
     cpu0 = cpu0 or cpu1
-    return {
-        "samples_ns": samples,
-        "steps": step,
-        "cpu_user_ns": cpu1[0] - cpu0[0],
-        "cpu_system_ns": cpu1[1] - cpu0[1],
-    }
+    return SyncSGDReply(
+        samples_ns=_packed(samples),
+        steps=step,
+        cpu_user_ns=cpu1[0] - cpu0[0],
+        cpu_system_ns=cpu1[1] - cpu0[1],
+    )
 
 
-JOBS = {"throughput": _throughput, "sync_sgd": _sync_sgd}
-
-
-async def _run(job: dict[str, Any], lines: queue.Queue[bytes]) -> dict[str, Any]:
+async def _run(job: JobMessage, lines: queue.Queue[bytes]) -> Reply:
     channels: list[grpc.aio.Channel] = []
     try:
-        for target in job["targets"]:
+        for target in job.targets:
             channels.append(await connect_aio(target))
-        return await JOBS[job["kind"]](job, channels, lines)
+        if isinstance(job, ThroughputJob):
+            return await _throughput(job, channels, lines)
+        return await _sync_sgd(job, channels, lines)
     finally:
         for channel in channels:
             await channel.close()
@@ -287,17 +283,21 @@ def main() -> int:
     """Serve jobs from stdin until it closes."""
     lines: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
-    _emit({"hello": os.getpid()})
+    _emit(Hello(os.getpid()))
     while True:
-        job: dict[str, Any] = json.loads(lines.get())
-        if "kind" not in job:
+        try:
+            job: JobMessage | Go = decode(lines.get(), (ThroughputJob, SyncSGDJob, Go))
+        except MessageError as error:
+            _emit(WorkerFailed(f"bad job: {error}"))
+            continue
+        if isinstance(job, Go):
             continue  # a "go" meant for a job that failed before it was ready
         try:
-            result = asyncio.run(_run(job, lines))
-        except (BenchmarkError, grpc.RpcError, KeyError, ValueError) as error:
-            _emit({"error": str(error) or type(error).__name__})
+            reply = asyncio.run(_run(job, lines))
+        except (BenchmarkError, grpc.RpcError, ValueError) as error:
+            _emit(WorkerFailed(str(error) or type(error).__name__))
         else:
-            _emit({"result": result})
+            _emit(reply)
 
 
 if __name__ == "__main__":
