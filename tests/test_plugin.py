@@ -325,7 +325,7 @@ def test_the_transport_floor_is_measured_beside_on_request(
 def test_long_sweeps_report_progress_without_flooding(
     pytester: pytest.Pytester, quick: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_tfgrpc import plugin
+    from pytest_tfgrpc.plugin import fixtures as plugin
 
     pytester.makepyfile(
         """
