@@ -89,9 +89,10 @@ def pytest_runtest_makereport(
     item: pytest.Item,
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if hasattr(item.config, "workerinput") and state_key in item.config.stash:
-        if uses_tfgrpc(getattr(item, "fixturenames", ()), item):
-            setattr(report, REPORT_FLAG, True)
+    config = item.config
+    if hasattr(config, "workerinput") and state_key in config.stash:  # a tfgrpc run
+        tfgrpc_test = uses_tfgrpc(getattr(item, "fixturenames", ()), item)
+        setattr(report, REPORT_FLAG, tfgrpc_test)
     return report
 
 
