@@ -29,7 +29,7 @@ def test_every_public_name_resolves() -> None:
     )
     assert {"BudgetExceeded", "Topology"} <= set(dir(pytest_tfgrpc))
     with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
-        _ = pytest_tfgrpc.nonesuch  # type: ignore[attr-defined]
+        _ = pytest_tfgrpc.nonesuch
 
 
 def test_importing_the_package_and_its_public_names_module_stays_cheap() -> None:

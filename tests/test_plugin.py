@@ -15,7 +15,7 @@ def properties(xml_path: Path) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for suite in JUnitXml.fromfile(str(xml_path)):
         for case in suite:
-            out[case.name] = {p.name: p.value for p in case.properties()}
+            out[case.name] = {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
     return out
 
 

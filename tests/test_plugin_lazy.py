@@ -126,7 +126,7 @@ def test_the_xdist_controller_wakes_on_the_first_tfgrpc_report(
     result = pytester.runpytest_subprocess("-n", "2", f"--junitxml={xml}")
     result.assert_outcomes(passed=2)
     suite = next(iter(JUnitXml.fromfile(str(xml))))
-    names = {p.name for p in suite.properties()}
+    names = {p.name for p in suite.properties()}  # type: ignore[no-untyped-call]
     assert "tfgrpc.meta.host" in names or any(n.startswith("tfgrpc.meta.") for n in names)
 
     # and stays asleep when no test uses the plugin
@@ -135,4 +135,4 @@ def test_the_xdist_controller_wakes_on_the_first_tfgrpc_report(
     result = pytester.runpytest_subprocess("-n", "2", f"--junitxml={xml}")
     result.assert_outcomes(passed=1)
     suite = next(iter(JUnitXml.fromfile(str(xml))))
-    assert not any(p.name.startswith("tfgrpc.") for p in suite.properties())
+    assert not any(p.name.startswith("tfgrpc.") for p in suite.properties())  # type: ignore[no-untyped-call]

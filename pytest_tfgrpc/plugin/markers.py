@@ -14,8 +14,9 @@ from pytest_tfgrpc.bench.specs import (
     budget_spec,
     message_spec,
     run_marker_spec,
+    topology_spec,
 )
-from pytest_tfgrpc.model.placement import Topology, topology_spec
+from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.report.budget import Budget
 
 
