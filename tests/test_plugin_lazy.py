@@ -80,6 +80,7 @@ def test_a_test_that_uses_the_plugin_wakes_it(pytester: pytest.Pytester, test: s
     assert _heavy_modules(result) > 0
     # Woken during collection: the header lines follow the "collected" line.
     result.stdout.fnmatch_lines(["*collected 2 items", "tfgrpc: fabrics lo (127.0.0.1*"])
+    assert sum(line.startswith("tfgrpc: fabrics") for line in result.outlines) == 1
 
 
 def test_an_option_wakes_the_plugin_before_collection(pytester: pytest.Pytester) -> None:
@@ -88,6 +89,7 @@ def test_an_option_wakes_the_plugin_before_collection(pytester: pytest.Pytester)
     assert result.ret == 0, result.stdout.str()
     assert _heavy_modules(result) > 0
     result.stdout.fnmatch_lines(["tfgrpc: fabrics lo (127.0.0.1*", "*collected 1 item"])
+    assert sum(line.startswith("tfgrpc: fabrics") for line in result.outlines) == 1
 
 
 @pytest.mark.parametrize(
