@@ -1,31 +1,114 @@
-"""pytest-tfgrpc: communication-performance checks for gRPC tensor traffic, as pytest tests."""
+"""pytest-tfgrpc: communication-performance checks for gRPC tensor traffic, as pytest tests.
+
+The names in :data:`__all__` are the public API, imported lazily: ``import pytest_tfgrpc``
+(done by pytest at start-up through the plugin entry point) stays cheap and pulls in neither
+numpy nor grpc. Old module paths (``pytest_tfgrpc.budget``, ...) keep working with a
+:class:`DeprecationWarning`; see :mod:`pytest_tfgrpc._compat`.
+"""
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("pytest-tfgrpc")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+from pytest_tfgrpc import _compat
+
+_compat.install()
+
+#: Public name -> the module that defines it. Resolved on first use, by name, so that this
+#: package imports none of them at start-up.
+_EXPORTS = {
+    # results
+    "BenchmarkResult": "pytest_tfgrpc.results",
+    "SizeResult": "pytest_tfgrpc.results",
+    "CpuTime": "pytest_tfgrpc.results",
+    "Figure": "pytest_tfgrpc.results",
+    "PSResult": "pytest_tfgrpc.bench.ps",
+    "Summary": "pytest_tfgrpc.stats.summary",
+    "Sketch": "pytest_tfgrpc.stats.sketch",
+    # budgets
+    "assert_budget": "pytest_tfgrpc.report.budget",
+    "Budget": "pytest_tfgrpc.report.budget",
+    "BudgetError": "pytest_tfgrpc.report.budget",
+    "BudgetExceeded": "pytest_tfgrpc.report.budget",
+    # model profiles, placement, the analytic model
+    "load_profile": "pytest_tfgrpc.model.profiles",
+    "list_profiles": "pytest_tfgrpc.model.profiles",
+    "Profile": "pytest_tfgrpc.model.profiles",
+    "TensorSpec": "pytest_tfgrpc.model.profiles",
+    "Topology": "pytest_tfgrpc.model.placement",
+    "Placement": "pytest_tfgrpc.model.placement",
+    "place_profile": "pytest_tfgrpc.model.placement",
+    "HostCosts": "pytest_tfgrpc.model.analytic",
+    "LinkFit": "pytest_tfgrpc.model.analytic",
+    "StepPrediction": "pytest_tfgrpc.model.analytic",
+    # what the fixtures hand out
+    "Driver": "pytest_tfgrpc.bench.driver",
+    "RunSpec": "pytest_tfgrpc.bench.timing",
+    "Fabric": "pytest_tfgrpc.wire.fabric",
+    "FabricError": "pytest_tfgrpc.wire.fabric",
+    "ServerProcess": "pytest_tfgrpc.servers.processes",
+    "RemoteServer": "pytest_tfgrpc.servers.cluster_spec",
+    "PSCluster": "pytest_tfgrpc.servers.ps_cluster",
+    # payloads
+    "Payload": "pytest_tfgrpc.wire.schemes",
+    "Tensor": "pytest_tfgrpc.wire.tensors",
+}
 
 if TYPE_CHECKING:
+    from pytest_tfgrpc.bench.driver import Driver as Driver
+    from pytest_tfgrpc.bench.ps import PSResult as PSResult
+    from pytest_tfgrpc.bench.timing import RunSpec as RunSpec
+    from pytest_tfgrpc.model.analytic import HostCosts as HostCosts
+    from pytest_tfgrpc.model.analytic import LinkFit as LinkFit
+    from pytest_tfgrpc.model.analytic import StepPrediction as StepPrediction
+    from pytest_tfgrpc.model.placement import Placement as Placement
+    from pytest_tfgrpc.model.placement import Topology as Topology
+    from pytest_tfgrpc.model.placement import place_profile as place_profile
+    from pytest_tfgrpc.model.profiles import Profile as Profile
+    from pytest_tfgrpc.model.profiles import TensorSpec as TensorSpec
+    from pytest_tfgrpc.model.profiles import list_profiles as list_profiles
     from pytest_tfgrpc.model.profiles import load_profile as load_profile
+    from pytest_tfgrpc.report.budget import Budget as Budget
+    from pytest_tfgrpc.report.budget import BudgetError as BudgetError
+    from pytest_tfgrpc.report.budget import BudgetExceeded as BudgetExceeded
     from pytest_tfgrpc.report.budget import assert_budget as assert_budget
+    from pytest_tfgrpc.results import BenchmarkResult as BenchmarkResult
+    from pytest_tfgrpc.results import CpuTime as CpuTime
+    from pytest_tfgrpc.results import Figure as Figure
+    from pytest_tfgrpc.results import SizeResult as SizeResult
+    from pytest_tfgrpc.servers.cluster_spec import RemoteServer as RemoteServer
+    from pytest_tfgrpc.servers.processes import ServerProcess as ServerProcess
+    from pytest_tfgrpc.servers.ps_cluster import PSCluster as PSCluster
+    from pytest_tfgrpc.stats.sketch import Sketch as Sketch
+    from pytest_tfgrpc.stats.summary import Summary as Summary
+    from pytest_tfgrpc.wire.fabric import Fabric as Fabric
+    from pytest_tfgrpc.wire.fabric import FabricError as FabricError
+    from pytest_tfgrpc.wire.schemes import Payload as Payload
+    from pytest_tfgrpc.wire.tensors import Tensor as Tensor
 
-__all__ = ["__version__", "assert_budget", "load_profile"]
+    __version__: str
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
-    # Imported lazily: ``import pytest_tfgrpc`` (done by pytest at start-up through the
-    # plugin entry point) must stay cheap and must not pull in numpy or grpc.
-    if name == "assert_budget":
-        from pytest_tfgrpc.report.budget import assert_budget
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
 
-        return assert_budget
-    if name == "load_profile":
-        from pytest_tfgrpc.model.profiles import load_profile
+        try:
+            value: Any = version("pytest-tfgrpc")
+        except PackageNotFoundError:  # a source tree that is not installed
+            value = "0.0.0"
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _compat.MOVES:  # pytest_tfgrpc.budget without importing it: an old path
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return load_profile
-    raise AttributeError(f"module 'pytest_tfgrpc' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

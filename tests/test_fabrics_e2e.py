@@ -9,12 +9,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import QUICK, pid_alive
 from junitparser.xunit2 import JUnitXml
-from netns import can_make_links, veth_link
+from netns import VethLink, can_make_links, veth_link
 
 from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import interface_counters, resolve_fabric
@@ -43,7 +44,7 @@ print(service_pb2.ServerStatus.FromString(status).target)
 
 
 @pytest.fixture
-def link():  # type: ignore[no-untyped-def]
+def link() -> Iterator[VethLink]:
     ok, reason = can_make_links()
     if not ok:
         pytest.skip(reason)
@@ -53,7 +54,7 @@ def link():  # type: ignore[no-untyped-def]
 
 def test_a_suite_runs_on_each_fabric(
     pytester: pytest.Pytester,
-    link,  # type: ignore[no-untyped-def]
+    link: VethLink,
 ) -> None:
     pytester.makepyfile(SUITE)
     xml = pytester.path / "perf.xml"
@@ -63,7 +64,7 @@ def test_a_suite_runs_on_each_fabric(
     summary = result.stdout.str().split("= tfgrpc =", 1)[1].splitlines()
     assert sum(line.rstrip().endswith(("best", "worst")) for line in summary) == 4
     cases = {
-        case.name: {p.name: p.value for p in case.properties()}
+        case.name: {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
         for suite in JUnitXml.fromfile(str(xml))
         for case in suite
     }

@@ -287,9 +287,9 @@ def test_a_step_is_placed_once_and_the_model_takes_that_placement(
 
     for name, module in list(sys.modules.items()):
         if name.startswith("pytest_tfgrpc"):
-            if getattr(module, "place_profile", None) is real_place:
+            if vars(module).get("place_profile") is real_place:
                 monkeypatch.setattr(module, "place_profile", count_place)
-            if getattr(module, "load_profile", None) is real_load:
+            if vars(module).get("load_profile") is real_load:
                 monkeypatch.setattr(module, "load_profile", count_load)
     driver = Driver(
         test="t",

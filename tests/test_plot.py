@@ -282,7 +282,7 @@ def test_a_label_measured_by_two_tests_gets_a_plot_per_test() -> None:
         "latency_p2p_latency__test_unary.png",
     ]
     [ax] = names["latency_p2p_latency__test_unary.png"].axes
-    assert sorted(line.get_label() for line in ax.get_lines()) == [
+    assert sorted(str(line.get_label()) for line in ax.get_lines()) == [
         "eth0 p50",
         "eth0 p99",
         "lo p50",

@@ -15,7 +15,7 @@ def properties(xml_path: Path) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for suite in JUnitXml.fromfile(str(xml_path)):
         for case in suite:
-            out[case.name] = {p.name: p.value for p in case.properties()}
+            out[case.name] = {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
     return out
 
 
@@ -328,7 +328,7 @@ def test_the_transport_floor_is_measured_beside_on_request(
 def test_long_sweeps_report_progress_without_flooding(
     pytester: pytest.Pytester, quick: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_tfgrpc import plugin
+    from pytest_tfgrpc.plugin import fixtures as plugin
 
     pytester.makepyfile(
         """

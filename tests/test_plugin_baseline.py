@@ -41,12 +41,12 @@ def cases(xml: Path) -> dict[str, tuple[str, dict[str, str]]]:
     for suite in JUnitXml.fromfile(str(xml)):
         for case in suite:
             outcome = "passed" if case.is_passed else type(case.result[0]).__name__.lower()
-            out[case.name] = (outcome, {p.name: p.value for p in case.properties()})
+            out[case.name] = (outcome, {p.name: p.value for p in case.properties()})  # type: ignore[attr-defined]
     return out
 
 
 def suite_properties(xml: Path) -> dict[str, str]:
-    return {p.name: p.value for suite in JUnitXml.fromfile(str(xml)) for p in suite.properties()}
+    return {p.name: p.value for suite in JUnitXml.fromfile(str(xml)) for p in suite.properties()}  # type: ignore[no-untyped-call]
 
 
 def run(pytester: pytest.Pytester, xml: str, delay: str, *args: str) -> pytest.RunResult:

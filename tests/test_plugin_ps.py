@@ -13,7 +13,7 @@ FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=5")
 
 def properties(xml: str) -> dict[str, dict[str, str]]:
     return {
-        case.name: {p.name: p.value for p in case.properties()}
+        case.name: {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
         for suite in JUnitXml.fromfile(xml)
         for case in suite
     }

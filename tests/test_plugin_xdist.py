@@ -38,11 +38,11 @@ def test_two_workers_lose_no_figure_and_never_measure_at_once(
     cases = [case for suite in JUnitXml.fromfile(str(xml)) for case in suite]
     assert sorted(case.name for case in cases) == [f"test_latency[{n}-lo]" for n in range(4)]
     for case in cases:
-        props = {p.name: p.value for p in case.properties()}
+        props = {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
         for size in ("1KiB", "64KiB"):
             assert props[f"tfgrpc.p2p_latency.{size}.samples"] == "30"
             float(props[f"tfgrpc.p2p_latency.{size}.p50_us"])
-    suite_props = {p.name for suite in JUnitXml.fromfile(str(xml)) for p in suite.properties()}
+    suite_props = {p.name for suite in JUnitXml.fromfile(str(xml)) for p in suite.properties()}  # type: ignore[no-untyped-call]
     assert "tfgrpc.meta.grpcio" in suite_props
     spans = sorted(json.loads(line) for line in windows.read_text().splitlines())
     assert {worker for _, _, worker in spans} == {"gw0", "gw1"}

@@ -22,7 +22,8 @@ LO = resolve_fabric("lo")
 def status(target: str) -> service_pb2.ServerStatus:
     with grpc.insecure_channel(target) as channel:
         reply = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=5)
-    return service_pb2.ServerStatus.FromString(reply)
+    status: service_pb2.ServerStatus = service_pb2.ServerStatus.FromString(reply)
+    return status
 
 
 def test_a_server_serves_on_the_fabric_address_and_stops() -> None:

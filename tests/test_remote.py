@@ -107,7 +107,7 @@ def test_a_remote_server_is_measured_across_the_link(pytester: pytest.Pytester) 
                 [f"tfgrpc: remote tensor servers from *: ps[[]0[]] {target}"]
             )
             props = {
-                case.name: {p.name: p.value for p in case.properties()}
+                case.name: {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
                 for suite in JUnitXml.fromfile(str(xml))
                 for case in suite
             }

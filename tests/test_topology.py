@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_tfgrpc.bench.specs import SpecError
+from pytest_tfgrpc.bench.specs import SpecError, topology_spec
 from pytest_tfgrpc.model.placement import (
     DEFAULT_PARTITION_BYTES,
     SHARDINGS,
@@ -13,7 +13,6 @@ from pytest_tfgrpc.model.placement import (
     Topology,
     place,
     place_profile,
-    topology_spec,
 )
 from pytest_tfgrpc.model.profiles import list_profiles, load_profile
 

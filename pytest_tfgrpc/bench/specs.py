@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.profiles import Profile, list_profiles, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetError, parse_budget
 from pytest_tfgrpc.units import UnitError, parse_seconds, parse_sizes
@@ -216,3 +217,36 @@ def run_spec(
         return replace(default, **values)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{where}: {exc}") from None
+
+
+_TOPOLOGY_MARKER = "@pytest.mark.ps_topology"
+_TOPOLOGY_ARGUMENTS = ("ps", "workers", "sharding")
+
+
+def topology_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Topology:
+    """``@ps_topology(ps=1, workers=1, sharding="round_robin")`` -> :class:`Topology`.
+
+    Arguments may also be given positionally in that order. Raises
+    :class:`SpecError` naming the marker and the argument.
+    """
+    unknown = sorted(set(kwargs) - set(_TOPOLOGY_ARGUMENTS))
+    if unknown:
+        raise SpecError(
+            f"{_TOPOLOGY_MARKER}: unknown argument {unknown[0]!r}; "
+            f"it takes {', '.join(_TOPOLOGY_ARGUMENTS)}"
+        )
+    if len(args) > len(_TOPOLOGY_ARGUMENTS):
+        raise SpecError(
+            f"{_TOPOLOGY_MARKER} takes at most {len(_TOPOLOGY_ARGUMENTS)} positional arguments "
+            f"({', '.join(_TOPOLOGY_ARGUMENTS)}), not {len(args)}"
+        )
+    values: dict[str, Any] = {"ps": 1, "workers": 1, "sharding": "round_robin"}
+    for name, value in zip(_TOPOLOGY_ARGUMENTS, args, strict=False):
+        if name in kwargs:
+            raise SpecError(f"{_TOPOLOGY_MARKER}: {name} given both positionally and as {name}=")
+        values[name] = value
+    values.update(kwargs)
+    try:  # Topology checks ps, workers, sharding in this order
+        return Topology(ps=values["ps"], workers=values["workers"], sharding=values["sharding"])
+    except ValueError as exc:
+        raise SpecError(f"{_TOPOLOGY_MARKER} argument {exc}") from None

@@ -27,9 +27,8 @@ and only partitioning keeps the imbalance near 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_tfgrpc.model.profiles import Profile
 
@@ -42,7 +41,6 @@ __all__ = [
     "place",
     "place_profile",
     "placed_on",
-    "topology_spec",
 ]
 
 SHARDINGS = ("round_robin", "greedy", "partitioned")
@@ -77,46 +75,6 @@ class Topology:
         _check_count("ps", self.ps, "parameter servers")
         _check_count("workers", self.workers, "workers")
         _check_sharding(self.sharding)
-
-
-_MARKER = "@pytest.mark.ps_topology"
-_ARGUMENTS = ("ps", "workers", "sharding")
-
-
-def topology_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Topology:
-    """``@ps_topology(ps=1, workers=1, sharding="round_robin")`` -> :class:`Topology`.
-
-    Arguments may also be given positionally in that order. Raises
-    :class:`~pytest_tfgrpc.bench.specs.SpecError` naming the marker and the argument.
-    """
-    # Imported here: specs may one day import this module to build its own specs.
-    from pytest_tfgrpc.bench.specs import SpecError
-
-    unknown = sorted(set(kwargs) - set(_ARGUMENTS))
-    if unknown:
-        raise SpecError(
-            f"{_MARKER}: unknown argument {unknown[0]!r}; it takes {', '.join(_ARGUMENTS)}"
-        )
-    if len(args) > len(_ARGUMENTS):
-        raise SpecError(
-            f"{_MARKER} takes at most {len(_ARGUMENTS)} positional arguments "
-            f"({', '.join(_ARGUMENTS)}), not {len(args)}"
-        )
-    values: dict[str, Any] = {"ps": 1, "workers": 1, "sharding": "round_robin"}
-    for name, value in zip(_ARGUMENTS, args, strict=False):
-        if name in kwargs:
-            raise SpecError(f"{_MARKER}: {name} given both positionally and as {name}=")
-        values[name] = value
-    values.update(kwargs)
-    for name in _ARGUMENTS:
-        try:
-            if name == "sharding":
-                _check_sharding(values[name])
-            else:
-                _check_count(name, values[name], "parameter servers" if name == "ps" else name)
-        except ValueError as exc:
-            raise SpecError(f"{_MARKER} argument {exc}") from None
-    return Topology(ps=values["ps"], workers=values["workers"], sharding=values["sharding"])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,161 @@
+"""Old module paths, kept working with a :class:`DeprecationWarning`.
+
+The package moved from flat modules (``pytest_tfgrpc.budget``) to one subpackage per concern
+(``pytest_tfgrpc.report.budget``). :data:`MOVES` maps every old name to its new home, once;
+a meta-path finder then serves ``import pytest_tfgrpc.budget`` (and its submodules, and
+``python -m pytest_tfgrpc.server``) with the module at the new path, the very same module
+object, after a warning that names the new path. Where an old module's name is now a
+subpackage's (``stats``, ``model``, ``report``), that subpackage forwards the old module's
+names through :func:`forwarding_getattr`.
+
+Imports nothing of the package: the new modules are imported by name only when an old path
+is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
+from types import CodeType, ModuleType
+from typing import Any
+
+PACKAGE = "pytest_tfgrpc"
+
+#: Old module (relative to the package) -> its new home (relative to the package).
+MOVES: dict[str, str] = {
+    "_proto": "wire._proto",
+    "codec": "wire.codec",
+    "payload": "wire.tensors",
+    "schemes": "wire.schemes",
+    "transport": "wire.channels",
+    "client": "wire.client",
+    "fabric": "wire.fabric",
+    "process": "servers.processes",
+    "server": "servers.tensor_server",
+    "ps_service": "servers.parameter_server",
+    "worker": "servers.worker",
+    "cluster": "servers.ps_cluster",
+    "remote": "servers.cluster_spec",
+    "floor": "servers.floor_server",
+    "tuning": "servers.allocator",
+    "architectures": "model.architectures",
+    "profiles": "model.profiles",
+    "topology": "model.placement",
+    "model": "model.analytic",
+    "stats": "stats.summary",
+    "sketch": "stats.sketch",
+    "budget": "report.budget",
+    "gate": "report.gate",
+    "compare": "report.compare",
+    "report": "report.summary",
+    "resultlog": "report.results_file",
+    "plot": "report.plot",
+    "metadata": "report.metadata",
+    "driver": "bench.driver",
+    "specs": "bench.specs",
+    "serial": "bench.runlock",
+    "compare_cli": "cli.compare",
+    "model_cli": "cli.model",
+}
+
+
+def new_name(fullname: str) -> str | None:
+    """The module that old path ``fullname`` now names, or None if it is not an old path.
+    Old names that are now a subpackage's own name are not paths of this kind."""
+    parts = fullname.split(".")
+    if len(parts) < 2 or parts[0] != PACKAGE or parts[1] not in MOVES:
+        return None
+    moved = MOVES[parts[1]]
+    if moved.split(".")[0] == parts[1]:  # stats -> stats.summary: see forwarding_getattr
+        return None
+    return ".".join([PACKAGE, moved, *parts[2:]])
+
+
+def _warn(old: str, new: str) -> None:
+    # stacklevel 2 plus the import machinery's frames, which warnings skips: the importer.
+    warnings.warn(
+        f"{old} is deprecated: the module moved to {new}; import it from there",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class _AliasLoader:
+    """Loads an old path as the module at its new path (the same object)."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old = old
+        self.new = new
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        _warn(self.old, self.new)
+        module = importlib.import_module(self.new)
+        self._real_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system set __spec__ to the alias's: give the module its own back.
+        module.__spec__ = self._real_spec
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """For ``python -m OLD``: the code of the new module, run as ``__main__``."""
+        _warn(self.old, self.new)
+        spec = importlib.util.find_spec(self.new)
+        loader = spec.loader if spec is not None else None
+        get_code = getattr(loader, "get_code", None)
+        if get_code is None:
+            raise ImportError(f"no code for {self.new}", name=fullname)
+        code: CodeType | None = get_code(self.new)
+        return code
+
+    def is_package(self, fullname: str) -> bool:
+        spec = importlib.util.find_spec(self.new)
+        return spec is not None and spec.submodule_search_locations is not None
+
+
+class AliasFinder:
+    """A :data:`sys.meta_path` finder for the old paths of :data:`MOVES`."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        new = new_name(fullname)
+        if new is None:
+            return None
+        return ModuleSpec(fullname, _AliasLoader(fullname, new))  # type: ignore[arg-type]
+
+
+def install() -> None:
+    """Put the finder in :data:`sys.meta_path` (once)."""
+    if not any(isinstance(finder, AliasFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, AliasFinder())
+
+
+def forwarding_getattr(package: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for subpackage ``package`` whose name an old module had: an
+    old name looked up on it comes from the old module's new home, with a warning."""
+    short = package.removeprefix(PACKAGE + ".")
+    target = f"{PACKAGE}.{MOVES[short]}"
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        if importlib.util.find_spec(f"{package}.{name}") is not None:  # a submodule
+            return importlib.import_module(f"{package}.{name}")
+        module = importlib.import_module(target)
+        try:
+            value = getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        warnings.warn(
+            f"{package}.{name} is deprecated: it moved to {target}.{name}; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
+
+    return __getattr__

@@ -1,0 +1,75 @@
+"""A test's markers read into specs, once per test, and the processes a test watches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import pytest
+
+from pytest_tfgrpc.bench.specs import (
+    MessageSpec,
+    RunOverrides,
+    SpecError,
+    budget_spec,
+    message_spec,
+    run_marker_spec,
+    topology_spec,
+)
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.report.budget import Budget
+
+
+class Watched(Protocol):
+    """Processes a test uses: a death among them fails the test."""
+
+    def died(self, grace: float = 0.5) -> BaseException | None: ...
+
+
+@dataclass(frozen=True)
+class ItemSpecs:
+    """What a test's markers declare, validated once at setup."""
+
+    messages: MessageSpec | None
+    budget: Budget | None
+    topology: Topology
+    run: RunOverrides
+
+
+watched_key = pytest.StashKey[list[Watched]]()
+_specs_key = pytest.StashKey[ItemSpecs]()
+
+
+def item_specs(item: pytest.Item) -> ItemSpecs:
+    """The specs of ``item``'s markers (closest marker wins; budgets merge, closest last).
+
+    Raises :class:`SpecError` naming the marker and the argument."""
+    cached = item.stash.get(_specs_key, None)
+    if cached is not None:
+        return cached
+    messages: MessageSpec | None = None
+    budget: Budget | None = None
+    mark = item.get_closest_marker("message_profile")
+    if mark is not None:
+        messages = message_spec(mark.args, mark.kwargs)
+    for mark in reversed(list(item.iter_markers("budget"))):  # closest last: it wins
+        spec = budget_spec(mark.args, mark.kwargs)
+        budget = spec if budget is None else budget.merged(spec)
+    mark = item.get_closest_marker("ps_topology")
+    topology = topology_spec(mark.args, mark.kwargs) if mark is not None else Topology(1, 1)
+    mark = item.get_closest_marker("tfgrpc_run")
+    run = run_marker_spec(mark.args, mark.kwargs) if mark is not None else RunOverrides()
+    specs = ItemSpecs(messages, budget, topology, run)
+    item.stash[_specs_key] = specs
+    return specs
+
+
+def check_markers(item: pytest.Item) -> None:
+    """Fail ``item`` at setup, naming it, when one of its markers is malformed."""
+    try:
+        item_specs(item)
+    except SpecError as exc:
+        problem = f"{item.nodeid}: {exc}"
+    else:
+        return
+    pytest.fail(problem, pytrace=False)

@@ -1,0 +1,253 @@
+"""The run's tfgrpc state and the hooks that act on every tfgrpc test: built by
+:func:`start` when the run first uses the plugin (see ``activation``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from _pytest.junitxml import xml_key  # pytest's own JUnit writer: suite properties
+
+from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
+from pytest_tfgrpc.bench.specs import RunOverrides
+from pytest_tfgrpc.plugin.markers import check_markers, watched_key
+from pytest_tfgrpc.plugin.options import RUN_OPTIONS, option
+from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
+from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
+from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
+from pytest_tfgrpc.report.plot import plot_available
+from pytest_tfgrpc.report.properties import PREFIX
+from pytest_tfgrpc.report.results_file import ResultLog
+from pytest_tfgrpc.servers.allocator import apply_policy
+from pytest_tfgrpc.servers.cluster_spec import ClusterSpec, ClusterSpecError, load_cluster_spec
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.units import UnitError, parse_seconds
+from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
+
+SESSION_NAME = "tfgrpc-session"
+_MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
+
+
+@dataclass
+class RunState:
+    """What every tfgrpc test of the run shares."""
+
+    fabrics: tuple[Fabric, ...]
+    options: RunOverrides
+    server_env: dict[str, str] | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+    gate: BaselineGate | None = None
+    cluster: ClusterSpec | None = None
+    servers: list[ServerProcess] = field(default_factory=list)
+    #: Set once the header lines and the suite properties have been given out.
+    header_shown: bool = False
+    meta_written: bool = False
+
+    def stop_servers(self) -> None:
+        while self.servers:
+            self.servers.pop().stop()
+
+
+def run_overrides(config: pytest.Config) -> RunOverrides:
+    """The run settings of the ``--tfgrpc-*`` run options; a bad value is a usage error
+    naming the option and the value."""
+    values: dict[str, float | int | None] = {}
+    for name in RUN_OPTIONS:
+        raw = config.getoption(f"tfgrpc_{name}") or config.getini(f"tfgrpc_{name}")
+        if raw in (None, ""):
+            values[name] = None
+            continue
+        flag = "--tfgrpc-" + name.replace("_", "-")
+        try:
+            if name in ("iterations", "warmup"):
+                number = int(str(raw))
+                if number < (1 if name == "iterations" else 0):
+                    raise ValueError
+                values[name] = number
+            else:
+                values[name] = parse_seconds(str(raw))
+        except (ValueError, UnitError) as exc:
+            message = f"{flag} / tfgrpc_{name}: invalid value {raw!r} {exc}".rstrip()
+            raise pytest.UsageError(message) from None
+    return RunOverrides(
+        iterations=values["iterations"],  # type: ignore[arg-type]
+        warmup=values["warmup"],  # type: ignore[arg-type]
+        max_seconds=values["max_time"],
+        warmup_seconds=values["warmup_time"],
+        duration=values["duration"],
+    )
+
+
+def _baseline_gate(
+    config: pytest.Config, meta: dict[str, str], fabrics: tuple[Fabric, ...]
+) -> BaselineGate | None:
+    path = option(config, "tfgrpc_baseline")
+    if not path:
+        return None
+    try:
+        alpha = option(config, "tfgrpc_alpha")
+        settings = settings_from_options(
+            str(path),
+            option(config, "tfgrpc_max_regression") or [],
+            alpha=float(alpha) if alpha is not None else None,
+            inconclusive=option(config, "tfgrpc_inconclusive"),
+            bad_baseline=option(config, "tfgrpc_bad_baseline"),
+            mismatch=option(config, "tfgrpc_baseline_mismatch"),
+        )
+        unprefixed = {k.removeprefix(META_PREFIX): v for k, v in meta.items()}
+        return BaselineGate(settings, unprefixed, [f.name for f in fabrics])
+    except (ValueError, GateSetupError) as exc:
+        raise pytest.UsageError(f"tfgrpc baseline: {exc}") from None
+
+
+def start(config: pytest.Config) -> RunState:
+    """Resolve the fabrics, apply the allocator policy, gather the run metadata, set up the
+    gate, and register the hooks of a tfgrpc run. Raises :class:`pytest.UsageError` naming
+    the option whose value is bad."""
+    given = config.getoption("tfgrpc_fabric") or config.getini("tfgrpc_fabric") or ["lo"]
+    try:
+        fabrics = resolve_fabrics(parse_fabric_names(given))
+    except FabricError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    options = run_overrides(config)
+    policy = config.getoption("tfgrpc_allocator") or config.getini("tfgrpc_allocator")
+    try:
+        cluster = load_cluster_spec(option(config, "tfgrpc_cluster"), os.environ)
+    except ClusterSpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    plot_dir = option(config, "tfgrpc_plot")
+    if plot_dir and not hasattr(config, "workerinput"):
+        available, why = plot_available()
+        if not available:
+            raise pytest.UsageError(f"--tfgrpc-plot: {why}")
+    try:
+        server_env = apply_policy(policy)
+    except ValueError as exc:
+        raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
+    meta = run_metadata(fabrics)
+    state = RunState(
+        fabrics=fabrics,
+        options=options,
+        server_env=server_env,
+        meta=meta,
+        gate=_baseline_gate(config, meta, fabrics),
+        cluster=cluster,
+    )
+    config.pluginmanager.register(TfgrpcSession(state), SESSION_NAME)
+    if not hasattr(config, "workerinput"):  # the xdist controller or a plain run reports
+        results_path = option(config, "tfgrpc_results")
+        reporter = SummaryReporter(
+            [f.name for f in fabrics],
+            state.gate,
+            ResultLog(results_path) if results_path else None,
+            str(plot_dir) if plot_dir else None,
+        )
+        config.pluginmanager.register(reporter, REPORTER_NAME)
+        _write_suite_properties(config, state)
+    return state
+
+
+def _write_suite_properties(config: pytest.Config, state: RunState) -> None:
+    # Run metadata as suite properties, written by the process that writes the XML (the
+    # xdist controller too, where record_testsuite_property from workers is lost).
+    logxml = config.stash.get(xml_key, None)
+    if state.meta_written or logxml is None:
+        return
+    for name, value in state.meta.items():
+        logxml.add_global_property(name, value)
+    state.meta_written = True
+
+
+def header_lines(config: pytest.Config, state: RunState) -> list[str]:
+    """The tfgrpc lines of the run's header: fabrics, grpcio, xdist, cluster, baseline."""
+    fabrics = ", ".join(
+        f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in state.fabrics
+    )
+    lines = [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}"]
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+        lines.append(
+            "tfgrpc: pytest-xdist: tests that measure run one at a time across workers, "
+            "so that no measurement shares the machine with another"
+        )
+    if state.cluster is not None:
+        servers = ", ".join(f"ps[{t.index}] {t.target}" for t in state.cluster.job("ps"))
+        lines.append(f"tfgrpc: remote tensor servers from {state.cluster.source}: {servers}")
+    gate = state.gate
+    if gate is not None:
+        tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
+        lines.append(
+            f"tfgrpc: baseline {gate.settings.baseline_path} (tolerance {tolerances}, "
+            f"alpha {gate.settings.alpha}, inconclusive: {gate.settings.inconclusive})"
+        )
+        lines += [f"tfgrpc: WARNING {warning}" for warning in gate.warnings]
+    return lines
+
+
+class TfgrpcSession:
+    """The hooks of a run that uses the plugin."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def _header(self, config: pytest.Config) -> list[str]:
+        if self.state.header_shown:
+            return []
+        self.state.header_shown = True
+        return header_lines(config, self.state)
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        return self._header(config)
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
+        # Woken during collection: the header has gone by, the lines follow "collected N".
+        return self._header(config)
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if not hasattr(session.config, "workerinput"):
+            _write_suite_properties(session.config, self.state)
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        check_markers(item)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        workerinput = getattr(item.config, "workerinput", None)
+        uses = _MEASURING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if workerinput is None or not uses:
+            return (yield)
+        # Under pytest-xdist: set up, measure and tear down one test at a time, run-wide.
+        with MeasurementLock(lock_path(str(workerinput["testrunuid"]))):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        result = yield
+        # A process that died during the test fails it, even if the test never noticed.
+        for watched in item.stash.get(watched_key, []):
+            death = watched.died(grace=0)
+            if death is not None:
+                raise death
+        gate = self.state.gate
+        if gate is not None and any(name.startswith(PREFIX) for name, _ in item.user_properties):
+            verdict = gate.judge(item.nodeid, item.user_properties)
+            item.user_properties.extend(verdict.properties)
+            if verdict.failure is not None:
+                # Fails the call itself, so the regression is a failure in the JUnit XML.
+                pytest.fail(verdict.failure, pytrace=False)
+        return result
+
+    def pytest_sessionfinish(self) -> None:
+        # Normally every fixture has stopped its server by now; after a Ctrl-C or an
+        # internal error some may not have run their teardown.
+        self.state.stop_servers()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.state.stop_servers()
+        reporter = config.pluginmanager.get_plugin(REPORTER_NAME)
+        if reporter is not None:
+            reporter.close()
+            config.pluginmanager.unregister(reporter, REPORTER_NAME)
+        config.pluginmanager.unregister(self, SESSION_NAME)
