@@ -48,6 +48,7 @@ __all__ = [
     "EmulatedFabric",
     "EmulatedHost",
     "FabricBuildError",
+    "HostAgent",
     "HostSpec",
     "allocation_lock",
     "build_fabric",
@@ -553,3 +554,56 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class HostAgent:
+    """A node agent (``tfgrpc-node``) running inside an emulated host, a child of this process.
+
+    It stops when this process ends (its stdin is our pipe), on :meth:`stop`, or with the
+    host's namespace; :meth:`kill` ends it abruptly (SIGKILL), as a crashed host would.
+    """
+
+    def __init__(self, host: EmulatedHost, token_file: str, *, ready_timeout: float = 30.0) -> None:
+        from pytest_tfgrpc.servers.processes import ChildProcess, ServerError
+
+        argv = host.command(
+            [sys.executable, "-m", "pytest_tfgrpc.servers.agent", "--fabric", host.iface,
+             "--port", "0", "--token-file", token_file, "--host-name", host.name,
+             "--exit-on-stdin-eof"]
+        )  # fmt: skip
+        self.host = host
+        self._child = ChildProcess(argv, name=f"agent on {host.name}")
+        stdout = self._child._proc.stdout
+        deadline = time.monotonic() + ready_timeout
+        line = b""
+        while not line.endswith(b"\n"):
+            import select
+
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([stdout], [], [], remaining)[0]:
+                self._child.stop()
+                raise ServerError(
+                    f"agent on {host.name} not ready in {ready_timeout:g} s:"
+                    f" {self._child.stderr_tail()}"
+                )
+            chunk = os.read(stdout.fileno(), 4096)
+            if not chunk:
+                tail = self._child.stderr_tail()
+                self._child.stop()
+                raise ServerError(f"agent on {host.name} exited before it was ready: {tail}")
+            line += chunk
+        self.target = str(json.loads(line)["target"])
+
+    @property
+    def pid(self) -> int:
+        """The agent's pid (the ``ip netns exec`` it ran as became the agent)."""
+        return self._child.pid
+
+    def kill(self) -> None:
+        """SIGKILL the agent: its roles lose their stdin and end, drivers see it gone."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._child.pid, signal.SIGKILL)
+
+    def stop(self) -> int:
+        """Stop the agent (stdin EOF; it stops its roles first); its exit status."""
+        return self._child.stop()
