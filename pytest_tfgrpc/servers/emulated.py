@@ -72,6 +72,10 @@ DEFAULT_IFACE = "fab0"
 PREFIX = "tfgf"
 STATE_DIR = Path("/run/tfgrpc-fabric")
 _NETNS_DIR = Path("/run/netns")
+#: ``ip netns exec NS`` bind-mounts the files of /etc/netns/NS over /etc: each host gets a
+#: hosts file naming every host of its fabric, so host names resolve inside hosts as on a
+#: cluster.
+_NETNS_ETC = Path("/etc/netns")
 _SYS_NET = Path("/sys/class/net")
 _HOST_NAME = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
 _RATE = re.compile(r"^(?P<number>\d+(?:\.\d+)?)(?P<unit>[kmgt]?)(?P<kind>bit|bps)$")
@@ -408,6 +412,7 @@ def remove_fabric(fabric: EmulatedFabric, *, quiet: bool = False) -> None:
         for args in (["ip", "link", "del", "dev", host.link], ["ip", "netns", "del", host.netns]):
             with contextlib.suppress(FabricBuildError):
                 run_command(args, timeout=fabric.timeout, check=False)
+        shutil.rmtree(_NETNS_ETC / host.netns, ignore_errors=True)
         if (_SYS_NET / host.link).exists():
             problems.append(f"link {host.link} still exists")
         if (_NETNS_DIR / host.netns).exists():
@@ -464,6 +469,7 @@ def remove_leftovers(*, everything: bool = False) -> list[str]:
             if match and match[1] not in kept and not _state_exists(match[1]):
                 _kill_namespace_processes(name, 10.0)
                 run_command(["ip", "netns", "del", name], timeout=10.0, check=False)
+                shutil.rmtree(_NETNS_ETC / name, ignore_errors=True)
                 removed.append(name)
     for name in sorted(os.listdir(_SYS_NET)):
         match = stray_if.match(name)
@@ -522,6 +528,11 @@ def _create(fabric: EmulatedFabric) -> None:
         run_command([*ns, "ip", "link", "set", "dev", "lo", "up"], timeout=t)
         run_command([*ns, "ip", "link", "set", "dev", host.iface, "up"], timeout=t)
         run_command(["ip", "link", "set", "dev", host.link, "up"], timeout=t)
+    names = "".join(f"{host.address}\t{host.name}\n" for host in fabric.hosts)
+    for host in fabric.hosts:
+        etc = _NETNS_ETC / host.netns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost\n{names}")
     deadline = time.monotonic() + t
     for host in fabric.hosts:
         operstate = _SYS_NET / host.link / "operstate"
