@@ -3,7 +3,6 @@ done by modules that do not import pytest."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from pytest_tfgrpc.bench.specs import (
     run_marker_spec,
 )
 from pytest_tfgrpc.model.placement import Topology, topology_spec
+from pytest_tfgrpc.plugin.agents import cluster_launchers, cluster_of, placed_tensor_server
 from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
@@ -35,7 +35,6 @@ from pytest_tfgrpc.servers.cluster_spec import (
     ClusterSpec,
     ClusterSpecError,
     RemoteServer,
-    load_cluster_spec,
     server_task_for,
 )
 from pytest_tfgrpc.servers.processes import ServerProcess
@@ -272,10 +271,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
     meta = run_metadata(fabrics)
-    try:
-        cluster = load_cluster_spec(_option(config, "tfgrpc_cluster"), os.environ)
-    except ClusterSpecError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    cluster = cluster_of(config).spec  # never stops the run: see plugin/agents.py
     config.stash[_session_key] = _Session(
         fabrics=fabrics,
         options=_run_overrides(config),
@@ -534,6 +530,11 @@ def tensor_server(
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
     With a cluster spec, the spec's server reached through ``fabric`` on another host."""
     session = request.config.stash[_session_key]
+    with placed_tensor_server(request, fabric, session.server_env) as placed:
+        if placed is not None:
+            request.node.stash.setdefault(_watched_key, []).append(placed)
+            yield placed
+            return
     if session.cluster is not None:
         try:
             remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
@@ -563,7 +564,8 @@ def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSClu
     if one of its processes dies during the test, the test fails."""
     session = request.config.stash[_session_key]
     topology = _item_specs(request.node).topology
-    with PSCluster(fabric, topology, env=session.server_env) as cluster:
+    placed = cluster_launchers(request, fabric, topology)
+    with PSCluster(fabric, topology, env=session.server_env, **placed) as cluster:
         request.node.stash.setdefault(_watched_key, []).append(cluster)
         yield cluster
 
