@@ -17,6 +17,7 @@ import sys
 
 from pytest_tfgrpc.servers.agent import DEFAULT_PORT
 from pytest_tfgrpc.servers.emulated import (
+    STATE_DIR,
     FabricBuildError,
     build_fabric,
     can_build,
@@ -41,14 +42,22 @@ def _up(args: argparse.Namespace) -> int:
                      "--host-name", host.name]
                 )  # fmt: skip
                 # Detached: it lives until `tfgrpc-fabric down` kills the host's processes.
-                proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
-                )
+                log = STATE_DIR / f"{host.netns}.log"
+                with open(log, "ab") as stderr:
+                    proc = subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=stderr,
+                        start_new_session=True,
+                    )
                 assert proc.stdout is not None
                 line = proc.stdout.readline()
                 proc.stdout.close()
                 if not line:
-                    raise FabricBuildError(f"the agent on {host.name} exited: {proc.wait()}")
+                    raise FabricBuildError(
+                        f"the agent on {host.name} exited with {proc.wait()}; see {log}"
+                    )
                 agents[host.name] = json.loads(line)["target"]
         except BaseException:
             remove_fabric(fabric, quiet=True)

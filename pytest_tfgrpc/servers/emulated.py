@@ -425,8 +425,9 @@ def remove_fabric(fabric: EmulatedFabric, *, quiet: bool = False) -> None:
         problems.append(f"bridge {fabric.bridge} still exists")
     _OWNED.pop(fabric.name, None)
     if not problems:
-        with contextlib.suppress(FileNotFoundError):
-            (STATE_DIR / f"{fabric.name}.json").unlink()
+        for path in (STATE_DIR / f"{fabric.name}.json", *STATE_DIR.glob(f"{fabric.name}-*.log")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         return
     message = f"could not remove fabric {fabric.name}: " + "; ".join(problems)
     if not quiet:

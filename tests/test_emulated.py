@@ -1,0 +1,243 @@
+"""Across hosts on one machine: emulated hosts, node agents, PS clusters placed on them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import pid_alive
+from junitparser.xunit2 import JUnitXml
+
+from pytest_tfgrpc.plugin.emulated import EmulatedHosts
+from pytest_tfgrpc.servers.emulated import (
+    HostSpec,
+    build_fabric,
+    can_build,
+    emulated_fabric,
+    list_fabrics,
+    parse_hosts,
+    rate_bits_per_s,
+    remove_leftovers,
+)
+
+FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=4")
+Hosts = Callable[..., EmulatedHosts]
+FABRIC = (sys.executable, "-m", "pytest_tfgrpc.cli.fabric")  # tfgrpc-fabric
+
+
+def properties(xml: Path) -> dict[str, dict[str, str]]:
+    return {
+        case.name: {p.name: p.value for p in case.properties()}
+        for suite in JUnitXml.fromfile(str(xml))
+        for case in suite
+    }
+
+
+def namespace_pids(netns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def needs_root() -> None:
+    ok, why = can_build()
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("3", [("h0", None), ("h1", None), ("h2", None)]),
+        ("ps0,ps1@200mbit,w0", [("ps0", "1gbit"), ("ps1", "200mbit"), ("w0", "1gbit")]),
+        (" a , b@10mbps ", [("a", "1gbit"), ("b", "10mbps")]),
+    ],
+)
+def test_host_lists_are_read_with_their_rates(text: str, expected: list[tuple[str, str]]) -> None:
+    default = None if text == "3" else "1gbit"
+    assert [(h.name, h.rate) for h in parse_hosts(text, default)] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0", "host count 0"),
+        ("a,a", "'a' is given twice"),
+        ("Ps0", "host name 'Ps0'"),
+        ("a@fast", "rate 'fast' is not a tc rate"),
+        ("a@1kbit", "below 8kbit"),
+        ("", "host name ''"),
+    ],
+)
+def test_bad_host_lists_are_refused_naming_the_value(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_hosts(text)
+
+
+def test_rates_are_read_as_tc_reads_them() -> None:
+    assert rate_bits_per_s("200mbit") == 200_000_000
+    assert rate_bits_per_s("1gbit") == 1_000_000_000
+    assert rate_bits_per_s("1.5gbit") == 1_500_000_000
+    assert rate_bits_per_s("10mbps") == 80_000_000  # tc: bps is bytes per second
+
+
+def test_a_fabric_is_removed_whatever_ends_the_block() -> None:
+    needs_root()
+    with pytest.raises(RuntimeError, match="inside"), emulated_fabric(parse_hosts("a,b")) as made:
+        host = made.host("b")
+        sleeper = subprocess.Popen(host.command(["sleep", "60"]))
+        assert namespace_pids(host.netns) == [sleeper.pid]
+        raise RuntimeError("inside")
+    sleeper.wait(timeout=10)  # killed with its namespace, not left running
+    assert not Path(f"/run/netns/{host.netns}").exists()
+    assert not Path(f"/sys/class/net/{made.bridge}").exists()
+    assert made.name not in [f.name for f in list_fabrics()]
+
+
+def test_leftovers_of_a_dead_owner_are_removed() -> None:
+    needs_root()
+    owner = subprocess.Popen(["sleep", "0"])
+    owner.wait()
+    left = build_fabric([HostSpec("x")], owner_pid=owner.pid)  # as if its owner was killed
+    assert Path(f"/run/netns/{left.hosts[0].netns}").exists()
+    assert left.name in remove_leftovers()
+    assert not Path(f"/run/netns/{left.hosts[0].netns}").exists()
+    assert not Path(f"/sys/class/net/{left.bridge}").exists()
+
+
+def test_tfgrpc_fabric_up_status_down(tmp_path: Path) -> None:
+    needs_root()
+    token = tmp_path / "token"
+    token.write_text("t" * 32 + "\n")
+    up = subprocess.run(
+        [*FABRIC, "up", "--hosts", "n1,n2@200mbit", "--rate", "1gbit", "--agents",
+         "--token-file", str(token)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    name = up.stdout.split()[1].rstrip(":")
+    try:
+        assert "n2: 198.18." in up.stdout and "200mbit" in up.stdout and ":7461" in up.stdout
+        status = subprocess.run([*FABRIC, "status"], capture_output=True, text=True)
+        assert f"fabric {name}" in status.stdout and "1 processes" in status.stdout
+    finally:
+        down = subprocess.run([*FABRIC, "down", name], capture_output=True, text=True)
+    assert down.returncode == 0 and f"removed: {name}" in down.stdout
+    assert not list(Path("/run/netns").glob(f"{name}-*"))
+    unknown = subprocess.run([*FABRIC, "down", "tfgf9999"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "no fabric 'tfgf9999'" in unknown.stdout
+
+
+CLUSTER_SUITE = """
+import os
+import pytest
+
+@pytest.mark.message_profile(["256KiB"])
+@pytest.mark.ps_topology(ps=2, workers=2)
+def test_throughput(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster)
+
+@pytest.mark.message_profile("hep_cnn")
+@pytest.mark.ps_topology(ps=2, workers=2, sharding="partitioned")
+def test_steps(tfgrpc, ps_cluster):
+    tfgrpc.sync_sgd_step(ps_cluster)
+
+@pytest.mark.message_profile(["256KiB"])
+@pytest.mark.ps_topology(ps=2, workers=2)
+def test_agent_dies(tfgrpc, ps_cluster):
+    os.kill(int(os.environ["KILL_AGENT"]), 9)
+    tfgrpc.ps_throughput(ps_cluster)
+
+@pytest.mark.message_profile(["64KiB"])
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_bandwidth(tensor_server)
+"""
+
+
+def test_a_ps_cluster_runs_across_five_hosts(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 PS, 2 workers and the driver: each PS's bytes cross its own link; an agent killed
+    mid-run fails its test naming the host, the next test runs, nothing is left."""
+    hosts = tfgrpc_emulated_hosts("ps0,ps1,w0,w1", rate="1gbit")
+    fabric = hosts.fabric
+    monkeypatch.setenv("KILL_AGENT", str(hosts.agents["ps1"].pid))
+    before = {h.name: fabric.counters(h.name) for h in fabric.hosts}
+    pytester.makepyfile(CLUSTER_SUITE)
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest_subprocess(
+        *FAST, *hosts.pytest_args(), f"--junitxml={xml}", timeout=300
+    )
+    after = {h.name: fabric.counters(h.name) for h in fabric.hosts}
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*_ test_agent_dies*", "*ServerDied: PS 1 on host ps1 *", "*lost agent ps1*"]
+    )
+    props = properties(xml)
+    bridge = fabric.bridge
+    placed = props[f"test_throughput[{bridge}]"]["tfgrpc.placement"].split()
+    assert placed == [
+        f"ps0=ps0@{fabric.host('ps0').address}",
+        f"ps1=ps1@{fabric.host('ps1').address}",
+        f"worker0=w0@{fabric.host('w0').address}",
+        f"worker1=w1@{fabric.host('w1').address}",
+    ]
+    assert props[f"test_throughput[{bridge}]"]["tfgrpc.path"].startswith("fab0:")
+    assert props[f"test_after[{bridge}]"]["tfgrpc.path"] == "fab0: driver -> ps0"
+    # Each PS's own link carried at least the bytes it counted, the workers' links sent them.
+    for task, name in ((0, "ps0"), (1, "ps1")):
+        counted = sum(
+            int(props[f"{test}[{bridge}]"][key])
+            for test in ("test_throughput", "test_steps")
+            for key in props[f"{test}[{bridge}]"]
+            if key.endswith(f".ps{task}.bytes_in")
+        )
+        received = after[name][0] - before[name][0]
+        assert counted > 1_000_000 and received >= counted, (name, counted, received)
+    for name in ("w0", "w1"):
+        assert after[name][1] - before[name][1] > 1_000_000
+    # No role is left on any host: only the agents still alive are in their namespaces.
+    for host in fabric.hosts:
+        alive = [hosts.agents[host.name].pid] if host.name != "ps1" else []
+        assert [p for p in namespace_pids(host.netns) if pid_alive(p)] == alive, host.name
+
+
+def test_an_agent_refuses_strangers_and_other_roles(tfgrpc_emulated_hosts: Hosts) -> None:
+    import grpc
+
+    from pytest_tfgrpc.servers.remote import AgentClient, AgentError
+    from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+
+    hosts = tfgrpc_emulated_hosts("n0")
+    target = hosts.agents["n0"].target
+    with pytest.raises(AgentError, match="UNAUTHENTICATED: wrong agent token"):
+        AgentClient(target, "not-the-token-0123456789")
+    with grpc.insecure_channel(target) as channel:
+        stub = agent_pb2_grpc.NodeAgentStub(channel)
+        for method in (stub.Hello, stub.Heartbeat, stub.Counters, stub.Release):
+            with pytest.raises(grpc.RpcError) as bare:
+                method(agent_pb2.LeaseRequest(driver="x"), timeout=5)
+            assert bare.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        start = agent_pb2.RoleInput(start=agent_pb2.RoleStart(driver="x", role="worker"))
+        with pytest.raises(grpc.RpcError) as run:
+            list(stub.Run(iter([start]), timeout=5))
+        assert run.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with AgentClient(target, hosts.token) as client:
+        refused = {
+            ("bash", ()): "PERMISSION_DENIED: role 'bash' is not one this agent runs",
+            ("tensor_server", (("command", "sh"),)): "has no parameter 'command'",
+            ("tensor_server", (("workers", "1; rm"),)): "workers='1; rm'",
+            ("ps", (("delay", "forever"),)): "delay='forever'",
+            ("worker", (("fabric", "eth9"),)): "role 'worker' has no parameter 'fabric'",
+        }
+        for (role, params), message in refused.items():
+            with pytest.raises(AgentError, match=message.replace("(", r"\(")):
+                client.run(role, dict(params), {}, open(os.devnull, "rb"), name=role)
+        with pytest.raises(AgentError, match="LD_PRELOAD"):
+            client.run("worker", {}, {"LD_PRELOAD": "/x.so"}, open(os.devnull, "rb"), name="w")
+    assert [p for p in namespace_pids(hosts.fabric.hosts[0].netns) if pid_alive(p)] == [
+        hosts.agents["n0"].pid
+    ]
