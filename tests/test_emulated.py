@@ -225,7 +225,7 @@ def test_an_agent_refuses_strangers_and_other_roles(tfgrpc_emulated_hosts: Hosts
         with pytest.raises(grpc.RpcError) as run:
             list(stub.Run(iter([start]), timeout=5))
         assert run.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    with AgentClient(target, hosts.token) as client:
+    with AgentClient(target, hosts.token) as client, open(os.devnull, "rb") as devnull:
         refused = {
             ("bash", ()): "PERMISSION_DENIED: role 'bash' is not one this agent runs",
             ("tensor_server", (("command", "sh"),)): "has no parameter 'command'",
@@ -235,9 +235,9 @@ def test_an_agent_refuses_strangers_and_other_roles(tfgrpc_emulated_hosts: Hosts
         }
         for (role, params), message in refused.items():
             with pytest.raises(AgentError, match=message.replace("(", r"\(")):
-                client.run(role, dict(params), {}, open(os.devnull, "rb"), name=role)
+                client.run(role, dict(params), {}, devnull, name=role)
         with pytest.raises(AgentError, match="LD_PRELOAD"):
-            client.run("worker", {}, {"LD_PRELOAD": "/x.so"}, open(os.devnull, "rb"), name="w")
+            client.run("worker", {}, {"LD_PRELOAD": "/x.so"}, devnull, name="w")
     assert [p for p in namespace_pids(hosts.fabric.hosts[0].netns) if pid_alive(p)] == [
         hosts.agents["n0"].pid
     ]

@@ -42,7 +42,7 @@ def test_a_tf_config_spec_is_read_with_its_jobs() -> None:
         ('{"cluster": {"ps": ["1.2.3.4"]}}', "job 'ps', task 0: '1.2.3.4' is not host:port"),
         ('{"cluster": {"ps": ["1.2.3.4:70000"]}}', "port 70000 of '1.2.3.4:70000' is not from 1"),
         ('{"cluster": {"ps": ["1.2.3.4:x"]}}', "port 'x' of '1.2.3.4:x' is not a number"),
-        ('{"cluster": {"ps": [7]}}', 'job \'ps\', task 0: 7 is not a "host:port" string'),
+        ('{"cluster": {"ps": [7]}}', "job 'ps', task 0: 7 is not a \"host:port\" string"),
         (
             '{"cluster": {"ps": ["no-such-host.invalid:1"]}}',
             "cannot resolve 'no-such-host.invalid'",

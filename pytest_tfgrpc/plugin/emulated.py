@@ -1,4 +1,4 @@
-"""The ``tfgrpc_emulated_hosts`` fixture: a multi-host cluster on one machine, with an agent per host.
+"""The ``tfgrpc_emulated_hosts`` fixture: a cluster on one machine, an agent in every host.
 
 ::
 
@@ -63,8 +63,8 @@ class EmulatedHosts:
 def tfgrpc_emulated_hosts(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[..., EmulatedHosts]]:
-    """A factory: ``tfgrpc_emulated_hosts("ps0,ps1@200mbit,w0", rate="1gbit", agents=True)`` builds the
-    hosts (``name[@rate]`` or a count), each link capped at its rate or ``rate``; removed with
+    """A factory: ``build("ps0,ps1@200mbit,w0", rate="1gbit", agents=True)`` builds the hosts
+    (``name[@rate]`` or a count), each link capped at its rate or ``rate``; removed with
     everything in them when the test ends. Skips the test where fabrics cannot be built."""
     ok, why = can_build()
     if not ok:
