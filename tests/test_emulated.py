@@ -241,3 +241,65 @@ def test_an_agent_refuses_strangers_and_other_roles(tfgrpc_emulated_hosts: Hosts
     assert [p for p in namespace_pids(hosts.fabric.hosts[0].netns) if pid_alive(p)] == [
         hosts.agents["n0"].pid
     ]
+
+
+def test_a_driver_that_stops_renewing_loses_its_processes(tfgrpc_emulated_hosts: Hosts) -> None:
+    import tempfile
+
+    from pytest_tfgrpc.servers.remote import AgentClient
+
+    hosts = tfgrpc_emulated_hosts("n0")
+    netns = hosts.fabric.hosts[0].netns
+    client = AgentClient(hosts.agents["n0"].target, hosts.token, lease_s=1.0)
+    with tempfile.TemporaryFile() as stderr:
+        worker = client.run("worker", {}, {}, stderr, name="worker")
+        assert worker.poll() is None and pid_alive_in(netns, worker.pid)
+        client._closed.set()  # a hung or cut-off driver: no more heartbeats, no release
+        worker.wait(timeout=10)
+        stderr.seek(0)
+        assert "the lease of driver" in stderr.read().decode()
+    assert not pid_alive_in(netns, worker.pid)
+
+
+def pid_alive_in(netns: str, pid: int) -> bool:
+    return pid in namespace_pids(netns) and pid_alive(pid)
+
+
+HANGING_SUITE = """
+import pathlib, time
+import pytest
+
+@pytest.mark.ps_topology(ps=2, workers=2)
+def test_hangs(ps_cluster):
+    pathlib.Path("started").write_text(" ".join(map(str, ps_cluster.pids)))
+    time.sleep(120)
+"""
+
+
+def test_no_process_outlives_a_killed_driver_on_any_host(
+    tfgrpc_emulated_hosts: Hosts, tmp_path: Path
+) -> None:
+    import signal
+    import time
+
+    hosts = tfgrpc_emulated_hosts("ps0,ps1,w0,w1")
+    (tmp_path / "test_hang.py").write_text(HANGING_SUITE)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *hosts.pytest_args()],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, "the cluster never ran"
+            time.sleep(0.1)
+        remote = [int(pid) for pid in (tmp_path / "started").read_text().split()]
+        assert len(remote) == 4
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    agents = {h.netns: hosts.agents[h.name].pid for h in hosts.fabric.hosts}
+    deadline = time.monotonic() + 15
+    while any(namespace_pids(ns) != [pid] for ns, pid in agents.items()):
+        assert time.monotonic() < deadline, {ns: namespace_pids(ns) for ns in agents}
+        time.sleep(0.2)

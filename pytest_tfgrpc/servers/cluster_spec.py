@@ -32,6 +32,8 @@ from pytest_tfgrpc.wire.fabric import Fabric
 #: The jobs TensorFlow and Kubeflow name; the plugin uses ``ps`` (servers, or agents for PS
 #: tasks) and ``worker`` (agents for workers). Other jobs, these or any, are kept and unused.
 TASK_TYPES = ("chief", "master", "worker", "ps", "evaluator")
+#: The jobs whose names are resolved when the spec is read; other jobs keep them as written.
+USED_JOBS = ("ps", "worker")
 _EXAMPLE = '{"cluster": {"ps": ["host:port"]}}'
 
 
@@ -169,7 +171,8 @@ def parse_cluster_spec(text: str, source: str, *, resolve: bool = True) -> Clust
 
     Kubeflow's ``sparseCluster`` (a TFJob with dynamic workers) is read like ``cluster``; the
     ``task`` part, if any, is ignored (this host is the client); jobs may be any name, and
-    only ``ps`` and ``worker`` are used. Names are resolved now unless ``resolve`` is False.
+    only ``ps`` and ``worker`` are used. Their names are resolved now unless ``resolve`` is
+    False (other jobs' hosts stay as written).
     Raises ClusterSpecError quoting the job, key and value of the first problem.
     """
     try:
@@ -190,7 +193,7 @@ def parse_cluster_spec(text: str, source: str, *, resolve: bool = True) -> Clust
             where = f"{source}: job {job!r}, task {index}"
             if not isinstance(address, str):
                 raise ClusterSpecError(f'{where}: {_short(address)} is not a "host:port" string')
-            if resolve:
+            if resolve and job in USED_JOBS:
                 host, zone, port = _resolve(address, where)
             else:
                 host, zone, port = split_address(address, where)
@@ -221,7 +224,7 @@ def load_cluster(path: str | None, environ: Mapping[str, str]) -> ClusterLoad:
     try:
         spec = parse_cluster_spec(text, "TF_CONFIG")
     except ClusterSpecError as exc:
-        return ClusterLoad(notes=(f"ignored (not needed unless a test needs it): {exc}",))
+        return ClusterLoad(notes=(f"ignored, servers run here: {exc}",))
     if not spec.job("ps") and not spec.job("worker"):
         jobs = ", ".join(sorted({t.job for t in spec.tasks})) or "none"
         note = f'TF_CONFIG names no "ps" or "worker" task (jobs: {jobs}); servers run here'
