@@ -303,3 +303,45 @@ def test_no_process_outlives_a_killed_driver_on_any_host(
     while any(namespace_pids(ns) != [pid] for ns, pid in agents.items()):
         assert time.monotonic() < deadline, {ns: namespace_pids(ns) for ns in agents}
         time.sleep(0.2)
+
+
+SRUN_SUITE = """
+import pytest
+
+@pytest.mark.message_profile(["64KiB"])
+@pytest.mark.ps_topology(ps=2, workers=2)
+def test_throughput(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster)
+"""
+
+
+def test_the_srun_recipe_runs_on_emulated_nodes(
+    tfgrpc_emulated_hosts: Hosts, tmp_path: Path
+) -> None:
+    """example_suites/slurm/run-node.sh under a stand-in srun that sets SLURM's variables."""
+    hosts = tfgrpc_emulated_hosts("node01,node02,node03,node04,node05", agents=False)
+    recipe = Path(__file__).parent.parent / "example_suites" / "slurm" / "run-node.sh"
+    (tmp_path / "test_srun.py").write_text(SRUN_SUITE)
+    xml = tmp_path / "perf.xml"
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHON": sys.executable,
+    }
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "srun_standin.py"),
+         f"/run/tfgrpc-fabric/{hosts.fabric.name}.json", "--wait", "5", str(recipe), "fab0",
+         hosts.token_file, *FAST, "-p", "no:cacheprovider", f"--junitxml={xml}", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "tfgrpc: agents from SLURM: node02:7461, node03:7461" in done.stdout
+    props = properties(xml)["test_throughput[fab0]"]
+    assert props["tfgrpc.placement"].split() == [
+        f"ps0=node02@{hosts.fabric.host('node02').address}",
+        f"ps1=node03@{hosts.fabric.host('node03').address}",
+        f"worker0=node04@{hosts.fabric.host('node04').address}",
+        f"worker1=node05@{hosts.fabric.host('node05').address}",
+    ]
+    for host in hosts.fabric.hosts:  # srun's --wait ended the agents, and they their roles
+        assert [p for p in namespace_pids(host.netns) if pid_alive(p)] == [], host.name

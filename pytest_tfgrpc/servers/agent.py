@@ -421,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--token-file", help=f"file whose first line is the shared token (default: ${TOKEN_ENV})"
     )
-    parser.add_argument("--host-name", help="name reported to drivers (default: hostname)")
+    parser.add_argument(
+        "--host-name",
+        default=os.environ.get("SLURMD_NODENAME") or None,
+        help="name reported to drivers (default: $SLURMD_NODENAME under SLURM, else hostname)",
+    )
     parser.add_argument("--exit-on-stdin-eof", action="store_true", help="stop when stdin closes")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:

@@ -73,7 +73,7 @@ class AgentClient:
     """A connection to the agent at ``target`` (``host:port``), authenticated with ``token``.
 
     Opens this driver's lease at once (raising :class:`AgentError` if the agent refuses or does
-    not answer within ``timeout`` s) and renews it every ``lease_s / 3`` s until :meth:`close`.
+    not answer within ``timeout`` s, waiting that long for one that is still starting) and renews it every ``lease_s / 3`` s until :meth:`close`.
     """
 
     def __init__(
@@ -89,7 +89,9 @@ class AgentClient:
         self._closed = threading.Event()
         self.lost: str | None = None
         try:
-            reply = self._call(self._stub.Hello, agent_pb2.LeaseRequest(driver=self.driver))
+            # An agent started with the driver (srun, a Job) may not listen yet: wait for it.
+            hello = agent_pb2.LeaseRequest(driver=self.driver)
+            reply = self._call(self._stub.Hello, hello, wait_for_ready=True)
             self.info = AgentInfo(
                 host=reply.host,
                 fabric=reply.fabric,
@@ -112,9 +114,14 @@ class AgentClient:
     def name(self) -> str:
         return f"agent {(getattr(self, 'info', None) and self.info.host) or '?'} at {self.target}"
 
-    def _call(self, method: Any, request: Any) -> Any:
+    def _call(self, method: Any, request: Any, *, wait_for_ready: bool = False) -> Any:
         try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
+            return method(
+                request,
+                timeout=self.timeout,
+                metadata=self._metadata,
+                wait_for_ready=wait_for_ready,
+            )
         except grpc.RpcError as exc:
             raise AgentError(f"agent at {self.target}: {_status(exc)}") from None
 
