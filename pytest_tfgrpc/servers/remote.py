@@ -73,7 +73,8 @@ class AgentClient:
     """A connection to the agent at ``target`` (``host:port``), authenticated with ``token``.
 
     Opens this driver's lease at once (raising :class:`AgentError` if the agent refuses or does
-    not answer within ``timeout`` s, waiting that long for one that is still starting) and renews it every ``lease_s / 3`` s until :meth:`close`.
+    not answer within ``timeout`` s, waiting that long for one that is still starting) and
+    renews it every ``lease_s / 3`` s until :meth:`close`.
     """
 
     def __init__(
