@@ -345,3 +345,34 @@ def test_the_srun_recipe_runs_on_emulated_nodes(
     ]
     for host in hosts.fabric.hosts:  # srun's --wait ended the agents, and they their roles
         assert [p for p in namespace_pids(host.netns) if pid_alive(p)] == [], host.name
+
+
+def test_the_node_acceptance_suite_rejects_a_slow_node(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
+) -> None:
+    """example_suites/node_acceptance: against a good node's baseline, a new node on a link a
+    fifth as fast fails the gate where its link shows (bandwidth, PS throughput)."""
+    hosts = tfgrpc_emulated_hosts("good,new@200mbit,peer", rate="1gbit")
+    suite = Path(__file__).parent.parent / "example_suites" / "node_acceptance" / "test_node.py"
+    pytester.makepyfile(test_node=suite.read_text())
+    good = pytester.path / "good.xml"
+    gated = ("--tfgrpc-iterations=12", "--tfgrpc-warmup=1", "--tfgrpc-max-time=6")
+    first = pytester.runpytest_subprocess(
+        *gated, *hosts.pytest_args(["good", "peer"]), f"--junitxml={good}", timeout=300
+    )
+    first.assert_outcomes(passed=3)
+    placed = properties(good)[f"test_ps_throughput[{hosts.fabric.bridge}]"]["tfgrpc.placement"]
+    assert placed.startswith("ps0=good@") and " worker0=peer@" in placed
+    gate = (f"--tfgrpc-baseline={good}", "--tfgrpc-max-regression=throughput:30%")
+    new = pytester.runpytest_subprocess(
+        *gated, *hosts.pytest_args(["new", "peer"]), *gate, timeout=300
+    )
+    outcomes = new.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 2, new.stdout.str()[-3000:]
+    new.stdout.fnmatch_lines(
+        [
+            "*test_bandwidth*regressed against baseline*",
+            "*p2p_bandwidth*4MiB*p50*REGRESSION*",
+            "*test_ps_throughput*regressed against baseline*",
+        ]
+    )
