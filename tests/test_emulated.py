@@ -376,3 +376,29 @@ def test_the_node_acceptance_suite_rejects_a_slow_node(
             "*test_ps_throughput*regressed against baseline*",
         ]
     )
+
+
+FLOOR_SUITE = """
+import pytest
+
+@pytest.mark.message_profile(["2MiB"])
+def test_bandwidth(tfgrpc, tensor_server):
+    tfgrpc.p2p_bandwidth(tensor_server, floor=True)
+"""
+
+
+def test_the_floor_is_measured_between_the_same_two_hosts(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
+) -> None:
+    hosts = tfgrpc_emulated_hosts("slow@100mbit")
+    pytester.makepyfile(FLOOR_SUITE)
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest_subprocess(
+        *FAST, *hosts.pytest_args(), f"--junitxml={xml}", timeout=120
+    )
+    result.assert_outcomes(passed=1)
+    props = properties(xml)[f"test_bandwidth[{hosts.fabric.bridge}]"]
+    floors = {k: v for k, v in props.items() if "_floor" in k}
+    # 100 Mbit/s is 12.5 MB/s: a floor taken on this host's loopback would be far faster
+    throughput = [float(v) for k, v in floors.items() if k.endswith("2MiB.throughput_MBps")]
+    assert throughput and throughput[0] < 13.0, floors

@@ -23,9 +23,10 @@ from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.report.summary import PREFIX, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.processes import LOCAL
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, parse_sizes
-from pytest_tfgrpc.wire.client import Server
+from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 
 Recorder = Callable[[str, str], None]
@@ -143,7 +144,16 @@ class Driver:
         self, result: BenchmarkResult, server: Server, run: RunSpec, floor: bool
     ) -> BenchmarkResult:
         if floor:
-            self.record(transport_floor(server.fabric, result, run, env=self._server_env))
+            launcher = getattr(server, "launcher", LOCAL)
+            if getattr(server, "pid", 0) is None:  # a server someone started on another host
+                raise BenchmarkError(
+                    f"floor=True: the floor server must run on {server.target}'s host, and"
+                    " nothing starts processes there; use node agents (--tfgrpc-agents)"
+                )
+            measured = transport_floor(
+                server.fabric, result, run, env=self._server_env, launcher=launcher
+            )
+            self.record(measured)
         return result
 
     def p2p_bandwidth(

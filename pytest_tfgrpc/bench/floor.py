@@ -7,12 +7,15 @@ sizes for latency, a push with one acknowledgement per tensor for bandwidth.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.servers.floor_server import FloorServer, tcp_pingpong, tcp_push_ack
+from pytest_tfgrpc.servers.processes import LOCAL, ChildProcess, Launcher
 from pytest_tfgrpc.wire.fabric import Fabric
 
 FLOOR_SUFFIX = "_floor"
@@ -24,9 +27,12 @@ def transport_floor(
     run: RunSpec,
     *,
     env: Mapping[str, str] | None = None,
+    launcher: Launcher = LOCAL,
 ) -> BenchmarkResult:
     """Measure the raw-TCP floor of every size of ``result`` on ``fabric``; ``env`` is the
     floor server's environment (the servers' allocator settings, to compare like with like).
+    With a node agent's ``launcher`` (the one the measured server ran through), the floor
+    server runs on that host, so the floor is taken between the same two hosts.
 
     The result is labelled ``<label>_floor``; its ``elapsed_ns`` per size is the sum of its
     samples (the floor's operations run back to back).
@@ -34,12 +40,13 @@ def transport_floor(
     latency = result.benchmark == "p2p_latency"
     measure = tcp_pingpong if latency else tcp_push_ack
     host = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
+    host = launcher.address or host
     sizes = []
-    with FloorServer(host, env=env) as server:
+    with _floor_server(host, env, launcher) as port:
         for size in result.sizes:
             samples = measure(
                 host,
-                server.port,
+                port,
                 size.size_bytes,
                 iterations=run.iterations,
                 warmup=run.warmup,
@@ -55,7 +62,7 @@ def transport_floor(
                     buffers=size.buffers,
                 )
             )
-        target = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return BenchmarkResult(
         benchmark="tcp_floor_latency" if latency else "tcp_floor_bandwidth",
         label=result.label + FLOOR_SUFFIX,
@@ -66,3 +73,19 @@ def transport_floor(
         sizes=tuple(sizes),
         settings=MappingProxyType({**run.describe(), "floor_of": result.label}),
     )
+
+
+@contextlib.contextmanager
+def _floor_server(host: str, env: Mapping[str, str] | None, launcher: Launcher) -> Iterator[int]:
+    """A floor server's port: here, or on the launcher's host (bound by its agent)."""
+    if launcher is LOCAL:
+        with FloorServer(host, env=env) as server:
+            yield server.port
+        return
+    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.floor_server", "--bind", host]
+    name = f"floor server on host {launcher.host}"
+    child = ChildProcess(argv, name=name, env=env, launcher=launcher)
+    try:
+        yield int(child.ready_line(15.0)["port"])
+    finally:
+        child.stop()

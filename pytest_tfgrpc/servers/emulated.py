@@ -576,7 +576,7 @@ class HostAgent:
     """
 
     def __init__(self, host: EmulatedHost, token_file: str, *, ready_timeout: float = 30.0) -> None:
-        from pytest_tfgrpc.servers.processes import ChildProcess, ServerError
+        from pytest_tfgrpc.servers.processes import ChildProcess
 
         argv = host.command(
             [sys.executable, "-m", "pytest_tfgrpc.servers.agent", "--fabric", host.iface,
@@ -585,26 +585,11 @@ class HostAgent:
         )  # fmt: skip
         self.host = host
         self._child = ChildProcess(argv, name=f"agent on {host.name}")
-        stdout = self._child._proc.stdout
-        deadline = time.monotonic() + ready_timeout
-        line = b""
-        while not line.endswith(b"\n"):
-            import select
-
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([stdout], [], [], remaining)[0]:
-                self._child.stop()
-                raise ServerError(
-                    f"agent on {host.name} not ready in {ready_timeout:g} s:"
-                    f" {self._child.stderr_tail()}"
-                )
-            chunk = os.read(stdout.fileno(), 4096)
-            if not chunk:
-                tail = self._child.stderr_tail()
-                self._child.stop()
-                raise ServerError(f"agent on {host.name} exited before it was ready: {tail}")
-            line += chunk
-        self.target = str(json.loads(line)["target"])
+        try:
+            self.target = str(self._child.ready_line(ready_timeout)["target"])
+        except BaseException:
+            self._child.stop()
+            raise
 
     @property
     def pid(self) -> int:

@@ -110,6 +110,11 @@ class Launcher(Protocol):
         """The host's name, for messages and results."""
         ...
 
+    @property
+    def address(self) -> str | None:
+        """The address its processes bind (None: this host's fabric decides)."""
+        ...
+
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
     ) -> ProcessLike:
@@ -121,6 +126,7 @@ class LocalLauncher:
     """Start processes on this host, as children of this process."""
 
     host = "local"
+    address = None
 
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
@@ -156,6 +162,7 @@ class ChildProcess:
     ) -> None:
         self.name = name
         self.host = launcher.host
+        self.launcher = launcher
         # Owned by the handle and closed in stop(): it outlives any one block.
         self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
             prefix="tfgrpc-", suffix=".err"
@@ -186,6 +193,34 @@ class ChildProcess:
     def _stderr_suffix(self) -> str:
         tail = self.stderr_tail()
         return f"; the end of its stderr:\n{tail}" if tail else ""
+
+    def ready_line(self, timeout: float) -> dict[str, Any]:
+        """The JSON line the process prints once it serves; ServerError (with the end of its
+        stderr) if it exits first or says nothing within ``timeout`` s."""
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._proc.stdout, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ServerError(
+                        f"{self.name} did not become ready within {timeout:g} s"
+                        + self._stderr_suffix()
+                    )
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(self._proc.stdout.fileno(), 4096)
+                if not chunk:
+                    code = self._proc.wait(timeout=5)
+                    raise ServerError(
+                        f"{self.name} exited with {describe_exit(code)} before it was ready"
+                        + self._stderr_suffix()
+                    )
+                line += chunk
+        fields: dict[str, Any] = json.loads(line)
+        return fields
 
     def poll(self) -> int | None:
         """The exit status if the process has ended, else None."""
@@ -282,29 +317,7 @@ class ServerProcess(ChildProcess):
         return self.info.target
 
     def _wait_ready(self, timeout: float) -> None:
-        assert self._proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        line = b""
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._proc.stdout, selectors.EVENT_READ)
-            while not line.endswith(b"\n"):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ServerError(
-                        f"{self.name} did not become ready within {timeout:g} s"
-                        + self._stderr_suffix()
-                    )
-                if not selector.select(remaining):
-                    continue
-                chunk = os.read(self._proc.stdout.fileno(), 4096)
-                if not chunk:
-                    code = self._proc.wait(timeout=5)
-                    raise ServerError(
-                        f"{self.name} exited with {describe_exit(code)} before it was ready"
-                        + self._stderr_suffix()
-                    )
-                line += chunk
-        fields = json.loads(line)
+        fields = self.ready_line(timeout)
         self.info = ServerInfo(target=fields["target"], pid=fields["pid"], fabric=fields["fabric"])
 
     def __enter__(self) -> ServerProcess:

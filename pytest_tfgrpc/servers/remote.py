@@ -193,8 +193,9 @@ class AgentLauncher:
         return self.client.info.host
 
     @property
-    def address(self) -> str:
-        return self.client.info.address
+    def address(self) -> str | None:
+        info = self.client.info
+        return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
 
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
