@@ -402,3 +402,29 @@ def test_the_floor_is_measured_between_the_same_two_hosts(
     # 100 Mbit/s is 12.5 MB/s: a floor taken on this host's loopback would be far faster
     throughput = [float(v) for k, v in floors.items() if k.endswith("2MiB.throughput_MBps")]
     assert throughput and throughput[0] < 13.0, floors
+
+
+def test_agents_from_a_tfjob_tf_config(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Kubernetes recipe's shape: Kubeflow's TF_CONFIG names the agents as PS and worker
+    tasks (a chief, this driver, too), and --tfgrpc-agents=cluster places the roles there."""
+    import json
+
+    hosts = tfgrpc_emulated_hosts("ps0,w0,w1")
+    ps, w0, w1 = hosts.agent_targets()
+    tf_config = {
+        "cluster": {"chief": ["driver-0.svc:2222"], "ps": [ps], "worker": {"0": w0, "1": w1}},
+        "task": {"type": "chief", "index": 0},
+        "environment": "cloud",
+    }
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    pytester.makepyfile(SRUN_SUITE.replace("ps=2", "ps=1"))
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest_subprocess(
+        *FAST, f"--fabric={hosts.fabric.bridge}", "--tfgrpc-agents=cluster",
+        f"--tfgrpc-agent-token-file={hosts.token_file}", f"--junitxml={xml}", timeout=120,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    placed = properties(xml)[f"test_throughput[{hosts.fabric.bridge}]"]["tfgrpc.placement"]
+    assert [p.split("@")[0] for p in placed.split()] == ["ps0=ps0", "worker0=w0", "worker1=w1"]

@@ -27,6 +27,7 @@ from pytest_tfgrpc.servers.cluster_spec import (
     ClusterLoad,
     ClusterSpecError,
     load_cluster,
+    load_cluster_spec,
     route_device,
     server_task_for,
     split_address,
@@ -141,13 +142,16 @@ def _agents_of(config: pytest.Config) -> _Agents | None:
     token_file = _option(config, "tfgrpc_agent_token_file")
     agents: _Agents | None = None
     if where == "cluster":
-        load = cluster_of(config)
-        spec = load.spec
-        problem = str(load.problem) if load.problem else None
+        # Unresolved: agents' names (a TFJob's services) are resolved when first dialled.
+        spec, problem = None, None
+        try:
+            spec = load_cluster_spec(_option(config, "tfgrpc_cluster"), os.environ, resolve=False)
+        except ClusterSpecError as exc:
+            problem = f"--tfgrpc-agents=cluster: {exc}"
         if spec is None and problem is None:
             problem = "--tfgrpc-agents=cluster: no cluster spec (--tfgrpc-cluster or TF_CONFIG)"
-        ps = tuple(t.target for t in spec.job("ps")) if spec else ()
-        workers = tuple(t.target for t in spec.job("worker")) if spec else ()
+        ps = tuple(t.address for t in spec.job("ps")) if spec else ()
+        workers = tuple(t.address for t in spec.job("worker")) if spec else ()
         agents = _Agents(spec.source if spec else "cluster", ps, workers or ps, token_file, problem)
     elif where == "slurm":
         try:

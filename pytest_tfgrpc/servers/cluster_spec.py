@@ -232,18 +232,21 @@ def load_cluster(path: str | None, environ: Mapping[str, str]) -> ClusterLoad:
     return ClusterLoad(spec=spec)
 
 
-def load_cluster_spec(path: str | None, environ: Mapping[str, str]) -> ClusterSpec | None:
+def load_cluster_spec(
+    path: str | None, environ: Mapping[str, str], *, resolve: bool = True
+) -> ClusterSpec | None:
     """The spec of ``--tfgrpc-cluster FILE``, else of ``TF_CONFIG``, else None (strict:
-    raises ClusterSpecError for either; :func:`load_cluster` is the lenient form)."""
+    raises ClusterSpecError for either; :func:`load_cluster` is the lenient form). Names are
+    resolved unless ``resolve`` is False (agents: resolved when first used)."""
     if path:
         try:
             text = Path(path).read_text()
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise ClusterSpecError(f"cluster spec {path}: {why}") from None
-        return parse_cluster_spec(text, f"cluster spec {path}")
+        return parse_cluster_spec(text, f"cluster spec {path}", resolve=resolve)
     if environ.get("TF_CONFIG"):
-        return parse_cluster_spec(environ["TF_CONFIG"], "TF_CONFIG")
+        return parse_cluster_spec(environ["TF_CONFIG"], "TF_CONFIG", resolve=resolve)
     return None
 
 
