@@ -42,6 +42,10 @@ from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, parse_seconds
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 
+#: Node agents, cluster specs and honest paths; the emulated-hosts fixture (registered with
+#: this plugin, so `-p no:tfgrpc` turns them off too).
+pytest_plugins = ["pytest_tfgrpc.plugin.agents", "pytest_tfgrpc.plugin.emulated"]
+
 FABRIC_HELP = (
     "network interfaces to bind tensor servers to, e.g. lo,eth0,ib0 (repeatable; "
     "default: lo). A fabric-bound test runs once per fabric."

@@ -1,13 +1,15 @@
-"""pytest glue for node agents, cluster specs and honest paths (a plugin of its own).
+"""pytest glue for node agents, cluster specs and honest paths.
 
-Registered as the ``tfgrpc_agents`` entry point. ``--tfgrpc-agents WHERE`` says where the
-node agents (``tfgrpc-node``) are: ``cluster`` (the ``ps`` and ``worker`` tasks of the cluster
+Registered by :mod:`pytest_tfgrpc.plugin` (its ``pytest_plugins``). ``--tfgrpc-agents WHERE``
+says where the node agents (``tfgrpc-node``) are: ``cluster`` (the ``ps`` and ``worker`` tasks of the cluster
 spec are agents), ``slurm`` (an agent on every other node of the SLURM allocation), or
 ``HOST:PORT,...``. With agents, the ``tensor_server`` and ``ps_cluster`` fixtures start their
 processes on those hosts (:func:`placed_tensor_server`, :func:`cluster_launchers`), and every
 test records where each process ran (``tfgrpc.placement``) and whether its traffic crossed the
 fabric or stayed in the host (``tfgrpc.path``): a server and its client on one host talk
 through loopback whatever the fabric's name, and the summary says so.
+
+PYTEST_DONT_REWRITE (imported by the plugin before pytest registers it; it has no asserts)
 """
 
 from __future__ import annotations
