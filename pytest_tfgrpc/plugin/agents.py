@@ -2,7 +2,7 @@
 
 Registered by :mod:`pytest_tfgrpc.plugin` (its ``pytest_plugins``). ``--tfgrpc-agents WHERE``
 says where the node agents (``tfgrpc-node``) are: ``cluster`` (the ``ps`` and ``worker`` tasks
-of the cluster spec are agents), ``slurm`` (an agent on every other node of the SLURM allocation), or
+of the cluster spec are agents), ``slurm`` (an agent on every other node of the allocation), or
 ``HOST:PORT,...``. With agents, the ``tensor_server`` and ``ps_cluster`` fixtures start their
 processes on those hosts (:func:`placed_tensor_server`, :func:`cluster_launchers`), and every
 test records where each process ran (``tfgrpc.placement``) and whether its traffic crossed the
