@@ -42,6 +42,7 @@ from pytest_tfgrpc.servers.emulated import (
     FabricBuildError,
     allocation_lock,
     free_subnet_index,
+    pid_alive,
     sigint_deferred,
     tbf_burst_bytes,
 )
@@ -194,7 +195,7 @@ def remove_stale_links() -> list[str]:
         return removed
     for entry in sorted(os.listdir(_NETNS_DIR)):
         match = _NS_NAME.match(entry)
-        if match is None or _pid_alive(int(match["pid"])):
+        if match is None or pid_alive(int(match["pid"])):
             continue
         _run(["ip", "netns", "del", entry], timeout=10.0, check=False)
         removed.append(entry)
@@ -291,13 +292,3 @@ def _remove(link: VethLink, *, quiet: bool) -> None:
         if not quiet:
             raise LinkError(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -57,6 +57,7 @@ __all__ = [
     "free_subnet_index",
     "list_fabrics",
     "parse_hosts",
+    "pid_alive",
     "rate_bits_per_s",
     "remove_fabric",
     "remove_leftovers",
@@ -455,7 +456,7 @@ def remove_leftovers(*, everything: bool = False) -> list[str]:
     removed: list[str] = []
     kept: set[str] = set()
     for fabric in list_fabrics():
-        owner_gone = fabric.owner_pid != 0 and not _pid_alive(fabric.owner_pid)
+        owner_gone = fabric.owner_pid != 0 and not pid_alive(fabric.owner_pid)
         if everything or owner_gone:
             remove_fabric(fabric, quiet=True)
             removed.append(fabric.name)
@@ -558,7 +559,8 @@ def _kill_namespace_processes(netns: str, timeout: float) -> None:
             time.sleep(0.1)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
