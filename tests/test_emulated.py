@@ -103,7 +103,7 @@ def test_leftovers_of_a_dead_owner_are_removed() -> None:
     owner.wait()
     left = build_fabric([HostSpec("x")], owner_pid=owner.pid)  # as if its owner was killed
     assert Path(f"/run/netns/{left.hosts[0].netns}").exists()
-    assert left.name in remove_leftovers()
+    remove_leftovers()  # (another process's build may have removed it first: it may)
     assert not Path(f"/run/netns/{left.hosts[0].netns}").exists()
     assert not Path(f"/sys/class/net/{left.bridge}").exists()
 
