@@ -284,3 +284,26 @@ def test_an_explicit_bad_spec_fails_only_the_tests_that_need_it(
     escaped = message.replace("[", "[[]")
     result.stdout.fnmatch_lines([f"*tests that need the cluster will fail*{escaped}*"])
     assert "INTERNALERROR" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--tfgrpc-agents=127.0.0.1:9",), "no agent token: give --token-file FILE or set"),
+        (("--tfgrpc-agents=slurm",), "--tfgrpc-agents=slurm: no SLURM allocation here"),
+        (("--tfgrpc-agents=cluster",), "--tfgrpc-agents=cluster: no cluster spec"),
+        (("--tfgrpc-agents=nohost.invalid:9", "--tfgrpc-agent-token-file=tok"), "nohost.invalid"),
+        (("--tfgrpc-agents=127.0.0.1:x", "--tfgrpc-agent-token-file=tok"), "port 'x'"),
+    ],
+)
+def test_agents_that_cannot_be_used_fail_only_the_tests_that_need_them(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], message: str
+) -> None:
+    for name in ("TFGRPC_AGENT_TOKEN", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "TF_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    (pytester.path / "tok").write_text("t" * 32 + "\n")
+    pytester.makepyfile(MEASURING_SUITE)
+    result = pytester.runpytest(*QUICK, *args)
+    result.assert_outcomes(passed=1, errors=1)  # an error at setup of the measuring test
+    assert message in result.stdout.str()
+    assert "INTERNALERROR" not in result.stdout.str()
