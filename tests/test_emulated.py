@@ -399,6 +399,9 @@ def test_the_floor_is_measured_between_the_same_two_hosts(
     result.assert_outcomes(passed=1)
     props = properties(xml)[f"test_bandwidth[{hosts.fabric.bridge}]"]
     floors = {k: v for k, v in props.items() if "_floor" in k}
+    address = hosts.fabric.host("slow").address
+    assert props["tfgrpc.target"] == props["tfgrpc.p2p_bandwidth.target"]  # the server's
+    assert floors["tfgrpc.p2p_bandwidth_floor.target"].startswith(f"{address}:")
     # 100 Mbit/s is 12.5 MB/s: a floor taken on this host's loopback would be far faster
     throughput = [float(v) for k, v in floors.items() if k.endswith("2MiB.throughput_MBps")]
     assert throughput and throughput[0] < 13.0, floors

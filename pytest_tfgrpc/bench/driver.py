@@ -285,9 +285,10 @@ class Driver:
         if result.fabric not in self._fabrics:
             self._fabrics.add(result.fabric)
             self._record(f"{PREFIX}fabric", result.fabric)
-        if result.target not in self._targets:
-            self._targets.add(result.target)
+        if not self._targets:  # the test's server; a floor's or a later one's is per label
             self._record(f"{PREFIX}target", result.target)
+        self._targets.add(result.target)
+        self._record(f"{PREFIX}{result.label}.target", result.target)
         properties = (
             result.properties() if isinstance(result, PSResult) else result_properties(result)
         )
