@@ -75,6 +75,8 @@ TOKEN_ENV = "TFGRPC_AGENT_TOKEN"
 #: The longest lease a driver gets; a driver renews well before it ends.
 MAX_LEASE_S = 120.0
 MIN_TOKEN_CHARS = 16
+#: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
+MAX_PROCESSES = 64
 
 _TENSOR_SERVER = "pytest_tfgrpc.servers.tensor_server"
 ROLES: Mapping[str, str] = {
@@ -286,6 +288,13 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
                 context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"driver {driver} holds no lease here: send Heartbeat first",
+                )
+                return
+            running = sum(len(held.roles) for held in self._leases.values())
+            if running >= MAX_PROCESSES:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the agent runs {running} processes already, its limit ({MAX_PROCESSES})",
                 )
                 return
             proc = subprocess.Popen(
