@@ -69,7 +69,7 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
         read_token(None, {})
     with pytest.raises(ValueError, match="fewer than 16"):
         read_token(None, {"TFGRPC_AGENT_TOKEN": "short"})
-    with pytest.raises(ValueError, match="token file .*missing"):
+    with pytest.raises(ValueError, match=r"token file .*missing"):
         read_token(str(tmp_path / "missing"), {})
     path.write_text("")
     with pytest.raises(ValueError, match="no agent token"):
