@@ -101,6 +101,12 @@ def test_link_local_addresses_keep_their_zone(address: str, target: str, zone: s
         ('{"cluster": {"ps": ["[10.0.0.1%eth0]:1"]}}', "zone %eth0 of '[10.0.0.1%eth0]:1' needs"),
         ('{"cluster": {"ps": ["[2001:db8::1%eth0]:1"]}}', "only link-local (fe80::/10) has"),
         ('{"cluster": {"ps": [":1"]}}', "':1' is not host:port"),
+        ('{"cluster": {"ps": ["[fe80::1%]:1"]}}', "has '%' but no zone"),
+        ('{"cluster": {"ps": ["h:+80"]}}', "port '+80' of 'h:+80' is not a number"),
+        ('{"cluster": {"ps": ["h: 80"]}}', "port ' 80'"),
+        ('{"cluster": {"ps": {"1": "a:1", "01": "b:1"}}}', "task 1 is already given by key '1'"),
+        ('{"cluster": {"ps": {"99999999999999": "a:1"}}}', "key '99999999999999'"),
+        ('{"cluster": {"": ["a:1"]}}', "a job with an empty name"),
         ("[" * 5000, "not JSON"),
     ],
 )

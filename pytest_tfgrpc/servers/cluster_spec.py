@@ -104,15 +104,14 @@ def split_address(address: str, where: str) -> tuple[str, str | None, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ClusterSpecError(f"{where}: IPv6 address in {address!r} needs brackets: [addr]:port")
-    host, _, zone = host.partition("%")
+    host, percent, zone = host.partition("%")
     if not host:
         raise ClusterSpecError(f"{where}: {address!r} has no host")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ClusterSpecError(
-            f"{where}: port {port_text!r} of {address!r} is not a number"
-        ) from None
+    if percent and not zone:
+        raise ClusterSpecError(f"{where}: {address!r} has '%' but no zone (interface) after it")
+    if not port_text.isascii() or not port_text.isdigit():
+        raise ClusterSpecError(f"{where}: port {port_text!r} of {address!r} is not a number")
+    port = int(port_text)
     if not 1 <= port <= 65535:
         raise ClusterSpecError(f"{where}: port {port} of {address!r} is not from 1 to 65535")
     if zone:
@@ -155,13 +154,20 @@ def _entries(job: str, members: object, source: str) -> list[tuple[int, object]]
             ' index to "host:port"'
         )
     entries = []
+    seen: dict[int, object] = {}
     for key, address in members.items():
         text = str(key).strip()
-        if not text.isdigit():
+        if not text.isascii() or not text.isdigit() or len(text) > 9:
             raise ClusterSpecError(
                 f"{source}: job {job!r}, key {key!r} (value {address!r}): a sparse job's keys"
                 ' are task indices, "0", "1", ...'
             )
+        if int(text) in seen:
+            raise ClusterSpecError(
+                f"{source}: job {job!r}, key {key!r} (value {address!r}): task {int(text)} is"
+                f" already given by key {seen[int(text)]!r}"
+            )
+        seen[int(text)] = key
         entries.append((int(text), address))
     return sorted(entries, key=lambda entry: entry[0])
 
@@ -189,6 +195,8 @@ def parse_cluster_spec(text: str, source: str, *, resolve: bool = True) -> Clust
         raise ClusterSpecError(f'{source}: "{key}" is {_short(cluster)}, not an object of jobs')
     tasks = []
     for job, members in cluster.items():
+        if not job.strip():
+            raise ClusterSpecError(f'{source}: a job with an empty name in "{key}"')
         for index, address in _entries(job, members, source):
             where = f"{source}: job {job!r}, task {index}"
             if not isinstance(address, str):
