@@ -131,9 +131,14 @@ def _option(config: pytest.Config, name: str) -> str | None:
 
 
 def cluster_of(config: pytest.Config) -> ClusterLoad:
-    """The run's cluster spec (``--tfgrpc-cluster``, else ``TF_CONFIG``), read once, leniently."""
+    """The run's cluster spec of tensor servers (``--tfgrpc-cluster``, else ``TF_CONFIG``), read
+    once, leniently; none when the spec names agents instead (``--tfgrpc-agents=cluster``)."""
     if _cluster_key not in config.stash:
-        config.stash[_cluster_key] = load_cluster(_option(config, "tfgrpc_cluster"), os.environ)
+        if _option(config, "tfgrpc_agents") == "cluster":
+            load = ClusterLoad()  # its tasks are agents: see _agents_of
+        else:
+            load = load_cluster(_option(config, "tfgrpc_cluster"), os.environ)
+        config.stash[_cluster_key] = load
     return config.stash[_cluster_key]
 
 
