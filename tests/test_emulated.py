@@ -431,3 +431,65 @@ def test_agents_from_a_tfjob_tf_config(
     result.assert_outcomes(passed=1)
     placed = properties(xml)[f"test_throughput[{hosts.fabric.bridge}]"]["tfgrpc.placement"]
     assert [p.split("@")[0] for p in placed.split()] == ["ps0=ps0", "worker0=w0", "worker1=w1"]
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_pki(where: Path, name: str, ip: str) -> None:
+    """``name``-ca.pem, server.pem/-key.pem (for ``ip``), client.pem/-key.pem, in ``where``."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+             f"/CN={name} CA", "-keyout", f"{name}-ca-key.pem", "-out", f"{name}-ca.pem",
+             cwd=where)  # fmt: skip
+    for role, san in (("server", f"IP:{ip}"), ("client", "DNS:driver")):
+        (where / f"{role}.ext").write_text(f"subjectAltName={san}\n")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={role}",
+                 "-keyout", f"{role}-key.pem", "-out", f"{role}.csr", cwd=where)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{role}.csr", "-CA", f"{name}-ca.pem", "-CAkey",
+                 f"{name}-ca-key.pem", "-CAcreateserial", "-days", "1", "-extfile",
+                 f"{role}.ext", "-out", f"{role}.pem", cwd=where)  # fmt: skip
+
+
+def test_an_agent_with_mutual_tls_refuses_clients_without_its_ca_or_a_certificate(
+    tfgrpc_emulated_hosts: Hosts, tmp_path: Path
+) -> None:
+    import shutil
+    import tempfile
+
+    from pytest_tfgrpc.servers.emulated import HostAgent
+    from pytest_tfgrpc.servers.remote import AgentClient, AgentError, AgentTLS
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make certificates")
+    hosts = tfgrpc_emulated_hosts("n0", agents=False)
+    host = hosts.fabric.hosts[0]
+    make_pki(tmp_path, "good", host.address)
+    (tmp_path / "other").mkdir()
+    make_pki(tmp_path / "other", "other", host.address)
+    agent = HostAgent(
+        host,
+        hosts.token_file,
+        extra_args=["--tls-cert", str(tmp_path / "server.pem"), "--tls-key",
+                    str(tmp_path / "server-key.pem"), "--tls-ca", str(tmp_path / "good-ca.pem")],
+    )  # fmt: skip
+    try:
+        good = AgentTLS.from_files(
+            str(tmp_path / "good-ca.pem"), str(tmp_path / "client.pem"),
+            str(tmp_path / "client-key.pem"),
+        )  # fmt: skip
+        with AgentClient(agent.target, hosts.token, tls=good) as client:
+            assert client.info.host == "n0"
+            with tempfile.TemporaryFile() as stderr:
+                worker = client.run("worker", {}, {}, stderr, name="worker")
+                worker.stdin.close()
+                assert worker.wait(timeout=10) == 0
+        no_certificate = AgentTLS(ca=good.ca)
+        wrong_ca = AgentTLS.from_files(str(tmp_path / "other" / "other-ca.pem"))
+        for tls in (no_certificate, wrong_ca, None):
+            with pytest.raises(AgentError, match="UNAVAILABLE"):
+                AgentClient(agent.target, hosts.token, tls=tls, timeout=3)
+        with pytest.raises(AgentError, match="UNAUTHENTICATED"):  # TLS does not replace it
+            AgentClient(agent.target, "x" * 32, tls=good)
+    finally:
+        agent.stop()

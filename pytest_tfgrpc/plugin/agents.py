@@ -36,7 +36,7 @@ from pytest_tfgrpc.servers.cluster_spec import (
     task_device,
 )
 from pytest_tfgrpc.servers.processes import Launcher, ServerProcess
-from pytest_tfgrpc.servers.remote import AgentClient, AgentError
+from pytest_tfgrpc.servers.remote import AgentClient, AgentError, AgentTLS
 from pytest_tfgrpc.servers.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.wire.fabric import Fabric
 
@@ -48,6 +48,11 @@ AGENTS_HELP = (
     "or 7461) or HOST:PORT,... ; tensor_server and ps_cluster then run on those hosts"
 )
 TOKEN_HELP = "file whose first line is the agents' shared token (default: $TFGRPC_AGENT_TOKEN)"
+TLS_HELP = {
+    "ca": "talk TLS to the agents, verifying them with this CA (PEM)",
+    "cert": "client certificate (PEM) for agents that require mutual TLS",
+    "key": "the client certificate's private key (PEM)",
+}
 PATH = "tfgrpc.path"
 PLACEMENT = "tfgrpc.placement"
 LOOPBACK = "loopback"
@@ -70,6 +75,7 @@ class _Agents:
     workers: tuple[str, ...]
     token_file: str | None
     problem: str | None = None
+    tls_files: tuple[str | None, str | None, str | None] = (None, None, None)
     clients: dict[str, AgentClient] = field(default_factory=dict)
     routes: dict[str, str | None] = field(default_factory=dict)
 
@@ -87,7 +93,11 @@ class _Agents:
             raise AgentError(f"{where}: {exc}") from None
         target = f"[{ip}{'%' + zone if zone else ''}]:{port}" if ":" in ip else f"{ip}:{port}"
         token = read_token(self.token_file, os.environ)
-        client = AgentClient(target, token)
+        ca, cert, key = self.tls_files
+        tls = AgentTLS.from_files(ca, cert, key) if ca else None
+        if tls is None and cert:
+            raise ValueError("--tfgrpc-agent-tls-cert needs --tfgrpc-agent-tls-ca")
+        client = AgentClient(target, token, tls=tls)
         self.clients[address] = client
         self.routes[address] = zone or route_device(ip)
         return client
@@ -123,6 +133,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--tfgrpc-agent-token-file", dest="tfgrpc_agent_token_file", metavar="FILE", help=TOKEN_HELP
     )
     parser.addini("tfgrpc_agent_token_file", TOKEN_HELP, default=None)
+    for name, help_text in TLS_HELP.items():
+        dest = f"tfgrpc_agent_tls_{name}"
+        group.addoption(f"--tfgrpc-agent-tls-{name}", dest=dest, metavar="FILE", help=help_text)
+        parser.addini(dest, help_text, default=None)
 
 
 def _option(config: pytest.Config, name: str) -> str | None:
@@ -170,6 +184,10 @@ def _agents_of(config: pytest.Config) -> _Agents | None:
     elif where:
         pool = tuple(part.strip() for part in where.split(",") if part.strip())
         agents = _Agents("--tfgrpc-agents", pool, pool, token_file)
+    if agents is not None:
+        agents.tls_files = tuple(  # type: ignore[assignment]
+            _option(config, f"tfgrpc_agent_tls_{name}") for name in TLS_HELP
+        )
     config.stash[_agents_key] = agents
     return agents
 

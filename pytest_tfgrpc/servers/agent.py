@@ -67,6 +67,7 @@ __all__ = [
     "main",
     "read_token",
     "role_argv",
+    "server_credentials",
 ]
 
 #: The port ``tfgrpc-node`` listens on unless told otherwise (unassigned by IANA).
@@ -388,15 +389,22 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         return driver
 
     # --- lifetime ------------------------------------------------------------------------
-    def serve(self, port: int = DEFAULT_PORT) -> str:
-        """Start serving on the fabric's address; return the target (``host:port``)."""
+    def serve(
+        self, port: int = DEFAULT_PORT, credentials: grpc.ServerCredentials | None = None
+    ) -> str:
+        """Start serving on the fabric's address (with TLS ``credentials`` if given); return
+        the target (``host:port``)."""
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
         )
         agent_pb2_grpc.add_NodeAgentServicer_to_server(self, server)  # type: ignore[no-untyped-call]
-        bound = server.add_insecure_port(self.fabric.target(port))
+        address = self.fabric.target(port)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
         if bound == 0:
             raise OSError(f"cannot listen on {self.fabric.target(port)} (port in use?)")
         server.start()
@@ -418,6 +426,35 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             self._server.wait_for_termination()
 
 
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN" not in data:
+        raise ValueError(f"{what} {path}: not a PEM file")
+    return data
+
+
+def server_credentials(
+    cert: str | None, key: str | None, ca: str | None
+) -> grpc.ServerCredentials | None:
+    """TLS credentials from PEM files: ``cert`` and ``key`` serve TLS, ``ca`` also requires
+    client certificates it signed (mutual TLS); none of them: None (plaintext, token only).
+    ValueError naming the option and file otherwise."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key (the agent's own)")
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together")
+    pair = (_read_pem(key, "--tls-key"), _read_pem(cert, "--tls-cert"))
+    roots = _read_pem(ca, "--tls-ca") if ca is not None else None
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=roots, require_client_auth=roots is not None
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """``tfgrpc-node``: serve the node agent on one interface until stopped."""
     parser = argparse.ArgumentParser(
@@ -436,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         help="name reported to drivers (default: $SLURMD_NODENAME under SLURM, else hostname)",
     )
     parser.add_argument("--exit-on-stdin-eof", action="store_true", help="stop when stdin closes")
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM; with --tls-key)")
+    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument(
+        "--tls-ca", help="require client certificates signed by this CA (PEM): mutual TLS"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: a port is a number from 0 to 65535")
@@ -444,9 +486,13 @@ def main(argv: list[str] | None = None) -> int:
         token = read_token(args.token_file, os.environ)
     except (FabricError, ValueError) as exc:
         parser.error(str(exc))
+    try:
+        credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
+    except ValueError as exc:
+        parser.error(str(exc))
     agent = AgentServer(fabric, token, host=args.host_name)
     try:
-        target = agent.serve(args.port)
+        target = agent.serve(args.port, credentials)
     except OSError as exc:
         parser.error(f"--fabric {fabric.name} --port {args.port}: {exc}")
     done = threading.Event()

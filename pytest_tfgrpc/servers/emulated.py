@@ -577,13 +577,22 @@ class HostAgent:
     host's namespace; :meth:`kill` ends it abruptly (SIGKILL), as a crashed host would.
     """
 
-    def __init__(self, host: EmulatedHost, token_file: str, *, ready_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        host: EmulatedHost,
+        token_file: str,
+        *,
+        ready_timeout: float = 30.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """Start ``tfgrpc-node`` in ``host`` with ``extra_args`` (e.g. its TLS files) and wait
+        up to ``ready_timeout`` s until it serves (ServerError with its stderr otherwise)."""
         from pytest_tfgrpc.servers.processes import ChildProcess
 
         argv = host.command(
             [sys.executable, "-m", "pytest_tfgrpc.servers.agent", "--fabric", host.iface,
              "--port", "0", "--token-file", token_file, "--host-name", host.name,
-             "--exit-on-stdin-eof"]
+             "--exit-on-stdin-eof", *extra_args]
         )  # fmt: skip
         self.host = host
         self._child = ChildProcess(argv, name=f"agent on {host.name}")

@@ -24,6 +24,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import grpc
@@ -38,6 +39,7 @@ __all__ = [
     "AgentError",
     "AgentInfo",
     "AgentLauncher",
+    "AgentTLS",
     "RemoteProcess",
     "driver_id",
 ]
@@ -69,30 +71,76 @@ class AgentInfo:
     target: str
 
 
+@dataclass(frozen=True)
+class AgentTLS:
+    """TLS to the agents: ``ca`` (PEM) to verify them; ``cert``/``key`` (PEM) for mutual TLS.
+
+    ``from_files`` reads them; ValueError names the file that cannot be read."""
+
+    ca: bytes
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @classmethod
+    def from_files(cls, ca: str, cert: str | None = None, key: str | None = None) -> AgentTLS:
+        if (cert is None) != (key is None):
+            raise ValueError("an agent client certificate and its key go together")
+
+        def read(path: str) -> bytes:
+            try:
+                return Path(path).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"agent TLS file {path}: {exc.strerror or exc}") from None
+
+        return cls(read(ca), read(cert) if cert else None, read(key) if key else None)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+
 class AgentClient:
     """A connection to the agent at ``target`` (``host:port``), authenticated with ``token``.
 
+    With ``tls`` the channel is TLS (mutual when it has a client certificate).
     Opens this driver's lease at once (raising :class:`AgentError` if the agent refuses or does
     not answer within ``timeout`` s, waiting that long for one that is still starting) and
     renews it every ``lease_s / 3`` s until :meth:`close`.
     """
 
     def __init__(
-        self, target: str, token: str, *, lease_s: float = 10.0, timeout: float = 10.0
+        self,
+        target: str,
+        token: str,
+        *,
+        lease_s: float = 10.0,
+        timeout: float = 10.0,
+        tls: AgentTLS | None = None,
     ) -> None:
         self.target = target
         self.lease_s = lease_s
         self.timeout = timeout
         self.driver = driver_id()
         self._metadata = (("authorization", f"Bearer {token}"),)
-        self._channel = grpc.insecure_channel(target)
+        self._channel = (
+            grpc.insecure_channel(target)
+            if tls is None
+            else grpc.secure_channel(target, tls.credentials())
+        )
         self._stub = agent_pb2_grpc.NodeAgentStub(self._channel)  # type: ignore[no-untyped-call]
         self._closed = threading.Event()
         self.lost: str | None = None
         try:
             # An agent started with the driver (srun, a Job) may not listen yet: wait for it.
             hello = agent_pb2.LeaseRequest(driver=self.driver)
-            reply = self._call(self._stub.Hello, hello, wait_for_ready=True)
+            try:
+                reply = self._call(self._stub.Hello, hello, wait_for_ready=True)
+            except AgentError as exc:
+                if "DEADLINE_EXCEEDED" not in str(exc):
+                    raise
+                # Waiting hides why it never connected (refused, TLS handshake): ask once more.
+                reply = self._call(self._stub.Hello, hello)
             self.info = AgentInfo(
                 host=reply.host,
                 fabric=reply.fabric,
