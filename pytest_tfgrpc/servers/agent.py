@@ -21,7 +21,9 @@ stream, so the driver drives a remote worker or server exactly as a local child.
 
 Security: the agent binds its fabric's address only and every call must carry the shared
 token (``authorization: Bearer <token>``; from ``--token-file`` or ``TFGRPC_AGENT_TOKEN``),
-compared in constant time; a call without it gets ``UNAUTHENTICATED``.
+compared in constant time; a call without it gets ``UNAUTHENTICATED``. With ``--tls-cert`` and
+``--tls-key`` it serves TLS, and with ``--tls-ca`` it requires client certificates that CA
+signed (mutual TLS); the token is checked either way.
 
 Lifetime: every process belongs to the driver that started it, which holds a lease renewed by
 ``Heartbeat``. The agent stops a driver's processes when its lease runs out, when it calls
