@@ -40,7 +40,9 @@ from pathlib import Path
 from pytest_tfgrpc.servers.emulated import (
     IPV4_BENCHMARK_NET,
     FabricBuildError,
+    add_veth_namespace,
     allocation_lock,
+    cap_rate,
     free_subnet_index,
     pid_alive,
     sigint_deferred,
@@ -231,13 +233,7 @@ def _probe(shaping: bool) -> tuple[bool, str]:
 
 def _create(link: VethLink, *, link_local: bool, burst_bytes: int | None) -> None:
     t = link.timeout
-    ns = ["ip", "netns", "exec", link.ns_name]
-    _run(["ip", "netns", "add", link.ns_name], timeout=t)
-    _run(
-        ["ip", "link", "add", link.root_if, "type", "veth", "peer", "name", link.ns_if,
-         "netns", link.ns_name],
-        timeout=t,
-    )  # fmt: skip
+    ns = add_veth_namespace(link.ns_name, link.root_if, link.ns_if, timeout=t)
     for prefix, ifname in (([], link.root_if), (ns, link.ns_if)):
         ipv6_conf = "/proc/sys/net/ipv6/conf"
         if not link_local:
@@ -257,11 +253,7 @@ def _create(link: VethLink, *, link_local: bool, burst_bytes: int | None) -> Non
                  timeout=t)  # fmt: skip
     if link.rate is not None and burst_bytes is not None:
         for prefix, ifname in (([], link.root_if), (ns, link.ns_if)):
-            _run(
-                [*prefix, "tc", "qdisc", "add", "dev", ifname, "root", "tbf", "rate", link.rate,
-                 "burst", str(burst_bytes), "latency", "50ms"],
-                timeout=t,
-            )  # fmt: skip
+            cap_rate(prefix, ifname, link.rate, burst_bytes, timeout=t)
     _run([*ns, "ip", "link", "set", "dev", "lo", "up"], timeout=t)
     _run([*ns, "ip", "link", "set", "dev", link.ns_if, "up"], timeout=t)
     _run(["ip", "link", "set", "dev", link.root_if, "up"], timeout=t)

@@ -50,9 +50,11 @@ __all__ = [
     "FabricBuildError",
     "HostAgent",
     "HostSpec",
+    "add_veth_namespace",
     "allocation_lock",
     "build_fabric",
     "can_build",
+    "cap_rate",
     "emulated_fabric",
     "free_subnet_index",
     "list_fabrics",
@@ -316,6 +318,27 @@ def free_subnet_index() -> int:
     raise FabricBuildError(f"all {MAX_SUBNETS} test subnets of {IPV4_BENCHMARK_NET} are in use")
 
 
+def add_veth_namespace(netns: str, root_if: str, ns_if: str, *, timeout: float) -> list[str]:
+    """Make namespace ``netns`` and a veth pair: ``root_if`` here, ``ns_if`` in the namespace.
+    Returns the command prefix that runs inside it (``ip netns exec NETNS``)."""
+    run_command(["ip", "netns", "add", netns], timeout=timeout)
+    run_command(
+        ["ip", "link", "add", root_if, "type", "veth", "peer", "name", ns_if, "netns", netns],
+        timeout=timeout,
+    )
+    return ["ip", "netns", "exec", netns]
+
+
+def cap_rate(prefix: Sequence[str], ifname: str, rate: str, burst: int, *, timeout: float) -> None:
+    """Cap what ``ifname`` sends at ``rate`` with a ``tbf`` qdisc of ``burst`` bytes (``prefix``
+    runs the command in a namespace)."""
+    run_command(
+        [*prefix, "tc", "qdisc", "add", "dev", ifname, "root", "tbf", "rate", rate,
+         "burst", str(burst), "latency", "50ms"],
+        timeout=timeout,
+    )  # fmt: skip
+
+
 def _check_specs(specs: Sequence[HostSpec]) -> None:
     if not specs:
         raise ValueError("a fabric needs at least one host")
@@ -509,24 +532,14 @@ def _create(fabric: EmulatedFabric) -> None:
     )
     run_command(["ip", "link", "set", "dev", fabric.bridge, "up"], timeout=t)
     for host in fabric.hosts:
-        ns = ["ip", "netns", "exec", host.netns]
-        run_command(["ip", "netns", "add", host.netns], timeout=t)
-        run_command(
-            ["ip", "link", "add", host.link, "type", "veth", "peer", "name", host.iface,
-             "netns", host.netns],
-            timeout=t,
-        )  # fmt: skip
+        ns = add_veth_namespace(host.netns, host.link, host.iface, timeout=t)
         run_command(["ip", "link", "set", "dev", host.link, "master", fabric.bridge], timeout=t)
         run_command([*ns, "ip", "addr", "add", host.address + cidr, "dev", host.iface], timeout=t)
         if host.rate is not None:
-            bits = rate_bits_per_s(host.rate)
+            bits = f"{rate_bits_per_s(host.rate)}bit"
             burst = tbf_burst_bytes(host.rate)
             for prefix, ifname in (([], host.link), (ns, host.iface)):
-                run_command(
-                    [*prefix, "tc", "qdisc", "add", "dev", ifname, "root", "tbf",
-                     "rate", f"{bits}bit", "burst", str(burst), "latency", "50ms"],
-                    timeout=t,
-                )  # fmt: skip
+                cap_rate(prefix, ifname, bits, burst, timeout=t)
         run_command([*ns, "ip", "link", "set", "dev", "lo", "up"], timeout=t)
         run_command([*ns, "ip", "link", "set", "dev", host.iface, "up"], timeout=t)
         run_command(["ip", "link", "set", "dev", host.link, "up"], timeout=t)
