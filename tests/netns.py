@@ -25,23 +25,33 @@ any test file there.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import ipaddress
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+
+from pytest_tfgrpc.servers.emulated import (
+    IPV4_BENCHMARK_NET,
+    FabricBuildError,
+    add_veth_namespace,
+    allocation_lock,
+    cap_rate,
+    free_subnet_index,
+    pid_alive,
+    sigint_deferred,
+    tbf_burst_bytes,
+)
+from pytest_tfgrpc.servers.emulated import run_command as _run
+
+#: Kept under its old name for tests that hold Ctrl-C back themselves.
+_sigint_deferred = sigint_deferred
 
 __all__ = [
     "LinkError",
@@ -51,21 +61,16 @@ __all__ = [
     "veth_link",
 ]
 
-IPV4_BENCHMARK_NET = ipaddress.IPv4Network("198.18.0.0/15")
 IPV6_BENCHMARK_NET = ipaddress.IPv6Network("2001:2::/48")
-MAX_LINKS = 512  # /24 subnets in 198.18.0.0/15
 
 _NS_PREFIX = "tfg-"
 _NS_NAME = re.compile(r"^tfg-(?P<pid>\d+)-(?P<k>\d+)$")
-_IF_NAME = re.compile(r"^tfgv\d+k(?P<k>\d+)[ab]$")
-_RATE = re.compile(r"^(?P<number>\d+(?:\.\d+)?)(?P<unit>[kmgt]?)(?P<kind>bit|bps)$")
-_UNIT_SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _SYS_NET = Path("/sys/class/net")
 _NETNS_DIR = Path("/run/netns")
 
 
-class LinkError(RuntimeError):
-    """A namespace or veth pair could not be made or removed; the message has the command."""
+#: A namespace or veth pair could not be made or removed; the message has the command.
+LinkError = FabricBuildError
 
 
 @dataclass(frozen=True)
@@ -134,9 +139,9 @@ def veth_link(
 
     Needs root and iproute2; check :func:`can_make_links` first.
     """
-    burst_bytes = _burst_bytes(rate, burst) if rate is not None else None
-    with _allocation_lock(timeout):
-        k = _free_index()
+    burst_bytes = tbf_burst_bytes(rate, burst) if rate is not None else None
+    with allocation_lock(timeout):
+        k = free_subnet_index()
         pid = os.getpid()
         ns_name = f"{_NS_PREFIX}{pid}-{k}"
         root_if, ns_if = f"tfgv{pid % 10000}k{k}a", f"tfgv{pid % 10000}k{k}b"
@@ -161,14 +166,14 @@ def veth_link(
         try:
             _create(link, link_local=link_local, burst_bytes=burst_bytes)
         except BaseException:
-            with _sigint_deferred():
+            with sigint_deferred():
                 _remove(link, quiet=True)
             raise
     try:
         yield link
     finally:
         failed = sys.exc_info()[0] is not None
-        with _sigint_deferred():
+        with sigint_deferred():
             _remove(link, quiet=failed)
 
 
@@ -192,7 +197,7 @@ def remove_stale_links() -> list[str]:
         return removed
     for entry in sorted(os.listdir(_NETNS_DIR)):
         match = _NS_NAME.match(entry)
-        if match is None or _pid_alive(int(match["pid"])):
+        if match is None or pid_alive(int(match["pid"])):
             continue
         _run(["ip", "netns", "del", entry], timeout=10.0, check=False)
         removed.append(entry)
@@ -226,32 +231,9 @@ def _probe(shaping: bool) -> tuple[bool, str]:
     return True, "veth links can be made"
 
 
-def _run(
-    args: Sequence[str], *, timeout: float, check: bool = True, input: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    try:
-        result = subprocess.run(
-            list(args), capture_output=True, text=True, timeout=timeout, input=input
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise LinkError(f"'{' '.join(args)}' did not finish within {timeout:g} s") from exc
-    if check and result.returncode != 0:
-        raise LinkError(
-            f"'{' '.join(args)}' exited with status {result.returncode}:"
-            f" {result.stderr.strip() or result.stdout.strip() or '(no output)'}"
-        )
-    return result
-
-
 def _create(link: VethLink, *, link_local: bool, burst_bytes: int | None) -> None:
     t = link.timeout
-    ns = ["ip", "netns", "exec", link.ns_name]
-    _run(["ip", "netns", "add", link.ns_name], timeout=t)
-    _run(
-        ["ip", "link", "add", link.root_if, "type", "veth", "peer", "name", link.ns_if,
-         "netns", link.ns_name],
-        timeout=t,
-    )  # fmt: skip
+    ns = add_veth_namespace(link.ns_name, link.root_if, link.ns_if, timeout=t)
     for prefix, ifname in (([], link.root_if), (ns, link.ns_if)):
         ipv6_conf = "/proc/sys/net/ipv6/conf"
         if not link_local:
@@ -271,11 +253,7 @@ def _create(link: VethLink, *, link_local: bool, burst_bytes: int | None) -> Non
                  timeout=t)  # fmt: skip
     if link.rate is not None and burst_bytes is not None:
         for prefix, ifname in (([], link.root_if), (ns, link.ns_if)):
-            _run(
-                [*prefix, "tc", "qdisc", "add", "dev", ifname, "root", "tbf", "rate", link.rate,
-                 "burst", str(burst_bytes), "latency", "50ms"],
-                timeout=t,
-            )  # fmt: skip
+            cap_rate(prefix, ifname, link.rate, burst_bytes, timeout=t)
     _run([*ns, "ip", "link", "set", "dev", "lo", "up"], timeout=t)
     _run([*ns, "ip", "link", "set", "dev", link.ns_if, "up"], timeout=t)
     _run(["ip", "link", "set", "dev", link.root_if, "up"], timeout=t)
@@ -306,93 +284,3 @@ def _remove(link: VethLink, *, quiet: bool) -> None:
         if not quiet:
             raise LinkError(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C until the block is done, then deliver it, so cleanup is not cut short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)
-
-
-@contextlib.contextmanager
-def _allocation_lock(timeout: float) -> Iterator[None]:
-    """An inter-process lock held while a subnet index is chosen and put to use."""
-    lock_dir = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
-    handle: IO[bytes]
-    with open(lock_dir / "pytest-tfgrpc-netns.lock", "ab") as handle:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    raise LinkError(
-                        f"another process held {handle.name} for more than {timeout:g} s"
-                    ) from exc
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _free_index() -> int:
-    """The lowest subnet index no interface or address of this namespace is using."""
-    used: set[int] = set()
-    for name in os.listdir(_SYS_NET):
-        match = _IF_NAME.match(name)
-        if match is not None:
-            used.add(int(match["k"]))
-    if _NETNS_DIR.is_dir():
-        for name in os.listdir(_NETNS_DIR):
-            match = _NS_NAME.match(name)
-            if match is not None:
-                used.add(int(match["k"]))
-    listing = _run(["ip", "-o", "-4", "addr", "show"], timeout=10.0).stdout
-    for token in re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", listing):
-        address = ipaddress.IPv4Address(token)
-        if address in IPV4_BENCHMARK_NET:
-            used.add((int(address) - int(IPV4_BENCHMARK_NET.network_address)) >> 8)
-    for k in range(MAX_LINKS):
-        if k not in used:
-            return k
-    raise LinkError(f"all {MAX_LINKS} test subnets of {IPV4_BENCHMARK_NET} are in use")
-
-
-def _burst_bytes(rate: str, burst: str | None) -> int:
-    match = _RATE.match(rate.strip().lower())
-    if match is None:
-        raise ValueError(f"rate {rate!r} is not a tc rate such as '100mbit', '1gbit' or '10mbps'")
-    bits = float(match["number"]) * _UNIT_SCALE[match["unit"]]
-    if match["kind"] == "bps":
-        bits *= 8
-    if bits <= 0:
-        raise ValueError(f"rate {rate!r} must be positive")
-    if burst is not None:
-        if not burst.isdigit() or int(burst) <= 0:
-            raise ValueError(f"burst {burst!r} must be a positive number of bytes")
-        return int(burst)
-    return max(int(bits / 8 / 100), 32 * 1024)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -205,8 +205,8 @@ def test_a_worker_answers_a_bad_job_with_a_typed_failure() -> None:
             assert worker.read_more()
             message = worker.take_message()
         assert message == jobs.Hello(worker.pid)
-        worker._proc.stdin.write(b'{"kind": "sync_sgd", "targets": []}\n')  # type: ignore[union-attr]
-        worker._proc.stdin.flush()  # type: ignore[union-attr]
+        worker._proc.stdin.write(b'{"kind": "sync_sgd", "targets": []}\n')
+        worker._proc.stdin.flush()
         message = None
         while message is None and time.monotonic() < deadline:
             assert worker.read_more()

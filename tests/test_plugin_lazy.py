@@ -13,7 +13,14 @@ import sys
 import pytest
 
 code = pytest.main(sys.argv[1:])
-heavy = ("grpc", "numpy", "pytest_tfgrpc.plugin.session", "pytest_tfgrpc.wire")
+heavy = (
+    "grpc",
+    "numpy",
+    "pytest_tfgrpc.plugin.session",
+    "pytest_tfgrpc.plugin.agents",
+    "pytest_tfgrpc.servers.emulated",
+    "pytest_tfgrpc.wire",
+)
 loaded = sorted(m for m in sys.modules if m.startswith(heavy))
 print("HEAVY", len(loaded), " ".join(loaded[:5]))
 sys.exit(code)
@@ -83,9 +90,12 @@ def test_a_test_that_uses_the_plugin_wakes_it(pytester: pytest.Pytester, test: s
     assert sum(line.startswith("tfgrpc: fabrics") for line in result.outlines) == 1
 
 
-def test_an_option_wakes_the_plugin_before_collection(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("option", ["--fabric=lo", "--tfgrpc-agent-token-file=token"])
+def test_an_option_wakes_the_plugin_before_collection(
+    pytester: pytest.Pytester, option: str
+) -> None:
     pytester.makepyfile(test_plain=PLAIN)
-    result = _run(pytester, "-v", "--fabric=lo")
+    result = _run(pytester, "-v", option)
     assert result.ret == 0, result.stdout.str()
     assert _heavy_modules(result) > 0
     result.stdout.fnmatch_lines(["tfgrpc: fabrics lo (127.0.0.1*", "*collected 1 item"])
@@ -93,30 +103,36 @@ def test_an_option_wakes_the_plugin_before_collection(pytester: pytest.Pytester)
 
 
 @pytest.mark.parametrize(
-    ("where", "value", "message"),
+    ("value", "message"),
     [
-        ("env", "{not json", "*TF_CONFIG*"),
-        ("ini", "tfgrpc_fabric = nosuchif0", "*nosuchif0*"),
-        ("ini", "tfgrpc_iterations = many", "*--tfgrpc-iterations / tfgrpc_iterations*many*"),
+        ("tfgrpc_fabric = nosuchif0", "*nosuchif0*"),
+        ("tfgrpc_iterations = many", "*--tfgrpc-iterations / tfgrpc_iterations*many*"),
+        ("tfgrpc_allocator = greedy", "*tfgrpc_allocator*'greedy'*"),
     ],
 )
 def test_bad_settings_found_on_waking_are_usage_errors(
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    where: str,
-    value: str,
-    message: str,
+    pytester: pytest.Pytester, value: str, message: str
 ) -> None:
-    if where == "env":
-        monkeypatch.setenv("TF_CONFIG", value)
-    else:
-        pytester.makeini(f"[pytest]\n{value}\n")
+    pytester.makeini(f"[pytest]\n{value}\n")
     pytester.makepyfile(test_uses="def test_uses(fabric):\n    pass\n")
     result = pytester.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_bad_tf_config_found_on_waking_is_a_header_note(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Training containers set TF_CONFIG for TensorFlow, not for this plugin (issue 12).
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    pytester.makepyfile(test_uses="def test_uses(fabric):\n    pass\n")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["tfgrpc: TF_CONFIG ignored, servers run here: TF_CONFIG: not JSON*"]
+    )
 
 
 def test_the_xdist_controller_wakes_on_the_first_tfgrpc_report(

@@ -12,11 +12,16 @@ from conftest import QUICK
 from junitparser.xunit2 import JUnitXml
 from netns import can_make_links, veth_link
 
+from pytest_tfgrpc.bench.driver import Driver
+from pytest_tfgrpc.bench.specs import RunOverrides
 from pytest_tfgrpc.servers.cluster_spec import (
     ClusterSpecError,
+    RemoteServer,
     load_cluster_spec,
     parse_cluster_spec,
 )
+from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 
 def test_a_tf_config_spec_is_read_with_its_jobs() -> None:
@@ -39,11 +44,10 @@ def test_a_tf_config_spec_is_read_with_its_jobs() -> None:
     [
         ("{", "TF_CONFIG: not JSON"),
         ('{"task": {}}', 'no "cluster" object'),
-        ('{"cluster": {"server": ["1.2.3.4:5"]}}', "unknown job 'server'"),
-        ('{"cluster": {"ps": ["1.2.3.4"]}}', "ps[0]: '1.2.3.4' is not host:port"),
+        ('{"cluster": {"ps": ["1.2.3.4"]}}', "job 'ps', task 0: '1.2.3.4' is not host:port"),
         ('{"cluster": {"ps": ["1.2.3.4:70000"]}}', "port 70000 of '1.2.3.4:70000' is not from 1"),
         ('{"cluster": {"ps": ["1.2.3.4:x"]}}', "port 'x' of '1.2.3.4:x' is not a number"),
-        ('{"cluster": {"ps": [7]}}', 'ps[0]: 7 is not a "host:port" string'),
+        ('{"cluster": {"ps": [7]}}', "job 'ps', task 0: 7 is not a \"host:port\" string"),
         (
             '{"cluster": {"ps": ["no-such-host.invalid:1"]}}',
             "cannot resolve 'no-such-host.invalid'",
@@ -65,6 +69,29 @@ def test_the_option_wins_over_the_environment(tmp_path: Path) -> None:
     assert load_cluster_spec(None, {}) is None
     with pytest.raises(ClusterSpecError, match=r"missing\.json"):
         load_cluster_spec(str(tmp_path / "missing.json"), {})
+
+
+@pytest.mark.parametrize("call", ["p2p_latency", "p2p_bandwidth"])
+def test_a_floor_against_a_server_nothing_here_started_is_refused_before_measuring(
+    call: str,
+) -> None:
+    # Nothing listens at 127.0.0.1:9: a measurement would fail otherwise, and a floor server
+    # started here would measure this host's loopback, not the way to that server.
+    (task,) = parse_cluster_spec('{"cluster": {"ps": ["127.0.0.1:9"]}}', "spec").job("ps")
+    recorded: list[tuple[str, str]] = []
+    driver = Driver(
+        test="t",
+        messages=None,
+        budget=None,
+        options=RunOverrides(iterations=2, warmup=0),
+        record=lambda name, value: recorded.append((name, value)),
+    )
+    benchmark = getattr(driver, call)
+    with pytest.raises(
+        BenchmarkError, match=r"floor=True: .*127\.0\.0\.1:9's host.*--tfgrpc-agents"
+    ):
+        benchmark(RemoteServer(task, resolve_fabric("lo")), ["1KiB"], floor=True)
+    assert recorded == []
 
 
 SUITE = """

@@ -24,9 +24,10 @@ from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_br
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, parse_sizes
-from pytest_tfgrpc.wire.client import Server
+from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 
 Recorder = Callable[[str, str], None]
@@ -153,24 +154,39 @@ class Driver:
         call = benchmark.__name__
         run = self._run(default, call, run_args)
         self._check_label(label or call)
+        floor_launcher = self._floor_launcher(server) if floor else None
         if floor:
             self._check_label((label or call) + FLOOR_SUFFIX)
-        result = benchmark(
-            server,
-            self._sizes(sizes, call),
-            run=run,
-            label=label,
-            progress=self._progress_of(label or call, server),
-            **options,
+        result = self.record(
+            benchmark(
+                server,
+                self._sizes(sizes, call),
+                run=run,
+                label=label,
+                progress=self._progress_of(label or call, server),
+                **options,
+            )
         )
-        return self._with_floor(self.record(result), server, run, floor)
-
-    def _with_floor(
-        self, result: BenchmarkResult, server: Server, run: RunSpec, floor: bool
-    ) -> BenchmarkResult:
-        if floor:
-            self.record(transport_floor(server.fabric, result, run, env=self._server_env))
+        if floor_launcher is not None:
+            floor_result = transport_floor(
+                server.fabric, result, run, env=self._server_env, launcher=floor_launcher
+            )
+            self.record(floor_result)
         return result
+
+    @staticmethod
+    def _floor_launcher(server: Server) -> Launcher:
+        """Where the floor server of ``server`` runs: the measured server's host (here, or
+        through the node agent that started it). Refused, before anything is measured, for a
+        server nothing here started (a cluster spec's), rather than measuring this host's
+        loopback as its floor."""
+        if getattr(server, "pid", 0) is None:
+            raise BenchmarkError(
+                f"floor=True: the floor server must run on {server.target}'s host, and"
+                " nothing starts processes there; use node agents (--tfgrpc-agents)"
+            )
+        launcher: Launcher = getattr(server, "launcher", LOCAL)
+        return launcher
 
     def p2p_bandwidth(
         self,
@@ -299,9 +315,9 @@ class Driver:
         if result.fabric not in self._fabrics:
             self._fabrics.add(result.fabric)
             self._record(FABRIC, result.fabric)
-        if result.target not in self._targets:
-            self._targets.add(result.target)
+        if not self._targets:  # the test's server; each result's is tfgrpc.<label>.target
             self._record(TARGET, result.target)
+        self._targets.add(result.target)
         for name, value in result_properties(result):
             self._record(name, value)
         if self._budget is not None and self._budget.limits:

@@ -35,6 +35,7 @@ from pytest_tfgrpc.servers.floor_server import (
     FloorServer,
     recv_exact,
 )
+from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.wire.fabric import Fabric
 
 __all__ = [
@@ -214,9 +215,12 @@ def transport_floor(
     run: RunSpec,
     *,
     env: Mapping[str, str] | None = None,
+    launcher: Launcher = LOCAL,
 ) -> BenchmarkResult:
     """Measure the raw-TCP floor of every size of ``result`` on ``fabric``; ``env`` is the
     floor server's environment (the servers' allocator settings, to compare like with like).
+    With a node agent's ``launcher`` (the one the measured server ran through), the floor
+    server runs on that host, so the floor is taken between the same two hosts.
 
     The result is labelled ``<label>_floor``; its ``elapsed_ns`` per size is the sum of its
     samples (the floor's operations run back to back).
@@ -224,8 +228,9 @@ def transport_floor(
     latency = result.benchmark == "p2p_latency"
     timed = tcp_pingpong if latency else tcp_push_ack
     host = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
+    host = launcher.address or host
     sizes = []
-    with FloorServer.start(host, env=env) as server:
+    with FloorServer.start(host, env=env, launcher=launcher) as server:
         for size in result.sizes:
             samples = timed(host, server.port, size.size_bytes, run)
             sizes.append(

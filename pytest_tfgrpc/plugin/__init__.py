@@ -10,6 +10,9 @@ nothing up; ``activation`` wakes the rest when the run first uses the plugin.
 - ``markers``: a test's markers read into specs
 - ``fixtures``: ``fabric``, ``tensor_server``, ``ps_cluster``, ``tfgrpc``
 - ``summary``: the summary table, results file, plots and baseline verdicts
+- ``agents``: node agents, cluster specs and honest paths (used by the fixtures and the
+  session once awake; their options are in ``options``)
+- ``emulated``: the ``tfgrpc_emulated_hosts`` fixture (emulated hosts with agents)
 """
 
 from __future__ import annotations
@@ -18,4 +21,5 @@ pytest_plugins = (
     "pytest_tfgrpc.plugin.options",
     "pytest_tfgrpc.plugin.activation",
     "pytest_tfgrpc.plugin.fixtures",
+    "pytest_tfgrpc.plugin.emulated",
 )

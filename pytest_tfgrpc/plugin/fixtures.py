@@ -40,12 +40,20 @@ def tensor_server(
 ) -> Iterator[ServerProcess | RemoteServer]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
-    With a cluster spec, the spec's server reached through ``fabric`` on another host."""
+    With node agents (``--tfgrpc-agents``), started on the first agent's host reached through
+    ``fabric``; with a cluster spec, the spec's server reached through ``fabric`` on another
+    host."""
+    from pytest_tfgrpc.plugin.agents import placed_tensor_server
     from pytest_tfgrpc.plugin.markers import watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
     from pytest_tfgrpc.servers.processes import ServerProcess
 
     session = activate(request.config)
+    with placed_tensor_server(request, fabric, session.server_env) as placed:
+        if placed is not None:
+            request.node.stash.setdefault(watched_key, []).append(placed)
+            yield placed
+            return
     if session.cluster is not None:
         try:
             remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
@@ -71,14 +79,17 @@ def tensor_server(
 @pytest.fixture
 def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSCluster]:
     """Parameter-server processes and worker processes bound to ``fabric``, as the test's
-    ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test ends;
-    if one of its processes dies during the test, the test fails."""
+    ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
+    (``--tfgrpc-agents``), on the agents' hosts. Stopped when the test ends; if one of its
+    processes dies during the test, the test fails."""
+    from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
 
     session = activate(request.config)
     topology = item_specs(request.node).topology
-    with PSCluster(fabric, topology, env=session.server_env) as cluster:
+    placed = cluster_launchers(request, fabric, topology)
+    with PSCluster(fabric, topology, env=session.server_env, **placed) as cluster:
         request.node.stash.setdefault(watched_key, []).append(cluster)
         yield cluster
 

@@ -39,6 +39,18 @@ CLUSTER_HELP = (
     "started there with tfgrpc-server): tensor_server then measures against the one reached "
     "through the test's fabric. TF_CONFIG in the environment works too"
 )
+AGENTS_HELP = (
+    "where the node agents (tfgrpc-node) run: 'cluster' (the cluster spec's ps and worker tasks "
+    "are agents), 'slurm' (every other node of the SLURM allocation, port $TFGRPC_AGENT_PORT "
+    "or 7461) or HOST:PORT,... ; tensor_server and ps_cluster then run on those hosts"
+)
+TOKEN_HELP = "file whose first line is the agents' shared token (default: $TFGRPC_AGENT_TOKEN)"
+#: ``--tfgrpc-agent-tls-<name>`` options: TLS to the agents (the token is still required).
+TLS_HELP = {
+    "ca": "talk TLS to the agents, verifying them with this CA (PEM)",
+    "cert": "client certificate (PEM) for agents that require mutual TLS",
+    "key": "the client certificate's private key (PEM)",
+}
 RESULTS_HELP = (
     "append every finished test's figures to FILE as JSON lines, each written and synced as "
     "the test ends, so a run that is killed keeps every finished result"
@@ -143,6 +155,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             choices=choices,
         )
     _add(group, parser, ("--tfgrpc-cluster",), "tfgrpc_cluster", CLUSTER_HELP, metavar="FILE")
+    _add(group, parser, ("--tfgrpc-agents",), "tfgrpc_agents", AGENTS_HELP, metavar="WHERE")
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-agent-token-file",),
+        "tfgrpc_agent_token_file",
+        TOKEN_HELP,
+        metavar="FILE",
+    )
+    for name, help_text in TLS_HELP.items():
+        flag = f"--tfgrpc-agent-tls-{name}"
+        _add(group, parser, (flag,), f"tfgrpc_agent_tls_{name}", help_text, metavar="FILE")
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")

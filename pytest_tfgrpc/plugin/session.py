@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
@@ -13,6 +12,7 @@ from _pytest.junitxml import xml_key  # pytest's own JUnit writer: suite propert
 
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
 from pytest_tfgrpc.bench.specs import RunOverrides
+from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.markers import check_markers, watched_key
 from pytest_tfgrpc.plugin.options import RUN_OPTIONS, option
 from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
@@ -22,7 +22,7 @@ from pytest_tfgrpc.report.plot import plot_available
 from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.servers.allocator import apply_policy
-from pytest_tfgrpc.servers.cluster_spec import ClusterSpec, ClusterSpecError, load_cluster_spec
+from pytest_tfgrpc.servers.cluster_spec import ClusterSpec
 from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.units import UnitError, parse_seconds
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
@@ -114,10 +114,9 @@ def start(config: pytest.Config) -> RunState:
         raise pytest.UsageError(str(exc)) from None
     options = run_overrides(config)
     policy = config.getoption("tfgrpc_allocator") or config.getini("tfgrpc_allocator")
-    try:
-        cluster = load_cluster_spec(option(config, "tfgrpc_cluster"), os.environ)
-    except ClusterSpecError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    # Never stops the run: a spec that cannot be used fails the tests that need it, and a
+    # TF_CONFIG set for TensorFlow is a header note (see plugin/agents.py).
+    cluster = agents.cluster_of(config).spec
     plot_dir = option(config, "tfgrpc_plot")
     if plot_dir and not hasattr(config, "workerinput"):
         available, why = plot_available()
@@ -162,7 +161,8 @@ def _write_suite_properties(config: pytest.Config, state: RunState) -> None:
 
 
 def header_lines(config: pytest.Config, state: RunState) -> list[str]:
-    """The tfgrpc lines of the run's header: fabrics, grpcio, xdist, cluster, baseline."""
+    """The tfgrpc lines of the run's header: fabrics, grpcio, xdist, cluster, agents,
+    baseline."""
     fabrics = ", ".join(
         f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in state.fabrics
     )
@@ -175,6 +175,7 @@ def header_lines(config: pytest.Config, state: RunState) -> list[str]:
     if state.cluster is not None:
         servers = ", ".join(f"ps[{t.index}] {t.target}" for t in state.cluster.job("ps"))
         lines.append(f"tfgrpc: remote tensor servers from {state.cluster.source}: {servers}")
+    lines += agents.header_lines(config)
     gate = state.gate
     if gate is not None:
         tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
@@ -246,6 +247,7 @@ class TfgrpcSession:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.state.stop_servers()
+        agents.close_agents(config)
         reporter = config.pluginmanager.get_plugin(REPORTER_NAME)
         if reporter is not None:
             reporter.close()

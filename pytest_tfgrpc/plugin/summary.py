@@ -1,5 +1,6 @@
-"""The end of a run: the summary table, the results file, the plots and the baseline
-verdicts, gathered from test reports (so pytest-xdist workers' figures arrive too)."""
+"""The end of a run: the summary table (and how many tests went through loopback), the
+results file, the plots and the baseline verdicts, gathered from test reports (so
+pytest-xdist workers' figures arrive too)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from pytest_tfgrpc.report.gate import BaselineGate
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
-from pytest_tfgrpc.report.properties import PREFIX
+from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
 
@@ -38,6 +39,8 @@ class SummaryReporter:
         self.verdicts: dict[str, int] = {}
         self.notes: list[str] = []
         self.figures: dict[str, list[tuple[str, object]]] = {}
+        #: ``tfgrpc.path`` of every measuring test: did its traffic cross the fabric?
+        self.paths: dict[str, str] = {}
         self._outcomes: dict[str, tuple[str, float]] = {}
 
     def _track(self, report: pytest.TestReport) -> tuple[str, float]:
@@ -69,6 +72,8 @@ class SummaryReporter:
         self.figures[report.nodeid] = list(report.user_properties)
         self.rows.extend(summary_rows(report.nodeid, report.user_properties))
         properties = dict(report.user_properties)
+        if PATH in properties:
+            self.paths[report.nodeid] = str(properties[PATH])
         for name, value in report.user_properties:
             if not str(name).endswith(".verdict"):
                 continue
@@ -83,6 +88,14 @@ class SummaryReporter:
             terminalreporter.section("tfgrpc")
             for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
+        loopback = sum(path.startswith(LOOPBACK) for path in self.paths.values())
+        if loopback:
+            terminalreporter.write_line(
+                f"tfgrpc: {loopback} of {len(self.paths)} measuring tests went through loopback"
+                " (servers and clients on one host), whatever their fabric's name; see the"
+                f" {PATH} property",
+                yellow=True,
+            )
         if self.results is not None:
             terminalreporter.write_line(f"tfgrpc: results appended to {self.results.path}")
         if self.plot_dir is not None and self.figures:

@@ -2,8 +2,11 @@
 
 Names (the README's contract):
 
-- ``tfgrpc.fabric``, ``tfgrpc.target``: where a test measured;
-- ``tfgrpc.<label>.<field>`` for ``rpc``, ``mode``, ``settings``, ``topology``;
+- ``tfgrpc.fabric``, ``tfgrpc.target``: where a test measured (the first result's server);
+- ``tfgrpc.path``, ``tfgrpc.placement``: whether a test's traffic crossed the fabric or stayed
+  on one host (loopback), and on which host each server, PS task and worker ran;
+- ``tfgrpc.<label>.<field>`` for ``target`` (the result's server: a floor's is its floor
+  server), ``rpc``, ``mode``, ``settings``, ``topology``;
 - ``tfgrpc.<label>.<key>.<metric>_<unit>``: a figure of one point (message size, payload or
   profile), e.g. ``tfgrpc.p2p_latency.1KiB.p99_us``; the metric and its unit come from
   :mod:`pytest_tfgrpc.report.metrics`;
@@ -29,7 +32,10 @@ from pytest_tfgrpc.stats.sketch import Sketch
 __all__ = [
     "FABRIC",
     "LABEL_FIELDS",
+    "LOOPBACK",
     "META_PREFIX",
+    "PATH",
+    "PLACEMENT",
     "PREFIX",
     "TARGET",
     "ParsedFigure",
@@ -47,8 +53,14 @@ PREFIX = "tfgrpc."
 META_PREFIX = "tfgrpc.meta."
 FABRIC = f"{PREFIX}fabric"
 TARGET = f"{PREFIX}target"
+#: How a test's traffic went (``loopback ...`` or ``<fabric>: <from> -> <to>``).
+PATH = f"{PREFIX}path"
+#: How a ``tfgrpc.path`` value starts when the traffic stayed in one host, whatever the fabric.
+LOOPBACK = "loopback"
+#: Where each role of a test ran (``server=HOST@ADDRESS``, ``ps0=...``, ``worker0=...``).
+PLACEMENT = f"{PREFIX}placement"
 #: Properties of a whole result label (``tfgrpc.<label>.<field>``), strings, not figures.
-LABEL_FIELDS = ("rpc", "mode", "settings", "topology")
+LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology")
 SKETCH = "sketch"
 #: The point key of a model prediction (``tfgrpc.<label>.model.*``): no measurement.
 MODEL = "model"
@@ -165,13 +177,15 @@ def model_properties(
 
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
-    """The properties of one result, whichever benchmark made it: how it was measured (rpc,
-    mode, topology when it has one, settings), then per point its payload, every figure (with
-    the scoped per-PS and workers' figures), and a sketch of every sample; then the result's
-    :meth:`~pytest_tfgrpc.results.BenchmarkResult.extra_properties` (a model prediction)."""
+    """The properties of one result, whichever benchmark made it: where and how it was
+    measured (target, rpc, mode, topology when it has one, settings), then per point its
+    payload, every figure (with the scoped per-PS and workers' figures), and a sketch of every
+    sample; then the result's :meth:`~pytest_tfgrpc.results.BenchmarkResult.extra_properties`
+    (a model prediction)."""
     label = result.label
     settings = ";".join(f"{k}={v}" for k, v in sorted(result.settings.items()))
     out = [
+        (label_property(label, "target"), result.target),
         (label_property(label, "rpc"), result.rpc),
         (label_property(label, "mode"), result.mode),
     ]

@@ -31,7 +31,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from pytest_tfgrpc.servers.processes import ChildProcess, ServerError
+from pytest_tfgrpc.servers.processes import LOCAL, ChildProcess, Launcher, ServerError
 
 OP_ECHO = 1
 OP_SINK_ACK = 2
@@ -194,9 +194,19 @@ class FloorServer(ChildProcess):
     :func:`~pytest_tfgrpc.servers.processes.stop_all`), and a context manager.
     """
 
-    def __init__(self, host: str, port: int = 0, *, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        env: Mapping[str, str] | None = None,
+        launcher: Launcher = LOCAL,
+    ) -> None:
         argv = [sys.executable, "-m", "pytest_tfgrpc.servers.floor_server", "--bind", host]
-        super().__init__([*argv, "--port", str(port)], name=f"floor server on {host!r}", env=env)
+        name = f"floor server on {host!r}"
+        if launcher is not LOCAL:
+            name += f" (host {launcher.host})"
+        super().__init__([*argv, "--port", str(port)], name=name, env=env, launcher=launcher)
         self.host = host
         self._port: int | None = None
 
@@ -208,10 +218,13 @@ class FloorServer(ChildProcess):
         *,
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 15.0,
+        launcher: Launcher = LOCAL,
     ) -> FloorServer:
         """Start a floor server on ``host`` and return once it listens; FloorError (with the
-        end of its stderr) if it cannot bind or does not come up within ``ready_timeout``."""
-        handle = cls(host, port, env=env)
+        end of its stderr) if it cannot bind or does not come up within ``ready_timeout``.
+        With a node agent's ``launcher``, it runs on that agent's host, bound to the agent's
+        fabric address (``host`` is then that address, and ``port`` the OS's choice)."""
+        handle = cls(host, port, env=env, launcher=launcher)
         try:
             handle._port = int(handle.read_ready_line(ready_timeout, FloorError)["port"])
         except BaseException:

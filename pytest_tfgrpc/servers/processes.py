@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from pytest_tfgrpc.wire.fabric import Fabric
 
@@ -68,7 +68,7 @@ class ServerInfo:
     fabric: str
 
 
-def end_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
+def end_process(proc: ProcessLike, timeout: float = 5.0) -> int:
     """End a child that watches its stdin: close stdin, wait, then SIGTERM, wait, then SIGKILL.
     Returns its exit status."""
     if proc.stdin is not None and not proc.stdin.closed:
@@ -85,6 +85,66 @@ def end_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
         return proc.wait()
 
 
+class ProcessLike(Protocol):
+    """What the handles use of a ``subprocess.Popen``: a local child or a remote process."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def stdin(self) -> Any: ...
+    @property
+    def stdout(self) -> Any: ...
+    @property
+    def returncode(self) -> int | Any: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Where a :class:`ChildProcess` runs: this host (:class:`LocalLauncher`) or another one
+    through its node agent (:class:`~pytest_tfgrpc.servers.remote.AgentLauncher`)."""
+
+    @property
+    def host(self) -> str:
+        """The host's name, for messages and results."""
+        ...
+
+    @property
+    def address(self) -> str | None:
+        """The address its processes bind (None: this host's fabric decides)."""
+        ...
+
+    def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
+    ) -> ProcessLike:
+        """Start ``argv`` (``python -m <role module> ...``) with stdin and stdout pipes."""
+        ...
+
+
+class LocalLauncher:
+    """Start processes on this host, as children of this process."""
+
+    host = "local"
+    address = None
+
+    def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+        )
+
+
+LOCAL = LocalLauncher()
+
+
 class ChildProcess:
     """A child process of ours: stdin a pipe (its lifeline), stdout a pipe, stderr a file.
 
@@ -94,21 +154,25 @@ class ChildProcess:
     """
 
     def __init__(
-        self, argv: Sequence[str], *, name: str, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        launcher: Launcher = LOCAL,
     ) -> None:
         self.name = name
+        self.host = launcher.host
+        self.launcher = launcher
         # Owned by the handle and closed in stop(): it outlives any one block.
         self._stderr: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115
             prefix="tfgrpc-", suffix=".err"
         )
-        self._proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            start_new_session=True,
-            env=dict(env) if env is not None else None,
-        )
+        try:
+            self._proc = launcher.spawn(argv, env=env, stderr=self._stderr, name=name)
+        except BaseException:
+            self._stderr.close()
+            raise
         self._stopped = False
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -207,9 +271,15 @@ class ServerProcess(ChildProcess):
     """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
 
     def __init__(
-        self, argv: Sequence[str], *, fabric: Fabric, name: str, env: Mapping[str, str] | None
+        self,
+        argv: Sequence[str],
+        *,
+        fabric: Fabric,
+        name: str,
+        env: Mapping[str, str] | None,
+        launcher: Launcher = LOCAL,
     ) -> None:
-        super().__init__(argv, name=name, env=env)
+        super().__init__(argv, name=name, env=env, launcher=launcher)
         self.fabric = fabric
         self.info: ServerInfo | None = None
 
@@ -222,8 +292,10 @@ class ServerProcess(ChildProcess):
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 30.0,
         name: str | None = None,
+        launcher: Launcher = LOCAL,
     ) -> ServerProcess:
-        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves."""
+        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves; with an agent's
+        ``launcher``, on that agent's host and fabric."""
         argv = [
             sys.executable,
             "-m",
@@ -233,7 +305,13 @@ class ServerProcess(ChildProcess):
             "--exit-on-stdin-eof",
             *extra_args,
         ]
-        handle = cls(argv, fabric=fabric, name=name or f"tensor server on {fabric.name}", env=env)
+        handle = cls(
+            argv,
+            fabric=fabric,
+            name=name or f"tensor server on {fabric.name}",
+            env=env,
+            launcher=launcher,
+        )
         try:
             handle._wait_ready(ready_timeout)
         except BaseException:

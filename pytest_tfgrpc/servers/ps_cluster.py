@@ -25,7 +25,9 @@ from pytest_tfgrpc.servers import jobs as protocol
 from pytest_tfgrpc.servers.jobs import JobMessage, Message, Reply
 from pytest_tfgrpc.servers.parameter_server import method
 from pytest_tfgrpc.servers.processes import (
+    LOCAL,
     ChildProcess,
+    Launcher,
     ServerDied,
     ServerError,
     ServerProcess,
@@ -66,18 +68,21 @@ class WorkerProcess(ChildProcess):
     """One worker process; it speaks the messages of :mod:`pytest_tfgrpc.servers.jobs`, one
     per line, on its stdin and stdout."""
 
-    def __init__(self, index: int, *, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, index: int, *, env: Mapping[str, str] | None = None, launcher: Launcher = LOCAL
+    ) -> None:
         super().__init__(
             [sys.executable, "-m", "pytest_tfgrpc.servers.worker"],
-            name=f"PS worker {index}",
+            name=f"PS worker {index}" + _on(launcher),
             env=env,
+            launcher=launcher,
         )
         self.index = index
         self._buffer = b""
 
     def fileno(self) -> int:
         assert self._proc.stdout is not None
-        return self._proc.stdout.fileno()
+        return int(self._proc.stdout.fileno())
 
     def send(self, message: Message) -> None:
         """Write one message to the worker; a worker that is gone raises ServerDied."""
@@ -111,6 +116,10 @@ class WorkerProcess(ChildProcess):
         return f"<WorkerProcess {self.index} pid={self.pid}>"
 
 
+def _on(launcher: Launcher) -> str:
+    return "" if launcher is LOCAL else f" on host {launcher.host}"
+
+
 def live_workers() -> tuple[WorkerProcess, ...]:
     """Worker processes started here and not yet stopped."""
     return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
@@ -130,6 +139,8 @@ class PSCluster:
         *,
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 60.0,
+        ps_launchers: Sequence[Launcher] = (LOCAL,),
+        worker_launchers: Sequence[Launcher] = (LOCAL,),
     ) -> None:
         self.fabric = fabric
         self.topology = topology
@@ -139,9 +150,13 @@ class PSCluster:
         self._job_ids = 0
         try:
             # Workers first: their interpreters start while the PS servers come up.
-            self.workers = tuple(WorkerProcess(i, env=env) for i in range(topology.workers))
+            self.workers = tuple(
+                WorkerProcess(i, env=env, launcher=worker_launchers[i % len(worker_launchers)])
+                for i in range(topology.workers)
+            )
             threads = str(max(16, 2 * topology.workers + 4))  # a blocked pull holds a thread
             for index in range(topology.ps):
+                launcher = ps_launchers[index % len(ps_launchers)]
                 self.ps = (
                     *self.ps,
                     ServerProcess.start(
@@ -149,7 +164,8 @@ class PSCluster:
                         extra_args=("--workers", threads),
                         env=dict(env) if env is not None else None,
                         ready_timeout=ready_timeout,
-                        name=f"PS {index} on {fabric.name}",
+                        name=f"PS {index}" + (_on(launcher) or f" on {fabric.name}"),
+                        launcher=launcher,
                     ),
                 )
             hellos = self._collect(

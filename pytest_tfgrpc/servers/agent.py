@@ -1,0 +1,530 @@
+"""The node agent (``tfgrpc-node --fabric IFACE``): the plugin's roles on another host.
+
+One agent runs on every host of a cluster. The driver (the pytest process) asks it, over the
+``tfgrpc.NodeAgent`` gRPC service (``protos/tfgrpc/agent.proto``), to start one of the plugin's
+own roles, and nothing else:
+
+========================  ====================================  ============================
+role                      process                               parameters a driver may set
+========================  ====================================  ============================
+``tensor_server``, ``ps``  ``pytest_tfgrpc.servers.tensor_server``  ``workers`` (1-256),
+                                                                ``delay`` (a duration)
+``worker``                ``pytest_tfgrpc.servers.worker``       none
+``floor_server``          ``pytest_tfgrpc.servers.floor_server`` none
+========================  ====================================  ============================
+
+The agent fixes what a role binds to (its own fabric, a port the OS picks) and passes on only
+the allocator variables (:data:`~pytest_tfgrpc.servers.allocator.ALLOCATOR_VARS`, digits only)
+from the driver's environment; an unknown role is refused with ``PERMISSION_DENIED``, a bad
+parameter with ``INVALID_ARGUMENT``. A role's stdin, stdout and stderr travel on its ``Run``
+stream, so the driver drives a remote worker or server exactly as a local child.
+
+Security: the agent binds its fabric's address only and every call must carry the shared
+token (``authorization: Bearer <token>``; from ``--token-file`` or ``TFGRPC_AGENT_TOKEN``),
+compared in constant time; a call without it gets ``UNAUTHENTICATED``. With ``--tls-cert`` and
+``--tls-key`` it serves TLS, and with ``--tls-ca`` it requires client certificates that CA
+signed (mutual TLS); the token is checked either way.
+
+Lifetime: every process belongs to the driver that started it, which holds a lease renewed by
+``Heartbeat``. The agent stops a driver's processes when its lease runs out, when it calls
+``Release``, or, for one process, when its ``Run`` stream breaks (the driver died or lost the
+network). A role also ends when the agent dies: its stdin is a pipe from the agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hmac
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
+from pytest_tfgrpc.servers.processes import end_process
+from pytest_tfgrpc.units import UnitError, parse_duration_ns
+from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
+
+__all__ = [
+    "DEFAULT_PORT",
+    "ROLES",
+    "TOKEN_ENV",
+    "AgentServer",
+    "RoleError",
+    "main",
+    "read_token",
+    "role_argv",
+    "server_credentials",
+]
+
+#: The port ``tfgrpc-node`` listens on unless told otherwise (unassigned by IANA).
+DEFAULT_PORT = 7461
+TOKEN_ENV = "TFGRPC_AGENT_TOKEN"
+#: The longest lease a driver gets; a driver renews well before it ends.
+MAX_LEASE_S = 120.0
+MIN_TOKEN_CHARS = 16
+#: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
+MAX_PROCESSES = 64
+
+_TENSOR_SERVER = "pytest_tfgrpc.servers.tensor_server"
+ROLES: Mapping[str, str] = {
+    "tensor_server": _TENSOR_SERVER,
+    "ps": _TENSOR_SERVER,
+    "worker": "pytest_tfgrpc.servers.worker",
+    "floor_server": "pytest_tfgrpc.servers.floor_server",
+}
+
+
+class RoleError(ValueError):
+    """A request outside the agent's roles; ``code`` is the gRPC status it is refused with."""
+
+    def __init__(self, message: str, code: grpc.StatusCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _workers_param(value: str) -> list[str]:
+    if not value.isdigit() or not 1 <= int(value) <= 256:
+        raise RoleError(
+            f"parameter workers={value!r}: a number of threads from 1 to 256",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    return ["--workers", value]
+
+
+def _delay_param(value: str) -> list[str]:
+    try:
+        ns = parse_duration_ns(value)
+    except UnitError as exc:
+        code = grpc.StatusCode.INVALID_ARGUMENT
+        raise RoleError(f"parameter delay={value!r}: {exc}", code) from None
+    if not 0 <= ns <= 10e9:
+        raise RoleError(
+            f"parameter delay={value!r}: from 0 to 10 s", grpc.StatusCode.INVALID_ARGUMENT
+        )
+    return ["--delay", value]
+
+
+_PARAMS: Mapping[str, Mapping[str, Callable[[str], list[str]]]] = {
+    "tensor_server": {"workers": _workers_param, "delay": _delay_param},
+    "ps": {"workers": _workers_param, "delay": _delay_param},
+    "worker": {},
+    "floor_server": {},
+}
+
+
+def _package_version() -> str:
+    # Not ``pytest_tfgrpc.__version__``: the package root names every layer (its lazy
+    # exports), and servers import only downward.
+    try:
+        return metadata.version("pytest-tfgrpc")
+    except metadata.PackageNotFoundError:  # a source tree that is not installed
+        return "0.0.0"
+
+
+def role_argv(
+    role: str, params: Mapping[str, str], env: Mapping[str, str], fabric: Fabric
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``role`` on ``fabric``, or :class:`RoleError`.
+
+    Only :data:`ROLES` exist; each accepts only its own parameters (checked here), and binds
+    where the agent says. ``env`` may set the allocator variables to digits, nothing else.
+    """
+    if role not in ROLES:
+        raise RoleError(
+            f"role {role!r} is not one this agent runs ({', '.join(ROLES)})",
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+    allowed = _PARAMS[role]
+    argv = [sys.executable, "-m", ROLES[role]]
+    if ROLES[role] == _TENSOR_SERVER:
+        argv += ["--fabric", fabric.name, "--port", "0", "--exit-on-stdin-eof"]
+    elif role == "floor_server":
+        host = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
+        argv += ["--bind", host, "--port", "0"]
+    for name, value in sorted(params.items()):
+        if name not in allowed:
+            known = ", ".join(allowed) or "none"
+            raise RoleError(
+                f"role {role!r} has no parameter {name!r} (its parameters: {known})",
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
+        argv += allowed[name](value)
+    child_env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS}
+    for name, value in env.items():
+        if name not in ALLOCATOR_VARS or not value.isdigit():
+            raise RoleError(
+                f"environment {name}={value!r}: only {', '.join(ALLOCATOR_VARS)} with a number",
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
+        child_env[name] = value
+    return argv, child_env
+
+
+def read_token(path: str | None, environ: Mapping[str, str]) -> str:
+    """The shared token: the first line of ``path`` if given, else ``TFGRPC_AGENT_TOKEN``.
+
+    ValueError when there is none or it is shorter than 16 characters.
+    """
+    if path:
+        try:
+            token = Path(path).read_text().strip().splitlines()[0:1]
+        except OSError as exc:
+            raise ValueError(f"token file {path}: {exc.strerror or exc}") from None
+        text = token[0].strip() if token else ""
+        where = f"token file {path}"
+    else:
+        text = environ.get(TOKEN_ENV, "").strip()
+        where = TOKEN_ENV
+    if not text:
+        raise ValueError(
+            f"no agent token: give --token-file FILE or set {TOKEN_ENV} (the same on every host)"
+        )
+    if len(text) < MIN_TOKEN_CHARS:
+        raise ValueError(f"{where}: the token has {len(text)} characters, fewer than 16")
+    return text
+
+
+class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Refuse every call whose ``authorization`` metadata is not ``Bearer <token>``."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(str(given).encode(), self._expected):
+            return continuation(details)
+        handler = continuation(details)
+        if handler is None:
+            return None
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            why = "no agent token" if not given else "wrong agent token"
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{why}: send 'Bearer <token>'")
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(refuse)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+@dataclass
+class _Role:
+    driver: str
+    role: str
+    proc: subprocess.Popen[bytes]
+    stop_reason: str = ""
+
+
+@dataclass
+class _Lease:
+    expires: float
+    roles: list[_Role] = field(default_factory=list)
+
+
+class AgentServer(agent_pb2_grpc.NodeAgentServicer):
+    """The agent's service and its bookkeeping; :meth:`serve` starts it on ``fabric``."""
+
+    def __init__(self, fabric: Fabric, token: str, *, host: str | None = None) -> None:
+        self.fabric = fabric
+        self.host = host or socket.gethostname()
+        self._token = token
+        self._leases: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._server: grpc.Server | None = None
+        self.target = ""
+
+    # --- service -------------------------------------------------------------------------
+    def Hello(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return agent_pb2.AgentInfo(
+            host=self.host,
+            fabric=self.fabric.name,
+            address=self.fabric.address,
+            roles=list(ROLES),
+            pid=os.getpid(),
+            version=_package_version(),
+        )
+
+    def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:
+        driver = self._driver(request.driver, context)
+        lease_s = min(max(request.lease_s, 1.0), MAX_LEASE_S)
+        with self._lock:
+            lease = self._leases.setdefault(driver, _Lease(0.0))
+            lease.expires = time.monotonic() + lease_s
+            running = sum(1 for r in lease.roles if r.proc.poll() is None)
+        return agent_pb2.LeaseReply(lease_s=lease_s, processes=running)
+
+    def Release(self, request: Any, context: grpc.ServicerContext) -> Any:
+        driver = self._driver(request.driver, context)
+        stopped = self._stop_driver(driver, f"driver {driver} released its lease")
+        return agent_pb2.LeaseReply(lease_s=0.0, processes=stopped)
+
+    def Counters(self, request: Any, context: grpc.ServicerContext) -> Any:
+        rx, tx = interface_counters(self.fabric.name)
+        return agent_pb2.InterfaceCounters(fabric=self.fabric.name, rx_bytes=rx, tx_bytes=tx)
+
+    def Run(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        first = next(requests, None)
+        if first is None or first.WhichOneof("kind") != "start":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a start")
+            return
+        start = first.start
+        driver = self._driver(start.driver, context)
+        try:
+            argv, env = role_argv(start.role, dict(start.params), dict(start.env), self.fabric)
+        except RoleError as exc:
+            context.abort(exc.code, str(exc))
+        with self._lock:
+            lease = self._leases.get(driver)
+            if lease is None or lease.expires < time.monotonic() or self._closing.is_set():
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"driver {driver} holds no lease here: send Heartbeat first",
+                )
+                return
+            running = sum(len(held.roles) for held in self._leases.values())
+            if running >= MAX_PROCESSES:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the agent runs {running} processes already, its limit ({MAX_PROCESSES})",
+                )
+                return
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+            )
+            role = _Role(driver, start.role, proc)
+            lease.roles.append(role)
+        context.add_callback(lambda: self._stop(role, "its Run stream ended (driver gone?)"))
+        yield agent_pb2.RoleOutput(
+            started=agent_pb2.Started(
+                pid=proc.pid, host=self.host, fabric=self.fabric.name, address=self.fabric.address
+            )
+        )
+        yield from self._relay(role, requests)
+
+    # --- processes -----------------------------------------------------------------------
+    def _relay(self, role: _Role, requests: Iterator[Any]) -> Iterator[Any]:
+        proc = role.proc
+        out: queue.Queue[Any] = queue.Queue()
+
+        def feed() -> None:
+            assert proc.stdin is not None
+            with contextlib.suppress(Exception):  # the driver went away: close stdin below
+                for message in requests:
+                    if message.WhichOneof("kind") == "stdin":
+                        proc.stdin.write(message.stdin)
+                        proc.stdin.flush()
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+
+        def pump(stream: Any, kind: str) -> None:
+            for chunk in iter(lambda: os.read(stream.fileno(), 1 << 16), b""):
+                reply = agent_pb2.RoleOutput()
+                setattr(reply, kind, chunk)
+                out.put(reply)
+            out.put(kind)
+
+        threading.Thread(target=feed, daemon=True).start()
+        threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True).start()
+        threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True).start()
+        open_streams = 2
+        while open_streams:
+            item = out.get()
+            if isinstance(item, str):
+                open_streams -= 1
+            else:
+                yield item
+        code = proc.wait()
+        self._forget(role)
+        yield agent_pb2.RoleOutput(
+            exited=agent_pb2.Exited(returncode=code, reason=role.stop_reason)
+        )
+
+    def _stop(self, role: _Role, reason: str) -> None:
+        if role.proc.poll() is None:
+            role.stop_reason = role.stop_reason or reason
+            end_process(role.proc, timeout=3.0)
+        self._forget(role)
+
+    def _forget(self, role: _Role) -> None:
+        with self._lock:
+            lease = self._leases.get(role.driver)
+            if lease is not None and role in lease.roles:
+                lease.roles.remove(role)
+
+    def _stop_driver(self, driver: str, reason: str) -> int:
+        with self._lock:
+            lease = self._leases.pop(driver, None)
+        roles = list(lease.roles) if lease is not None else []
+        for role in roles:
+            self._stop(role, reason)
+        return len(roles)
+
+    def _reap(self) -> None:
+        """Stop the processes of every driver whose lease ran out (a thread)."""
+        while not self._closing.wait(0.25):
+            now = time.monotonic()
+            with self._lock:
+                expired = [d for d, lease in self._leases.items() if lease.expires < now]
+            for driver in expired:
+                self._stop_driver(driver, f"the lease of driver {driver} ran out")
+
+    def _driver(self, driver: str, context: grpc.ServicerContext) -> str:
+        if not driver or len(driver) > 128:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a driver id of 1-128 characters")
+        return driver
+
+    # --- lifetime ------------------------------------------------------------------------
+    def serve(
+        self, port: int = DEFAULT_PORT, credentials: grpc.ServerCredentials | None = None
+    ) -> str:
+        """Start serving on the fabric's address (with TLS ``credentials`` if given); return
+        the target (``host:port``)."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
+            interceptors=[_TokenCheck(self._token)],
+            maximum_concurrent_rpcs=256,
+        )
+        agent_pb2_grpc.add_NodeAgentServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        address = self.fabric.target(port)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+        if bound == 0:
+            raise OSError(f"cannot listen on {self.fabric.target(port)} (port in use?)")
+        server.start()
+        self._server = server
+        self.target = self.fabric.target(bound)
+        threading.Thread(target=self._reap, name="tfgrpc-agent-leases", daemon=True).start()
+        return self.target
+
+    def close(self) -> None:
+        """Stop serving and stop every process of every driver."""
+        self._closing.set()
+        for driver in list(self._leases):
+            self._stop_driver(driver, "the agent is shutting down")
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(3.0)
+
+    def wait(self) -> None:
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN" not in data:
+        raise ValueError(f"{what} {path}: not a PEM file")
+    return data
+
+
+def server_credentials(
+    cert: str | None, key: str | None, ca: str | None
+) -> grpc.ServerCredentials | None:
+    """TLS credentials from PEM files: ``cert`` and ``key`` serve TLS, ``ca`` also requires
+    client certificates it signed (mutual TLS); none of them: None (plaintext, token only).
+    ValueError naming the option and file otherwise."""
+    if cert is None and key is None:
+        if ca is not None:
+            raise ValueError("--tls-ca needs --tls-cert and --tls-key (the agent's own)")
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together")
+    pair = (_read_pem(key, "--tls-key"), _read_pem(cert, "--tls-cert"))
+    roots = _read_pem(ca, "--tls-ca") if ca is not None else None
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=roots, require_client_auth=roots is not None
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tfgrpc-node``: serve the node agent on one interface until stopped."""
+    parser = argparse.ArgumentParser(
+        prog="tfgrpc-node",
+        description="Run pytest-tfgrpc's node agent: the driver starts the plugin's roles"
+        " (tensor server, PS, worker, floor server) on this host through it.",
+    )
+    parser.add_argument("--fabric", required=True, help="interface to serve on (e.g. ib0)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default: %(default)s")
+    parser.add_argument(
+        "--token-file", help=f"file whose first line is the shared token (default: ${TOKEN_ENV})"
+    )
+    parser.add_argument(
+        "--host-name",
+        default=os.environ.get("SLURMD_NODENAME") or None,
+        help="name reported to drivers (default: $SLURMD_NODENAME under SLURM, else hostname)",
+    )
+    parser.add_argument("--exit-on-stdin-eof", action="store_true", help="stop when stdin closes")
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM; with --tls-key)")
+    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument(
+        "--tls-ca", help="require client certificates signed by this CA (PEM): mutual TLS"
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: a port is a number from 0 to 65535")
+    try:
+        fabric = resolve_fabric(args.fabric)
+        token = read_token(args.token_file, os.environ)
+    except (FabricError, ValueError) as exc:
+        parser.error(str(exc))
+    try:
+        credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
+    except ValueError as exc:
+        parser.error(str(exc))
+    agent = AgentServer(fabric, token, host=args.host_name)
+    try:
+        target = agent.serve(args.port, credentials)
+    except OSError as exc:
+        parser.error(f"--fabric {fabric.name} --port {args.port}: {exc}")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: done.set())
+    if args.exit_on_stdin_eof:
+
+        def lifeline() -> None:
+            while sys.stdin.buffer.read(4096):
+                pass
+            done.set()
+
+        threading.Thread(target=lifeline, daemon=True).start()
+    print(json.dumps({"target": target, "pid": os.getpid(), "host": agent.host}), flush=True)
+    try:
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    agent.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

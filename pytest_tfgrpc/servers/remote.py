@@ -1,0 +1,390 @@
+"""The driver's side of the node agents: a client per agent, and remote processes that look local.
+
+:class:`AgentClient` talks to one ``tfgrpc-node`` (:mod:`pytest_tfgrpc.servers.agent`): it
+authenticates every call with the shared token, holds this driver's lease by heartbeating in a
+thread, and releases it on :meth:`AgentClient.close`. :meth:`AgentClient.launcher` gives an
+:class:`AgentLauncher`, the seam :class:`~pytest_tfgrpc.servers.processes.ChildProcess` starts its
+process through: the remote process is a :class:`RemoteProcess` with the ``subprocess.Popen``
+surface the handles use (``stdin`` to write, ``stdout`` a real pipe to select on, ``poll``,
+``wait``, ``terminate``, ``kill``), so a PS, worker or tensor server on another host is driven
+by the same code, and speaks the same job protocol, as a local one.
+
+When an agent goes away mid-run (killed, host down, network lost), each of its processes ends
+with :data:`AGENT_LOST` and a stderr line naming the host, the agent and the gRPC status, which
+the handle's :class:`~pytest_tfgrpc.servers.processes.ServerDied` message then carries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+
+from pytest_tfgrpc.servers.agent import ROLES
+from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
+from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+
+__all__ = [
+    "AGENT_LOST",
+    "AgentClient",
+    "AgentError",
+    "AgentInfo",
+    "AgentLauncher",
+    "AgentTLS",
+    "RemoteProcess",
+    "driver_id",
+]
+
+#: The exit status of a remote process whose agent could no longer be reached.
+AGENT_LOST = 255
+_DRIVER_ID = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def driver_id() -> str:
+    """This process's driver id: host name, pid and a random part (one per process)."""
+    return _DRIVER_ID
+
+
+class AgentError(RuntimeError):
+    """An agent that refused a request or could not be reached; names the host and target."""
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What an agent said of itself (``Hello``)."""
+
+    host: str
+    fabric: str
+    address: str
+    roles: tuple[str, ...]
+    pid: int
+    version: str
+    target: str
+
+
+@dataclass(frozen=True)
+class AgentTLS:
+    """TLS to the agents: ``ca`` (PEM) to verify them; ``cert``/``key`` (PEM) for mutual TLS.
+
+    ``from_files`` reads them; ValueError names the file that cannot be read."""
+
+    ca: bytes
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @classmethod
+    def from_files(cls, ca: str, cert: str | None = None, key: str | None = None) -> AgentTLS:
+        if (cert is None) != (key is None):
+            raise ValueError("an agent client certificate and its key go together")
+
+        def read(path: str) -> bytes:
+            try:
+                return Path(path).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"agent TLS file {path}: {exc.strerror or exc}") from None
+
+        return cls(read(ca), read(cert) if cert else None, read(key) if key else None)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+
+class AgentClient:
+    """A connection to the agent at ``target`` (``host:port``), authenticated with ``token``.
+
+    With ``tls`` the channel is TLS (mutual when it has a client certificate).
+    Opens this driver's lease at once (raising :class:`AgentError` if the agent refuses or does
+    not answer within ``timeout`` s, waiting that long for one that is still starting) and
+    renews it every ``lease_s / 3`` s until :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        *,
+        lease_s: float = 10.0,
+        timeout: float = 10.0,
+        tls: AgentTLS | None = None,
+    ) -> None:
+        self.target = target
+        self.lease_s = lease_s
+        self.timeout = timeout
+        self.driver = driver_id()
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        self._channel = (
+            grpc.insecure_channel(target)
+            if tls is None
+            else grpc.secure_channel(target, tls.credentials())
+        )
+        self._stub = agent_pb2_grpc.NodeAgentStub(self._channel)  # type: ignore[no-untyped-call]
+        self._closed = threading.Event()
+        self.lost: str | None = None
+        try:
+            # An agent started with the driver (srun, a Job) may not listen yet: wait for it.
+            hello = agent_pb2.LeaseRequest(driver=self.driver)
+            try:
+                reply = self._call(self._stub.Hello, hello, wait_for_ready=True)
+            except AgentError as exc:
+                if "DEADLINE_EXCEEDED" not in str(exc):
+                    raise
+                # Waiting hides why it never connected (refused, TLS handshake): ask once more.
+                reply = self._call(self._stub.Hello, hello)
+            self.info = AgentInfo(
+                host=reply.host,
+                fabric=reply.fabric,
+                address=reply.address,
+                roles=tuple(reply.roles),
+                pid=reply.pid,
+                version=reply.version,
+                target=target,
+            )
+            self._heartbeat()
+        except BaseException:
+            self._channel.close()
+            raise
+        self._thread = threading.Thread(
+            target=self._renew, name=f"tfgrpc-lease-{target}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def name(self) -> str:
+        return f"agent {(getattr(self, 'info', None) and self.info.host) or '?'} at {self.target}"
+
+    def _call(self, method: Any, request: Any, *, wait_for_ready: bool = False) -> Any:
+        try:
+            return method(
+                request,
+                timeout=self.timeout,
+                metadata=self._metadata,
+                wait_for_ready=wait_for_ready,
+            )
+        except grpc.RpcError as exc:
+            raise AgentError(f"agent at {self.target}: {_status(exc)}") from None
+
+    def _heartbeat(self) -> None:
+        request = agent_pb2.LeaseRequest(driver=self.driver, lease_s=self.lease_s)
+        self._call(self._stub.Heartbeat, request)
+
+    def _renew(self) -> None:
+        while not self._closed.wait(self.lease_s / 3):
+            try:
+                self._heartbeat()
+            except AgentError as exc:
+                self.lost = str(exc)
+
+    def counters(self) -> tuple[int, int]:
+        """Bytes (received, sent) on the agent's fabric interface so far."""
+        reply = self._call(self._stub.Counters, agent_pb2.LeaseRequest(driver=self.driver))
+        return int(reply.rx_bytes), int(reply.tx_bytes)
+
+    def launcher(self) -> AgentLauncher:
+        """The launcher that starts processes on this agent's host."""
+        return AgentLauncher(self)
+
+    def run(
+        self,
+        role: str,
+        params: Mapping[str, str],
+        env: Mapping[str, str],
+        stderr: IO[bytes],
+        *,
+        name: str,
+    ) -> RemoteProcess:
+        """Start ``role`` there; returns once the agent says it started (or raises)."""
+        return RemoteProcess(self, role, params, env, stderr, name=name)
+
+    def close(self) -> None:
+        """Stop renewing, release the lease (the agent stops what is left), close."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with contextlib.suppress(AgentError):
+            self._call(self._stub.Release, agent_pb2.LeaseRequest(driver=self.driver))
+        self._channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<AgentClient {self.name}>"
+
+
+class AgentLauncher:
+    """Starts a :class:`~pytest_tfgrpc.servers.processes.ChildProcess` through an agent.
+
+    It reads the role from the module the handle would run and passes on only what the agent
+    accepts: ``--workers`` and ``--delay`` of a server, and the allocator variables of ``env``;
+    what a role binds to is the agent's choice (its fabric, a port the OS picks).
+    """
+
+    def __init__(self, client: AgentClient) -> None:
+        self.client = client
+
+    @property
+    def host(self) -> str:
+        return self.client.info.host
+
+    @property
+    def address(self) -> str | None:
+        info = self.client.info
+        return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
+
+    def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
+    ) -> RemoteProcess:
+        module = argv[2] if len(argv) > 2 and argv[1] == "-m" else ""
+        roles = [role for role, mod in ROLES.items() if mod == module]
+        if not roles:
+            raise AgentError(f"{name}: {module or argv[0]!r} is not a role an agent runs")
+        role = "ps" if "--workers" in argv and roles[0] == "tensor_server" else roles[0]
+        params: dict[str, str] = {}
+        rest = list(argv[3:])
+        for flag, key in (("--workers", "workers"), ("--delay", "delay")):
+            if flag in rest:
+                params[key] = rest[rest.index(flag) + 1]
+        wanted = {k: v for k, v in (env or {}).items() if k in ALLOCATOR_VARS}
+        return self.client.run(role, params, wanted, stderr, name=name)
+
+
+class _StdinWriter:
+    """A file-like stdin that sends what is written on the Run stream; close() ends it."""
+
+    def __init__(self, outbox: queue.Queue[Any]) -> None:
+        self._outbox = outbox
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        if self.closed:
+            raise ValueError("write to a closed stdin")
+        self._outbox.put(agent_pb2.RoleInput(stdin=bytes(data)))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._outbox.put(None)
+
+
+class RemoteProcess:
+    """A role running on an agent's host, with the ``Popen`` surface the local handles use."""
+
+    def __init__(
+        self,
+        client: AgentClient,
+        role: str,
+        params: Mapping[str, str],
+        env: Mapping[str, str],
+        stderr: IO[bytes],
+        *,
+        name: str,
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.returncode: int | None = None
+        self.pid = 0
+        self.host = client.info.host
+        self._outbox: queue.Queue[Any] = queue.Queue()
+        self.stdin = _StdinWriter(self._outbox)
+        read_end, self._write_end = os.pipe()
+        self.stdout: IO[bytes] = os.fdopen(read_end, "rb", buffering=0)
+        # Its own open file (append mode): the handle seeks the same file to read the tail.
+        self._stderr_fd = os.open(f"/proc/self/fd/{stderr.fileno()}", os.O_WRONLY | os.O_APPEND)
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._refusal: str | None = None
+        self._terminated = False
+        start = agent_pb2.RoleStart(driver=client.driver, role=role, params=params, env=env)
+        self._outbox.put(agent_pb2.RoleInput(start=start))
+        self._call = client._stub.Run(self._requests(), metadata=client._metadata)
+        threading.Thread(target=self._relay, name=f"tfgrpc-remote-{name}", daemon=True).start()
+        if not self._started.wait(client.timeout) or self._refusal is not None:
+            self._call.cancel()
+            self._done.wait(client.timeout)
+            why = self._refusal or f"no answer within {client.timeout:g} s"
+            raise AgentError(f"{name} on {client.name}: {why}")
+
+    def _requests(self) -> Iterator[Any]:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def _relay(self) -> None:
+        try:
+            for reply in self._call:
+                kind = reply.WhichOneof("kind")
+                if kind == "stdout":
+                    os.write(self._write_end, reply.stdout)
+                elif kind == "stderr":
+                    os.write(self._stderr_fd, reply.stderr)
+                elif kind == "started":
+                    self.pid = reply.started.pid
+                    self._started.set()
+                elif kind == "exited":
+                    self.returncode = reply.exited.returncode
+                    if reply.exited.reason:
+                        note = f"tfgrpc: {self.client.name} stopped it: {reply.exited.reason}\n"
+                        os.write(self._stderr_fd, note.encode())
+        except grpc.RpcError as exc:
+            if not self._started.is_set():
+                self._refusal = _status(exc)
+            elif self._terminated:
+                self.returncode = -15  # as if SIGTERM: the agent stops it when the call ends
+            elif self.returncode is None:
+                note = (
+                    f"tfgrpc: lost {self.client.name} (host {self.host}) while {self.name}"
+                    f" ran: {_status(exc)}\n"
+                )
+                os.write(self._stderr_fd, note.encode())
+        finally:
+            if self.returncode is None:
+                self.returncode = AGENT_LOST
+            os.close(self._write_end)
+            os.close(self._stderr_fd)
+            self._started.set()
+            self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.name, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def terminate(self) -> None:
+        """Cancel the Run stream: the agent stops the process."""
+        self._terminated = True
+        self._call.cancel()
+
+    kill = terminate
+
+    def __repr__(self) -> str:
+        return f"<RemoteProcess {self.name} on {self.host} pid={self.pid}>"
+
+
+def _status(exc: grpc.RpcError) -> str:
+    if isinstance(exc, grpc.Call):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)

@@ -1,0 +1,76 @@
+"""The node agent's checks, without a network: roles, parameters, environment, token."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pytest_tfgrpc.servers.agent import RoleError, read_token, role_argv
+from pytest_tfgrpc.wire.fabric import Fabric
+
+FABRIC = Fabric(name="fab0", address="198.18.0.2", family="ipv4")
+LINK_LOCAL = Fabric(name="ib0", address="fe80::1", family="ipv6", zone="ib0")
+
+
+def test_each_role_runs_its_own_module_bound_where_the_agent_says() -> None:
+    argv, _ = role_argv("ps", {"workers": "8", "delay": "1ms"}, {}, FABRIC)
+    assert argv[:3] == [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server"]
+    assert argv[3:] == ["--fabric", "fab0", "--port", "0", "--exit-on-stdin-eof", "--delay",
+                        "1ms", "--workers", "8"]  # fmt: skip
+    argv, _ = role_argv("worker", {}, {}, FABRIC)
+    assert argv == [sys.executable, "-m", "pytest_tfgrpc.servers.worker"]
+    argv, _ = role_argv("floor_server", {}, {}, LINK_LOCAL)
+    assert argv[3:] == ["--bind", "fe80::1%ib0", "--port", "0"]
+
+
+@pytest.mark.parametrize(
+    ("role", "params", "env", "code", "message"),
+    [
+        ("bash", {}, {}, "PERMISSION_DENIED", "role 'bash' is not one this agent runs"),
+        ("", {}, {}, "PERMISSION_DENIED", "role '' is not one"),
+        ("../worker", {}, {}, "PERMISSION_DENIED", "role '../worker'"),
+        ("tensor_server", {"fabric": "eth0"}, {}, "INVALID_ARGUMENT", "no parameter 'fabric'"),
+        ("tensor_server", {"port": "22"}, {}, "INVALID_ARGUMENT", "no parameter 'port'"),
+        ("ps", {"workers": "0"}, {}, "INVALID_ARGUMENT", "workers='0'"),
+        ("ps", {"workers": "9999"}, {}, "INVALID_ARGUMENT", "workers='9999'"),
+        ("ps", {"workers": "-1"}, {}, "INVALID_ARGUMENT", "workers='-1'"),
+        ("ps", {"delay": "11s"}, {}, "INVALID_ARGUMENT", "delay='11s': from 0 to 10 s"),
+        ("ps", {"delay": "1h"}, {}, "INVALID_ARGUMENT", "delay='1h': cannot read"),
+        ("ps", {"delay": "$(reboot)"}, {}, "INVALID_ARGUMENT", "delay='$(reboot)'"),
+        ("worker", {"workers": "2"}, {}, "INVALID_ARGUMENT", "its parameters: none"),
+        ("worker", {}, {"LD_PRELOAD": "/tmp/x.so"}, "INVALID_ARGUMENT", "LD_PRELOAD"),
+        ("worker", {}, {"PYTHONPATH": "/tmp"}, "INVALID_ARGUMENT", "PYTHONPATH"),
+        ("worker", {}, {"MALLOC_ARENA_MAX": "2; x"}, "INVALID_ARGUMENT", "MALLOC_ARENA_MAX"),
+    ],
+)
+def test_requests_outside_the_roles_are_refused(
+    role: str, params: dict[str, str], env: dict[str, str], code: str, message: str
+) -> None:
+    with pytest.raises(RoleError) as info:
+        role_argv(role, params, env, FABRIC)
+    assert info.value.code == getattr(grpc.StatusCode, code)
+    assert message in str(info.value)
+
+
+def test_allocator_variables_pass_and_nothing_else_of_the_drivers() -> None:
+    _, env = role_argv("worker", {}, {"MALLOC_MMAP_THRESHOLD_": "33554432"}, FABRIC)
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "33554432"
+
+
+def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("a" * 20 + "\nignored\n")
+    assert read_token(str(path), {"TFGRPC_AGENT_TOKEN": "b" * 20}) == "a" * 20
+    assert read_token(None, {"TFGRPC_AGENT_TOKEN": " " + "b" * 20 + "\n"}) == "b" * 20
+    with pytest.raises(ValueError, match="no agent token: give --token-file"):
+        read_token(None, {})
+    with pytest.raises(ValueError, match="fewer than 16"):
+        read_token(None, {"TFGRPC_AGENT_TOKEN": "short"})
+    with pytest.raises(ValueError, match=r"token file .*missing"):
+        read_token(str(tmp_path / "missing"), {})
+    path.write_text("")
+    with pytest.raises(ValueError, match="no agent token"):
+        read_token(str(path), {})
