@@ -151,13 +151,22 @@ def test_unknown_fabric_is_a_usage_error_listing_interfaces(pytester: pytest.Pyt
         ('budget(rpc_rate="fast")', "@pytest.mark.budget: budget rpc_rate='fast': "),
         ('budget(imbalance=float("nan"))', "@pytest.mark.budget: budget imbalance=nan: "),
         ('budget(step_p99="inf ms")', "@pytest.mark.budget: budget step_p99='inf ms': "),
+        ('message_profile("resnet50", scale=2)', "profile argument scale=2: scale must be in"),
+        ('message_profile("resnet50", max_tensors=0)', "profile argument max_tensors=0: "),
+        ('message_profile("resnet50", name_filter="(")', "argument name_filter='(': "),
+        ('message_profile("nosuchnet", scale=0.5)', "profile argument name='nosuchnet': "),
     ],
 )
-def test_malformed_markers_name_the_test_and_argument(
-    pytester: pytest.Pytester, quick: tuple[str, ...], marker: str, expected: str
+def test_malformed_markers_lead_with_the_cause_and_blame_the_argument(
+    pytester: pytest.Pytester,
+    quick: tuple[str, ...],
+    marker: str,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the one-line summary cuts to the terminal's width
     pytester.makepyfile(
-        f"""
+        test_m=f"""
         import pytest
 
         @pytest.mark.{marker}
@@ -173,8 +182,11 @@ def test_malformed_markers_name_the_test_and_argument(
     result = pytester.runpytest(*quick, f"--junitxml={xml}")
     result.assert_outcomes(passed=1, errors=1)
     lines = result.stdout.str().splitlines()
-    headline = ".py::test_marked[lo]: @pytest.mark."
-    assert any(headline in line and expected in line for line in lines), lines
+    # pytest's one-line summary names the test; the message after it leads with the cause.
+    summary = "ERROR test_m.py::test_marked[lo] - Failed: @pytest.mark."
+    assert any(
+        line.startswith(summary) and expected in line for line in lines
+    ), lines
     assert "During handling" not in result.stdout.str()
     assert "tfgrpc.p2p_latency.4B.p50_us" in properties(xml)["test_fine[lo]"]
 

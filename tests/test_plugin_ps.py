@@ -78,11 +78,12 @@ def test_ps_benchmarks_reach_junit(pytester: pytest.Pytester) -> None:
         ("ps_topology(nodes=3)", "'nodes'"),
     ],
 )
-def test_bad_topologies_name_the_test_and_argument(
-    pytester: pytest.Pytester, marker: str, expected: str
+def test_bad_topologies_lead_with_the_argument(
+    pytester: pytest.Pytester, marker: str, expected: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the one-line summary cuts to the terminal's width
     pytester.makepyfile(
-        f"""
+        test_t=f"""
         import pytest
 
         @pytest.mark.{marker}
@@ -93,7 +94,8 @@ def test_bad_topologies_name_the_test_and_argument(
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     lines = result.stdout.str().splitlines()
-    assert any("::test_cluster[lo]: " in line and expected in line for line in lines), lines
+    summary = "ERROR test_t.py::test_cluster[lo] - Failed: @pytest.mark.ps_topology"
+    assert any(line.startswith(summary) and expected in line for line in lines), lines
 
 
 def test_a_ps_killed_mid_test_fails_it(pytester: pytest.Pytester) -> None:

@@ -83,14 +83,14 @@ class Driver:
         if sizes is None:
             if self._messages is None:
                 raise SpecError(
-                    f"{self._test}: {call}() needs sizes: pass sizes= or mark the test with "
+                    f"{call}() needs sizes: pass sizes= or mark the test with "
                     "@pytest.mark.message_profile(...)"
                 )
             return self._messages.messages
         try:
             return parse_sizes(sizes)
         except UnitError as exc:
-            raise SpecError(f"{self._test}: {call}() argument sizes={sizes!r}: {exc}") from None
+            raise SpecError(f"{call}() argument sizes={sizes!r}: {exc}") from None
 
     def _progress_of(self, label: str, server: Server) -> Progress | None:
         report = self._progress
@@ -105,8 +105,8 @@ class Driver:
     def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
         unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
         if unknown:
-            raise SpecError(f"{self._test}: {call}() got an unexpected argument {unknown[0]!r}")
-        return run_spec(default, self._options, dict(arguments), f"{self._test}: {call}()")
+            raise SpecError(f"{call}() got an unexpected argument {unknown[0]!r}")
+        return run_spec(default, self._options, dict(arguments), f"{call}()")
 
     def p2p_latency(
         self,
@@ -197,7 +197,7 @@ class Driver:
                 extra["chunk_bytes"] = parse_sizes(chunk_bytes)[0]
             except UnitError as exc:
                 raise SpecError(
-                    f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
+                    f"p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
         return self._p2p(
             bench.p2p_bandwidth,
@@ -265,7 +265,7 @@ class Driver:
         if profile is None:
             if self._messages is None or self._messages.profile is None:
                 raise SpecError(
-                    f"{self._test}: sync_sgd_step() needs a model profile: pass one or mark "
+                    f"sync_sgd_step() needs a model profile: pass one or mark "
                     "the test with @pytest.mark.message_profile('resnet50')"
                 )
             profile = self._messages.profile
@@ -273,7 +273,7 @@ class Driver:
             try:
                 profile = load_profile(profile)
             except (ValueError, OSError) as exc:
-                raise SpecError(f"{self._test}: sync_sgd_step() profile: {exc}") from None
+                raise SpecError(f"sync_sgd_step() profile: {exc}") from None
         # Placed once here; the benchmark, the fit and the model all take this placement.
         placement = placed_on(profile, cluster.topology)
         result = bench.sync_sgd_step(
@@ -283,10 +283,10 @@ class Driver:
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:
-            raise SpecError(f"{self._test}: label {label!r} must be non-empty and without dots")
+            raise SpecError(f"label {label!r} must be non-empty and without dots")
         if label in self._labels:
             raise SpecError(
-                f"{self._test}: a second result labelled {label!r} would overwrite the first "
+                f"a second result labelled {label!r} would overwrite the first "
                 "in the JUnit XML; give each call its own label=..."
             )
 

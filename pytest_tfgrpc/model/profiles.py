@@ -91,9 +91,41 @@ class TensorSpec:
         return _canonical_dtype(self.dtype)[1]
 
     @property
+    def kind(self) -> str:
+        """What the tensor is, read from its name's last part and its shape, whatever the
+        naming style (Keras ``conv1/kernel:0``, TensorFlow ``res2a_branch2a/kernel``, PyTorch
+        ``layer1.0.conv1.weight``, ``conv1_w``): ``conv`` (a kernel of 3 or more dimensions), ``embedding``
+        (a table whose name says so), ``dense`` (a 2-D kernel), ``norm`` (a normalization's
+        scale, offset or statistics), ``bias``, else ``other``."""
+        path = re.split(r"[/.]", self.name.split(":")[0].lower())
+        last = path[-1]
+        if last not in _NORM_PARTS:  # conv1_w, fc1_b: the role after the last underscore
+            last = last.rsplit("_", 1)[-1]
+        if "embed" in self.name.lower() and len(self.shape) == 2:
+            return "embedding"
+        if last in _NORM_PARTS or (last == "weight" and len(self.shape) == 1):
+            return "norm"
+        if last in ("kernel", "weight", "weights", "w"):
+            if len(self.shape) >= 3:
+                return "conv"
+            if len(self.shape) == 2:
+                return "dense"
+        if last in ("bias", "biases", "b"):
+            return "bias"
+        return "other"
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the tensor's content: elements times item size."""
         return self.num_elements * self.itemsize
+
+
+#: The last name parts of a normalization layer's tensors (Keras, TensorFlow, PyTorch).
+_NORM_PARTS = frozenset(
+    ("gamma", "beta", "moving_mean", "moving_variance", "running_mean", "running_var")
+)
+#: The tensor kinds a ``name_filter`` may name (:attr:`TensorSpec.kind`).
+TENSOR_KINDS = ("conv", "dense", "norm", "bias", "embedding", "other")
 
 
 @dataclass(frozen=True)
@@ -224,8 +256,11 @@ class Profile:
     ) -> Profile:
         """A smaller profile for quick runs, recording what was done in ``scaling``.
 
-        Applied in this order: ``name_filter`` keeps the tensors whose name matches the regular
-        expression (``re.search``); ``max_tensors`` keeps the ``max_tensors`` largest by bytes
+        Applied in this order: ``name_filter`` keeps the tensors of one kind when it names one
+        (``conv``, ``dense``, ``norm``, ``bias``, ``embedding``, ``other``: see
+        :attr:`TensorSpec.kind`, so ``"conv"`` keeps every convolution kernel whatever the
+        naming style), else the tensors whose name matches it as a regular expression
+        (``re.search``, e.g. ``"^res5"`` or ``"attention"``); ``max_tensors`` keeps the ``max_tensors`` largest by bytes
         (ties broken by profile order), in their original order; ``scale`` (in (0, 1]) shrinks
         every tensor to about ``scale`` times its elements by cutting its leading dimensions,
         never below one element. The name says what was done, e.g. ``"resnet50[scale=0.01]"``.
@@ -247,7 +282,10 @@ class Profile:
                 raise ValueError(
                     f"name_filter {name_filter!r} is not a regular expression: {exc}"
                 ) from exc
-            tensors = tuple(spec for spec in tensors if pattern.search(spec.name))
+            if name_filter in TENSOR_KINDS:
+                tensors = tuple(spec for spec in tensors if spec.kind == name_filter)
+            else:
+                tensors = tuple(spec for spec in tensors if pattern.search(spec.name))
             if not tensors:
                 raise ValueError(f"name_filter {name_filter!r} matches no tensor of {self.name!r}")
         if max_tensors is not None:

@@ -295,8 +295,12 @@ def assert_budget(result: BenchmarkResult, **limits: object) -> None:
         raise TypeError(
             "assert_budget() needs at least one limit, e.g. assert_budget(result, p99='2ms')"
         )
-    budget = parse_budget(limits)
-    breaches = check(budget, result)
+    try:
+        budget = parse_budget(limits)
+        breaches = check(budget, result)
+    except BudgetError as exc:
+        # Raised again from this (hidden) frame: the test's traceback ends at its own call.
+        raise BudgetError(str(exc)) from None
     if breaches:
         checked = len(budget.limits) * len(result.sizes)
         raise BudgetExceeded(format_breaches(result, breaches, checked), breaches)
