@@ -18,11 +18,12 @@ A label ending in ``_floor`` is a raw-TCP transport floor (:func:`ParsedFigure.f
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor
+from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor, significant
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.sketch import Sketch
 
@@ -161,7 +162,22 @@ def model_properties(
     (:func:`~pytest_tfgrpc.model.analytic.prediction_figures`) beside the measured point
     ``key`` of result ``label``: ``tfgrpc.<label>.<key>.model.<name>``. No reader takes them
     for measured figures (:func:`parse_figure`)."""
-    return [(point_property(label, key, f"{MODEL}.{name}"), value) for name, value in figures]
+    return [
+        (point_property(label, key, f"{MODEL}.{name}"), _without_float_noise(value))
+        for name, value in figures
+    ]
+
+
+def _without_float_noise(text: str) -> str:
+    """A number written by ``repr`` (``1234.5600000000001``) to the digits a model's figure
+    supports; text that is no such number (a limit's name, a whole count) as it is."""
+    if not any(c in text for c in ".eE"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return significant(value) if math.isfinite(value) else text
 
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
