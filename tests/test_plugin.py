@@ -184,9 +184,7 @@ def test_malformed_markers_lead_with_the_cause_and_blame_the_argument(
     lines = result.stdout.str().splitlines()
     # pytest's one-line summary names the test; the message after it leads with the cause.
     summary = "ERROR test_m.py::test_marked[lo] - Failed: @pytest.mark."
-    assert any(
-        line.startswith(summary) and expected in line for line in lines
-    ), lines
+    assert any(line.startswith(summary) and expected in line for line in lines), lines
     assert "During handling" not in result.stdout.str()
     assert "tfgrpc.p2p_latency.4B.p50_us" in properties(xml)["test_fine[lo]"]
 

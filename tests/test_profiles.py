@@ -23,6 +23,7 @@ from pytest_tfgrpc.model.profiles import (
     TensorSpec,
     list_profiles,
     load_profile,
+    profile_key,
 )
 
 # name, trainable tensors, trainable parameters, the reference those numbers come from.
@@ -585,3 +586,28 @@ def test_a_name_filter_that_is_no_kind_is_a_regular_expression_on_names() -> Non
     res5 = load_profile("resnet50").scaled(name_filter="^res5")
     assert res5.num_tensors > 0
     assert all(t.name.startswith("res5") for t in res5.tensors)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("resnet50", "resnet50"),
+        ("resnet50[scale=0.05]", "resnet50-scale_0p05"),
+        (
+            "resnet50[filter=conv,max_tensors=10,scale=0.05]",
+            "resnet50-filter_conv-max_tensors_10-scale_0p05",
+        ),
+        (
+            "bert_base[filter=layer_0/,max_tensors=3,scale=0.5]",
+            "bert_base-filter_layer_0-max_tensors_3-scale_0p5",
+        ),
+        ("my model.json", "my_modelpjson"),
+    ],
+)
+def test_profile_keys_are_safe_for_ci_parsers(name: str, key: str) -> None:
+    assert profile_key(name) == key
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", profile_key(name))
+
+
+def test_a_scaled_profile_is_labelled_by_its_key() -> None:
+    assert load_profile("resnet50").scaled(scale=0.05).key == "resnet50-scale_0p05"

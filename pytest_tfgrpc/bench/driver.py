@@ -235,7 +235,7 @@ class Driver:
         messages = self._messages
         if sizes is None and messages is not None and messages.profile is not None:
             payload = placed_on(messages.profile, cluster.topology)
-            key = messages.profile.name
+            key = messages.profile.key
         elif sizes is None and messages is not None and messages.payload is not None:
             payload = messages.payload
         else:

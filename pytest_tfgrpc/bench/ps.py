@@ -307,7 +307,7 @@ def sync_sgd_step(
         per_step,
         steps,
         total_ns,
-        key=_key(profile.name),
+        key=profile.key,
         step=True,
         rate_per_s=len(steps) * 1e9 / total_ns if total_ns else 0.0,
         rate_Bps=per_step * len(steps) * 1e9 / total_ns if total_ns else 0.0,
@@ -327,7 +327,7 @@ def sync_sgd_step(
         placement=placement,
         settings=run_settings(
             run,
-            profile=profile.name,
+            profile=profile.key,
             learning_rate=f"{learning_rate:g}",
             chunk_bytes=str(chunk_bytes),
             partition_bytes=str(partition_bytes),

@@ -124,6 +124,29 @@ class TensorSpec:
 _NORM_PARTS = frozenset(
     ("gamma", "beta", "moving_mean", "moving_variance", "running_mean", "running_var")
 )
+_UNSAFE_IN_KEY = re.compile(r"[^A-Za-z0-9_-]+")
+_SCALED_NAME = re.compile(r"^(?P<base>[^\[\]]*)\[(?P<steps>[^\[\]]*)\]$")
+
+
+def profile_key(name: str) -> str:
+    """A profile's name as labels spell it everywhere (JUnit property names, the terminal
+    summary, plots, the HTML report): letters, digits, ``_`` and ``-`` only, so that CI tools
+    split ``tfgrpc.<label>.<key>.<metric>`` on dots safely. A scaled profile's steps follow its
+    base name, each as ``-<step>_<value>`` with a decimal point written ``p``:
+    ``resnet50[filter=conv,scale=0.05]`` -> ``resnet50-filter_conv-scale_0p05``."""
+    match = _SCALED_NAME.match(name)
+    base, steps = (match["base"], match["steps"].split(",")) if match else (name, [])
+    parts = [_key_part(base)]
+    for step in steps:
+        argument, _, value = step.partition("=")
+        parts.append(f"{_key_part(argument)}_{_key_part(value)}" if value else _key_part(step))
+    return "-".join(part for part in parts if part) or "profile"
+
+
+def _key_part(text: str) -> str:
+    return _UNSAFE_IN_KEY.sub("_", text.replace(".", "p")).strip("_")
+
+
 #: The tensor kinds a ``name_filter`` may name (:attr:`TensorSpec.kind`).
 TENSOR_KINDS = ("conv", "dense", "norm", "bias", "embedding", "other")
 
@@ -202,6 +225,12 @@ class Profile:
                 )
             first_at[spec.name] = index
         object.__setattr__(self, "tensors", tensors)
+
+    @property
+    def key(self) -> str:
+        """The name as labels spell it in every report (:func:`profile_key`):
+        ``resnet50-scale_0p05`` for ``resnet50[scale=0.05]``."""
+        return profile_key(self.name)
 
     @property
     def num_tensors(self) -> int:
