@@ -1,4 +1,4 @@
-"""The metric registry and the property codec, and what issue 10 asked of them: every figure
+"""The metric registry and the property codec, and what is asked of them: every figure
 declared once, every gateable figure gated, every budget metric with a tolerance, one error
 for every bad budget, floors marked."""
 
