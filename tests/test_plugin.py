@@ -336,10 +336,8 @@ def test_the_transport_floor_is_measured_beside_on_request(
 
 
 def test_long_sweeps_report_progress_without_flooding(
-    pytester: pytest.Pytester, quick: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, quick: tuple[str, ...]
 ) -> None:
-    from pytest_tfgrpc.plugin import fixtures as plugin
-
     pytester.makepyfile(
         """
         import pytest
@@ -349,17 +347,27 @@ def test_long_sweeps_report_progress_without_flooding(
             tfgrpc.p2p_latency(tensor_server)
         """
     )
-    result = pytester.runpytest(*quick)  # the default: a line only after 10 s, none here
+    # A real process, with pytest's own fd capture on: the default of the run.
+    result = pytester.runpytest_subprocess(*quick)  # a line only after 5 s: none here
     result.assert_outcomes(passed=1)
     assert "size 1 of 3" not in result.stdout.str()
-    monkeypatch.setattr(plugin, "PROGRESS_EVERY_S", 0.0)
-    result = pytester.runpytest(*quick)
+    pytester.makeconftest(
+        """
+        from pytest_tfgrpc.plugin import fixtures
+
+        fixtures.PROGRESS_EVERY_S = 0.0
+        """
+    )
+    result = pytester.runpytest_subprocess(*quick)  # captured, yet shown
     result.stdout.fnmatch_lines(
         [
             "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 1 of 3 (1KiB)",
-            "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB)",
+            "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB), ETA *s",
         ]
     )
+    quiet = pytester.runpytest_subprocess(*quick, "-q")
+    quiet.assert_outcomes(passed=1)
+    assert "size 1 of 3" not in quiet.stdout.str()
 
 
 def test_the_run_marker_makes_a_time_based_run(

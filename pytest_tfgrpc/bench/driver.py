@@ -6,6 +6,7 @@ options, and a function that records properties on the test.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -25,7 +26,7 @@ from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.units import UnitError, parse_sizes
+from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.schemes import Payload
 
@@ -97,8 +98,16 @@ class Driver:
         if report is None:
             return None
 
+        started = time.monotonic()
+
         def progress(index: int, count: int, size: str) -> None:
-            report(f"{label} on {server.fabric.name}: size {index} of {count} ({size})")
+            # ETA: the mean time of the sizes done so far, times the sizes left (this one too).
+            done = index - 1
+            eta = ""
+            if done:
+                left = (time.monotonic() - started) / done * (count - done)
+                eta = f", ETA {format_duration(left * 1e9)}"
+            report(f"{label} on {server.fabric.name}: size {index} of {count} ({size}){eta}")
 
         return progress
 

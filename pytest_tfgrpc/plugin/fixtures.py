@@ -4,6 +4,7 @@ when a test requests them."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.wire.fabric import Fabric
 
 #: Long sweeps say where they are: a line once a test has run this long, then as often.
-PROGRESS_EVERY_S = 10.0
+PROGRESS_EVERY_S = 5.0
 
 
 @pytest.fixture
@@ -109,16 +110,24 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
 
 
 def _progress_lines(config: pytest.Config, test: str) -> Callable[[str], None] | None:
+    """Where a long sweep says how far it is: a line through pytest's terminal reporter, at
+    most one every :data:`PROGRESS_EVERY_S`, written with output capture suspended (as
+    pytest's live logging does) so that it shows whatever ``-s``/``--capture`` say. None (no
+    lines) under ``-q`` and in a pytest-xdist worker, whose output no one sees."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or hasattr(config, "workerinput"):
+    if reporter is None or hasattr(config, "workerinput") or config.get_verbosity() < 0:
         return None
+    capture = config.pluginmanager.get_plugin("capturemanager")
     last = time.monotonic()
 
     def progress(message: str) -> None:
         nonlocal last
         now = time.monotonic()
-        if now - last >= PROGRESS_EVERY_S:
+        if now - last < PROGRESS_EVERY_S:
+            return
+        last = now
+        suspended = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+        with suspended:
             reporter.write_line(f"tfgrpc: {test}: {message}")
-            last = now
 
     return progress

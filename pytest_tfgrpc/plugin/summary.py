@@ -80,7 +80,7 @@ class SummaryReporter:
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.rows:
-            terminalreporter.section("tfgrpc")
+            terminalreporter.write_sep("=", "tfgrpc")  # section() would leave a blank line
             for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
         if self.results is not None:
@@ -95,7 +95,7 @@ class SummaryReporter:
                     terminalreporter.write_line(f"tfgrpc: plot {path}")
         if self.gate is None:
             return
-        terminalreporter.section("tfgrpc baseline")
+        terminalreporter.write_sep("=", "tfgrpc baseline")
         terminalreporter.write_line(f"baseline: {self.gate.settings.baseline_path}")
         for warning in self.gate.warnings:
             terminalreporter.write_line(f"WARNING {warning}", yellow=True, bold=True)
