@@ -274,7 +274,7 @@ class Driver:
         if profile is None:
             if self._messages is None or self._messages.profile is None:
                 raise SpecError(
-                    f"sync_sgd_step() needs a model profile: pass one or mark "
+                    "sync_sgd_step() needs a model profile: pass one or mark "
                     "the test with @pytest.mark.message_profile('resnet50')"
                 )
             profile = self._messages.profile

@@ -94,9 +94,9 @@ class TensorSpec:
     def kind(self) -> str:
         """What the tensor is, read from its name's last part and its shape, whatever the
         naming style (Keras ``conv1/kernel:0``, TensorFlow ``res2a_branch2a/kernel``, PyTorch
-        ``layer1.0.conv1.weight``, ``conv1_w``): ``conv`` (a kernel of 3 or more dimensions), ``embedding``
-        (a table whose name says so), ``dense`` (a 2-D kernel), ``norm`` (a normalization's
-        scale, offset or statistics), ``bias``, else ``other``."""
+        ``layer1.0.conv1.weight``, ``conv1_w``): ``conv`` (a kernel of 3 or more
+        dimensions), ``embedding`` (a table whose name says so), ``dense`` (a 2-D kernel),
+        ``norm`` (a normalization's scale, offset or statistics), ``bias``, else ``other``."""
         path = re.split(r"[/.]", self.name.split(":")[0].lower())
         last = path[-1]
         if last not in _NORM_PARTS:  # conv1_w, fc1_b: the role after the last underscore
@@ -289,10 +289,12 @@ class Profile:
         (``conv``, ``dense``, ``norm``, ``bias``, ``embedding``, ``other``: see
         :attr:`TensorSpec.kind`, so ``"conv"`` keeps every convolution kernel whatever the
         naming style), else the tensors whose name matches it as a regular expression
-        (``re.search``, e.g. ``"^res5"`` or ``"attention"``); ``max_tensors`` keeps the ``max_tensors`` largest by bytes
-        (ties broken by profile order), in their original order; ``scale`` (in (0, 1]) shrinks
-        every tensor to about ``scale`` times its elements by cutting its leading dimensions,
-        never below one element. The name says what was done, e.g. ``"resnet50[scale=0.01]"``.
+        (``re.search``, e.g. ``"^res5"`` or ``"attention"``); ``max_tensors`` keeps the
+        ``max_tensors`` largest by bytes (ties broken by profile order), in their original
+        order; ``scale`` (in (0, 1]) shrinks every tensor to about ``scale`` times its elements
+        by cutting its leading dimensions, never below one element. The name says what was
+        done, e.g. ``"resnet50[scale=0.01]"``; labels spell it :attr:`key`
+        (``resnet50-scale_0p01``).
 
         A profile is scaled once: call this on the original with all options together.
         """

@@ -24,8 +24,8 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor, significant
 from pytest_tfgrpc.model.profiles import profile_key
+from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor, significant
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.sketch import Sketch
 
