@@ -48,6 +48,11 @@ PLOT_HELP = (
     "write PNG plots into DIR at the end of the run: latency and bandwidth against message "
     "size per fabric, step times of PS tests (needs the 'plot' extra: matplotlib)"
 )
+HTML_HELP = (
+    "write one self-contained HTML report of the run to FILE at its end (no network needed to "
+    "open it): the summary per benchmark with the fabrics side by side, the baseline "
+    "verdicts, the plots (with the 'plot' extra) and the run's metadata"
+)
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
     "inconclusive": (
@@ -151,6 +156,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add(group, parser, ("--tfgrpc-cluster",), "tfgrpc_cluster", CLUSTER_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
+    _add(group, parser, ("--tfgrpc-html",), "tfgrpc_html", HTML_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
     for name, help_text in RUN_OPTIONS.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
