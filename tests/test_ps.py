@@ -74,8 +74,8 @@ def test_ps_throughput_every_worker_calls_every_ps(cluster: PSCluster) -> None:
         assert point.cpu["workers"].total_ns > 0
         assert {load.pid for load in point.per_ps} == {ps.pid for ps in cluster.ps}
     props = dict(result_properties(result))
-    rate = props["tfgrpc.ps_throughput.64KiB.rpc_rate_per_s"]
-    assert float(rate) == pytest.approx(result.sizes[1].rate_per_s, rel=1e-5)
+    recorded = props["tfgrpc.ps_throughput.64KiB.rpc_rate_per_s"]
+    assert float(recorded) == pytest.approx(result.sizes[1].rate_per_s, rel=1e-5)
     assert props["tfgrpc.ps_throughput.64B.ps1.bytes_in"] == str(90 * 64)
     assert props["tfgrpc.ps_throughput.64B.samples"] == "180"
 

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = (ROOT / "README.md", ROOT / "README-model.md")
@@ -49,7 +49,7 @@ def _script() -> ModuleType:
 OUTPUTS = _script()
 
 
-def _blocks(language: str | None = None) -> Iterator[tuple[Path, object]]:
+def _blocks(language: str | None = None) -> Iterator[tuple[Path, Any]]:
     for doc in DOCS:
         for block in OUTPUTS.blocks(doc.read_text()):
             if language is None or block.language == language:
@@ -58,13 +58,13 @@ def _blocks(language: str | None = None) -> Iterator[tuple[Path, object]]:
 
 def test_every_block_has_a_language_this_test_knows() -> None:
     unknown = [
-        f"{doc.name}:{block.line + 1}: ```{block.language}"  # type: ignore[attr-defined]
+        f"{doc.name}:{block.line + 1}: ```{block.language}"
         for doc, block in _blocks()
-        if block.language not in LANGUAGES  # type: ignore[attr-defined]
+        if block.language not in LANGUAGES
     ]
     assert unknown == []
     # The README has examples of every kind this test runs, so none of its parts is idle.
-    assert {block.language for _, block in _blocks()} == set(LANGUAGES)  # type: ignore[attr-defined]
+    assert {block.language for _, block in _blocks()} == set(LANGUAGES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,19 +80,19 @@ def _after(doc: Path, line: int) -> str:
 
 def test_the_python_examples_pass_as_written(pytester: pytest.Pytester) -> None:
     python = list(_blocks("python"))
-    suites = [b for _, b in python if "def test_" in b.text]  # type: ignore[attr-defined]
-    snippets = [(d, b) for d, b in python if "def test_" not in b.text]  # type: ignore[attr-defined]
+    suites = [b for _, b in python if "def test_" in b.text]
+    snippets = [(d, b) for d, b in python if "def test_" not in b.text]
     assert len(suites) >= 2 and snippets
     for i, suite in enumerate(suites):
-        pytester.makepyfile(**{f"test_readme_{i}": suite.text})  # type: ignore[attr-defined]
-    tests = sum(len(re.findall(r"^def test_", s.text, re.M)) for s in suites)  # type: ignore[attr-defined]
+        pytester.makepyfile(**{f"test_readme_{i}": suite.text})
+    tests = sum(len(re.findall(r"^def test_", s.text, re.M)) for s in suites)
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--junitxml=perf.xml", "--tfgrpc-results=results.jsonl"
     )
     result.assert_outcomes(passed=tests)
     for doc, snippet in snippets:
         done = subprocess.run(
-            [sys.executable, "-c", snippet.text],  # type: ignore[attr-defined]
+            [sys.executable, "-c", snippet.text],
             cwd=pytester.path,
             capture_output=True,
             text=True,
@@ -100,10 +100,10 @@ def test_the_python_examples_pass_as_written(pytester: pytest.Pytester) -> None:
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        said = re.match(r"prints `([^`]*)`", _after(doc, snippet.line))  # type: ignore[attr-defined]
+        said = re.match(r"prints `([^`]*)`", _after(doc, snippet.line))
         if said:
             assert done.stdout.strip() == said[1]
-        if "JUnitXml" in snippet.text:  # type: ignore[attr-defined]
+        if "JUnitXml" in snippet.text:
             # A p99 for the 1KiB latency of the README's latency test, on each fabric.
             assert re.search(r"^test_gradient_latency\[lo\] \d+(\.\d+)?$", done.stdout, re.M)
     # The command lines that read a run's output run on this run's output.
@@ -124,7 +124,7 @@ def test_the_python_examples_pass_as_written(pytester: pytest.Pytester) -> None:
 def _command_lines() -> list[str]:
     out = []
     for _, block in _blocks("sh"):
-        for raw in block.text.splitlines():  # type: ignore[attr-defined]
+        for raw in block.text.splitlines():
             line = raw.split(" #")[0].strip()
             if line and not line.startswith("#"):
                 out.append(line)
@@ -172,8 +172,9 @@ def _help(program: str) -> str:
 
 
 def _extras() -> set[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return set(project["optional-dependencies"])
+    from importlib.metadata import metadata
+
+    return set(metadata("pytest-tfgrpc").get_all("Provides-Extra") or [])
 
 
 #: Options whose --help lists only another spelling.
@@ -248,7 +249,7 @@ def test_the_options_table_matches_the_help() -> None:
 
 def test_the_ini_example_takes_effect(pytester: pytest.Pytester) -> None:
     [(_, block)] = list(_blocks("ini"))
-    pytester.makefile(".ini", pytest=block.text)  # type: ignore[attr-defined]
+    pytester.makefile(".ini", pytest=block.text)
     pytester.makepyfile(
         """
         import pytest
@@ -268,7 +269,7 @@ def test_the_ini_example_takes_effect(pytester: pytest.Pytester) -> None:
 
 
 def test_the_outputs_shown_are_those_of_a_fresh_run() -> None:
-    assert {b.output for _, b in _blocks("text") if b.output} == {  # type: ignore[attr-defined]
+    assert {b.output for _, b in _blocks("text") if b.output} == {
         "marker-error",
         "budget-breach",
         "summary",
