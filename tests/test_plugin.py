@@ -411,3 +411,39 @@ def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*p2p_latency() got an unexpected argument 'iteration'*"])
+
+
+def test_a_bad_budget_string_shows_no_internal_traceback(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_tfgrpc import assert_budget
+
+        @pytest.mark.message_profile(["4B"])
+        def test_budget(tfgrpc, tensor_server):
+            result = tfgrpc.p2p_latency(tensor_server)
+            assert_budget(result, p99="fast")
+        """
+    )
+    result = pytester.runpytest(*quick)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["E * BudgetError: budget p99='fast': *"])
+    assert "report/budget.py" not in out and "bench/driver.py" not in out, out
+    assert 'assert_budget(result, p99="fast")' in out  # the test's own line is the one shown
+
+
+def test_markers_give_their_full_signatures(pytester: pytest.Pytester) -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    signatures = re.findall(
+        r"^\| `((?:message_profile|ps_topology|budget|tfgrpc_run)\([^`]*\))`", readme, re.M
+    )
+    assert len(signatures) == 4
+    result = pytester.runpytest("--markers")
+    out = result.stdout.str()
+    for signature in signatures:
+        assert f"@pytest.mark.{signature}:" in out, signature

@@ -70,7 +70,7 @@ GATE_POLICIES = {
 }
 #: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
 MARKERS = {
-    "message_profile": "message_profile(name_or_sizes=None, *, sizes=None, scheme='uniform', "
+    "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
     "buffers=10, classes=None, bias=None, seed=None, size_range=False, scale=None, "
     "max_tensors=None, name_filter=None): the messages of the test's benchmarks: sizes "
     "(['4B', '64KiB'] or '1KiB..64MiB', powers of two); a TF-gRPC-Bench payload "
@@ -85,7 +85,7 @@ MARKERS = {
     "tfgrpc_run": "tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None, "
     "warmup_seconds=None): the test's run settings, over the --tfgrpc-* options; a duration "
     "makes the run time-based (TF-gRPC-Bench: warmup_seconds=2, duration=10).",
-    "ps_topology": "ps_topology(ps=1, workers=1, sharding='round_robin'): the parameter-server "
+    "ps_topology": 'ps_topology(ps=1, workers=1, sharding="round_robin"): the parameter-server '
     "cluster of the ps_cluster fixture: PS processes, worker processes, and how tensors are "
     "placed on PS tasks (round_robin, greedy, partitioned).",
 }
