@@ -91,7 +91,7 @@ def test_figures_reach_junit_per_size_and_fabric(
         mean_us = float(bandwidth[f"tfgrpc.p2p_bandwidth.{size}.mean_us"])
         # throughput is the bytes moved over the time measured: the mean says the same
         size_bytes = 65536 if size == "64KiB" else 131072
-        assert mbps == pytest.approx(size_bytes / mean_us, rel=1e-9)
+        assert mbps == pytest.approx(size_bytes / mean_us, rel=1e-5)  # 6 significant digits
     result.stdout.fnmatch_lines(
         [
             "*= tfgrpc =*",
@@ -398,7 +398,9 @@ def test_the_run_marker_makes_a_time_based_run(
     )
     result = pytester.runpytest(*quick)
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*test_bad: @pytest.mark.tfgrpc_run argument iterations=0*"])
+    result.stdout.fnmatch_lines(
+        ["@pytest.mark.tfgrpc_run argument iterations=0*"]
+    )  # the cause first
 
 
 def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
@@ -430,7 +432,7 @@ def test_a_bad_budget_string_shows_no_internal_traceback(
     result = pytester.runpytest(*quick)
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    result.stdout.fnmatch_lines(["E * BudgetError: budget p99='fast': *"])
+    result.stdout.fnmatch_lines(["E *.BudgetError: budget p99='fast': *"])
     assert "report/budget.py" not in out and "bench/driver.py" not in out, out
     assert 'assert_budget(result, p99="fast")' in out  # the test's own line is the one shown
 
