@@ -121,15 +121,24 @@ def _e(text: object) -> str:
     return html.escape(str(text))
 
 
-def _table(head: Iterable[str], rows: Iterable[Iterable[str]], css: str = "") -> str:
-    """An HTML table; cells are given already escaped (they may carry a span)."""
+def _table(
+    head: Iterable[str], rows: Iterable[Iterable[str]], css: str = "", text_last: bool = False
+) -> str:
+    """An HTML table; cells are given already escaped (they may carry a span). The first two
+    columns are text (left-aligned), and the last too with ``text_last``; the others figures."""
     heads = list(head)
+
+    def left(i: int) -> bool:
+        return i < 2 or (text_last and i == len(heads) - 1)
+
     out = [f'<table class="{css}">' if css else "<table>", "<tr>"]
-    out += [f'<th class="l">{h}</th>' if i < 2 else f"<th>{h}</th>" for i, h in enumerate(heads)]
+    out += [f'<th class="l">{h}</th>' if left(i) else f"<th>{h}</th>" for i, h in enumerate(heads)]
     out.append("</tr>")
     for row in rows:
         out.append("<tr>")
-        out += [f'<td class="l">{c}</td>' if i < 2 else f"<td>{c}</td>" for i, c in enumerate(row)]
+        out += [
+            f'<td class="l">{c}</td>' if left(i) else f"<td>{c}</td>" for i, c in enumerate(row)
+        ]
         out.append("</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -216,12 +225,19 @@ def _verdict_section(found: Sequence[Verdict]) -> str:
         ]
         for v in shown
     ]
-    table = (
-        _table(["test", "figure", "verdict", "change", "detectable", "reason"], rows)
-        if rows
-        else ""
+    if not rows:
+        return f"<p>Figures compared: {summary}.</p>"
+    table = _table(
+        ["test", "figure", "verdict", "change", "detectable", "reason"], rows, text_last=True
     )
-    return f"<p>Figures compared: {summary}.</p>\n{table}"
+    regressions = counts.get("regression", 0)
+    # Folded (no script needed) so that a long list does not push the plots away; open when
+    # something regressed.
+    return (
+        f"<p>Figures compared: {summary}.</p>\n"
+        f"<details{' open' if regressions else ''}><summary>{len(rows)} verdicts other than "
+        f"pass</summary>\n{table}\n</details>"
+    )
 
 
 def _plots_section(figures: Mapping[str, Sequence[tuple[str, object]]]) -> str:

@@ -516,7 +516,8 @@ def _draw_sizes(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
     _size_axis(ax, (r for s in chart.series for r in s.rows))
     ax.grid(True, which="major", alpha=0.35)
     ax.grid(True, which="minor", alpha=0.12)
-    ax.legend(fontsize="x-small", loc="best")
+    # Below the axes, not over the curves it explains.
+    fig.legend(fontsize="x-small", loc="outside lower center", ncols=2)
 
 
 def _topology_text(topology: str) -> str:
@@ -629,7 +630,7 @@ def _draw_ps(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
     what = "step time" if step else "RPC latency"
     ax.set_ylabel(f"{what} (p50 solid, p99 hatched)")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize="x-small")
+    fig.legend(fontsize="x-small", loc="outside lower center", ncols=4)
     _draw_histograms(hist, chart, colours, step)
     fig.suptitle(f"{chart.label}: {what} per payload and topology, and its distribution")
 
