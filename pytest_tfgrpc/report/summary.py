@@ -260,8 +260,10 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
             f"(U test p < {MARK_ALPHA:g}, gap > {MARK_MIN_GAP:.0%})"
         )
     if with_change:
+        detectable = any(row.detectable is not None for row in rows)
         legend.append(
             "vs baseline: current/baseline - 1 of throughput, else p50 (+ = grew); "
-            "worse/better/same/unsure as the gate judged it; ± the smallest change it could detect"
+            "worse/better/same/unsure as the gate judged it"
+            + ("; ± the smallest change it could detect" if detectable else "")
         )
     return lines + legend
