@@ -449,3 +449,22 @@ def test_markers_give_their_full_signatures(pytester: pytest.Pytester) -> None:
     out = result.stdout.str()
     for signature in signatures:
         assert f"@pytest.mark.{signature}:" in out, signature
+
+
+@pytest.mark.parametrize("junit", [False, True], ids=["no-junitxml", "junitxml"])
+def test_the_summary_table_follows_its_rule_with_no_blank_line(
+    pytester: pytest.Pytester, quick: tuple[str, ...], junit: bool
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.message_profile(["4B"])
+        def test_rtt(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    args = (*quick, "--junitxml=perf.xml") if junit else quick
+    lines = pytester.runpytest_subprocess(*args).stdout.lines
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"=+ tfgrpc =+", line))
+    assert lines[rule + 1].split()[:2] == ["test", "benchmark"], lines[rule - 2 : rule + 3]
