@@ -358,6 +358,8 @@ class AggregateError(BenchmarkError):
     """``sync_sgd_step(check=True)``: the weights the PS tasks hold are not the numpy
     aggregate of every worker's gradients."""
 
+    __module__ = "pytest_tfgrpc"  # its public path: pytest's one-line summary keeps more cause
+
 
 #: The check mode's weights repeat with this period in the element index: the initial value
 #: is ``j % 251`` and every gradient depends on ``j % 16`` only.

@@ -55,9 +55,15 @@ __all__ = [
 class BudgetError(ValueError):
     """A budget that cannot be read or does not apply; the message names the argument."""
 
+    # Named by its public path (``pytest_tfgrpc.BudgetError``): pytest's one-line summary
+    # then keeps more of the message, which is the cause.
+    __module__ = "pytest_tfgrpc"
+
 
 class BudgetExceeded(AssertionError):
     """A result broke its budget; the message is the table of breaches."""
+
+    __module__ = "pytest_tfgrpc"  # its public path, as BudgetError's
 
     def __init__(self, message: str, breaches: tuple[Breach, ...] = ()) -> None:
         super().__init__(message)
