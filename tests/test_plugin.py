@@ -368,6 +368,12 @@ def test_long_sweeps_report_progress_without_flooding(
     quiet = pytester.runpytest_subprocess(*quick, "-q")
     quiet.assert_outcomes(passed=1)
     assert "size 1 of 3" not in quiet.stdout.str()
+    # Under pytest-xdist the worker writes its lines to its stderr, which reaches the terminal.
+    spread = pytester.runpytest_subprocess(*quick, "-n", "1")
+    spread.assert_outcomes(passed=1)
+    spread.stderr.fnmatch_lines(
+        ["tfgrpc [[]gw0[]]: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB), ETA *"]
+    )
 
 
 def test_the_run_marker_makes_a_time_based_run(
