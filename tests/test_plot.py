@@ -191,8 +191,8 @@ def test_without_matplotlib_plots_say_how_to_get_it(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     available, why = plot_available()
     assert not available
-    assert "pip install 'pytest-tfgrpc[plot]'" in why
-    with pytest.raises(PlotUnavailableError, match=r"pytest-tfgrpc\[plot\]"):
+    assert "pip install -e '.[plot]'" in why
+    with pytest.raises(PlotUnavailableError, match=r"pip install -e .\.\[plot\]."):
         write_plots(_run(), tmp_path / "plots")
     assert not (tmp_path / "plots").exists()
 

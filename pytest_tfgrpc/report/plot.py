@@ -69,7 +69,7 @@ __all__ = [
     "write_plots",
 ]
 
-INSTALL_HINT = "install the plot extra: pip install 'pytest-tfgrpc[plot]'"
+INSTALL_HINT = "install the plot extra: pip install -e '.[plot]' in a checkout of pytest-tfgrpc"
 
 #: A run's per-test properties: ``{test: properties}`` (a mapping or ``(name, value)`` pairs),
 #: or the records of a results file (dicts with ``test`` and ``properties``).
