@@ -1,4 +1,5 @@
-"""The analytic model against measured sync-SGD steps on this machine (issue 5's +-25% check).
+"""The analytic model against measured sync-SGD steps on this machine (the
+model's +-25% check, README-model.md).
 
     python benchmarks/model_validation.py [--profile hep_cnn] [--scale 1] [--workers 1,2,3,4]
         [--ps 1,2] [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1]

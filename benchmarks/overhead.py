@@ -14,7 +14,8 @@ What is measured, each over ``--rounds`` rounds (the figure is the median round)
   :class:`~pytest_tfgrpc.stats.summary.Summary`), and the peak while building it;
 - the time :func:`pytest_tfgrpc.stats.summary.summarize` takes on 10^6 samples.
 
-Nothing here asserts: it prints the figures and the targets of issue 3 next to them.
+Nothing here asserts: it prints the figures and the project's speed targets
+(benchmarks/RESULTS.md) next to them.
 """
 
 from __future__ import annotations

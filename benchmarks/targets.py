@@ -1,4 +1,5 @@
-"""Issue 3's targets read from one run of the harness (``run.py --json``): met or not.
+"""The measuring path's speed targets (benchmarks/RESULTS.md) read from one run of the harness
+(``run.py --json``): met or not.
 
     python benchmarks/targets.py RUN.json [--overhead overhead.json]
 

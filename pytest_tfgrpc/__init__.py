@@ -24,6 +24,8 @@ _EXPORTS = {
     "CpuTime": "pytest_tfgrpc.results",
     "Figure": "pytest_tfgrpc.results",
     "PSResult": "pytest_tfgrpc.bench.ps",
+    "check_aggregate": "pytest_tfgrpc.bench.ps",
+    "AggregateError": "pytest_tfgrpc.bench.ps",
     "Summary": "pytest_tfgrpc.stats.summary",
     "Sketch": "pytest_tfgrpc.stats.sketch",
     # budgets
@@ -57,7 +59,9 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver as Driver
+    from pytest_tfgrpc.bench.ps import AggregateError as AggregateError
     from pytest_tfgrpc.bench.ps import PSResult as PSResult
+    from pytest_tfgrpc.bench.ps import check_aggregate as check_aggregate
     from pytest_tfgrpc.bench.timing import RunSpec as RunSpec
     from pytest_tfgrpc.model.analytic import HostCosts as HostCosts
     from pytest_tfgrpc.model.analytic import LinkFit as LinkFit

@@ -60,9 +60,13 @@ def test_a_suite_runs_on_each_fabric(
     xml = pytester.path / "perf.xml"
     result = pytester.runpytest(*QUICK, f"--fabric=lo,{link.root_if}", f"--junitxml={xml}")
     result.assert_outcomes(passed=4)
-    # the summary puts the two fabrics of each figure side by side and ranks them
+    # the summary puts the two fabrics of each figure side by side; it ranks them only where
+    # they differ beyond noise (on one host both paths are the kernel's): best and worst in pairs
     summary = result.stdout.str().split("= tfgrpc =", 1)[1].splitlines()
-    assert sum(line.rstrip().endswith(("best", "worst")) for line in summary) == 4
+    table = [line for line in summary if " p2p_" in line or line.startswith(" ")]
+    assert sum(f" {link.root_if} " in f"{line} " for line in table) == 2
+    best = sum(line.rstrip().endswith("best") for line in table)
+    assert best == sum(line.rstrip().endswith("worst") for line in table) <= 2
     cases = {
         case.name: {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
         for suite in JUnitXml.fromfile(str(xml))

@@ -214,9 +214,9 @@ def test_the_step_after_a_fit_carries_its_prediction(cluster: PSCluster) -> None
     model = f"tfgrpc.sgd.{point.label}.model."
     measured = float(props[f"tfgrpc.sgd.{point.label}.step_p50_us"])
     predicted = float(props[model + "step_us"])
-    assert predicted == pytest.approx(prediction.iter_s * 1e6)
+    assert predicted == pytest.approx(prediction.iter_s * 1e6, rel=1e-5)
     error = float(props[model + "error_pct"])
-    assert error == pytest.approx(100 * (predicted - measured) / measured)
+    assert error == pytest.approx(100 * (predicted - measured) / measured, rel=1e-5)
     assert props[model + "limit"] == prediction.limit
     # The prediction stays out of the terminal summary: one row, the measured step.
     rows = summary_rows("t", result_properties(result))

@@ -430,11 +430,13 @@ def test_prediction_properties_with_host_key_and_error() -> None:
     assert all(name.startswith(prefix) and parse_figure(name) is None for name in props)
     assert props[prefix + "limit"] == "cores"
     assert float(props[prefix + "cores"]) == 1.5
-    assert float(props[prefix + "shared_us"]) == pytest.approx(step.shared_s * 1e6)
+    assert float(props[prefix + "shared_us"]) == pytest.approx(step.shared_s * 1e6, rel=1e-5)
     assert float(props[prefix + "load"]) == 0.0
     assert float(props[prefix + "utilization"]) == pytest.approx(BUSY)
     assert float(props[prefix + "chain_us"]) == pytest.approx(33850)
-    assert float(props[prefix + "error_pct"]) == pytest.approx(100 * (step.iter_s - 0.04) / 0.04)
+    assert float(props[prefix + "error_pct"]) == pytest.approx(
+        100 * (step.iter_s - 0.04) / 0.04, rel=1e-5
+    )
     assert relative_error(0.03, 0.04) == pytest.approx(-0.25)
     with pytest.raises(ValueError, match="measured_s=0"):
         relative_error(0.03, 0)

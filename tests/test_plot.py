@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.report.plot import (
+    MIN_DECADES,
     PlotUnavailableError,
     draw,
     measurement_rows,
@@ -60,7 +62,7 @@ def _ps(fabric: str, sharding: str, step_ns: int) -> PSResult:
         1 << 20,
         samples,
         int(samples.sum()),
-        key="hep_cnn[scale=0_05]",
+        key="hep_cnn-scale_0p05",
         step=True,
         rate_per_s=100.0,
         rate_Bps=5e7,
@@ -189,8 +191,8 @@ def test_without_matplotlib_plots_say_how_to_get_it(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     available, why = plot_available()
     assert not available
-    assert "pip install 'pytest-tfgrpc[plot]'" in why
-    with pytest.raises(PlotUnavailableError, match=r"pytest-tfgrpc\[plot\]"):
+    assert "pip install -e '.[plot]'" in why
+    with pytest.raises(PlotUnavailableError, match=r"pip install -e .\.\[plot\]."):
         write_plots(_run(), tmp_path / "plots")
     assert not (tmp_path / "plots").exists()
 
@@ -219,54 +221,96 @@ def test_latency_plot_has_p50_solid_and_p99_dashed_per_fabric(figures: dict[str,
     [ax] = figures["latency_p2p_latency.png"].axes
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert sorted(lines) == ["eth0 p50", "eth0 p99", "lo p50", "lo p99"]
+    assert sorted(lines) == [
+        "eth0, gRPC unary raw: p50",
+        "eth0, gRPC unary raw: p99",
+        "lo, gRPC unary raw: p50",
+        "lo, gRPC unary raw: p99",
+    ]
     run = _run()
     for fabric in ("lo", "eth0"):
-        p50, p99 = lines[f"{fabric} p50"], lines[f"{fabric} p99"]
+        p50 = lines[f"{fabric}, gRPC unary raw: p50"]
+        p99 = lines[f"{fabric}, gRPC unary raw: p99"]
         assert p50.get_linestyle() == "-" and p99.get_linestyle() == "--"
         assert p50.get_color() == p99.get_color()
         assert list(p50.get_xdata()) == list(SIZES)
         props = run[f"t.py::test_latency[{fabric}]"]
         expected = [_latency(props, size, "p99_us") * 1e3 for size in ("4B", "1KiB", "64KiB")]
         assert list(p99.get_ydata()) == pytest.approx(expected)
-    assert lines["lo p50"].get_color() != lines["eth0 p50"].get_color()
+    assert (
+        lines["lo, gRPC unary raw: p50"].get_color()
+        != lines["eth0, gRPC unary raw: p50"].get_color()
+    )
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4B", "1KiB", "64KiB"]
+    # The spread: a p10-p90 band per fabric, read from the sketch, around the p50.
+    bands = [c for c in ax.collections if str(c.get_label()).endswith("p10-p90 of each operation")]
+    assert len(bands) == 2
+    # Every decade and 2x, 5x between are labelled, in people's units.
+    low, high = ax.get_ylim()
+    assert math.log10(high / low) >= MIN_DECADES
+    shown = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+    assert len(shown) >= 4 and all(t.endswith("s") for t in shown)
+
+
+def test_the_floor_is_drawn_on_the_axes_of_the_figure_it_bounds() -> None:
+    pytest.importorskip("matplotlib")
+    run = {
+        "t.py::test_latency[lo]": _properties(_p2p("p2p_latency", "lo", 3))
+        + result_properties(_p2p("p2p_latency", "lo", 1, label="p2p_latency_floor"))
+    }
+    figures = dict(draw(run))
+    assert sorted(figures) == ["latency_p2p_latency.png"]
+    [ax] = figures["latency_p2p_latency.png"].axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    floor = lines["lo, raw-TCP floor: p50"]
+    assert floor.get_linestyle() == ":"
+    assert floor.get_color() == lines["lo, gRPC unary raw: p50"].get_color()
 
 
 def test_bandwidth_plot_has_one_throughput_line_per_fabric(figures: dict[str, Any]) -> None:
     [ax] = figures["bandwidth_p2p_bandwidth.png"].axes
     lines = {line.get_label(): line for line in ax.get_lines()}
-    assert sorted(lines) == ["eth0", "lo"]
+    assert sorted(lines) == [
+        "eth0, gRPC unary raw: p99",
+        "eth0, gRPC unary raw: throughput",
+        "lo, gRPC unary raw: p99",
+        "lo, gRPC unary raw: throughput",
+    ]
     props = dict(_run()["t.py::test_bandwidth[lo]"])
     expected = [
         float(props[f"tfgrpc.p2p_bandwidth.{s}.throughput_MBps"]) * 1e6
         for s in ("4B", "1KiB", "64KiB")
     ]
-    assert list(lines["lo"].get_ydata()) == pytest.approx(expected)
+    assert list(lines["lo, gRPC unary raw: throughput"].get_ydata()) == pytest.approx(expected)
 
 
 def test_ps_plot_has_step_p50_and_p99_bars_per_sharding_and_fabric(
     figures: dict[str, Any],
 ) -> None:
-    [ax] = figures["ps_sync_sgd_step.png"].axes
+    ax, hist = figures["ps_sync_sgd_step.png"].axes
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert [label.splitlines()[-1] for label in labels] == ["greedy", "round_robin"]
     assert all("2 PS, 2 workers" in label for label in labels)
     bars = {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers}
-    assert sorted(bars) == ["eth0 p50", "eth0 p99", "lo p50", "lo p99"]
+    engine = "gRPC stream protobuf"
+    assert sorted(bars) == [f"{f}, {engine}: {q}" for f in ("eth0", "lo") for q in ("p50", "p99")]
     run = _run()
     for fabric in ("lo", "eth0"):
         for quantile in ("p50", "p99"):
             expected = [
                 float(
                     dict(run[f"t.py::test_sgd[{fabric}-{s}]"])[
-                        f"tfgrpc.sync_sgd_step.hep_cnn[scale=0_05].step_{quantile}_us"
+                        f"tfgrpc.sync_sgd_step.hep_cnn-scale_0p05.step_{quantile}_us"
                     ]
                 )
                 * 1e3
                 for s in ("greedy", "round_robin")
             ]
-            assert bars[f"{fabric} {quantile}"] == pytest.approx(expected)
+            assert bars[f"{fabric}, {engine}: {quantile}"] == pytest.approx(expected)
+    # Beside the bars, a step-time histogram per fabric and sharding, from the sketches.
+    steps = [str(line.get_label()) for line in hist.patches]
+    assert len(steps) == 4
+    assert all(label.endswith("(n=20)") for label in steps)
 
 
 def test_a_label_measured_by_two_tests_gets_a_plot_per_test() -> None:
@@ -283,10 +327,10 @@ def test_a_label_measured_by_two_tests_gets_a_plot_per_test() -> None:
     ]
     [ax] = names["latency_p2p_latency__test_unary.png"].axes
     assert sorted(str(line.get_label()) for line in ax.get_lines()) == [
-        "eth0 p50",
-        "eth0 p99",
-        "lo p50",
-        "lo p99",
+        "eth0, gRPC unary raw: p50",
+        "eth0, gRPC unary raw: p99",
+        "lo, gRPC unary raw: p50",
+        "lo, gRPC unary raw: p99",
     ]
 
 
@@ -303,7 +347,8 @@ def test_write_plots_writes_pngs(tmp_path: Path) -> None:
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         image = imread(path)
-        assert image.shape[:2] == (550, 880)  # 8 x 5 inches at 110 dpi
+        wide = path.name.startswith("ps_")  # bars and a histogram side by side
+        assert image.shape[:2] == (550, 1320 if wide else 880)  # 8 (12) x 5 inches at 110 dpi
         assert image.std() > 0.05  # something is drawn
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [p.name for p in written]
 

@@ -91,7 +91,7 @@ def test_figures_reach_junit_per_size_and_fabric(
         mean_us = float(bandwidth[f"tfgrpc.p2p_bandwidth.{size}.mean_us"])
         # throughput is the bytes moved over the time measured: the mean says the same
         size_bytes = 65536 if size == "64KiB" else 131072
-        assert mbps == pytest.approx(size_bytes / mean_us, rel=1e-9)
+        assert mbps == pytest.approx(size_bytes / mean_us, rel=1e-5)  # 6 significant digits
     result.stdout.fnmatch_lines(
         [
             "*= tfgrpc =*",
@@ -151,13 +151,22 @@ def test_unknown_fabric_is_a_usage_error_listing_interfaces(pytester: pytest.Pyt
         ('budget(rpc_rate="fast")', "@pytest.mark.budget: budget rpc_rate='fast': "),
         ('budget(imbalance=float("nan"))', "@pytest.mark.budget: budget imbalance=nan: "),
         ('budget(step_p99="inf ms")', "@pytest.mark.budget: budget step_p99='inf ms': "),
+        ('message_profile("resnet50", scale=2)', "profile argument scale=2: scale must be in"),
+        ('message_profile("resnet50", max_tensors=0)', "profile argument max_tensors=0: "),
+        ('message_profile("resnet50", name_filter="(")', "argument name_filter='(': "),
+        ('message_profile("nosuchnet", scale=0.5)', "profile argument name='nosuchnet': "),
     ],
 )
-def test_malformed_markers_name_the_test_and_argument(
-    pytester: pytest.Pytester, quick: tuple[str, ...], marker: str, expected: str
+def test_malformed_markers_lead_with_the_cause_and_blame_the_argument(
+    pytester: pytest.Pytester,
+    quick: tuple[str, ...],
+    marker: str,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the one-line summary cuts to the terminal's width
     pytester.makepyfile(
-        f"""
+        test_m=f"""
         import pytest
 
         @pytest.mark.{marker}
@@ -173,8 +182,9 @@ def test_malformed_markers_name_the_test_and_argument(
     result = pytester.runpytest(*quick, f"--junitxml={xml}")
     result.assert_outcomes(passed=1, errors=1)
     lines = result.stdout.str().splitlines()
-    headline = ".py::test_marked[lo]: @pytest.mark."
-    assert any(headline in line and expected in line for line in lines), lines
+    # pytest's one-line summary names the test; the message after it leads with the cause.
+    summary = "ERROR test_m.py::test_marked[lo] - Failed: @pytest.mark."
+    assert any(line.startswith(summary) and expected in line for line in lines), lines
     assert "During handling" not in result.stdout.str()
     assert "tfgrpc.p2p_latency.4B.p50_us" in properties(xml)["test_fine[lo]"]
 
@@ -326,10 +336,8 @@ def test_the_transport_floor_is_measured_beside_on_request(
 
 
 def test_long_sweeps_report_progress_without_flooding(
-    pytester: pytest.Pytester, quick: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, quick: tuple[str, ...]
 ) -> None:
-    from pytest_tfgrpc.plugin import fixtures as plugin
-
     pytester.makepyfile(
         """
         import pytest
@@ -339,16 +347,32 @@ def test_long_sweeps_report_progress_without_flooding(
             tfgrpc.p2p_latency(tensor_server)
         """
     )
-    result = pytester.runpytest(*quick)  # the default: a line only after 10 s, none here
+    # A real process, with pytest's own fd capture on: the default of the run.
+    result = pytester.runpytest_subprocess(*quick)  # a line only after 5 s: none here
     result.assert_outcomes(passed=1)
     assert "size 1 of 3" not in result.stdout.str()
-    monkeypatch.setattr(plugin, "PROGRESS_EVERY_S", 0.0)
-    result = pytester.runpytest(*quick)
+    pytester.makeconftest(
+        """
+        from pytest_tfgrpc.plugin import fixtures
+
+        fixtures.PROGRESS_EVERY_S = 0.0
+        """
+    )
+    result = pytester.runpytest_subprocess(*quick)  # captured, yet shown
     result.stdout.fnmatch_lines(
         [
             "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 1 of 3 (1KiB)",
-            "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB)",
+            "tfgrpc: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB), ETA *s",
         ]
+    )
+    quiet = pytester.runpytest_subprocess(*quick, "-q")
+    quiet.assert_outcomes(passed=1)
+    assert "size 1 of 3" not in quiet.stdout.str()
+    # Under pytest-xdist the worker writes its lines to its stderr, which reaches the terminal.
+    spread = pytester.runpytest_subprocess(*quick, "-n", "1")
+    spread.assert_outcomes(passed=1)
+    spread.stderr.fnmatch_lines(
+        ["tfgrpc [[]gw0[]]: *::test_sweep[[]lo[]]: p2p_latency on lo: size 3 of 3 (4KiB), ETA *"]
     )
 
 
@@ -380,7 +404,9 @@ def test_the_run_marker_makes_a_time_based_run(
     )
     result = pytester.runpytest(*quick)
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*test_bad: @pytest.mark.tfgrpc_run argument iterations=0*"])
+    result.stdout.fnmatch_lines(
+        ["@pytest.mark.tfgrpc_run argument iterations=0*"]
+    )  # the cause first
 
 
 def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
@@ -393,3 +419,58 @@ def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*p2p_latency() got an unexpected argument 'iteration'*"])
+
+
+def test_a_bad_budget_string_shows_no_internal_traceback(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_tfgrpc import assert_budget
+
+        @pytest.mark.message_profile(["4B"])
+        def test_budget(tfgrpc, tensor_server):
+            result = tfgrpc.p2p_latency(tensor_server)
+            assert_budget(result, p99="fast")
+        """
+    )
+    result = pytester.runpytest(*quick)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["E * pytest_tfgrpc.BudgetError: budget p99='fast': *"])
+    assert "report/budget.py" not in out and "bench/driver.py" not in out, out
+    assert 'assert_budget(result, p99="fast")' in out  # the test's own line is the one shown
+
+
+def test_markers_give_their_full_signatures(pytester: pytest.Pytester) -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    signatures = re.findall(
+        r"^\| `((?:message_profile|ps_topology|budget|tfgrpc_run)\([^`]*\))`", readme, re.M
+    )
+    assert len(signatures) == 4
+    result = pytester.runpytest("--markers")
+    out = result.stdout.str()
+    for signature in signatures:
+        assert f"@pytest.mark.{signature}:" in out, signature
+
+
+@pytest.mark.parametrize("junit", [False, True], ids=["no-junitxml", "junitxml"])
+def test_the_summary_table_follows_its_rule_with_no_blank_line(
+    pytester: pytest.Pytester, quick: tuple[str, ...], junit: bool
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.message_profile(["4B"])
+        def test_rtt(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    args = (*quick, "--junitxml=perf.xml") if junit else quick
+    lines = pytester.runpytest_subprocess(*args).stdout.lines
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"=+ tfgrpc =+", line))
+    assert lines[rule + 1].split()[:2] == ["test", "benchmark"], lines[rule - 2 : rule + 3]

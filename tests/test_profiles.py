@@ -23,6 +23,7 @@ from pytest_tfgrpc.model.profiles import (
     TensorSpec,
     list_profiles,
     load_profile,
+    profile_key,
 )
 
 # name, trainable tensors, trainable parameters, the reference those numbers come from.
@@ -535,3 +536,78 @@ class _KerasOnTorchModel(_FakeKerasModel):
 def test_keras_model_on_torch_backend_keeps_keras_names() -> None:
     model = _KerasOnTorchModel([_FakeVariable("dense/kernel", "kernel", (4, 8), "float32")])
     assert [s.name for s in load_profile(model).tensors] == ["dense/kernel"]
+
+
+def test_name_filter_conv_keeps_every_convolution_kernel_of_resnet50() -> None:
+    base = load_profile("resnet50")
+    conv = base.scaled(name_filter="conv")
+    kernels = [t for t in base.tensors if len(t.shape) == 4]
+    assert conv.num_tensors == len(kernels) == 53
+    assert conv.total_bytes == sum(t.nbytes for t in kernels)
+    assert conv.total_bytes > 0.9 * base.total_bytes  # the bulk of ResNet-50's weights
+    assert conv.name == "resnet50[filter=conv]"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kind", "kept"),
+    [
+        # Keras-style names
+        (
+            {"conv2d/kernel:0": (3, 3, 3, 8), "conv2d/bias:0": (8,), "dense/kernel:0": (8, 2)},
+            "conv",
+            ["conv2d/kernel:0"],
+        ),
+        # PyTorch-style names: a 1-D weight is a normalization's scale
+        (
+            {
+                "layer1.0.conv1.weight": (8, 3, 3, 3),
+                "layer1.0.bn1.weight": (8,),
+                "fc.weight": (2, 8),
+            },
+            "norm",
+            ["layer1.0.bn1.weight"],
+        ),
+        ({"fc1_w": (8, 2), "fc1_b": (2,), "conv1_w": (3, 3, 1, 8)}, "dense", ["fc1_w"]),
+        (
+            {"emb/word_embeddings": (100, 8), "emb/LayerNorm/gamma": (8,)},
+            "embedding",
+            ["emb/word_embeddings"],
+        ),
+    ],
+)
+def test_name_filter_kinds_hold_whatever_the_naming_style(
+    shapes: dict[str, tuple[int, ...]], kind: str, kept: list[str]
+) -> None:
+    profile = load_profile(shapes).scaled(name_filter=kind)
+    assert [t.name for t in profile.tensors] == kept
+
+
+def test_a_name_filter_that_is_no_kind_is_a_regular_expression_on_names() -> None:
+    res5 = load_profile("resnet50").scaled(name_filter="^res5")
+    assert res5.num_tensors > 0
+    assert all(t.name.startswith("res5") for t in res5.tensors)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("resnet50", "resnet50"),
+        ("resnet50[scale=0.05]", "resnet50-scale_0p05"),
+        (
+            "resnet50[filter=conv,max_tensors=10,scale=0.05]",
+            "resnet50-filter_conv-max_tensors_10-scale_0p05",
+        ),
+        (
+            "bert_base[filter=layer_0/,max_tensors=3,scale=0.5]",
+            "bert_base-filter_layer_0-max_tensors_3-scale_0p5",
+        ),
+        ("my model.json", "my_modelpjson"),
+    ],
+)
+def test_profile_keys_are_safe_for_ci_parsers(name: str, key: str) -> None:
+    assert profile_key(name) == key
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", profile_key(name))
+
+
+def test_a_scaled_profile_is_labelled_by_its_key() -> None:
+    assert load_profile("resnet50").scaled(scale=0.05).key == "resnet50-scale_0p05"

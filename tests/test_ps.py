@@ -16,7 +16,7 @@ from pytest_tfgrpc.bench.ps import (
     sync_sgd_step,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.placement import SHARDINGS, Topology, place_profile
+from pytest_tfgrpc.model.placement import SHARDINGS, Placement, Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetError, check, parse_budget
 from pytest_tfgrpc.report.properties import result_properties
@@ -74,7 +74,8 @@ def test_ps_throughput_every_worker_calls_every_ps(cluster: PSCluster) -> None:
         assert point.cpu["workers"].total_ns > 0
         assert {load.pid for load in point.per_ps} == {ps.pid for ps in cluster.ps}
     props = dict(result_properties(result))
-    assert float(props["tfgrpc.ps_throughput.64KiB.rpc_rate_per_s"]) == result.sizes[1].rate_per_s
+    recorded = props["tfgrpc.ps_throughput.64KiB.rpc_rate_per_s"]
+    assert float(recorded) == pytest.approx(result.sizes[1].rate_per_s, rel=1e-5)
     assert props["tfgrpc.ps_throughput.64B.ps1.bytes_in"] == str(90 * 64)
     assert props["tfgrpc.ps_throughput.64B.samples"] == "180"
 
@@ -127,8 +128,9 @@ def test_sync_sgd_step_bytes_follow_the_placement(lo: Fabric, sharding: str) -> 
         for spec in PROFILE.tensors:
             assert weights[spec.name].nbytes == spec.nbytes
         props = dict(result_properties(result))
-        assert props[f"tfgrpc.sync_sgd_step.{point.label}.imbalance"] == repr(point.imbalance)
-        assert "tfgrpc.sync_sgd_step.hep_cnn[scale=0_05].step_p99_us" in props
+        imbalance = props[f"tfgrpc.sync_sgd_step.{point.label}.imbalance"]
+        assert float(imbalance) == pytest.approx(point.imbalance, rel=1e-5)
+        assert "tfgrpc.sync_sgd_step.hep_cnn-scale_0p05.step_p99_us" in props
         pids = cluster.pids
     assert not any(_alive(pid) for pid in pids)
 
@@ -212,3 +214,33 @@ def test_a_killed_ps_is_reported(lo: Fabric) -> None:
             ps_throughput(cluster, [64], run=RUN)
         pids = cluster.pids
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_check_fails_when_the_aggregate_is_wrong(
+    cluster: PSCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pytest_tfgrpc.bench.ps as ps_module
+
+    profile = Profile("tiny", (TensorSpec("w", (10, 7)), TensorSpec("b", (3,))))
+    result = sync_sgd_step(cluster, profile, run=STEPS, check=True, chunk_bytes=64)
+    ps_module.check_aggregate(cluster, result)  # the real aggregate passes, again
+    real = ps_module.fetch_weights
+
+    def one_wrong_weight(cluster: PSCluster, placement: Placement) -> dict[str, np.ndarray]:
+        weights = {name: array.copy() for name, array in real(cluster, placement).items()}
+        weights["w"][17] += 1.0  # as if one gradient slice had been summed twice
+        return weights
+
+    monkeypatch.setattr(ps_module, "fetch_weights", one_wrong_weight)
+    with pytest.raises(ps_module.AggregateError, match=r"tensor 'w': 1 of 70 weights differ"):
+        sync_sgd_step(cluster, profile, run=STEPS, check=True, chunk_bytes=64)
+    with pytest.raises(ValueError, match="check=True"):
+        ps_module.check_aggregate(cluster, sync_sgd_step(cluster, profile, run=STEPS))
+
+
+def test_sync_sgd_counts_every_push_and_pull_as_an_rpc(lo: Fabric) -> None:
+    with PSCluster(lo, Topology(ps=2, workers=2, sharding="greedy")) as cluster:
+        result = sync_sgd_step(cluster, PROFILE, run=STEPS)
+    for load in result.sizes[0].per_ps:
+        # Each worker pushes once and pulls once per measured step, to every PS.
+        assert load.rpcs == 2 * 2 * STEPS.iterations

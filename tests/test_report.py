@@ -2,18 +2,45 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from pytest_tfgrpc.report.summary import format_summary, summary_rows
+from pytest_tfgrpc.stats.sketch import Sketch
 
 
-def props(fabric: str, p50_us: float, mbps: float | None = None, change: float | None = None):  # type: ignore[no-untyped-def]
+def sketch(p50_us: float, seed: int, n: int = 200, spread: float = 0.05) -> str:
+    """A sketch of ``n`` samples spread +-``spread`` around ``p50_us``."""
+    rng = np.random.default_rng(seed)
+    samples = p50_us * 1e3 * rng.uniform(1 - spread, 1 + spread, n)
+    return Sketch.from_samples(samples.astype(np.int64)).to_string()
+
+
+def props(  # type: ignore[no-untyped-def]
+    fabric: str,
+    p50_us: float,
+    mbps: float | None = None,
+    change: float | None = None,
+    *,
+    verdict: str = "pass",
+    detectable: float | None = None,
+    seed: int = 0,
+    spread: float = 0.05,
+):
     out = [("tfgrpc.fabric", fabric), ("tfgrpc.p2p_bandwidth.rpc", "stream")]
     out += [("tfgrpc.x.4MiB.p50_us", repr(p50_us)), ("tfgrpc.x.4MiB.p99_us", repr(2 * p50_us))]
-    out += [("tfgrpc.x.4MiB.samples", "50"), ("tfgrpc.x.4MiB.sketch", "tfs1:abc")]
+    out += [
+        ("tfgrpc.x.4MiB.samples", "50"),
+        ("tfgrpc.x.4MiB.sketch", sketch(p50_us, seed, spread=spread)),
+    ]
+    headline = "p50"
     if mbps is not None:
         out.append(("tfgrpc.x.4MiB.throughput_MBps", repr(mbps)))
+        headline = "throughput"
     if change is not None:
-        out.append(("tfgrpc.x.4MiB.throughput.change", repr(change)))
-        out.append(("tfgrpc.x.4MiB.throughput.verdict", "pass"))
+        out.append((f"tfgrpc.x.4MiB.{headline}.change", repr(change)))
+        out.append((f"tfgrpc.x.4MiB.{headline}.verdict", verdict))
+    if detectable is not None:
+        out.append((f"tfgrpc.x.4MiB.{headline}.detectable", repr(detectable)))
     return out
 
 
@@ -45,15 +72,39 @@ def test_fabrics_sit_side_by_side_with_best_and_worst_marked() -> None:
     ]
     assert lines[2].split() == ["eth0", "200us", "400us", "1.10", "GB/s", "50", "worst"]
     assert lines[3].split() == ["ib0", "100us", "200us", "5.00", "GB/s", "50", "best"]
+    assert lines[4].startswith("best/worst: by throughput, else p50, where the fabrics differ")
 
 
-def test_latency_ranks_by_p50_and_shows_the_baseline_change() -> None:
-    rows = summary_rows("t.py::test_x[1-lo]", props("lo", 300.0, None, None))
-    rows += summary_rows("t.py::test_x[1-eth0]", props("eth0", 200.0, 1000.0, -0.125))
+def test_fabrics_within_noise_get_no_best_or_worst() -> None:
+    # 8% apart (beyond the gap), with +-90% spread on 200 samples each: the U test sees noise.
+    rows = summary_rows("t.py::test_x[lo]", props("lo", 300.0, seed=1, spread=0.9))
+    rows += summary_rows("t.py::test_x[eth0]", props("eth0", 324.0, seed=2, spread=0.9))
     lines = format_summary(rows, ["lo", "eth0"])
-    assert lines[0].split()[-1] == "baseline"
-    assert lines[1].split()[:4] == ["t.py::test_x[1]", "x", "4MiB", "lo"]
-    assert lines[2].split()[-2:] == ["-12.5%", "best"]
+    assert not any("best" in line or "worst" in line for line in lines), lines
+    # Figures without sketches cannot be told apart either.
+    bare = [p for p in props("lo", 300.0) if not p[0].endswith(".sketch")]
+    rows = summary_rows("t.py::test_x[lo]", bare)
+    rows += summary_rows(
+        "t.py::test_x[eth0]", [p for p in props("eth0", 100.0) if "sketch" not in p[0]]
+    )
+    assert not any("best" in line for line in format_summary(rows, ["lo", "eth0"]))
+
+
+def test_baseline_changes_use_one_sign_convention_and_say_better_or_worse() -> None:
+    # Latency grew 12.5%: worse. Throughput grew 12.5%: better. Same sign, opposite words.
+    latency = summary_rows(
+        "t.py::test_l[lo]", props("lo", 300.0, None, 0.125, verdict="regression", detectable=0.03)
+    )
+    rate = summary_rows(
+        "t.py::test_r[lo]", props("lo", 300.0, 1000.0, 0.125, verdict="improvement")
+    )
+    same = summary_rows("t.py::test_s[lo]", props("lo", 300.0, None, -0.004))
+    lines = format_summary(latency + rate + same, ["lo"])
+    assert lines[0].split()[-2:] == ["vs", "baseline"]
+    assert lines[1].endswith("+12.5% worse ±3.0%")
+    assert lines[2].endswith("+12.5% better")
+    assert lines[3].endswith("-0.4% same")
+    assert lines[-1].startswith("vs baseline: current/baseline - 1")
 
 
 def test_properties_without_figures_make_no_row() -> None:

@@ -6,6 +6,7 @@ options, and a function that records properties on the test.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -26,7 +27,7 @@ from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.units import UnitError, parse_sizes
+from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 
@@ -84,30 +85,38 @@ class Driver:
         if sizes is None:
             if self._messages is None:
                 raise SpecError(
-                    f"{self._test}: {call}() needs sizes: pass sizes= or mark the test with "
+                    f"{call}() needs sizes: pass sizes= or mark the test with "
                     "@pytest.mark.message_profile(...)"
                 )
             return self._messages.messages
         try:
             return parse_sizes(sizes)
         except UnitError as exc:
-            raise SpecError(f"{self._test}: {call}() argument sizes={sizes!r}: {exc}") from None
+            raise SpecError(f"{call}() argument sizes={sizes!r}: {exc}") from None
 
     def _progress_of(self, label: str, server: Server) -> Progress | None:
         report = self._progress
         if report is None:
             return None
 
+        started = time.monotonic()
+
         def progress(index: int, count: int, size: str) -> None:
-            report(f"{label} on {server.fabric.name}: size {index} of {count} ({size})")
+            # ETA: the mean time of the sizes done so far, times the sizes left (this one too).
+            done = index - 1
+            eta = ""
+            if done:
+                left = (time.monotonic() - started) / done * (count - done)
+                eta = f", ETA {format_duration(left * 1e9)}"
+            report(f"{label} on {server.fabric.name}: size {index} of {count} ({size}){eta}")
 
         return progress
 
     def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
         unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
         if unknown:
-            raise SpecError(f"{self._test}: {call}() got an unexpected argument {unknown[0]!r}")
-        return run_spec(default, self._options, dict(arguments), f"{self._test}: {call}()")
+            raise SpecError(f"{call}() got an unexpected argument {unknown[0]!r}")
+        return run_spec(default, self._options, dict(arguments), f"{call}()")
 
     def p2p_latency(
         self,
@@ -213,7 +222,7 @@ class Driver:
                 extra["chunk_bytes"] = parse_sizes(chunk_bytes)[0]
             except UnitError as exc:
                 raise SpecError(
-                    f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
+                    f"p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
         return self._p2p(
             bench.p2p_bandwidth,
@@ -251,7 +260,7 @@ class Driver:
         messages = self._messages
         if sizes is None and messages is not None and messages.profile is not None:
             payload = placed_on(messages.profile, cluster.topology)
-            key = messages.profile.name
+            key = messages.profile.key
         elif sizes is None and messages is not None and messages.payload is not None:
             payload = messages.payload
         else:
@@ -281,7 +290,7 @@ class Driver:
         if profile is None:
             if self._messages is None or self._messages.profile is None:
                 raise SpecError(
-                    f"{self._test}: sync_sgd_step() needs a model profile: pass one or mark "
+                    "sync_sgd_step() needs a model profile: pass one or mark "
                     "the test with @pytest.mark.message_profile('resnet50')"
                 )
             profile = self._messages.profile
@@ -289,7 +298,7 @@ class Driver:
             try:
                 profile = load_profile(profile)
             except (ValueError, OSError) as exc:
-                raise SpecError(f"{self._test}: sync_sgd_step() profile: {exc}") from None
+                raise SpecError(f"sync_sgd_step() profile: {exc}") from None
         # Placed once here; the benchmark, the fit and the model all take this placement.
         placement = placed_on(profile, cluster.topology)
         result = bench.sync_sgd_step(
@@ -299,10 +308,10 @@ class Driver:
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:
-            raise SpecError(f"{self._test}: label {label!r} must be non-empty and without dots")
+            raise SpecError(f"label {label!r} must be non-empty and without dots")
         if label in self._labels:
             raise SpecError(
-                f"{self._test}: a second result labelled {label!r} would overwrite the first "
+                f"a second result labelled {label!r} would overwrite the first "
                 "in the JUnit XML; give each call its own label=..."
             )
 

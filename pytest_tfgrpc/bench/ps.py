@@ -33,7 +33,14 @@ from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 from pytest_tfgrpc.servers.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
-from pytest_tfgrpc.servers.parameter_server import INIT_INDEX, INIT_RANDOM, method
+from pytest_tfgrpc.servers.parameter_server import (
+    INIT_INDEX,
+    INIT_RANDOM,
+    apply_update,
+    check_gradient,
+    initial_weights,
+    method,
+)
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
@@ -66,6 +73,11 @@ class PSResult(BenchmarkResult):
 
     placement: Placement | None = None
     prediction: StepPrediction | None = None
+    #: Steps the PS tasks applied, warm-up included (sync-SGD; 0 otherwise): what
+    #: :func:`check_aggregate` recomputes.
+    applied_steps: int = 0
+    #: The learning rate of the steps (sync-SGD).
+    learning_rate: float = 0.0
 
     def extra_properties(self) -> list[tuple[str, str]]:
         """The prediction as ``tfgrpc.<label>.<key>.model.<metric>``, with ``...model.error_pct``
@@ -307,7 +319,7 @@ def sync_sgd_step(
         per_step,
         steps,
         total_ns,
-        key=_key(profile.name),
+        key=profile.key,
         step=True,
         rate_per_s=len(steps) * 1e9 / total_ns if total_ns else 0.0,
         rate_Bps=per_step * len(steps) * 1e9 / total_ns if total_ns else 0.0,
@@ -315,7 +327,7 @@ def sync_sgd_step(
         cpu={"workers": _workers_cpu(replies)},
         imbalance=placement.imbalance,
     )
-    return PSResult(
+    result = PSResult(
         benchmark="sync_sgd_step",
         label=label or "sync_sgd_step",
         fabric=cluster.fabric.name,
@@ -327,14 +339,88 @@ def sync_sgd_step(
         placement=placement,
         settings=run_settings(
             run,
-            profile=profile.name,
+            profile=profile.key,
             learning_rate=f"{learning_rate:g}",
             chunk_bytes=str(chunk_bytes),
             partition_bytes=str(partition_bytes),
             check=str(check),
         ),
         prediction=prediction,
+        applied_steps=replies[0].steps,
+        learning_rate=learning_rate,
     )
+    if check:
+        check_aggregate(cluster, result)
+    return result
+
+
+class AggregateError(BenchmarkError):
+    """``sync_sgd_step(check=True)``: the weights the PS tasks hold are not the numpy
+    aggregate of every worker's gradients."""
+
+    __module__ = "pytest_tfgrpc"  # its public path: pytest's one-line summary keeps more cause
+
+
+#: The check mode's weights repeat with this period in the element index: the initial value
+#: is ``j % 251`` and every gradient depends on ``j % 16`` only.
+_CHECK_PERIOD = 251 * 16
+
+
+def expected_check_weights(
+    workers: int, steps: int, learning_rate: float
+) -> npt.NDArray[np.float32]:
+    """One period (:data:`_CHECK_PERIOD` elements) of the weights the check mode must leave
+    after ``steps`` steps of ``workers`` workers: the initial weights minus, per step, the
+    learning rate over the workers times the float32 sum of their gradients, as each PS
+    computes it (:func:`~pytest_tfgrpc.servers.parameter_server.apply_update`)."""
+    weights = initial_weights(0, 4 * _CHECK_PERIOD, init=INIT_INDEX)
+    for step in range(steps):
+        total = np.sum(
+            [check_gradient(w, step, 0, 4 * _CHECK_PERIOD) for w in range(workers)], axis=0
+        )
+        apply_update(weights, total.astype(np.float32), learning_rate, workers)
+    return weights
+
+
+def check_aggregate(cluster: PSCluster, result: PSResult) -> None:
+    """Check that the PS tasks of ``cluster`` hold, for every tensor of ``result``'s
+    placement, exactly the weights a numpy computation of the same steps gives: every
+    worker's gradients summed, scaled and applied (a result of ``sync_sgd_step(check=True)``,
+    whose gradients are predictable). Raises :class:`AggregateError` naming the tensor, how
+    many elements differ and the first of them, with the expected and the held value."""
+    __tracebackhide__ = True
+    placement = result.placement
+    if placement is None or not result.applied_steps:
+        raise ValueError("check_aggregate() takes a sync_sgd_step result (it has a placement)")
+    if result.settings.get("check") != "True":
+        raise ValueError(
+            "check_aggregate() needs a result of sync_sgd_step(check=True): other runs push "
+            "random gradients that cannot be recomputed"
+        )
+    workers = cluster.topology.workers
+    period = expected_check_weights(workers, result.applied_steps, result.learning_rate)
+    held = fetch_weights(cluster, placement)
+    placed: dict[str, int] = {}
+    for shard in placement.shards:
+        placed[shard.tensor] = placed.get(shard.tensor, 0) + shard.nbytes
+    for name, nbytes in placed.items():
+        got = held.get(name)
+        if got is None or got.nbytes != nbytes:
+            size = "nothing" if got is None else f"{got.nbytes} B"
+            raise AggregateError(
+                f"sync-SGD check failed: tensor {name!r} should hold {nbytes} B of "
+                f"weights, the PS tasks hold {size}"
+            )
+        expected = np.resize(period, got.shape)
+        wrong = np.flatnonzero(got != expected)
+        if wrong.size:
+            first = int(wrong[0])
+            raise AggregateError(
+                f"sync-SGD check failed: tensor {name!r}: {wrong.size} of {got.size} "
+                f"weights differ from the numpy aggregate of {workers} workers' gradients over "
+                f"{result.applied_steps} steps; first at element {first}: expected "
+                f"{expected[first]!r}, the PS holds {got[first]!r}"
+            )
 
 
 def fetch_weights(cluster: PSCluster, placement: Placement) -> dict[str, npt.NDArray[np.float32]]:

@@ -61,11 +61,21 @@ def _payload_spec(kwargs: Mapping[str, Any], where: str) -> MessageSpec:
 def _profile_spec(name: Any, kwargs: Mapping[str, Any], where: str) -> MessageSpec:
     try:
         profile = load_profile(name)
-        scaling = {k: kwargs[k] for k in ("scale", "max_tensors", "name_filter") if k in kwargs}
-        if scaling:
-            profile = profile.scaled(**scaling)
     except (ValueError, TypeError, OSError) as exc:
         raise SpecError(f"{where} argument name={name!r}: {exc}") from None
+    scaling = {k: kwargs[k] for k in ("scale", "max_tensors", "name_filter") if k in kwargs}
+    # Each scaling argument is checked on its own first, so the one at fault is the one named.
+    for argument, value in scaling.items():
+        try:
+            profile.scaled(**{argument: value})
+        except (ValueError, TypeError) as exc:
+            raise SpecError(f"{where} argument {argument}={value!r}: {exc}") from None
+    if scaling:
+        try:
+            profile = profile.scaled(**scaling)
+        except (ValueError, TypeError) as exc:
+            arguments = ", ".join(f"{k}={v!r}" for k, v in scaling.items())
+            raise SpecError(f"{where} arguments {arguments}: {exc}") from None
     sizes = tuple(sorted(set(profile.sizes)))
     return MessageSpec(sizes, source=f"profile {profile.name}", profile=profile)
 

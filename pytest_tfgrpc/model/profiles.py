@@ -91,9 +91,64 @@ class TensorSpec:
         return _canonical_dtype(self.dtype)[1]
 
     @property
+    def kind(self) -> str:
+        """What the tensor is, read from its name's last part and its shape, whatever the
+        naming style (Keras ``conv1/kernel:0``, TensorFlow ``res2a_branch2a/kernel``, PyTorch
+        ``layer1.0.conv1.weight``, ``conv1_w``): ``conv`` (a kernel of 3 or more
+        dimensions), ``embedding`` (a table whose name says so), ``dense`` (a 2-D kernel),
+        ``norm`` (a normalization's scale, offset or statistics), ``bias``, else ``other``."""
+        path = re.split(r"[/.]", self.name.split(":")[0].lower())
+        last = path[-1]
+        if last not in _NORM_PARTS:  # conv1_w, fc1_b: the role after the last underscore
+            last = last.rsplit("_", 1)[-1]
+        if "embed" in self.name.lower() and len(self.shape) == 2:
+            return "embedding"
+        if last in _NORM_PARTS or (last == "weight" and len(self.shape) == 1):
+            return "norm"
+        if last in ("kernel", "weight", "weights", "w"):
+            if len(self.shape) >= 3:
+                return "conv"
+            if len(self.shape) == 2:
+                return "dense"
+        if last in ("bias", "biases", "b"):
+            return "bias"
+        return "other"
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the tensor's content: elements times item size."""
         return self.num_elements * self.itemsize
+
+
+#: The last name parts of a normalization layer's tensors (Keras, TensorFlow, PyTorch).
+_NORM_PARTS = frozenset(
+    ("gamma", "beta", "moving_mean", "moving_variance", "running_mean", "running_var")
+)
+_UNSAFE_IN_KEY = re.compile(r"[^A-Za-z0-9_-]+")
+_SCALED_NAME = re.compile(r"^(?P<base>[^\[\]]*)\[(?P<steps>[^\[\]]*)\]$")
+
+
+def profile_key(name: str) -> str:
+    """A profile's name as labels spell it everywhere (JUnit property names, the terminal
+    summary, plots, the HTML report): letters, digits, ``_`` and ``-`` only, so that CI tools
+    split ``tfgrpc.<label>.<key>.<metric>`` on dots safely. A scaled profile's steps follow its
+    base name, each as ``-<step>_<value>`` with a decimal point written ``p``:
+    ``resnet50[filter=conv,scale=0.05]`` -> ``resnet50-filter_conv-scale_0p05``."""
+    match = _SCALED_NAME.match(name)
+    base, steps = (match["base"], match["steps"].split(",")) if match else (name, [])
+    parts = [_key_part(base)]
+    for step in steps:
+        argument, _, value = step.partition("=")
+        parts.append(f"{_key_part(argument)}_{_key_part(value)}" if value else _key_part(step))
+    return "-".join(part for part in parts if part) or "profile"
+
+
+def _key_part(text: str) -> str:
+    return _UNSAFE_IN_KEY.sub("_", text.replace(".", "p")).strip("_")
+
+
+#: The tensor kinds a ``name_filter`` may name (:attr:`TensorSpec.kind`).
+TENSOR_KINDS = ("conv", "dense", "norm", "bias", "embedding", "other")
 
 
 @dataclass(frozen=True)
@@ -172,6 +227,12 @@ class Profile:
         object.__setattr__(self, "tensors", tensors)
 
     @property
+    def key(self) -> str:
+        """The name as labels spell it in every report (:func:`profile_key`):
+        ``resnet50-scale_0p05`` for ``resnet50[scale=0.05]``."""
+        return profile_key(self.name)
+
+    @property
     def num_tensors(self) -> int:
         """Number of tensors."""
         return len(self.tensors)
@@ -224,11 +285,16 @@ class Profile:
     ) -> Profile:
         """A smaller profile for quick runs, recording what was done in ``scaling``.
 
-        Applied in this order: ``name_filter`` keeps the tensors whose name matches the regular
-        expression (``re.search``); ``max_tensors`` keeps the ``max_tensors`` largest by bytes
-        (ties broken by profile order), in their original order; ``scale`` (in (0, 1]) shrinks
-        every tensor to about ``scale`` times its elements by cutting its leading dimensions,
-        never below one element. The name says what was done, e.g. ``"resnet50[scale=0.01]"``.
+        Applied in this order: ``name_filter`` keeps the tensors of one kind when it names one
+        (``conv``, ``dense``, ``norm``, ``bias``, ``embedding``, ``other``: see
+        :attr:`TensorSpec.kind`, so ``"conv"`` keeps every convolution kernel whatever the
+        naming style), else the tensors whose name matches it as a regular expression
+        (``re.search``, e.g. ``"^res5"`` or ``"attention"``); ``max_tensors`` keeps the
+        ``max_tensors`` largest by bytes (ties broken by profile order), in their original
+        order; ``scale`` (in (0, 1]) shrinks every tensor to about ``scale`` times its elements
+        by cutting its leading dimensions, never below one element. The name says what was
+        done, e.g. ``"resnet50[scale=0.01]"``; labels spell it :attr:`key`
+        (``resnet50-scale_0p01``).
 
         A profile is scaled once: call this on the original with all options together.
         """
@@ -247,7 +313,10 @@ class Profile:
                 raise ValueError(
                     f"name_filter {name_filter!r} is not a regular expression: {exc}"
                 ) from exc
-            tensors = tuple(spec for spec in tensors if pattern.search(spec.name))
+            if name_filter in TENSOR_KINDS:
+                tensors = tuple(spec for spec in tensors if spec.kind == name_filter)
+            else:
+                tensors = tuple(spec for spec in tensors if pattern.search(spec.name))
             if not tensors:
                 raise ValueError(f"name_filter {name_filter!r} matches no tensor of {self.name!r}")
         if max_tensors is not None:

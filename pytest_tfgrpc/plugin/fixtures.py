@@ -4,6 +4,8 @@ when a test requests them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.wire.fabric import Fabric
 
 #: Long sweeps say where they are: a line once a test has run this long, then as often.
-PROGRESS_EVERY_S = 10.0
+PROGRESS_EVERY_S = 5.0
 
 
 @pytest.fixture
@@ -120,16 +122,35 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
 
 
 def _progress_lines(config: pytest.Config, test: str) -> Callable[[str], None] | None:
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or hasattr(config, "workerinput"):
+    """Where a long sweep says how far it is: a line at most every :data:`PROGRESS_EVERY_S`,
+    written with output capture suspended (as pytest's live logging does) so that it shows
+    whatever ``-s``/``--capture`` say: through pytest's terminal reporter, or, in a
+    pytest-xdist worker (whose reporter no one sees), on the worker's stderr, which reaches the
+    terminal, prefixed with the worker's id. None (no lines) under ``-q``."""
+    if config.get_verbosity() < 0:
         return None
+    workerinput = getattr(config, "workerinput", None)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if workerinput is None and reporter is None:
+        return None
+    capture = config.pluginmanager.get_plugin("capturemanager")
     last = time.monotonic()
+
+    def write(line: str) -> None:
+        if reporter is None or workerinput is not None:
+            worker = workerinput.get("workerid", "?") if workerinput is not None else "?"
+            os.write(2, f"tfgrpc [{worker}]: {line}\n".encode())
+        else:
+            reporter.write_line(f"tfgrpc: {line}")
 
     def progress(message: str) -> None:
         nonlocal last
         now = time.monotonic()
-        if now - last >= PROGRESS_EVERY_S:
-            reporter.write_line(f"tfgrpc: {test}: {message}")
-            last = now
+        if now - last < PROGRESS_EVERY_S:
+            return
+        last = now
+        suspended = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+        with suspended:
+            write(f"{test}: {message}")
 
     return progress

@@ -65,11 +65,13 @@ def item_specs(item: pytest.Item) -> ItemSpecs:
 
 
 def check_markers(item: pytest.Item) -> None:
-    """Fail ``item`` at setup, naming it, when one of its markers is malformed."""
+    """Fail ``item`` at setup when one of its markers is malformed. The message leads with the
+    cause (the marker, the argument, the value): pytest's one-line summary already names the
+    test, and would cut a cause that came after the test's id."""
     try:
         item_specs(item)
     except SpecError as exc:
-        problem = f"{item.nodeid}: {exc}"
+        problem = str(exc)
     else:
         return
     pytest.fail(problem, pytrace=False)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pytest_tfgrpc.report.metrics import BUDGET_METRICS
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES
 
 FABRIC_HELP = (
@@ -16,9 +17,9 @@ FABRIC_HELP = (
 RUN_OPTIONS = {
     "iterations": "timed operations per message size (overrides each benchmark's default)",
     "warmup": "untimed warm-up operations per message size",
-    "max_time": "seconds after which a message size stops measuring, whatever the count",
-    "warmup_time": "seconds after which warm-up stops, whatever the count",
-    "duration": "time-based runs: measure each message size for this many seconds",
+    "max_time": "stop measuring a message size after S seconds, whatever the count",
+    "warmup_time": "stop warming up after S seconds, whatever the count",
+    "duration": "time-based runs: measure each message size for S seconds",
 }
 ALLOCATOR_HELP = (
     "glibc allocator policy of the measuring process and its servers: 'tuned' (default) "
@@ -59,6 +60,11 @@ PLOT_HELP = (
     "write PNG plots into DIR at the end of the run: latency and bandwidth against message "
     "size per fabric, step times of PS tests (needs the 'plot' extra: matplotlib)"
 )
+HTML_HELP = (
+    "write one self-contained HTML report of the run to FILE at its end (no network needed to "
+    "open it): the summary per benchmark with the fabrics side by side, the baseline "
+    "verdicts, the plots (with the 'plot' extra) and the run's metadata"
+)
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
     "inconclusive": (
@@ -74,19 +80,24 @@ GATE_POLICIES = {
         "a baseline from another host, fabric, MTU or grpcio: fail the run or warn (default)",
     ),
 }
-#: Marker names and their ``--markers`` lines.
+#: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
 MARKERS = {
-    "message_profile": "message_profile(name_or_sizes=None, *, sizes=None, scheme='uniform'): "
-    "the message sizes of the test's benchmarks: a list such as ['4B', '64KiB'] or a range "
-    "'1KiB..64MiB' (powers of two).",
+    "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
+    "buffers=10, classes=None, bias=None, seed=None, size_range=False, scale=None, "
+    "max_tensors=None, name_filter=None): the messages of the test's benchmarks: sizes "
+    "(['4B', '64KiB'] or '1KiB..64MiB', powers of two); a TF-gRPC-Bench payload "
+    "(scheme='uniform'|'random'|'skew' with buffers, classes, bias, seed, size_range); or a "
+    "model profile ('resnet50', a JSON file), made smaller with scale (0, 1], max_tensors "
+    "and name_filter (a tensor kind: conv, dense, norm, bias, embedding; else a regular "
+    "expression searched in tensor names).",
     "budget": "budget(**limits): limits checked on every result the test records, e.g. "
-    "budget(p99='2ms', throughput='>=1 GB/s'). Metrics: min, mean, p50, p90, p99, p999, "
-    "max, throughput, throughput_p50, step_p50, step_p99, step_mean, step_max, imbalance, "
-    "rpc_rate.",
+    "budget(p99='2ms', throughput='>=1 GB/s'). Metrics: "
+    + ", ".join(BUDGET_METRICS)
+    + ". A percentile needs enough samples (p99: 100).",
     "tfgrpc_run": "tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None, "
     "warmup_seconds=None): the test's run settings, over the --tfgrpc-* options; a duration "
     "makes the run time-based (TF-gRPC-Bench: warmup_seconds=2, duration=10).",
-    "ps_topology": "ps_topology(ps=1, workers=1, sharding='round_robin'): the parameter-server "
+    "ps_topology": 'ps_topology(ps=1, workers=1, sharding="round_robin"): the parameter-server '
     "cluster of the ps_cluster fixture: PS processes, worker processes, and how tensors are "
     "placed on PS tasks (round_robin, greedy, partitioned).",
 }
@@ -169,10 +180,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         _add(group, parser, (flag,), f"tfgrpc_agent_tls_{name}", help_text, metavar="FILE")
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
+    _add(group, parser, ("--tfgrpc-html",), "tfgrpc_html", HTML_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
     for name, help_text in RUN_OPTIONS.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
-        _add(group, parser, (flag,), f"tfgrpc_{name}", help_text, metavar="N")
+        metavar = "N" if name in ("iterations", "warmup") else "S"  # counts; seconds
+        _add(group, parser, (flag,), f"tfgrpc_{name}", help_text, metavar=metavar)
 
 
 def pytest_configure(config: pytest.Config) -> None:

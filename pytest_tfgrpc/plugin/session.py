@@ -138,11 +138,14 @@ def start(config: pytest.Config) -> RunState:
     config.pluginmanager.register(TfgrpcSession(state), SESSION_NAME)
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run reports
         results_path = option(config, "tfgrpc_results")
+        html_path = option(config, "tfgrpc_html")
         reporter = SummaryReporter(
             [f.name for f in fabrics],
             state.gate,
             ResultLog(results_path) if results_path else None,
             str(plot_dir) if plot_dir else None,
+            html_path=str(html_path) if html_path else None,
+            meta=state.meta,
         )
         config.pluginmanager.register(reporter, REPORTER_NAME)
         _write_suite_properties(config, state)

@@ -4,11 +4,12 @@ pytest-xdist workers' figures arrive too)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from pytest_tfgrpc.report.gate import BaselineGate
+from pytest_tfgrpc.report.html import HtmlRun, write_html
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
 from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
@@ -30,11 +31,16 @@ class SummaryReporter:
         gate: BaselineGate | None,
         results: ResultLog | None,
         plot_dir: str | None,
+        html_path: str | None = None,
+        meta: Mapping[str, str] | None = None,
     ) -> None:
         self.fabrics = tuple(fabrics)
         self.gate = gate
         self.results = results
         self.plot_dir = plot_dir
+        self.html_path = html_path
+        self.meta = dict(meta or {})
+        self.outcomes: dict[str, str] = {}
         self.rows: list[SummaryRow] = []
         self.verdicts: dict[str, int] = {}
         self.notes: list[str] = []
@@ -59,6 +65,7 @@ class SummaryReporter:
         if report.when != "teardown":
             return
         del self._outcomes[report.nodeid]
+        self.outcomes[report.nodeid] = outcome
         if self.results is not None:
             self.results.append(
                 report.nodeid,
@@ -85,7 +92,7 @@ class SummaryReporter:
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.rows:
-            terminalreporter.section("tfgrpc")
+            terminalreporter.write_sep("=", "tfgrpc")  # section() would leave a blank line
             for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
         loopback = sum(path.startswith(LOOPBACK) for path in self.paths.values())
@@ -106,9 +113,11 @@ class SummaryReporter:
             else:
                 for path in written:
                     terminalreporter.write_line(f"tfgrpc: plot {path}")
+        if self.html_path is not None:
+            self._write_html(terminalreporter)
         if self.gate is None:
             return
-        terminalreporter.section("tfgrpc baseline")
+        terminalreporter.write_sep("=", "tfgrpc baseline")
         terminalreporter.write_line(f"baseline: {self.gate.settings.baseline_path}")
         for warning in self.gate.warnings:
             terminalreporter.write_line(f"WARNING {warning}", yellow=True, bold=True)
@@ -116,6 +125,25 @@ class SummaryReporter:
         terminalreporter.write_line(f"figures compared: {counts or 'none'}")
         for note in self.notes:
             terminalreporter.write_line(note, red=note.startswith("regression"))
+
+    def _write_html(self, terminalreporter: pytest.TerminalReporter) -> None:
+        assert self.html_path is not None
+        run = HtmlRun(
+            figures=self.figures,
+            outcomes=self.outcomes,
+            fabrics=self.fabrics,
+            meta=self.meta,
+            notes=list(self.gate.warnings) if self.gate is not None else [],
+        )
+        try:
+            path = write_html(run, self.html_path)
+        except OSError as exc:
+            terminalreporter.write_line(
+                f"tfgrpc: no HTML report: cannot write {self.html_path}: {exc.strerror or exc}",
+                red=True,
+            )
+            return
+        terminalreporter.write_line(f"tfgrpc: HTML report {path}")
 
     def close(self) -> None:
         if self.results is not None:

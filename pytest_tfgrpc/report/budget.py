@@ -55,9 +55,15 @@ __all__ = [
 class BudgetError(ValueError):
     """A budget that cannot be read or does not apply; the message names the argument."""
 
+    # Named by its public path (``pytest_tfgrpc.BudgetError``): pytest's one-line summary
+    # then keeps more of the message, which is the cause.
+    __module__ = "pytest_tfgrpc"
+
 
 class BudgetExceeded(AssertionError):
     """A result broke its budget; the message is the table of breaches."""
+
+    __module__ = "pytest_tfgrpc"  # its public path, as BudgetError's
 
     def __init__(self, message: str, breaches: tuple[Breach, ...] = ()) -> None:
         super().__init__(message)
@@ -295,8 +301,12 @@ def assert_budget(result: BenchmarkResult, **limits: object) -> None:
         raise TypeError(
             "assert_budget() needs at least one limit, e.g. assert_budget(result, p99='2ms')"
         )
-    budget = parse_budget(limits)
-    breaches = check(budget, result)
+    try:
+        budget = parse_budget(limits)
+        breaches = check(budget, result)
+    except BudgetError as exc:
+        # Raised again from this (hidden) frame: the test's traceback ends at its own call.
+        raise BudgetError(str(exc)) from None
     if breaches:
         checked = len(budget.limits) * len(result.sizes)
         raise BudgetExceeded(format_breaches(result, breaches, checked), breaches)

@@ -21,6 +21,7 @@ from pytest_tfgrpc.report.properties import (
     META_PREFIX,
     PREFIX,
     SKETCH,
+    current_key,
     parse_figure,
 )
 from pytest_tfgrpc.stats.sketch import Sketch
@@ -156,7 +157,7 @@ def measurements_from_properties(
             how.setdefault(parts[0], {})[parts[1]] = value
         elif len(parts) == 3 and parts[2] == SKETCH:
             try:
-                sketches[(parts[0], parts[1])] = Sketch.from_string(value)
+                sketches[(parts[0], current_key(parts[1]))] = Sketch.from_string(value)
             except ValueError as error:
                 raise BaselineError(f"{where}: {error}") from None
         elif (at := parse_figure(name)) is not None and not at.scope:

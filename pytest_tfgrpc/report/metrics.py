@@ -35,11 +35,14 @@ __all__ = [
     "PER_SECOND",
     "RATE",
     "RATIO",
+    "SIGNIFICANT",
     "TIME",
     "GateTest",
     "Metric",
     "Unit",
     "is_floor",
+    "plain_number",
+    "significant",
 ]
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
@@ -99,15 +102,45 @@ class Unit:
     example: str
 
     def property_value(self, value: float) -> str:
-        """``value`` (base unit) as a property writes it: every digit measured, none rounded
-        away (``repr``), or a whole number for counts."""
+        """``value`` (base unit) as a property writes it, with the digits its precision
+        supports and no binary-float noise (``558.609167``, not ``558.6091670000001``): times
+        to the nanosecond the clock reads, other figures to :data:`SIGNIFICANT` significant
+        digits, counts as whole numbers."""
         if self.integer:
             return str(int(value))
-        return repr(value / self.scale)
+        if self.base == "ns":
+            return plain_number(value / self.scale, decimals=round(math.log10(self.scale)))
+        return significant(value / self.scale)
 
     def read_value(self, text: str) -> float:
         """A property value back in the base unit; ValueError when it is not a number."""
         return float(text) * self.scale
+
+
+#: Significant digits of a figure that is not a time: a rate or a ratio of times read to the
+#: nanosecond over operations of microseconds or more carries no more.
+SIGNIFICANT = 6
+
+
+def plain_number(value: float, decimals: int) -> str:
+    """``value`` with at most ``decimals`` decimals, no trailing zeros, never an exponent."""
+    text = f"{value:.{max(decimals, 0)}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def significant(value: float, digits: int = SIGNIFICANT) -> str:
+    """``value`` to ``digits`` significant digits, written without an exponent
+    (``698.123``, ``1234570``, ``0.000123457``)."""
+    if value == 0 or not math.isfinite(value):
+        return repr(value) if not math.isfinite(value) else "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    decimals = digits - 1 - magnitude
+    if decimals < 0:
+        scale = 10 ** (-decimals)
+        return str(int(round(value / scale) * scale))
+    return plain_number(value, decimals)
 
 
 def _format_count(value: float) -> str:

@@ -6,14 +6,20 @@ hold, so they work from either (:func:`properties_from_junit`, or the records of
 have.
 
 * ``latency_<label>.png`` for each latency benchmark label (a label without throughput
-  figures): time against message size, log-log, one colour per fabric, p50 solid and p99
-  dashed.
-* ``bandwidth_<label>.png`` for each label with throughput figures: ``throughput_MBps``
-  against message size, log-log, one line per fabric.
+  figures): time against message size, log-log, one colour per fabric: the p50 as a solid
+  line with a shaded p10-p90 band (read from the point's sketch), the p99 as its own dashed
+  line, and the raw-TCP floor (``<label>_floor``, ``floor=True``) dotted on the same axes.
+* ``bandwidth_<label>.png`` for each label with throughput figures: throughput against
+  message size, with the per-tensor rate of the p10-p90 band, the rate of the slowest 1%
+  (size over the p99 time) dashed, and the floor dotted.
 * ``ps_<label>.png`` for each parameter-server label (one with a ``.topology`` property):
   bars of the step (or RPC) p50 and p99 per payload, topology and sharding, one colour per
-  fabric. A step-time histogram would need every sample, and the properties hold only
-  quantiles; so the bars show the quantiles they hold.
+  fabric, beside a step-time histogram per fabric and category drawn from the sketches (a
+  bounded summary of every sample, ~1% buckets).
+
+Legends name the fabric and the engine (``gRPC unary raw``, ``raw-TCP floor``). Time and rate
+axes are labelled at every decade and at 2x and 5x between (3x and 7x too on a narrow axis),
+and span at least one decade, so that noise of a few percent does not look like a trend.
 
 A label measured by several tests (``p2p_latency`` called from two test functions) gets one
 plot per test function, its fabric parametrization aside.
@@ -35,8 +41,16 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pytest_tfgrpc.report.junit import read_junit
-from pytest_tfgrpc.report.properties import FABRIC, label_fields, point_property, read_figures
+from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, is_floor
+from pytest_tfgrpc.report.properties import (
+    FABRIC,
+    SKETCH,
+    label_fields,
+    point_property,
+    read_figures,
+)
 from pytest_tfgrpc.report.results_file import atomic_write
+from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.units import UnitError, format_duration, format_rate, parse_size
 
 if TYPE_CHECKING:
@@ -55,7 +69,7 @@ __all__ = [
     "write_plots",
 ]
 
-INSTALL_HINT = "install the plot extra: pip install 'pytest-tfgrpc[plot]'"
+INSTALL_HINT = "install the plot extra: pip install -e '.[plot]' in a checkout of pytest-tfgrpc"
 
 #: A run's per-test properties: ``{test: properties}`` (a mapping or ``(name, value)`` pairs),
 #: or the records of a results file (dicts with ``test`` and ``properties``).
@@ -148,10 +162,27 @@ class Row:
     topology: str = ""
     rpc: str = ""
     mode: str = ""
+    sketch: str | None = None
 
     @property
     def is_ps(self) -> bool:
         return bool(self.topology)
+
+    @property
+    def floor(self) -> bool:
+        """A raw-TCP transport floor's row (label ``<label>_floor``)."""
+        return is_floor(self.label)
+
+    def quantile_ns(self, q: float) -> float | None:
+        """Quantile ``q`` of the point's samples (ns), from its recorded sketch; None without
+        one (or when it does not decode)."""
+        if self.sketch is None:
+            return None
+        try:
+            sketch = Sketch.from_string(self.sketch)
+        except ValueError:
+            return None
+        return sketch.quantile(q) if sketch.count else None
 
 
 def _number(text: str) -> float | None:
@@ -202,6 +233,7 @@ def measurement_rows(source: PropertySource) -> list[Row]:
                     topology=about.get("topology", ""),
                     rpc=about.get("rpc", ""),
                     mode=about.get("mode", ""),
+                    sketch=props.get(point_property(label, key, SKETCH)),
                 )
             )
     return rows
@@ -216,6 +248,15 @@ class _Series:
     name: str
     fabric: str
     rows: tuple[Row, ...]
+    floor: bool = False
+
+    @property
+    def engine(self) -> str:
+        """What carried the bytes, for the legend: ``gRPC unary raw``, ``raw-TCP floor``."""
+        if self.floor:
+            return "raw-TCP floor"
+        how = sorted({" ".join(x for x in (r.rpc, r.mode) if x) for r in self.rows})
+        return "gRPC" + (f" {how[0]}" if len(how) == 1 and how[0] else "")
 
 
 @dataclass(frozen=True)
@@ -251,18 +292,18 @@ def _short(test: str) -> str:
 
 
 def _series(rows: Sequence[Row]) -> tuple[_Series, ...]:
-    by_run: dict[tuple[str, str], list[Row]] = {}
+    by_run: dict[tuple[str, str, bool], list[Row]] = {}
     for row in rows:
-        by_run.setdefault((row.fabric, row.test), []).append(row)
-    fabric_counts: dict[str, int] = {}
-    for fabric, _ in by_run:
-        fabric_counts[fabric] = fabric_counts.get(fabric, 0) + 1
+        by_run.setdefault((row.fabric, row.test, row.floor), []).append(row)
+    fabric_counts: dict[tuple[str, bool], int] = {}
+    for fabric, _, floor in by_run:
+        fabric_counts[(fabric, floor)] = fabric_counts.get((fabric, floor), 0) + 1
     out = []
-    for (fabric, test), group in sorted(by_run.items()):
+    for (fabric, test, floor), group in sorted(by_run.items()):
         name = fabric or "(no fabric)"
-        if fabric_counts[fabric] > 1:
+        if fabric_counts[(fabric, floor)] > 1:
             name = f"{name} {_short(test)}"
-        out.append(_Series(name, fabric, tuple(group)))
+        out.append(_Series(name, fabric, tuple(group), floor))
     return tuple(out)
 
 
@@ -277,9 +318,11 @@ def _fabric_series(rows: Sequence[Row]) -> tuple[_Series, ...]:
 
 
 def _charts(rows: Sequence[Row]) -> list[_Chart]:
+    # A transport floor is drawn on the axes of the figure it bounds, not on its own.
     by_label: dict[str, list[Row]] = {}
     for row in rows:
-        by_label.setdefault(row.label, []).append(row)
+        base = row.label.removesuffix(FLOOR_SUFFIX) if row.floor else row.label
+        by_label.setdefault(base, []).append(row)
     charts: list[_Chart] = []
     for label, label_rows in sorted(by_label.items()):
         ps = [r for r in label_rows if r.is_ps]
@@ -290,7 +333,14 @@ def _charts(rows: Sequence[Row]) -> list[_Chart]:
             if not row.is_ps and row.size_bytes is not None and row.size_bytes > 0:
                 by_test.setdefault(_without_fabric(row.test, row.fabric), []).append(row)
         for test, test_rows in sorted(by_test.items()):
-            if any("throughput_MBps" in r.metrics for r in test_rows):
+            if all(r.floor for r in test_rows):
+                kind = (
+                    "bandwidth"
+                    if any("throughput_MBps" in r.metrics for r in test_rows)
+                    else "latency"
+                )
+                charts.append(_Chart(kind, label + FLOOR_SUFFIX, test, _series(test_rows)))
+            elif any("throughput_MBps" in r.metrics for r in test_rows if not r.floor):
                 charts.append(_Chart("bandwidth", label, test, _series(test_rows)))
             else:
                 charts.append(_Chart("latency", label, test, _series(test_rows)))
@@ -345,69 +395,129 @@ def _size_axis(ax: Axes, rows: Iterable[Row]) -> None:
     ax.set_xlabel("message size")
 
 
+#: A log axis spans at least this many decades, so that run-to-run noise of a few percent
+#: does not fill the plot and look like a trend.
+MIN_DECADES = 1.0
+
+
 def _log_y(ax: Axes, values: Sequence[float], text: Callable[[float], str]) -> None:
-    """A log y axis labelled in people's units (``text``), 1-2-5 ticks over a few decades."""
+    """A log y axis labelled in people's units (``text``) at every decade and at 2x and 5x
+    between (also 3x and 7x when the axis spans less than two decades), spanning at least
+    :data:`MIN_DECADES` around the values."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    positive = [v for v in values if v > 0]
-    decades = math.log10(max(positive) / min(positive)) if positive else 0.0
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))
+    if positive:
+        low, high = min(positive), max(positive)
+        missing = MIN_DECADES - math.log10(high / low)
+        if missing > 0:
+            pad = 10 ** (missing / 2)
+            low, high = low / pad, high * pad
+        ax.set_ylim(low / 1.15, high * 1.15)
+        decades = math.log10(high / low)
+    else:
+        decades = 0.0
+    subs = (1.0, 2.0, 3.0, 5.0, 7.0) if decades < 2 else (1.0, 2.0, 5.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs, numticks=40))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: text(v)))
+    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=tuple(float(m) for m in range(1, 10))))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _points(rows: Iterable[Row], metric: str, scale: float) -> tuple[list[int], list[float]]:
-    pairs = sorted(
-        (r.size_bytes, r.metrics[metric] * scale)
-        for r in rows
-        if r.size_bytes and metric in r.metrics and r.metrics[metric] > 0
-    )
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
 def _title(ax: Axes, what: str, chart: _Chart) -> None:
-    rows = [r for s in chart.series for r in s.rows]
-    how = sorted({f"{r.rpc} rpc, {r.mode}" for r in rows if r.rpc or r.mode})
     detail = [_short(chart.test)] if chart.test else []
-    detail += how[:1] if len(how) == 1 else []
     ax.set_title(f"{chart.label}: {what}" + (f"\n{'; '.join(detail)}" if detail else ""))
 
 
-def _draw_latency(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
+@dataclass(frozen=True)
+class _Curve:
+    """One series' points: sizes, the central value, the p10-p90 band and the tail (p99),
+    all in the unit drawn (ns for latency, B/s for bandwidth); a band or tail point is None
+    where the row has no sketch / no p99."""
+
+    x: list[int]
+    mid: list[float]
+    low: list[float | None]
+    high: list[float | None]
+    tail: list[float | None]
+
+
+def _curve(series: _Series, bandwidth: bool) -> _Curve:
+    x: list[int] = []
+    mid: list[float] = []
+    low: list[float | None] = []
+    high: list[float | None] = []
+    tail: list[float | None] = []
+    for row in sorted(series.rows, key=lambda r: r.size_bytes or 0):
+        metric = "throughput_MBps" if bandwidth else "p50_us"
+        if not row.size_bytes or row.metrics.get(metric, 0) <= 0:
+            continue
+        q10, q90 = row.quantile_ns(0.1), row.quantile_ns(0.9)
+        p99_ns = row.metrics.get("p99_us", 0.0) * 1e3 or None
+        x.append(row.size_bytes)
+        if bandwidth:
+            # The per-tensor rate of the 10% fastest and the 10% slowest tensors, and of the
+            # slowest 1% (size over its p99 time), beside the run's throughput.
+            mid.append(row.metrics[metric] * 1e6)
+            low.append(row.size_bytes * 1e9 / q90 if q90 else None)
+            high.append(row.size_bytes * 1e9 / q10 if q10 else None)
+            tail.append(row.size_bytes * 1e9 / p99_ns if p99_ns else None)
+        else:
+            mid.append(row.metrics[metric] * 1e3)
+            low.append(q10)
+            high.append(q90)
+            tail.append(p99_ns)
+    return _Curve(x, mid, low, high, tail)
+
+
+def _draw_sizes(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
+    """Latency or bandwidth against message size: per series the p50 (throughput) line, a
+    shaded p10-p90 band from the sketch, the p99 as its own dashed line; a transport floor on
+    the same axes, dotted, in its fabric's colour."""
+    bandwidth = chart.kind == "bandwidth"
     ax = fig.add_subplot()
     values: list[float] = []
     for series in chart.series:
+        curve = _curve(series, bandwidth)
+        if not curve.x:
+            continue
         colour = colours[series.fabric]
-        for metric, style, marker in (("p50_us", "-", "o"), ("p99_us", "--", "v")):
-            x, y = _points(series.rows, metric, 1e3)  # to ns, for format_duration
-            if x:
-                name = f"{series.name} {metric.split('_')[0]}"
-                ax.plot(x, y, style, color=colour, marker=marker, markersize=4, label=name)
-                values += y
-    _log_y(ax, values, format_duration)
-    ax.set_ylabel("round-trip time (p50 solid, p99 dashed)")
+        who = f"{series.name}, {series.engine}"
+        centre = "throughput" if bandwidth else "p50"
+        if series.floor:
+            ax.plot(curve.x, curve.mid, ":", color=colour, marker="s", markersize=3,
+                    alpha=0.8, label=f"{who}: {centre}")  # fmt: skip
+            values += curve.mid
+            continue
+        ax.plot(curve.x, curve.mid, "-", color=colour, marker="o", markersize=4,
+                label=f"{who}: {centre}")  # fmt: skip
+        band = [(x, lo, hi) for x, lo, hi in zip(curve.x, curve.low, curve.high, strict=True)
+                if lo is not None and hi is not None]  # fmt: skip
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],
+                            color=colour, alpha=0.18, linewidth=0,
+                            label=f"{who}: p10-p90 of each operation")  # fmt: skip
+            values += [b[1] for b in band] + [b[2] for b in band]
+        tail = [(x, t) for x, t in zip(curve.x, curve.tail, strict=True) if t is not None]
+        if tail:
+            ax.plot([t[0] for t in tail], [t[1] for t in tail], "--", color=colour,
+                    marker="v", markersize=3, label=f"{who}: p99")  # fmt: skip
+            values += [t[1] for t in tail]
+        values += curve.mid
+    if bandwidth:
+        _log_y(ax, values, format_rate)
+        ax.set_ylabel("throughput (p99: rate of the slowest 1% of tensors)")
+        _title(ax, "bandwidth vs message size", chart)
+    else:
+        _log_y(ax, values, format_duration)
+        ax.set_ylabel("round-trip time")
+        _title(ax, "latency vs message size", chart)
     _size_axis(ax, (r for s in chart.series for r in s.rows))
-    _title(ax, "latency vs message size", chart)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize="small")
-
-
-def _draw_bandwidth(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
-    ax = fig.add_subplot()
-    values: list[float] = []
-    for series in chart.series:
-        x, y = _points(series.rows, "throughput_MBps", 1e6)  # to B/s, for format_rate
-        if x:
-            colour = colours[series.fabric]
-            ax.plot(x, y, "-", color=colour, marker="o", markersize=4, label=series.name)
-            values += y
-    _log_y(ax, values, format_rate)
-    ax.set_ylabel("throughput (payload bytes over all timed operations)")
-    _size_axis(ax, (r for s in chart.series for r in s.rows))
-    _title(ax, "bandwidth vs message size", chart)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.grid(True, which="major", alpha=0.35)
+    ax.grid(True, which="minor", alpha=0.12)
+    # Below the axes, not over the curves it explains.
+    fig.legend(fontsize="x-small", loc="outside lower center", ncols=2)
 
 
 def _topology_text(topology: str) -> str:
@@ -432,6 +542,52 @@ def _ps_categories(chart: _Chart) -> Callable[[Row], tuple[str, ...]]:
     return lambda r: (r.key, r.topology)
 
 
+#: Histogram bins of a step-time plot: log-spaced over the sketched range.
+HISTOGRAM_BINS = 40
+
+
+def _draw_histograms(ax: Axes, chart: _Chart, colours: Mapping[str, str], step: bool) -> None:
+    """Step-time (RPC-time) histograms from the sketches the properties hold (bounded: a
+    sketch keeps ~1% relative buckets, not every sample), one outline per fabric and
+    category, on a log time axis."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    category_of = _ps_categories(chart)
+    sketches: list[tuple[str, str, Sketch]] = []
+    for series in chart.series:
+        for row in sorted(series.rows, key=category_of):
+            if row.sketch is None:
+                continue
+            try:
+                sketch = Sketch.from_string(row.sketch)
+            except ValueError:
+                continue
+            if sketch.count:
+                name = " ".join(c.replace("\n", " ") for c in category_of(row))
+                sketches.append((series.fabric, f"{series.name}: {name}", sketch))
+    if not sketches:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no sketches recorded: no histogram", ha="center", va="center")
+        return
+    low = min(float(s.values().min()) for _, _, s in sketches)
+    high = max(float(s.values().max()) for _, _, s in sketches)
+    edges = np.geomspace(low / 1.05, high * 1.05, HISTOGRAM_BINS + 1)
+    styles = ("-", "--", ":", "-.")
+    for i, (fabric, name, sketch) in enumerate(sketches):
+        counts, _ = np.histogram(sketch.values(), bins=edges, weights=sketch.weights())
+        ax.stairs(counts, edges, color=colours[fabric], linestyle=styles[i % len(styles)],
+                  label=f"{name} (n={sketch.count})")  # fmt: skip
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0, 7.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_duration(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("step time" if step else "RPC time")
+    ax.set_ylabel("count")
+    ax.legend(fontsize="x-small")
+    ax.grid(True, alpha=0.3)
+
+
 def _draw_ps(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
     from matplotlib.ticker import FuncFormatter
 
@@ -439,7 +595,7 @@ def _draw_ps(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
     low, high = ("step_p50_us", "step_p99_us") if step else ("p50_us", "p99_us")
     category_of = _ps_categories(chart)
     categories = sorted({category_of(r) for s in chart.series for r in s.rows})
-    ax = fig.add_subplot()
+    ax, hist = fig.subplots(1, 2, width_ratios=(1.1, 1))
     width = 0.8 / (2 * len(chart.series))
     values: list[float] = []
     for i, series in enumerate(chart.series):
@@ -461,7 +617,7 @@ def _draw_ps(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
                 alpha=alpha,
                 hatch=hatch,
                 edgecolor=colours[series.fabric],
-                label=f"{series.name} {quantile}",
+                label=f"{series.name}, {series.engine}: {quantile}",
             )
     positive = [v for v in values if v > 0]
     if positive and max(positive) / min(positive) > 50:
@@ -469,25 +625,17 @@ def _draw_ps(fig: Figure, chart: _Chart, colours: Mapping[str, str]) -> None:
     else:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_duration(v)))
     ax.set_xticks(range(len(categories)))
-    ax.set_xticklabels(["\n".join((c[0], _topology_text(c[1]), *c[2:])) for c in categories])
+    ax.set_xticklabels(["\n".join((c[0], _topology_text(c[1]), *c[2:])) for c in categories],
+                       fontsize="x-small")  # fmt: skip
     what = "step time" if step else "RPC latency"
     ax.set_ylabel(f"{what} (p50 solid, p99 hatched)")
-    ax.set_title(f"{chart.label}: {what} per payload and topology")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
-    samples = sorted(
-        {int(r.metrics["samples"]) for s in chart.series for r in s.rows if "samples" in r.metrics}
-    )
-    counted = f"{samples[0]}" if len(samples) == 1 else "varying numbers of"
-    fig.supxlabel(
-        f"quantiles of {counted} {'steps' if step else 'RPCs'} as recorded in the JUnit "
-        "properties (no per-step samples there, so no histogram)",
-        fontsize="x-small",
-        color="#555555",
-    )
+    fig.legend(fontsize="x-small", loc="outside lower center", ncols=4)
+    _draw_histograms(hist, chart, colours, step)
+    fig.suptitle(f"{chart.label}: {what} per payload and topology, and its distribution")
 
 
-_DRAW = {"latency": _draw_latency, "bandwidth": _draw_bandwidth, "ps": _draw_ps}
+_DRAW = {"latency": _draw_sizes, "bandwidth": _draw_sizes, "ps": _draw_ps}
 
 
 def draw(source: PropertySource) -> list[tuple[str, Figure]]:
@@ -504,7 +652,8 @@ def draw(source: PropertySource) -> list[tuple[str, Figure]]:
     colours = _colours(charts)
     out = []
     for chart, name in zip(charts, _file_names(charts), strict=True):
-        fig = Figure(figsize=(8, 5), dpi=110, layout="constrained")
+        wide = chart.kind == "ps"  # bars beside the step-time histogram
+        fig = Figure(figsize=(12 if wide else 8, 5), dpi=110, layout="constrained")
         FigureCanvasAgg(fig)
         _DRAW[chart.kind](fig, chart, colours)
         out.append((name, fig))

@@ -21,11 +21,14 @@ A label ending in ``_floor`` is a raw-TCP transport floor (:func:`ParsedFigure.f
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor
+from pytest_tfgrpc.model.profiles import profile_key
+from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor, significant
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.sketch import Sketch
 
@@ -39,6 +42,7 @@ __all__ = [
     "PREFIX",
     "TARGET",
     "ParsedFigure",
+    "current_key",
     "figure_name",
     "figure_value",
     "label_property",
@@ -124,7 +128,31 @@ def parse_figure(name: str) -> ParsedFigure | None:
     if key == MODEL:
         return None
     found = _BY_SUFFIX[bool(scope)].get(last)
-    return ParsedFigure(label, key, found, scope) if found is not None else None
+    return ParsedFigure(label, current_key(key), found, scope) if found is not None else None
+
+
+_OLD_DECIMAL = re.compile(r"(?<=\d)_(?=\d)")
+_warned_keys: set[str] = set()
+
+
+def current_key(key: str) -> str:
+    """A point key as this version spells it. Keys written before profile labels were made
+    safe for CI parsers (``resnet50[filter=conv,scale=0_05]``, decimal points as ``_``) read
+    as today's (``resnet50-filter_conv-scale_0p05``, :func:`profile_key`), with a
+    DeprecationWarning once per key: JUnit names are a contract, so an old baseline still
+    gates a new run."""
+    if "[" not in key:
+        return key
+    new = profile_key(_OLD_DECIMAL.sub(".", key))
+    if key not in _warned_keys:
+        _warned_keys.add(key)
+        warnings.warn(
+            f"tfgrpc property key {key!r} is the old spelling of {new!r}; it is read as "
+            "such, but results should be re-recorded with this version",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return new
 
 
 @dataclass(frozen=True)
@@ -173,7 +201,22 @@ def model_properties(
     (:func:`~pytest_tfgrpc.model.analytic.prediction_figures`) beside the measured point
     ``key`` of result ``label``: ``tfgrpc.<label>.<key>.model.<name>``. No reader takes them
     for measured figures (:func:`parse_figure`)."""
-    return [(point_property(label, key, f"{MODEL}.{name}"), value) for name, value in figures]
+    return [
+        (point_property(label, key, f"{MODEL}.{name}"), _without_float_noise(value))
+        for name, value in figures
+    ]
+
+
+def _without_float_noise(text: str) -> str:
+    """A number written by ``repr`` (``1234.5600000000001``) to the digits a model's figure
+    supports; text that is no such number (a limit's name, a whole count) as it is."""
+    if not any(c in text for c in ".eE"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return significant(value) if math.isfinite(value) else text
 
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:

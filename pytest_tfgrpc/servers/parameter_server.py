@@ -258,6 +258,7 @@ class ParameterServer:
             job.pushed.add(worker)
             if measured:
                 job.bytes_in += received
+                job.rpcs += 1
             if len(job.pushed) == job.spec.workers:
                 self._apply(job)
         return service_pb2.Ack(bytes_received=received, messages=1)
@@ -321,6 +322,7 @@ class ParameterServer:
         if request.measured and step >= 0:
             with self._cond:
                 job.bytes_out += sent
+                job.rpcs += 1
 
     # --- registration ----------------------------------------------------------------------
     def handlers(self) -> list[grpc.GenericRpcHandler]:
