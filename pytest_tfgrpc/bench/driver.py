@@ -7,12 +7,14 @@ options, and a function that records properties on the test.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pytest_tfgrpc import bench
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.floor import FLOOR_SUFFIX, transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
@@ -20,9 +22,11 @@ from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
+from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.report.summary import PREFIX, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.native_server import check_engine
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, parse_sizes
 from pytest_tfgrpc.wire.client import Server
@@ -101,6 +105,20 @@ class Driver:
 
         return progress
 
+    def _engine(self, engine: str, call: str) -> ModuleType:
+        """The module that measures with ``engine``; a native engine that is not built is a
+        usage error saying how to build it."""
+        try:
+            check_engine(engine)
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: {call}() argument {exc}") from None
+        if engine == "grpcio":
+            return p2p
+        reason = unavailable_reason()
+        if reason is not None:
+            raise SpecError(f"{self._test}: {call}(engine='native'): {reason}")
+        return native_p2p
+
     def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
         unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
         if unknown:
@@ -116,19 +134,21 @@ class Driver:
         rpc: str = "unary",
         label: str | None = None,
         floor: bool = False,
+        engine: str = "grpcio",
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
         ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
-        fabric, labelled ``<label>_floor``.
+        fabric, labelled ``<label>_floor``. ``engine="native"`` measures from the C++ client.
         """
         __tracebackhide__ = True
+        measure = self._engine(engine, "p2p_latency").p2p_latency
         run = self._run(bench.LATENCY_RUN, "p2p_latency", run_args)
         self._check_label(label or "p2p_latency")
         if floor:
             self._check_label((label or "p2p_latency") + FLOOR_SUFFIX)
-        result = bench.p2p_latency(
+        result = measure(
             server,
             self._sizes(sizes, "p2p_latency"),
             mode=mode,
@@ -157,14 +177,17 @@ class Driver:
         chunk_bytes: int | str | None = None,
         label: str | None = None,
         floor: bool = False,
+        engine: str = "grpcio",
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
-        same sizes on the same fabric, labelled ``<label>_floor``.
+        same sizes on the same fabric, labelled ``<label>_floor``. ``engine="native"``
+        measures from the C++ client.
         """
         __tracebackhide__ = True
+        measure = self._engine(engine, "p2p_bandwidth").p2p_bandwidth
         run = self._run(bench.BANDWIDTH_RUN, "p2p_bandwidth", run_args)
         self._check_label(label or "p2p_bandwidth")
         if floor:
@@ -177,7 +200,7 @@ class Driver:
                 raise SpecError(
                     f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
-        result = bench.p2p_bandwidth(
+        result = measure(
             server,
             self._sizes(sizes, "p2p_bandwidth"),
             mode=mode,

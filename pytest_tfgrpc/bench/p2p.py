@@ -112,6 +112,7 @@ def _settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
             **run.describe(),
             **extra,
             **allocator_settings(),
+            "engine": "grpcio",
             "grpcio": grpc.__version__,
             "python": platform.python_version(),
         }

@@ -196,7 +196,27 @@ class ServerProcess(ChildProcess):
             "--exit-on-stdin-eof",
             *extra_args,
         ]
-        handle = cls(argv, fabric=fabric, name=name or f"tensor server on {fabric.name}", env=env)
+        return cls.launch(
+            argv,
+            fabric,
+            name=name or f"tensor server on {fabric.name}",
+            env=env,
+            ready_timeout=ready_timeout,
+        )
+
+    @classmethod
+    def launch(
+        cls,
+        argv: Sequence[str],
+        fabric: Fabric,
+        *,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        ready_timeout: float = 30.0,
+    ) -> ServerProcess:
+        """Start any server program that prints the ready line ``{"target", "pid", "fabric"}``
+        and stops when its stdin closes, and return once it serves."""
+        handle = cls(argv, fabric=fabric, name=name, env=env)
         try:
             handle._wait_ready(ready_timeout)
         except BaseException:
