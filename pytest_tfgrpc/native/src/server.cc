@@ -180,7 +180,11 @@ class TensorService final : public grpc::Service {
     if (found != metadata.end()) {
       message_bytes = std::atoll(std::string(found->second.data(), found->second.size()).c_str());
     }
+    ByteBuffer request;
     if (message_bytes <= 0) {
+      // Refused after the first message, as the Python server does: a client whose write is
+      // still under way gets this status rather than a failed write.
+      stream->Read(&request);
       return Status(StatusCode::INVALID_ARGUMENT,
                     std::string("a stream must announce its message size in '") +
                         kMessageBytesKey + "' metadata");
@@ -188,7 +192,6 @@ class TensorService final : public grpc::Service {
     int64_t received = 0;
     int64_t messages = 0;
     std::string first;  // the first bytes of a message's first slice (its TensorProto header)
-    ByteBuffer request;
     while (stream->Read(&request)) {
       uint64_t data_bytes = request.Length();
       if (protobuf_) {
