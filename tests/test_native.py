@@ -125,7 +125,7 @@ def test_an_unbuilt_engine_says_the_command_that_builds_it(
         native.binaries()
     assert "libgrpc++-dev" in str(caught.value)
     assert native.unavailable_reason() == str(caught.value)
-    with pytest.raises(SpecError, match="engine='native'.*tfgrpc-build-native"):
+    with pytest.raises(SpecError, match=r"engine='native'.*tfgrpc-build-native"):
         _driver().p2p_bandwidth(_no_server(), [1024], engine="native")
     with pytest.raises(native.NativeNotBuilt):
         start_tensor_server(resolve_fabric("lo"), engine="native")
