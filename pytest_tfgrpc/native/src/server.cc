@@ -372,8 +372,7 @@ int main(int argc, char** argv) {
                            grpc::InsecureServerCredentials(), &bound);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
-  builder.AddChannelArgument("grpc.http2.bdp_probe", 0);
-  builder.AddChannelArgument("grpc.http2.lookahead_bytes", kLookaheadBytes);
+  set_arguments([&builder](const char* key, int value) { builder.AddChannelArgument(key, value); });
   // As the Python server: never share a port with another server.
   builder.AddChannelArgument("grpc.so_reuseport", 0);
   builder.RegisterService(&raw);
