@@ -19,6 +19,7 @@ from pytest_tfgrpc.bench.floor import FLOOR_SUFFIX, transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
+from pytest_tfgrpc.bench.streams import check_streams, p2p_bandwidth_streams
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
@@ -178,16 +179,22 @@ class Driver:
         label: str | None = None,
         floor: bool = False,
         engine: str = "grpcio",
+        streams: int = 1,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
         same sizes on the same fabric, labelled ``<label>_floor``. ``engine="native"``
-        measures from the C++ client.
+        measures from the C++ client. ``streams=N`` runs N concurrent connections and returns
+        their aggregate; each stream is also recorded, as ``<label>_stream<i>``.
         """
         __tracebackhide__ = True
         measure = self._engine(engine, "p2p_bandwidth").p2p_bandwidth
+        try:
+            check_streams(streams)
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: p2p_bandwidth() argument {exc}") from None
         run = self._run(bench.BANDWIDTH_RUN, "p2p_bandwidth", run_args)
         self._check_label(label or "p2p_bandwidth")
         if floor:
@@ -200,6 +207,25 @@ class Driver:
                 raise SpecError(
                     f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
+        if streams > 1:
+            for i in range(streams):
+                self._check_label(f"{label or 'p2p_bandwidth'}_stream{i}")
+            both = p2p_bandwidth_streams(
+                server,
+                self._sizes(sizes, "p2p_bandwidth"),
+                streams=streams,
+                engine=engine,
+                mode=mode,
+                rpc=rpc,
+                direction=direction,
+                run=run,
+                label=label,
+                progress=self._progress_of(label or "p2p_bandwidth", server),
+                **extra,
+            )
+            for each in both.streams:
+                self.record(each)
+            return self._with_floor(self.record(both.aggregate), server, run, floor)
         result = measure(
             server,
             self._sizes(sizes, "p2p_bandwidth"),
