@@ -24,6 +24,8 @@ from pytest_tfgrpc.bench.specs import (
     run_marker_spec,
 )
 from pytest_tfgrpc.model.placement import Topology, topology_spec
+from pytest_tfgrpc.plugin.engine import MARKER as ENGINE_MARKER
+from pytest_tfgrpc.plugin.engine import start_server
 from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
@@ -110,6 +112,7 @@ MARKERS = (
     "ps_topology(ps=1, workers=1, sharding='round_robin'): the parameter-server cluster of "
     "the ps_cluster fixture: PS processes, worker processes, and how tensors are placed on "
     "PS tasks (round_robin, greedy, partitioned).",
+    ENGINE_MARKER,
 )
 
 
@@ -545,7 +548,7 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = ServerProcess.start(fabric, env=session.server_env)
+    server = start_server(request.node, fabric, session.server_env)
     started.append(server)
     request.node.stash.setdefault(_watched_key, []).append(server)
     try:

@@ -1,0 +1,106 @@
+"""The plugin end to end with the native engine: the marker, engine=, and the unbuilt error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from junitparser.xunit2 import JUnitXml
+
+from pytest_tfgrpc import native
+
+NOT_BUILT = native.unavailable_reason()
+#: Pytester moves HOME: name the real cache, where the engine was built.
+CACHE = str(native.cache_root())
+
+SUITE = """
+import pytest
+
+ENGINES = ["grpcio", "native"]
+
+@pytest.mark.tfgrpc_engine(server="native")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_to_native_server(tfgrpc, tensor_server, engine):
+    result = tfgrpc.p2p_latency(tensor_server, ["1KiB"], rpc="stream", engine=engine)
+    assert result.settings["engine"] == engine
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_to_python_server(tfgrpc, tensor_server, engine):
+    result = tfgrpc.p2p_bandwidth(tensor_server, ["1MiB"], engine=engine, streams=2)
+    assert result.settings["streams"] == "2"
+"""
+
+
+def _settings(xml: Path) -> dict[str, str]:
+    out = {}
+    for suite in JUnitXml.fromfile(str(xml)):
+        for case in suite:
+            for prop in case.properties():
+                if prop.name.endswith(".settings"):
+                    out[f"{case.name}:{prop.name}"] = prop.value
+    return out
+
+
+@pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
+def test_both_engines_run_a_suite_and_say_which(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, CACHE)
+    pytester.makepyfile(SUITE)
+    result = pytester.runpytest(
+        "--tfgrpc-iterations=5", "--tfgrpc-warmup=1", "--tfgrpc-max-time=2", "--junitxml=out.xml"
+    )
+    result.assert_outcomes(passed=4)
+    settings = _settings(pytester.path / "out.xml")
+    native_ids = [k for k, v in settings.items() if "engine=native" in v]
+    python_ids = [k for k, v in settings.items() if "engine=grpcio" in v]
+    # Per test: the latency result, or the streams' aggregate and its two streams.
+    assert len(native_ids) == 1 + 3 and len(python_ids) == 1 + 3
+    assert any("test_to_native_server[native" in k for k in native_ids)
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("tfgrpc_engine(server='c++')", "expected one of grpcio, native"),
+        ("tfgrpc_engine('native')", "takes only server="),
+        ("tfgrpc_engine(client='native')", "takes only server="),
+    ],
+)
+def test_a_bad_engine_marker_fails_the_test_by_name(
+    pytester: pytest.Pytester, marker: str, message: str
+) -> None:
+    pytester.makepyfile(
+        f"""
+import pytest
+
+@pytest.mark.{marker}
+def test_x(tensor_server):
+    pass
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*{message}*"])
+    assert "INTERNALERROR" not in result.stdout.str()
+
+
+def test_an_unbuilt_native_engine_fails_with_the_build_command(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    pytester.makepyfile(
+        """
+import pytest
+
+@pytest.mark.tfgrpc_engine(server="native")
+def test_server(tensor_server):
+    pass
+
+def test_client(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["1KiB"], engine="native")
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1, failed=1)
+    result.stdout.fnmatch_lines(["*not built*tfgrpc-build-native*"])
