@@ -135,17 +135,6 @@ ByteBuffer buffer_of(std::vector<Slice> slices) {
   return ByteBuffer(slices.data(), slices.size());
 }
 
-// One benchmark operation on one channel: prepared, then timed again and again.
-class Operation {
- public:
-  virtual ~Operation() = default;
-  // Untimed: open the call, check one answer.
-  virtual void prepare() = 0;
-  virtual void run() = 0;
-  // Untimed: close the call.
-  virtual void finish() {}
-};
-
 class Tensor {
  public:
   Tensor(const Settings& s) : settings_(s), content_(make_content(s.size)) {
@@ -218,81 +207,6 @@ uint64_t tensor_length(const ByteBuffer& reply) {
   return span.length;
 }
 
-class UnaryEcho : public Operation {
- public:
-  UnaryEcho(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
-      : s_(s), channel_(c), tensor_(t),
-        method_(interned(method_path(s.mode, "Echo")), RpcMethod::NORMAL_RPC, c) {}
-  void prepare() override {
-    ByteBuffer reply = call();
-    if (!tensor_.same_content(reply)) {
-      throw CallError("the echo of a " + std::to_string(tensor_.nbytes()) +
-                      " B tensor came back different (" + std::to_string(reply.Length()) + " B)");
-    }
-  }
-  void run() override {
-    ByteBuffer reply = call();
-    if (s_.mode == "protobuf") tensor_length(reply);
-  }
-
- private:
-  ByteBuffer call() {
-    ClientContext context;
-    set_deadline(&context, s_.deadline_s);
-    ByteBuffer reply;
-    check(grpc::internal::BlockingUnaryCall(channel_.get(), method_, &context, tensor_.message(),
-                                            &reply),
-          "unary echo");
-    return reply;
-  }
-  const Settings& s_;
-  std::shared_ptr<grpc::Channel> channel_;
-  const Tensor& tensor_;
-  RpcMethod method_;
-};
-
-class StreamEcho : public Operation {
- public:
-  StreamEcho(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
-      : s_(s), channel_(c), tensor_(t),
-        method_(interned(method_path(s.mode, "EchoStream")), RpcMethod::BIDI_STREAMING, c) {}
-  void prepare() override {
-    set_deadline(&context_, s_.deadline_s);
-    stream_.reset(grpc::internal::ClientReaderWriterFactory<ByteBuffer, ByteBuffer>::Create(
-        channel_.get(), method_, &context_));
-    ByteBuffer reply = exchange();
-    if (!tensor_.same_content(reply)) {
-      throw CallError("the stream echo of a " + std::to_string(tensor_.nbytes()) +
-                      " B tensor came back different");
-    }
-  }
-  void run() override {
-    ByteBuffer reply = exchange();
-    if (s_.mode == "protobuf") tensor_length(reply);
-  }
-  void finish() override {
-    stream_->WritesDone();
-    check(stream_->Finish(), "stream echo");
-  }
-
- private:
-  ByteBuffer exchange() {
-    ByteBuffer reply;
-    if (!stream_->Write(tensor_.message()) || !stream_->Read(&reply)) {
-      stream_->WritesDone();
-      check(stream_->Finish(), "stream echo");
-      throw CallError("stream echo failed: the server ended the stream");
-    }
-    return reply;
-  }
-  const Settings& s_;
-  std::shared_ptr<grpc::Channel> channel_;
-  const Tensor& tensor_;
-  RpcMethod method_;
-  ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<ByteBuffer, ByteBuffer>> stream_;
-};
-
 int64_t acked_bytes(const ByteBuffer& reply) {
   std::vector<int64_t> fields = {0, 0};
   if (!varint_fields(to_string(reply), &fields)) throw CallError("the reply is not an Ack");
@@ -306,76 +220,122 @@ void check_ack(int64_t acked, int64_t wire) {
   }
 }
 
-class UnaryPush : public Operation {
+// One benchmark operation on one channel: prepared (untimed: open the call, check one
+// answer), then timed again and again, then finished (untimed: close the call).
+class Operation {
  public:
-  UnaryPush(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
-      : s_(s), channel_(c), tensor_(t),
-        method_(interned(method_path(s.mode, "Push")), RpcMethod::NORMAL_RPC, c) {}
-  void prepare() override { check_ack(acked_bytes(call()), tensor_.wire_bytes()); }
-  void run() override { call(); }
+  Operation(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t,
+            const char* name, RpcMethod::RpcType type, const char* what)
+      : s_(s), channel_(std::move(c)), tensor_(t),
+        method_(interned(method_path(s.mode, name)), type, channel_), what_(what) {}
+  virtual ~Operation() = default;
+  virtual void prepare() = 0;
+  virtual void run() = 0;
+  virtual void finish() {
+    if (stream_) close_stream();
+  }
 
- private:
-  ByteBuffer call() {
+ protected:
+  ByteBuffer unary(const ByteBuffer& request) {
     ClientContext context;
     set_deadline(&context, s_.deadline_s);
     ByteBuffer reply;
-    check(grpc::internal::BlockingUnaryCall(channel_.get(), method_, &context, tensor_.message(),
-                                            &reply),
-          "unary push");
+    check(grpc::internal::BlockingUnaryCall(channel_.get(), method_, &context, request, &reply),
+          what_);
     return reply;
   }
-  const Settings& s_;
-  std::shared_ptr<grpc::Channel> channel_;
-  const Tensor& tensor_;
-  RpcMethod method_;
-};
-
-class StreamPush : public Operation {
- public:
-  StreamPush(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
-      : s_(s), channel_(c), tensor_(t), rest_(t.rest_chunks()),
-        method_(interned(method_path(s.mode, "PushStream")), RpcMethod::BIDI_STREAMING, c) {}
-  void prepare() override {
+  // A bidirectional stream for the whole run; `message_bytes` announced if given.
+  void open_stream(const std::string& message_bytes = "") {
     set_deadline(&context_, s_.deadline_s);
-    context_.AddMetadata(kMessageBytesKey, std::to_string(tensor_.wire_bytes()));
+    if (!message_bytes.empty()) context_.AddMetadata(kMessageBytesKey, message_bytes);
     stream_.reset(grpc::internal::ClientReaderWriterFactory<ByteBuffer, ByteBuffer>::Create(
         channel_.get(), method_, &context_));
-    check_ack(acked_bytes(push()), tensor_.wire_bytes());
   }
-  void run() override { push(); }
-  void finish() override {
+  void close_stream() {
     stream_->WritesDone();
-    check(stream_->Finish(), "stream push");
+    check(stream_->Finish(), what_);
   }
-
- private:
-  ByteBuffer push() {
-    bool ok = stream_->Write(tensor_.first_chunk());
-    for (size_t i = 0; ok && i < rest_.size(); ++i) ok = stream_->Write(rest_[i]);
+  // A write or read failed: the stream's status says why.
+  [[noreturn]] void stream_ended() {
+    close_stream();
+    throw CallError(std::string(what_) + " failed: the server ended the stream");
+  }
+  ByteBuffer read_reply() {
     ByteBuffer reply;
-    if (!ok || !stream_->Read(&reply)) {
-      stream_->WritesDone();
-      check(stream_->Finish(), "stream push");
-      throw CallError("stream push failed: the server ended the stream");
-    }
+    if (!stream_->Read(&reply)) stream_ended();
     return reply;
   }
+
   const Settings& s_;
   std::shared_ptr<grpc::Channel> channel_;
   const Tensor& tensor_;
-  std::vector<ByteBuffer> rest_;
   RpcMethod method_;
+  const char* what_;
   ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<ByteBuffer, ByteBuffer>> stream_;
 };
 
-class PullOp : public Operation {
+// Echo and EchoStream: one round trip per operation.
+class Echo : public Operation {
  public:
-  PullOp(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
-      : s_(s), channel_(c), tensor_(t),
-        request_(to_buffer(encode_pull_request(s.size, s.dtype, s.chunk_bytes))),
-        method_(interned(method_path(s.mode, s.rpc == "unary" ? "Pull" : "PullStream")),
-                s.rpc == "unary" ? RpcMethod::NORMAL_RPC : RpcMethod::SERVER_STREAMING, c) {}
+  Echo(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
+      : Operation(s, std::move(c), t, s.rpc == "unary" ? "Echo" : "EchoStream",
+                  s.rpc == "unary" ? RpcMethod::NORMAL_RPC : RpcMethod::BIDI_STREAMING,
+                  s.rpc == "unary" ? "unary echo" : "stream echo") {}
+  void prepare() override {
+    if (s_.rpc == "stream") open_stream();
+    ByteBuffer reply = exchange();
+    if (!tensor_.same_content(reply)) {
+      throw CallError(std::string("the ") + what_ + " of a " + std::to_string(tensor_.nbytes()) +
+                      " B tensor came back different (" + std::to_string(reply.Length()) + " B)");
+    }
+  }
+  void run() override {
+    ByteBuffer reply = exchange();
+    if (s_.mode == "protobuf") tensor_length(reply);
+  }
+
+ private:
+  ByteBuffer exchange() {
+    if (!stream_) return unary(tensor_.message());
+    if (!stream_->Write(tensor_.message())) stream_ended();
+    return read_reply();
+  }
+};
+
+// Push and PushStream: one tensor until its acknowledgement per operation.
+class Push : public Operation {
+ public:
+  Push(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
+      : Operation(s, std::move(c), t, s.rpc == "unary" ? "Push" : "PushStream",
+                  s.rpc == "unary" ? RpcMethod::NORMAL_RPC : RpcMethod::BIDI_STREAMING,
+                  s.rpc == "unary" ? "unary push" : "stream push"),
+        rest_(s.rpc == "unary" ? std::vector<ByteBuffer>() : t.rest_chunks()) {}
+  void prepare() override {
+    if (s_.rpc == "stream") open_stream(std::to_string(tensor_.wire_bytes()));
+    check_ack(acked_bytes(push()), tensor_.wire_bytes());
+  }
+  void run() override { push(); }
+
+ private:
+  ByteBuffer push() {
+    if (!stream_) return unary(tensor_.message());
+    bool ok = stream_->Write(tensor_.first_chunk());
+    for (size_t i = 0; ok && i < rest_.size(); ++i) ok = stream_->Write(rest_[i]);
+    if (!ok) stream_ended();
+    return read_reply();
+  }
+  std::vector<ByteBuffer> rest_;
+};
+
+// Pull and PullStream: one tensor fetched per operation (a call each, as RecvTensor).
+class Pull : public Operation {
+ public:
+  Pull(const Settings& s, std::shared_ptr<grpc::Channel> c, const Tensor& t)
+      : Operation(s, std::move(c), t, s.rpc == "unary" ? "Pull" : "PullStream",
+                  s.rpc == "unary" ? RpcMethod::NORMAL_RPC : RpcMethod::SERVER_STREAMING,
+                  s.rpc == "unary" ? "unary pull" : "stream pull"),
+        request_(to_buffer(encode_pull_request(s.size, s.dtype, s.chunk_bytes))) {}
   void prepare() override {
     int64_t got = pull();
     if (got != tensor_.nbytes()) {
@@ -387,16 +347,14 @@ class PullOp : public Operation {
 
  private:
   int64_t pull() {
-    ClientContext context;
-    set_deadline(&context, s_.deadline_s);
     bool protobuf = s_.mode == "protobuf";
     if (s_.rpc == "unary") {
-      ByteBuffer reply;
-      check(grpc::internal::BlockingUnaryCall(channel_.get(), method_, &context, request_, &reply),
-            "unary pull");
+      ByteBuffer reply = unary(request_);
       return protobuf ? static_cast<int64_t>(tensor_length(reply))
                       : static_cast<int64_t>(reply.Length());
     }
+    ClientContext context;
+    set_deadline(&context, s_.deadline_s);
     std::unique_ptr<grpc::ClientReader<ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<ByteBuffer>::Create(channel_.get(), method_, &context,
                                                                 request_));
@@ -420,25 +378,17 @@ class PullOp : public Operation {
         first = false;
       }
     }
-    check(reader->Finish(), "stream pull");
+    check(reader->Finish(), what_);
     return protobuf ? content : total;
   }
-  const Settings& s_;
-  std::shared_ptr<grpc::Channel> channel_;
-  const Tensor& tensor_;
   ByteBuffer request_;
-  RpcMethod method_;
 };
 
 std::unique_ptr<Operation> make_operation(const Settings& s, std::shared_ptr<grpc::Channel> c,
                                           const Tensor& t) {
-  if (s.benchmark == "latency") {
-    if (s.rpc == "unary") return std::make_unique<UnaryEcho>(s, c, t);
-    return std::make_unique<StreamEcho>(s, c, t);
-  }
-  if (s.direction == "pull") return std::make_unique<PullOp>(s, c, t);
-  if (s.rpc == "unary") return std::make_unique<UnaryPush>(s, c, t);
-  return std::make_unique<StreamPush>(s, c, t);
+  if (s.benchmark == "latency") return std::make_unique<Echo>(s, std::move(c), t);
+  if (s.direction == "pull") return std::make_unique<Pull>(s, std::move(c), t);
+  return std::make_unique<Push>(s, std::move(c), t);
 }
 
 struct StreamResult {
