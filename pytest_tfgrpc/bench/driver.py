@@ -207,36 +207,23 @@ class Driver:
                 raise SpecError(
                     f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
+        extra |= {
+            "mode": mode,
+            "rpc": rpc,
+            "direction": direction,
+            "run": run,
+            "label": label,
+            "progress": self._progress_of(label or "p2p_bandwidth", server),
+        }
+        messages = self._sizes(sizes, "p2p_bandwidth")
         if streams > 1:
             for i in range(streams):
                 self._check_label(f"{label or 'p2p_bandwidth'}_stream{i}")
-            both = p2p_bandwidth_streams(
-                server,
-                self._sizes(sizes, "p2p_bandwidth"),
-                streams=streams,
-                engine=engine,
-                mode=mode,
-                rpc=rpc,
-                direction=direction,
-                run=run,
-                label=label,
-                progress=self._progress_of(label or "p2p_bandwidth", server),
-                **extra,
-            )
+            both = p2p_bandwidth_streams(server, messages, streams=streams, engine=engine, **extra)
             for each in both.streams:
                 self.record(each)
             return self._with_floor(self.record(both.aggregate), server, run, floor)
-        result = measure(
-            server,
-            self._sizes(sizes, "p2p_bandwidth"),
-            mode=mode,
-            rpc=rpc,
-            direction=direction,
-            run=run,
-            label=label,
-            progress=self._progress_of(label or "p2p_bandwidth", server),
-            **extra,
-        )
+        result = measure(server, messages, **extra)
         return self._with_floor(self.record(result), server, run, floor)
 
     def ps_throughput(

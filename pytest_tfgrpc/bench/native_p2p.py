@@ -26,6 +26,7 @@ from pytest_tfgrpc.bench.p2p import (
     _check_choice,
     _check_messages,
     _name,
+    p2p_result,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native import binaries
@@ -167,16 +168,8 @@ def p2p_latency(
     _check_choice("rpc", rpc, RPCS)
     results = _measure_each(server, sizes, mode, progress, benchmark="latency", rpc=rpc, run=run)
     method = "Echo" if rpc == "unary" else "EchoStream"
-    return BenchmarkResult(
-        benchmark="p2p_latency",
-        label=label or "p2p_latency",
-        fabric=server.fabric.name,
-        target=server.target,
-        mode=mode,
-        rpc=rpc,
-        sizes=results,
-        settings=native_settings(run, method=transport.method(mode, method)),
-    )
+    settings = native_settings(run, method=transport.method(mode, method))
+    return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
 
 
 def check_bandwidth_args(
@@ -228,13 +221,5 @@ def p2p_bandwidth(
         direction=direction,
         chunk_bytes=chunk_bytes,
     )
-    return BenchmarkResult(
-        benchmark="p2p_bandwidth",
-        label=label or "p2p_bandwidth",
-        fabric=server.fabric.name,
-        target=server.target,
-        mode=mode,
-        rpc=rpc,
-        sizes=results,
-        settings=native_settings(run, **bandwidth_extra(direction, mode, rpc, chunk_bytes)),
-    )
+    settings = native_settings(run, **bandwidth_extra(direction, mode, rpc, chunk_bytes))
+    return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)

@@ -14,7 +14,7 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 import grpc
@@ -125,6 +125,28 @@ def _verify_echo(tensor: Tensor, mode: str, reply: bytes) -> None:
         raise BenchmarkError(
             f"the echo of a {tensor.nbytes} B tensor came back different ({len(content)} B)"
         )
+
+
+def p2p_result(
+    benchmark: str,
+    server: Server,
+    label: str | None,
+    mode: str,
+    rpc: str,
+    sizes: Sequence[SizeResult],
+    settings: Mapping[str, str],
+) -> BenchmarkResult:
+    """The result of a point-to-point benchmark against ``server`` (either engine's)."""
+    return BenchmarkResult(
+        benchmark=benchmark,
+        label=label or benchmark,
+        fabric=server.fabric.name,
+        target=server.target,
+        mode=mode,
+        rpc=rpc,
+        sizes=tuple(sizes),
+        settings=MappingProxyType(dict(settings)),
+    )
 
 
 # --- latency -------------------------------------------------------------------------------
@@ -240,16 +262,8 @@ def p2p_latency(
 
     results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress)
     method = "Echo" if rpc == "unary" else "EchoStream"
-    return BenchmarkResult(
-        benchmark="p2p_latency",
-        label=label or "p2p_latency",
-        fabric=server.fabric.name,
-        target=server.target,
-        mode=mode,
-        rpc=rpc,
-        sizes=results,
-        settings=_settings(run, method=transport.method(mode, method)),
-    )
+    settings = _settings(run, method=transport.method(mode, method))
+    return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
 
 
 # --- bandwidth -----------------------------------------------------------------------------
@@ -399,13 +413,4 @@ def p2p_bandwidth(
     extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
     if rpc == "stream":
         extra["chunk_bytes"] = str(chunk_bytes)
-    return BenchmarkResult(
-        benchmark="p2p_bandwidth",
-        label=label or "p2p_bandwidth",
-        fabric=server.fabric.name,
-        target=server.target,
-        mode=mode,
-        rpc=rpc,
-        sizes=results,
-        settings=_settings(run, **extra),
-    )
+    return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, _settings(run, **extra))

@@ -19,7 +19,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import numpy as np
 
@@ -31,7 +30,14 @@ from pytest_tfgrpc.bench.native_p2p import (
     run_native,
     size_result,
 )
-from pytest_tfgrpc.bench.p2p import BANDWIDTH_RUN, Message, Progress, _check_messages, _settings
+from pytest_tfgrpc.bench.p2p import (
+    BANDWIDTH_RUN,
+    Message,
+    Progress,
+    _check_messages,
+    _settings,
+    p2p_result,
+)
 from pytest_tfgrpc.bench.timing import RunSpec, Samples
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
 from pytest_tfgrpc.results import BenchmarkResult, CpuUsage, SizeResult
@@ -202,22 +208,20 @@ def p2p_bandwidth_streams(
     extra = bandwidth_extra(direction, mode, rpc, chunk_bytes) | {"streams": str(streams)}
     settings = native_settings(run, **extra) if engine == "native" else _settings(run, **extra)
 
-    def result(name: str, results: list[SizeResult], more: dict[str, str]) -> BenchmarkResult:
-        return BenchmarkResult(
-            benchmark="p2p_bandwidth",
-            label=name,
-            fabric=server.fabric.name,
-            target=server.target,
-            mode=mode,
-            rpc=rpc,
-            sizes=tuple(results),
-            settings=MappingProxyType({**settings, **more}),
-        )
-
     return StreamsResult(
-        result(label, aggregate, {"aggregate": "yes"}),
+        p2p_result(
+            "p2p_bandwidth", server, label, mode, rpc, aggregate, {**settings, "aggregate": "yes"}
+        ),
         tuple(
-            result(f"{label}_stream{i}", results, {"stream": str(i)})
+            p2p_result(
+                "p2p_bandwidth",
+                server,
+                f"{label}_stream{i}",
+                mode,
+                rpc,
+                results,
+                {**settings, "stream": str(i)},
+            )
             for i, results in enumerate(per_stream)
         ),
     )
