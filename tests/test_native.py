@@ -96,7 +96,7 @@ def test_client_settings_become_flags() -> None:
     assert settings.timeout_s > 1.5 + 0.5 + 12.0
 
 
-@pytest.mark.parametrize("engine", ["c++", "", "Native", None])
+@pytest.mark.parametrize("engine", ["c++", "", "Native", "GRPCIO"])
 def test_an_unknown_engine_is_refused_by_name(engine: object) -> None:
     with pytest.raises(ValueError, match="expected one of grpcio, native"):
         check_engine(engine)

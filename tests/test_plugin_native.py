@@ -104,3 +104,39 @@ def test_client(tfgrpc, tensor_server):
     result = pytester.runpytest()
     result.assert_outcomes(errors=1, failed=1)
     result.stdout.fnmatch_lines(["*not built*tfgrpc-build-native*"])
+
+
+@pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
+def test_the_engine_option_sets_both_sides_where_a_test_does_not(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, CACHE)
+    pytester.makepyfile(
+        """
+import grpc
+from pytest_tfgrpc.wire import channels
+from pytest_tfgrpc.wire._proto import service_pb2
+
+def _server_grpc(target):
+    with grpc.insecure_channel(target) as channel:
+        reply = channel.unary_unary(channels.method("raw", "Status"))(b"", timeout=10)
+    return service_pb2.ServerStatus.FromString(reply).grpc_version
+
+def test_default(tfgrpc, tensor_server):
+    assert "(C++)" in _server_grpc(tensor_server.target)
+    assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == "native"
+
+def test_overridden(tfgrpc, tensor_server):
+    result = tfgrpc.p2p_latency(tensor_server, ["1KiB"], engine="grpcio")
+    assert result.settings["engine"] == "grpcio"
+"""
+    )
+    result = pytester.runpytest("--tfgrpc-engine=native", "--tfgrpc-iterations=5")
+    result.assert_outcomes(passed=2)
+
+
+def test_an_unknown_engine_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("--tfgrpc-engine=rust")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--tfgrpc-engine*invalid choice*rust*"])

@@ -70,6 +70,7 @@ class Driver:
         record: Recorder,
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
+        engine: str = "grpcio",
     ) -> None:
         self._test = test
         self._messages = messages
@@ -78,6 +79,7 @@ class Driver:
         self._record = record
         self._progress = progress
         self._server_env = server_env
+        self._default_engine = engine
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -135,7 +137,7 @@ class Driver:
         rpc: str = "unary",
         label: str | None = None,
         floor: bool = False,
-        engine: str = "grpcio",
+        engine: str | None = None,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
@@ -144,6 +146,7 @@ class Driver:
         fabric, labelled ``<label>_floor``. ``engine="native"`` measures from the C++ client.
         """
         __tracebackhide__ = True
+        engine = self._default_engine if engine is None else engine
         measure = self._engine(engine, "p2p_latency").p2p_latency
         run = self._run(bench.LATENCY_RUN, "p2p_latency", run_args)
         self._check_label(label or "p2p_latency")
@@ -178,7 +181,7 @@ class Driver:
         chunk_bytes: int | str | None = None,
         label: str | None = None,
         floor: bool = False,
-        engine: str = "grpcio",
+        engine: str | None = None,
         streams: int = 1,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
@@ -190,6 +193,7 @@ class Driver:
         their aggregate; each stream is also recorded, as ``<label>_stream<i>``.
         """
         __tracebackhide__ = True
+        engine = self._default_engine if engine is None else engine
         measure = self._engine(engine, "p2p_bandwidth").p2p_bandwidth
         try:
             check_streams(streams)

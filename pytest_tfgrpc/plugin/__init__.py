@@ -25,7 +25,8 @@ from pytest_tfgrpc.bench.specs import (
 )
 from pytest_tfgrpc.model.placement import Topology, topology_spec
 from pytest_tfgrpc.plugin.engine import MARKER as ENGINE_MARKER
-from pytest_tfgrpc.plugin.engine import start_server
+from pytest_tfgrpc.plugin.engine import add_option as add_engine_option
+from pytest_tfgrpc.plugin.engine import default_engine, start_server
 from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
@@ -167,6 +168,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=FABRIC_HELP,
     )
     parser.addini("tfgrpc_fabric", FABRIC_HELP, type="args", default=[])
+    add_engine_option(group)
     group.addoption(
         "--tfgrpc-allocator",
         dest="tfgrpc_allocator",
@@ -590,6 +592,7 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,
+        engine=default_engine(request.config),
     )
 
 

@@ -12,9 +12,14 @@ from collections.abc import Mapping
 import pytest
 
 from pytest_tfgrpc.native import NativeNotBuilt
-from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
+from pytest_tfgrpc.servers.native_server import ENGINES, check_engine, start_tensor_server
 from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import Fabric
+
+OPTION_HELP = (
+    "the engine of tensor_server fixtures and of the p2p benchmarks' clients where a test does "
+    "not say: grpcio (Python, the default) or native (C++; build it with tfgrpc-build-native)"
+)
 
 MARKER = (
     "tfgrpc_engine(server='grpcio'): the engine of the tensor_server fixture's server: "
@@ -22,11 +27,23 @@ MARKER = (
 )
 
 
+def add_option(group: pytest.OptionGroup) -> None:
+    """``--tfgrpc-engine``: the run's default engine."""
+    group.addoption(
+        "--tfgrpc-engine", dest="tfgrpc_engine", choices=ENGINES, default="grpcio", help=OPTION_HELP
+    )
+
+
+def default_engine(config: pytest.Config) -> str:
+    """The run's default engine (``--tfgrpc-engine``)."""
+    return str(config.getoption("tfgrpc_engine", "grpcio"))
+
+
 def server_engine(node: pytest.Item) -> str:
-    """The server engine the test's ``tfgrpc_engine`` marker asks for (default grpcio)."""
+    """The server engine the test's ``tfgrpc_engine`` marker asks for, else the run's."""
     marker = node.get_closest_marker("tfgrpc_engine")
     if marker is None:
-        return "grpcio"
+        return default_engine(node.config)
     unknown = set(marker.kwargs) - {"server"}
     if marker.args or unknown:
         pytest.fail(
@@ -35,7 +52,8 @@ def server_engine(node: pytest.Item) -> str:
             pytrace=False,
         )
     try:
-        return check_engine(marker.kwargs.get("server", "grpcio"), "tfgrpc_engine(server")
+        server = marker.kwargs.get("server", default_engine(node.config))
+        return check_engine(server, "tfgrpc_engine(server")
     except ValueError as exc:
         pytest.fail(f"{node.nodeid}: {exc}", pytrace=False)
 
@@ -47,4 +65,4 @@ def start_server(node: pytest.Item, fabric: Fabric, env: Mapping[str, str] | Non
     try:
         return start_tensor_server(fabric, engine=engine, env=env)
     except NativeNotBuilt as exc:
-        pytest.fail(f"{node.nodeid}: tfgrpc_engine(server='native'): {exc}", pytrace=False)
+        pytest.fail(f"{node.nodeid}: a native tensor server: {exc}", pytrace=False)
