@@ -272,3 +272,23 @@ def test_the_native_client_refuses_bad_flags(flags: list[str], message: str) -> 
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2
     assert message in done.stderr
+
+
+@needs_native
+def test_building_again_finds_the_build_and_compiles_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pytest_tfgrpc.native.build import main
+
+    before = native.binaries().client.stat().st_mtime_ns
+    assert main([]) == 0
+    assert str(native.build_dir()) in capsys.readouterr().out
+    assert native.binaries().client.stat().st_mtime_ns == before
+
+
+def test_a_bad_jobs_count_is_a_usage_error() -> None:
+    from pytest_tfgrpc.native.build import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--jobs", "0"])
+    assert exited.value.code == 2
