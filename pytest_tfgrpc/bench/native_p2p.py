@@ -18,7 +18,6 @@ from types import MappingProxyType
 
 from pytest_tfgrpc.bench.p2p import (
     BANDWIDTH_RUN,
-    DIRECTIONS,
     LATENCY_RUN,
     RPCS,
     Message,
@@ -26,6 +25,8 @@ from pytest_tfgrpc.bench.p2p import (
     _check_choice,
     _check_messages,
     _name,
+    bandwidth_extra,
+    check_bandwidth_args,
     p2p_result,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -170,29 +171,6 @@ def p2p_latency(
     method = "Echo" if rpc == "unary" else "EchoStream"
     settings = native_settings(run, method=transport.method(mode, method))
     return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
-
-
-def check_bandwidth_args(
-    mode: str, rpc: str, direction: str, chunk_bytes: int, sizes: Sequence[Message]
-) -> None:
-    """The argument checks of :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`."""
-    _check_choice("mode", mode, transport.MODES)
-    _check_choice("rpc", rpc, RPCS)
-    _check_choice("direction", direction, DIRECTIONS)
-    if chunk_bytes < 64:
-        raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
-    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
-        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
-
-
-def bandwidth_extra(direction: str, mode: str, rpc: str, chunk_bytes: int) -> dict[str, str]:
-    """The settings a bandwidth result records beside the run's (as the Python engine)."""
-    names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
-    names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
-    extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
-    if rpc == "stream":
-        extra["chunk_bytes"] = str(chunk_bytes)
-    return extra
 
 
 def p2p_bandwidth(

@@ -378,6 +378,29 @@ def _pull(
         channel.close()
 
 
+def check_bandwidth_args(
+    mode: str, rpc: str, direction: str, chunk_bytes: int, sizes: Sequence[Message]
+) -> None:
+    """The argument checks of :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`."""
+    _check_choice("mode", mode, transport.MODES)
+    _check_choice("rpc", rpc, RPCS)
+    _check_choice("direction", direction, DIRECTIONS)
+    if chunk_bytes < 64:
+        raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
+    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
+        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+
+
+def bandwidth_extra(direction: str, mode: str, rpc: str, chunk_bytes: int) -> dict[str, str]:
+    """The settings a bandwidth result records beside the run's (as the Python engine)."""
+    names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
+    names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
+    extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
+    if rpc == "stream":
+        extra["chunk_bytes"] = str(chunk_bytes)
+    return extra
+
+
 def p2p_bandwidth(
     server: Server,
     sizes: Sequence[Message],
@@ -391,13 +414,7 @@ def p2p_bandwidth(
     progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s."""
-    _check_choice("mode", mode, transport.MODES)
-    _check_choice("rpc", rpc, RPCS)
-    _check_choice("direction", direction, DIRECTIONS)
-    if chunk_bytes < 64:
-        raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
-    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
-        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
 
     def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
         if direction == "pull":
@@ -408,9 +425,5 @@ def p2p_bandwidth(
 
     what = f"{rpc} {direction}"
     results = _measure_each(server, sizes, mode, what, measure_one, progress)
-    names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
-    names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
-    extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
-    if rpc == "stream":
-        extra["chunk_bytes"] = str(chunk_bytes)
+    extra = bandwidth_extra(direction, mode, rpc, chunk_bytes)
     return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, _settings(run, **extra))

@@ -23,19 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
-from pytest_tfgrpc.bench.native_p2p import (
-    bandwidth_extra,
-    check_bandwidth_args,
-    native_settings,
-    run_native,
-    size_result,
-)
+from pytest_tfgrpc.bench.native_p2p import native_settings, run_native, size_result
 from pytest_tfgrpc.bench.p2p import (
     BANDWIDTH_RUN,
     Message,
     Progress,
     _check_messages,
     _settings,
+    bandwidth_extra,
+    check_bandwidth_args,
     p2p_result,
 )
 from pytest_tfgrpc.bench.timing import RunSpec, Samples
