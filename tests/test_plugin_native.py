@@ -59,17 +59,7 @@ def test_both_engines_run_a_suite_and_say_which(
     assert any("test_to_native_server[native" in k for k in native_ids)
 
 
-@pytest.mark.parametrize(
-    ("marker", "message"),
-    [
-        ("tfgrpc_engine(server='c++')", "expected one of grpcio, native"),
-        ("tfgrpc_engine('native')", "takes only server="),
-        ("tfgrpc_engine(client='native')", "takes only server="),
-    ],
-)
-def test_a_bad_engine_marker_fails_the_test_by_name(
-    pytester: pytest.Pytester, marker: str, message: str
-) -> None:
+def _bad_marker(pytester: pytest.Pytester, marker: str) -> pytest.RunResult:
     pytester.makepyfile(
         f"""
 import pytest
@@ -80,9 +70,60 @@ def test_x(tensor_server):
 """
     )
     result = pytester.runpytest()
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*{message}*"])
     assert "INTERNALERROR" not in result.stdout.str()
+    return result
+
+
+@pytest.mark.parametrize("value", ["'c++'", "'GRPCIO'", "1"])
+def test_a_bad_server_engine_fails_the_test_by_name(pytester: pytest.Pytester, value: str) -> None:
+    result = _bad_marker(pytester, f"tfgrpc_engine(server={value})")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_x*tfgrpc_engine(server=*expected one of grpcio, native*"])
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("tfgrpc_engine('native')", "takes only engines=... and server=..., got 'native'"),
+        ("tfgrpc_engine(client='native')", "takes only engines=... and server=..., got client"),
+        ("tfgrpc_engine(engines='native')", "a non-empty list"),
+        ("tfgrpc_engine(engines=[])", "a non-empty list"),
+        ("tfgrpc_engine(engines=['native', 'native'])", "names an engine twice"),
+        ("tfgrpc_engine(engines=['grpcio', 'rust'])", "expected one of grpcio, native"),
+    ],
+)
+def test_a_bad_engine_marker_is_a_collection_error_by_name(
+    pytester: pytest.Pytester, marker: str, message: str
+) -> None:
+    result = _bad_marker(pytester, marker)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*test_x*{message}*"])
+
+
+@pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
+def test_engines_run_a_test_once_per_engine_with_the_engine_in_its_id(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, CACHE)
+    pytester.makepyfile(
+        """
+import pytest
+
+@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"])
+def test_echo(tfgrpc, tensor_server, tfgrpc_engine):
+    result = tfgrpc.p2p_latency(tensor_server, ["1KiB"], rpc="stream")
+    assert result.settings["engine"] == tfgrpc_engine
+
+@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"], server="native")
+def test_pinned_server(tfgrpc, tensor_server, tfgrpc_engine):
+    assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == tfgrpc_engine
+"""
+    )
+    result = pytester.runpytest("-v", "--tfgrpc-iterations=5")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        ["*test_echo?grpcio-lo? PASSED*", "*test_echo?native-lo? PASSED*"], consecutive=False
+    )
 
 
 def test_an_unbuilt_native_engine_fails_with_the_build_command(

@@ -26,7 +26,8 @@ from pytest_tfgrpc.bench.specs import (
 from pytest_tfgrpc.model.placement import Topology, topology_spec
 from pytest_tfgrpc.plugin.engine import MARKER as ENGINE_MARKER
 from pytest_tfgrpc.plugin.engine import add_option as add_engine_option
-from pytest_tfgrpc.plugin.engine import default_engine, start_server
+from pytest_tfgrpc.plugin.engine import parametrize_engines, start_server
+from pytest_tfgrpc.plugin.engine import tfgrpc_engine_fixture as tfgrpc_engine_fixture
 from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
@@ -344,6 +345,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(trylast=True)  # after the test's own parametrization: ids end in [...-NAME]
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize_engines(metafunc)
     if "fabric" not in metafunc.fixturenames:
         return
     fabrics = metafunc.config.stash[_session_key].fabrics
@@ -533,7 +535,7 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 
 @pytest.fixture
 def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric
+    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: str
 ) -> Iterator[ServerProcess | RemoteServer]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
@@ -550,7 +552,7 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = start_server(request.node, fabric, session.server_env)
+    server = start_server(request.node, fabric, session.server_env, tfgrpc_engine)
     started.append(server)
     request.node.stash.setdefault(_watched_key, []).append(server)
     try:
@@ -574,7 +576,7 @@ def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSClu
 
 
 @pytest.fixture
-def tfgrpc(request: pytest.FixtureRequest) -> Driver:
+def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str) -> Driver:
     """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
     ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
     item = request.node
@@ -592,7 +594,7 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,
-        engine=default_engine(request.config),
+        engine=tfgrpc_engine,
     )
 
 

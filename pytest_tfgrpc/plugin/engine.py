@@ -1,13 +1,17 @@
-"""The ``tfgrpc_engine`` marker: which engine's tensor server the ``tensor_server`` fixture runs.
+"""Which measuring engine a test uses: the ``tfgrpc_engine`` marker, fixture and option.
 
-``@pytest.mark.tfgrpc_engine(server="native")`` starts the C++ server (``tfgrpc-build-native``
-builds it) instead of the Python one; the measuring client's engine is the driver call's
-``engine=`` argument, so any mix can be measured.
+* ``--tfgrpc-engine=native``: the run's default engine, for the ``tensor_server`` fixture's
+  server and the P2P benchmarks' clients (default ``grpcio``).
+* ``@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"])``: the test runs once per engine,
+  the engine a part of its id (``test_x[lo-native]``), both sides on that engine.
+* ``@pytest.mark.tfgrpc_engine(server="native")``: pins the fixture's server, whatever the
+  client; a driver call's ``engine=`` pins its client. Any mix can be measured.
+* The ``tfgrpc_engine`` fixture: the engine of this test (run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -22,8 +26,10 @@ OPTION_HELP = (
 )
 
 MARKER = (
-    "tfgrpc_engine(server='grpcio'): the engine of the tensor_server fixture's server: "
-    "'grpcio' (Python) or 'native' (C++, built by tfgrpc-build-native)."
+    "tfgrpc_engine(engines=None, server=None): engines=['grpcio', 'native'] runs the test once "
+    "per engine (tensor_server and the P2P clients on it, the engine in the test id); "
+    "server='native' pins the tensor_server fixture's server. Native: built by "
+    "tfgrpc-build-native."
 )
 
 
@@ -39,30 +45,72 @@ def default_engine(config: pytest.Config) -> str:
     return str(config.getoption("tfgrpc_engine", "grpcio"))
 
 
-def server_engine(node: pytest.Item) -> str:
-    """The server engine the test's ``tfgrpc_engine`` marker asks for, else the run's."""
-    marker = node.get_closest_marker("tfgrpc_engine")
-    if marker is None:
-        return default_engine(node.config)
-    unknown = set(marker.kwargs) - {"server"}
+def _marker_kwargs(marker: pytest.Mark, where: str) -> Mapping[str, object]:
+    unknown = set(marker.kwargs) - {"server", "engines"}
     if marker.args or unknown:
-        pytest.fail(
-            f"{node.nodeid}: tfgrpc_engine takes only server=..., got "
-            f"{', '.join([*map(repr, marker.args), *sorted(unknown)])}",
-            pytrace=False,
+        given = ", ".join([*map(repr, marker.args), *sorted(unknown)])
+        raise ValueError(
+            f"{where}: tfgrpc_engine takes only engines=... and server=..., got {given}"
+        )
+    return marker.kwargs
+
+
+def _engines(value: object, where: str) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise ValueError(
+            f"{where}: tfgrpc_engine(engines={value!r}): a non-empty list such as {list(ENGINES)!r}"
         )
     try:
-        server = marker.kwargs.get("server", default_engine(node.config))
-        return check_engine(server, "tfgrpc_engine(server")
+        engines = [check_engine(engine, "tfgrpc_engine(engines=[...]) entry") for engine in value]
     except ValueError as exc:
-        pytest.fail(f"{node.nodeid}: {exc}", pytrace=False)
+        raise ValueError(f"{where}: {exc}") from None
+    if len(set(engines)) != len(engines):
+        raise ValueError(f"{where}: tfgrpc_engine(engines={value!r}) names an engine twice")
+    return engines
 
 
-def start_server(node: pytest.Item, fabric: Fabric, env: Mapping[str, str] | None) -> ServerProcess:
-    """The ``tensor_server`` fixture's server, of the marker's engine; a native engine that is
-    not built fails the test with the command that builds it."""
-    engine = server_engine(node)
+def parametrize_engines(metafunc: pytest.Metafunc) -> None:
+    """Run a test marked ``tfgrpc_engine(engines=[...])`` once per engine.
+
+    A bad marker is a collection error naming the test and the value.
+    """
+    marker = metafunc.definition.get_closest_marker("tfgrpc_engine")
+    if marker is None:
+        return
+    where = metafunc.definition.nodeid
+    kwargs = _marker_kwargs(marker, where)
+    if "engines" not in kwargs:
+        return
+    engines = _engines(kwargs["engines"], where)
+    if "tfgrpc_engine" in metafunc.fixturenames:
+        metafunc.parametrize("tfgrpc_engine", engines, ids=engines, indirect=True)
+
+
+@pytest.fixture(name="tfgrpc_engine")
+def tfgrpc_engine_fixture(request: pytest.FixtureRequest) -> str:
+    """The engine of this test: its ``tfgrpc_engine(engines=...)`` run's, or the run's default."""
+    param = getattr(request, "param", None)
+    return str(param) if param is not None else default_engine(request.config)
+
+
+def server_engine(node: pytest.Item, engine: str) -> str:
+    """The fixture server's engine: the marker's ``server=``, else the test's ``engine``."""
+    marker = node.get_closest_marker("tfgrpc_engine")
+    if marker is None:
+        return engine
     try:
-        return start_tensor_server(fabric, engine=engine, env=env)
+        server = _marker_kwargs(marker, node.nodeid).get("server")
+        return engine if server is None else check_engine(server, "tfgrpc_engine(server")
+    except ValueError as exc:
+        pytest.fail(f"{node.nodeid}: {exc}" if node.nodeid not in str(exc) else str(exc), False)
+
+
+def start_server(
+    node: pytest.Item, fabric: Fabric, env: Mapping[str, str] | None, engine: str
+) -> ServerProcess:
+    """The ``tensor_server`` fixture's server, of the test's engine; a native engine that is
+    not built fails the test with the command that builds it."""
+    try:
+        return start_tensor_server(fabric, engine=server_engine(node, engine), env=env)
     except NativeNotBuilt as exc:
         pytest.fail(f"{node.nodeid}: a native tensor server: {exc}", pytrace=False)
