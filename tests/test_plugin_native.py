@@ -181,3 +181,52 @@ def test_an_unknown_engine_option_is_a_usage_error(pytester: pytest.Pytester) ->
     result = pytester.runpytest("--tfgrpc-engine=rust")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--tfgrpc-engine*invalid choice*rust*"])
+
+
+STREAMS_SUITE = """
+import pytest
+
+def test_default(tfgrpc, tensor_server):
+    result = tfgrpc.p2p_bandwidth(tensor_server, ["256KiB"], label="bw")
+    assert result.settings.get("streams") == {streams!r}
+
+@pytest.mark.tfgrpc_streams(2)
+def test_marked(tfgrpc, tensor_server):
+    assert tfgrpc.p2p_bandwidth(tensor_server, ["256KiB"]).settings["streams"] == "2"
+
+@pytest.mark.tfgrpc_streams(3)
+def test_call_wins(tfgrpc, tensor_server):
+    assert "streams" not in tfgrpc.p2p_bandwidth(tensor_server, ["256KiB"], streams=1).settings
+
+@pytest.mark.message_profile(scheme="uniform", classes="small")
+def test_payloads_stay_on_one_stream(tfgrpc, tensor_server):
+    assert "streams" not in tfgrpc.p2p_bandwidth(tensor_server).settings
+"""
+
+
+@pytest.mark.parametrize(("option", "streams"), [(None, None), ("2", "2")])
+def test_the_streams_marker_and_option(
+    pytester: pytest.Pytester, option: str | None, streams: str | None
+) -> None:
+    pytester.makepyfile(STREAMS_SUITE.format(streams=streams))
+    args = ["--tfgrpc-iterations=4", "--tfgrpc-warmup=1"]
+    result = pytester.runpytest(*args, *([f"--tfgrpc-streams={option}"] if option else []))
+    result.assert_outcomes(passed=4)
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two"])
+def test_a_bad_streams_option_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest(f"--tfgrpc-streams={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--tfgrpc-streams*"])
+
+
+@pytest.mark.parametrize("marker", ["tfgrpc_streams(0)", "tfgrpc_streams()", "tfgrpc_streams(n=2)"])
+def test_a_bad_streams_marker_fails_the_test_by_name(
+    pytester: pytest.Pytester, marker: str
+) -> None:
+    pytester.makepyfile(f"import pytest\n\n@pytest.mark.{marker}\ndef test_x(tfgrpc):\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_x*tfgrpc_streams*"])

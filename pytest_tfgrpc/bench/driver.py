@@ -71,6 +71,7 @@ class Driver:
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
         engine: str = "grpcio",
+        streams: int = 1,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -80,6 +81,7 @@ class Driver:
         self._progress = progress
         self._server_env = server_env
         self._default_engine = engine
+        self._default_streams = streams
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -182,7 +184,7 @@ class Driver:
         label: str | None = None,
         floor: bool = False,
         engine: str | None = None,
-        streams: int = 1,
+        streams: int | None = None,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
@@ -194,6 +196,8 @@ class Driver:
         """
         __tracebackhide__ = True
         engine = self._default_engine if engine is None else engine
+        defaulted = streams is None
+        streams = self._default_streams if streams is None else streams
         measure = self._engine(engine, "p2p_bandwidth").p2p_bandwidth
         try:
             check_streams(streams)
@@ -220,6 +224,8 @@ class Driver:
             "progress": self._progress_of(label or "p2p_bandwidth", server),
         }
         messages = self._sizes(sizes, "p2p_bandwidth")
+        if defaulted and any(isinstance(message, Payload) for message in messages):
+            streams = 1  # a run-wide stream count leaves payload schemes on one stream
         if streams > 1:
             for i in range(streams):
                 self._check_label(f"{label or 'p2p_bandwidth'}_stream{i}")

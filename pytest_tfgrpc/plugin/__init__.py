@@ -25,9 +25,10 @@ from pytest_tfgrpc.bench.specs import (
 )
 from pytest_tfgrpc.model.placement import Topology, topology_spec
 from pytest_tfgrpc.plugin.engine import MARKER as ENGINE_MARKER
+from pytest_tfgrpc.plugin.engine import STREAMS_MARKER, parametrize_engines, start_server
 from pytest_tfgrpc.plugin.engine import add_option as add_engine_option
-from pytest_tfgrpc.plugin.engine import parametrize_engines, start_server
 from pytest_tfgrpc.plugin.engine import tfgrpc_engine_fixture as tfgrpc_engine_fixture
+from pytest_tfgrpc.plugin.engine import tfgrpc_streams_fixture as tfgrpc_streams_fixture
 from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
@@ -115,6 +116,7 @@ MARKERS = (
     "the ps_cluster fixture: PS processes, worker processes, and how tensors are placed on "
     "PS tasks (round_robin, greedy, partitioned).",
     ENGINE_MARKER,
+    STREAMS_MARKER,
 )
 
 
@@ -576,7 +578,7 @@ def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSClu
 
 
 @pytest.fixture
-def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str) -> Driver:
+def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str, tfgrpc_streams: int) -> Driver:
     """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
     ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
     item = request.node
@@ -595,6 +597,7 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str) -> Driver:
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,
         engine=tfgrpc_engine,
+        streams=tfgrpc_streams,
     )
 
 

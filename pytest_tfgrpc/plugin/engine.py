@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 
 import pytest
 
+from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.native import NativeNotBuilt
 from pytest_tfgrpc.servers.native_server import ENGINES, check_engine, start_tensor_server
 from pytest_tfgrpc.servers.processes import ServerProcess
@@ -33,11 +35,54 @@ MARKER = (
 )
 
 
+STREAMS_HELP = (
+    "concurrent connections of every p2p_bandwidth call that does not say (streams=N; "
+    "default 1): the aggregate is recorded under the call's label, each stream as "
+    "<label>_stream<i>"
+)
+
+STREAMS_MARKER = (
+    "tfgrpc_streams(n): concurrent connections of the test's p2p_bandwidth calls that do not "
+    "pass streams= (over --tfgrpc-streams)."
+)
+
+
+def _streams_option(text: str) -> int:
+    try:
+        return check_streams(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("streams=", "", 1)) from None
+
+
 def add_option(group: pytest.OptionGroup) -> None:
-    """``--tfgrpc-engine``: the run's default engine."""
+    """``--tfgrpc-engine`` and ``--tfgrpc-streams``: the run's defaults."""
     group.addoption(
         "--tfgrpc-engine", dest="tfgrpc_engine", choices=ENGINES, default="grpcio", help=OPTION_HELP
     )
+    group.addoption(
+        "--tfgrpc-streams",
+        dest="tfgrpc_streams",
+        type=_streams_option,
+        default=1,
+        metavar="N",
+        help=STREAMS_HELP,
+    )
+
+
+@pytest.fixture(name="tfgrpc_streams")
+def tfgrpc_streams_fixture(request: pytest.FixtureRequest) -> int:
+    """The test's default stream count: its ``tfgrpc_streams(n)`` marker, else the option's."""
+    marker = request.node.get_closest_marker("tfgrpc_streams")
+    if marker is None:
+        return int(request.config.getoption("tfgrpc_streams", 1))
+    if len(marker.args) != 1 or marker.kwargs:
+        pytest.fail(
+            f"{request.node.nodeid}: tfgrpc_streams takes one count, e.g. tfgrpc_streams(2)", False
+        )
+    try:
+        return check_streams(marker.args[0])
+    except ValueError as exc:
+        pytest.fail(f"{request.node.nodeid}: tfgrpc_streams: {exc}", pytrace=False)
 
 
 def default_engine(config: pytest.Config) -> str:
