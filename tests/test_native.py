@@ -292,3 +292,23 @@ def test_a_bad_jobs_count_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--jobs", "0"])
     assert exited.value.code == 2
+
+
+@needs_native
+def test_the_native_client_stops_when_its_parent_goes_away(lo: Fabric) -> None:
+    with start_tensor_server(lo, engine="native") as handle:
+        settings = ClientSettings(
+            handle.target, "latency", "raw", "stream", 1024, "float32", 10**9, 1, 60.0, 1.0, 90.0
+        )
+        argv = [str(native.binaries().client), *settings.argv(), "--exit-on-stdin-eof"]
+        client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                client.wait(timeout=1.0)  # measuring, for up to a minute
+            assert client.stdin is not None
+            client.stdin.close()  # what the parent's death does to the pipe
+            assert client.wait(timeout=10) == 4
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()

@@ -11,6 +11,7 @@ i64 count, i64 elapsed_ns, i64 start_ns (after the earliest stream's start), cou
 
 from __future__ import annotations
 
+import os
 import struct
 import subprocess
 from collections.abc import Sequence
@@ -162,13 +163,21 @@ def run_client(settings: ClientSettings, *, extra_argv: Sequence[str] = ()) -> N
     :class:`NativeClientError` with the client's own message if it fails or runs past
     :attr:`ClientSettings.timeout_s` (it is killed then).
     """
-    argv = [str(binaries().client), *settings.argv(), *extra_argv]
+    argv = [str(binaries().client), *settings.argv(), "--exit-on-stdin-eof", *extra_argv]
+    # Its stdin is a pipe this process holds open until the client ends: if this process dies,
+    # the pipe closes and the client exits at once instead of finishing its run.
+    lifeline, keep = os.pipe()
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=settings.timeout_s, check=False)
+        done = subprocess.run(
+            argv, stdin=lifeline, capture_output=True, timeout=settings.timeout_s, check=False
+        )
     except subprocess.TimeoutExpired:
         raise NativeClientError(
             f"the native client did not finish within {settings.timeout_s:g} s and was killed"
         ) from None
+    finally:
+        os.close(lifeline)
+        os.close(keep)
     if done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip() or "no message"
         raise NativeClientError(message)

@@ -8,7 +8,7 @@
 //
 // Every sample goes to stdout as int64 nanoseconds in the binary form read by
 // pytest_tfgrpc/native/client.py (format below). Errors go to stderr; exit status 2 is a
-// usage error, 3 a failed or wrong RPC.
+// usage error, 3 a failed or wrong RPC, 4 its parent went away (--exit-on-stdin-eof).
 //
 // Output (little-endian): "TFGN", u32 version (1), u32 streams; i64 size_bytes, wire_bytes,
 // wall_ns (first measured start to last measured end), client_user_ns, client_system_ns,
@@ -19,6 +19,7 @@
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/sync_stream.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <barrier>
 #include <cstdio>
@@ -528,6 +529,16 @@ int main(int argc, char** argv) {
   Settings s;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--exit-on-stdin-eof") {
+      // The parent holds our stdin open while it waits: its death (even SIGKILL) ends us.
+      std::thread([] {
+        char buffer[256];
+        while (read(0, buffer, sizeof buffer) > 0) {
+        }
+        std::_Exit(4);
+      }).detach();
+      continue;
+    }
     if (i + 1 >= argc) return usage_error(arg + " needs a value");
     std::string v = argv[++i];
     char* end = nullptr;
