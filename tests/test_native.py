@@ -312,3 +312,30 @@ def test_the_native_client_stops_when_its_parent_goes_away(lo: Fabric) -> None:
             if client.poll() is None:
                 client.kill()
                 client.wait()
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_native_server_on_several_threads_serves_concurrent_streams(
+    lo: Fabric, threads: int
+) -> None:
+    from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
+    from pytest_tfgrpc.servers.native_server import start_native_server
+
+    with start_native_server(lo, threads=threads) as handle:
+        both = p2p_bandwidth_streams(handle, [1 << 20], streams=3, engine="native", run=RUN)
+        latency = native_p2p.p2p_latency(handle, [1024], rpc="stream", run=RUN)
+    assert both.aggregate.sizes[0].count == 3 * RUN.iterations
+    assert latency.sizes[0].count == RUN.iterations
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"), [("threads", 0), ("threads", 65), ("delay_s", -1.0)]
+)
+def test_bad_native_server_settings_are_refused_by_name(
+    lo: Fabric, argument: str, value: object
+) -> None:
+    from pytest_tfgrpc.servers.native_server import start_native_server
+
+    with pytest.raises(ValueError, match=f"{argument}="):
+        start_native_server(lo, **{argument: value})  # type: ignore[arg-type]

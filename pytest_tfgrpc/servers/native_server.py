@@ -30,6 +30,7 @@ def start_native_server(
     fabric: Fabric,
     *,
     delay_s: float = 0.0,
+    threads: int = 1,
     env: Mapping[str, str] | None = None,
     ready_timeout: float = 30.0,
     name: str | None = None,
@@ -37,11 +38,15 @@ def start_native_server(
     """Start the native tensor server on ``fabric`` and return once it serves.
 
     ``delay_s`` holds every tensor-service reply back that long (fault injection, as
-    ``tfgrpc-server --delay``). Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the
-    engine is not built.
+    ``tfgrpc-server --delay``; it holds the serving thread). ``threads`` completion-queue
+    threads serve the calls (1: every message handled on the thread that read it, the lowest
+    latency; more: concurrent streams on more cores). Raises
+    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built.
     """
     if delay_s < 0:
         raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise ValueError(f"threads={threads!r}: a whole number of threads from 1 to 64")
     argv = [
         str(binaries().server),
         "--host",
@@ -52,6 +57,8 @@ def start_native_server(
         fabric.name,
         "--delay-ns",
         str(int(delay_s * 1e9)),
+        "--threads",
+        str(threads),
         "--exit-on-stdin-eof",
     ]
     return ServerProcess.launch(
