@@ -40,6 +40,7 @@ __all__ = [
     "Metric",
     "Unit",
     "is_floor",
+    "stream_label",
 ]
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
@@ -49,6 +50,12 @@ FLOOR_SUFFIX = "_floor"
 def is_floor(label: str) -> bool:
     """Whether a result label names a raw-TCP transport floor rather than a gRPC measurement."""
     return label.endswith(FLOOR_SUFFIX) and len(label) > len(FLOOR_SUFFIX)
+
+
+def stream_label(label: str, stream: int) -> str:
+    """The label of stream ``stream`` (from 0) of a ``streams=N`` result labelled ``label``
+    (``p2p_bandwidth_stream0``); the aggregate keeps ``label``."""
+    return f"{label}_stream{stream}"
 
 
 def _number(text: str, what: str, example: str) -> float:
