@@ -12,8 +12,12 @@ import pytest
 # in-process runs unload the modules first imported inside them, and numpy cannot be
 # loaded twice in one process: load it all here, once.
 import pytest_tfgrpc.plugin.session  # noqa: F401
+from pytest_tfgrpc import native
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/netns.py as a plain module
+
+# pytester moves HOME: every run, in-process or not, finds the native engine where it was built.
+os.environ.setdefault(native.CACHE_ENV, str(native.cache_root()))
 
 pytest_plugins = ["pytester"]
 

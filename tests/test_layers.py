@@ -19,6 +19,7 @@ LAYERS = (
     "bench",
     "report",
     "servers",
+    "native",
     "model",
     "wire",
     "results",

@@ -77,8 +77,20 @@ def test_a_bad_tf_config_does_not_matter_to_a_project_that_does_not_use_it(
         "import pytest\n\n@pytest.mark.budget(p99='2ms')\ndef test_uses():\n    pass\n",
         "import pytest\n\npytestmark = pytest.mark.tfgrpc_run(iterations=5)\n\n"
         "def test_uses():\n    pass\n",
+        "import pytest\n\n@pytest.mark.tfgrpc_engine(server='grpcio')\ndef test_uses():\n"
+        "    pass\n",
+        "import pytest\n\n@pytest.mark.tfgrpc_streams(2)\ndef test_uses():\n    pass\n",
+        "def test_uses(tfgrpc_engine):\n    assert tfgrpc_engine == 'grpcio'\n",
     ],
-    ids=["fixture", "indirect-fixture", "marker", "module-marker"],
+    ids=[
+        "fixture",
+        "indirect-fixture",
+        "marker",
+        "module-marker",
+        "engine",
+        "streams",
+        "engine-fixture",
+    ],
 )
 def test_a_test_that_uses_the_plugin_wakes_it(pytester: pytest.Pytester, test: str) -> None:
     pytester.makepyfile(test_plain=PLAIN, test_uses=test)
@@ -90,7 +102,15 @@ def test_a_test_that_uses_the_plugin_wakes_it(pytester: pytest.Pytester, test: s
     assert sum(line.startswith("tfgrpc: fabrics") for line in result.outlines) == 1
 
 
-@pytest.mark.parametrize("option", ["--fabric=lo", "--tfgrpc-agent-token-file=token"])
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--fabric=lo",
+        "--tfgrpc-agent-token-file=token",
+        "--tfgrpc-engine=grpcio",
+        "--tfgrpc-streams=2",
+    ],
+)
 def test_an_option_wakes_the_plugin_before_collection(
     pytester: pytest.Pytester, option: str
 ) -> None:

@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pytest_tfgrpc import bench
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
+from pytest_tfgrpc.bench.streams import check_streams, p2p_bandwidth_streams
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
+from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
+from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.native_server import check_engine
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
@@ -68,6 +73,8 @@ class Driver:
         record: Recorder,
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
+        engine: str = "grpcio",
+        streams: int = 1,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -76,6 +83,8 @@ class Driver:
         self._record = record
         self._progress = progress
         self._server_env = server_env
+        self._default_engine = engine
+        self._default_streams = streams
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -112,6 +121,20 @@ class Driver:
 
         return progress
 
+    def _engine(self, engine: str, call: str) -> ModuleType:
+        """The module that measures with ``engine``; a native engine that is not built is a
+        usage error saying how to build it."""
+        try:
+            check_engine(engine)
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: {call}() argument {exc}") from None
+        if engine == "grpcio":
+            return p2p
+        reason = unavailable_reason()
+        if reason is not None:
+            raise SpecError(f"{self._test}: {call}(engine='native'): {reason}")
+        return native_p2p
+
     def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
         unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
         if unknown:
@@ -127,16 +150,18 @@ class Driver:
         rpc: str = "unary",
         label: str | None = None,
         floor: bool = False,
+        engine: str | None = None,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
         ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
-        fabric, labelled ``<label>_floor``.
+        fabric, labelled ``<label>_floor``. ``engine="native"`` measures from the C++ client.
         """
         __tracebackhide__ = True
+        engine = self._default_engine if engine is None else engine
         return self._p2p(
-            bench.p2p_latency,
+            self._engine(engine, "p2p_latency").p2p_latency,
             bench.LATENCY_RUN,
             server,
             sizes,
@@ -156,26 +181,49 @@ class Driver:
         label: str | None,
         floor: bool,
         run_args: RunArgs,
+        *,
+        engine: str = "grpcio",
+        streams: int | None = 1,
         **options: Any,
     ) -> BenchmarkResult:
-        """Run a P2P benchmark under the test's settings, record it, and its floor if asked."""
+        """Run a P2P benchmark under the test's settings, record it, and its floor if asked.
+
+        ``streams`` > 1 measures that many concurrent connections of ``engine`` (bandwidth
+        only): each stream is recorded as ``<label>_stream<i>`` and the aggregate, returned, as
+        ``<label>``. None is the test's default count, which a payload scheme (never split
+        over streams) leaves at one.
+        """
         __tracebackhide__ = True
         call = benchmark.__name__
+        count = self._default_streams if streams is None else streams
+        try:
+            check_streams(count)
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: {call}() argument {exc}") from None
         run = self._run(default, call, run_args)
-        self._check_label(label or call)
+        name = label or call
+        self._check_label(name)
         floor_launcher = self._floor_launcher(server) if floor else None
         if floor:
-            self._check_label((label or call) + FLOOR_SUFFIX)
-        result = self.record(
-            benchmark(
-                server,
-                self._sizes(sizes, call),
-                run=run,
-                label=label,
-                progress=self._progress_of(label or call, server),
-                **options,
-            )
-        )
+            self._check_label(name + FLOOR_SUFFIX)
+        messages = self._sizes(sizes, call)
+        if streams is None and any(isinstance(message, Payload) for message in messages):
+            count = 1  # a run-wide stream count leaves payload schemes on one stream
+        measured = {
+            "run": run,
+            "label": label,
+            "progress": self._progress_of(name, server),
+            **options,
+        }
+        if count > 1:
+            for i in range(count):
+                self._check_label(stream_label(name, i))
+            both = p2p_bandwidth_streams(server, messages, streams=count, engine=engine, **measured)
+            for each in both.streams:
+                self.record(each)
+            result = self.record(both.aggregate)
+        else:
+            result = self.record(benchmark(server, messages, **measured))
         if floor_launcher is not None:
             floor_result = transport_floor(
                 server.fabric, result, run, env=self._server_env, launcher=floor_launcher
@@ -208,14 +256,20 @@ class Driver:
         chunk_bytes: int | str | None = None,
         label: str | None = None,
         floor: bool = False,
+        engine: str | None = None,
+        streams: int | None = None,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
-        same sizes on the same fabric, labelled ``<label>_floor``.
+        same sizes on the same fabric, labelled ``<label>_floor``. ``engine="native"``
+        measures from the C++ client. ``streams=N`` runs N concurrent connections and returns
+        their aggregate; each stream is also recorded, as ``<label>_stream<i>``.
         """
         __tracebackhide__ = True
+        engine = self._default_engine if engine is None else engine
+        measure = self._engine(engine, "p2p_bandwidth").p2p_bandwidth
         extra: dict[str, Any] = {}
         if chunk_bytes is not None:
             try:
@@ -225,13 +279,15 @@ class Driver:
                     f"p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
         return self._p2p(
-            bench.p2p_bandwidth,
+            measure,
             bench.BANDWIDTH_RUN,
             server,
             sizes,
             label,
             floor,
             run_args,
+            engine=engine,
+            streams=streams,
             mode=mode,
             rpc=rpc,
             direction=direction,

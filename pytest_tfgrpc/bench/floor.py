@@ -252,5 +252,5 @@ def transport_floor(
         mode="raw",
         rpc="tcp-pingpong" if latency else "tcp-push-ack",
         sizes=tuple(sizes),
-        settings=run_settings(run, floor_of=result.label),
+        settings=run_settings(run, engine=None, floor_of=result.label),
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import grpc
@@ -131,6 +132,29 @@ async def _stream(
         await channel.close()
 
 
+def p2p_result(
+    benchmark: str,
+    server: Server,
+    label: str | None,
+    mode: str,
+    rpc: str,
+    sizes: Sequence[SizeResult],
+    settings: Mapping[str, str],
+) -> BenchmarkResult:
+    """The result of a point-to-point benchmark against ``server`` (either engine's), in the
+    one result family; ``settings`` are :func:`~pytest_tfgrpc.bench.settings.run_settings`'."""
+    return BenchmarkResult(
+        benchmark=benchmark,
+        label=label or benchmark,
+        fabric=server.fabric.name,
+        target=server.target,
+        mode=mode,
+        rpc=rpc,
+        sizes=tuple(sizes),
+        settings=MappingProxyType(dict(settings)),
+    )
+
+
 # --- latency -------------------------------------------------------------------------------
 def _latency_unary(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
@@ -236,16 +260,8 @@ def p2p_latency(
 
     results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress)
     method = "Echo" if rpc == "unary" else "EchoStream"
-    return BenchmarkResult(
-        benchmark="p2p_latency",
-        label=label or "p2p_latency",
-        fabric=server.fabric.name,
-        target=server.target,
-        mode=mode,
-        rpc=rpc,
-        sizes=results,
-        settings=run_settings(run, method=transport.method(mode, method)),
-    )
+    settings = run_settings(run, method=transport.method(mode, method))
+    return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
 
 
 # --- bandwidth -----------------------------------------------------------------------------
@@ -352,6 +368,29 @@ def _pull(
         channel.close()
 
 
+def check_bandwidth_args(
+    mode: str, rpc: str, direction: str, chunk_bytes: int, sizes: Sequence[Message]
+) -> None:
+    """The argument checks of :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`."""
+    _check_choice("mode", mode, transport.MODES)
+    _check_choice("rpc", rpc, RPCS)
+    _check_choice("direction", direction, DIRECTIONS)
+    if chunk_bytes < 64:
+        raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
+    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
+        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+
+
+def bandwidth_extra(direction: str, mode: str, rpc: str, chunk_bytes: int) -> dict[str, str]:
+    """The settings a bandwidth result records beside the run's (as the Python engine)."""
+    names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
+    names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
+    extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
+    if rpc == "stream":
+        extra["chunk_bytes"] = str(chunk_bytes)
+    return extra
+
+
 def p2p_bandwidth(
     server: Server,
     sizes: Sequence[Message],
@@ -365,13 +404,7 @@ def p2p_bandwidth(
     progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s."""
-    _check_choice("mode", mode, transport.MODES)
-    _check_choice("rpc", rpc, RPCS)
-    _check_choice("direction", direction, DIRECTIONS)
-    if chunk_bytes < 64:
-        raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
-    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
-        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
 
     def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
         if direction == "pull":
@@ -382,18 +415,6 @@ def p2p_bandwidth(
 
     what = f"{rpc} {direction}"
     results = _measure_each(server, sizes, mode, what, measure_one, progress)
-    names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
-    names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
-    extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
-    if rpc == "stream":
-        extra["chunk_bytes"] = str(chunk_bytes)
-    return BenchmarkResult(
-        benchmark="p2p_bandwidth",
-        label=label or "p2p_bandwidth",
-        fabric=server.fabric.name,
-        target=server.target,
-        mode=mode,
-        rpc=rpc,
-        sizes=results,
-        settings=run_settings(run, **extra),
-    )
+    extra = bandwidth_extra(direction, mode, rpc, chunk_bytes)
+    settings = run_settings(run, **extra)
+    return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)

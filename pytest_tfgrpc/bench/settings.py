@@ -13,15 +13,20 @@ from pytest_tfgrpc.servers.allocator import allocator_settings
 __all__ = ["run_settings"]
 
 
-def run_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
+def run_settings(
+    run: RunSpec, *, engine: str | None = "grpcio", **extra: str
+) -> MappingProxyType[str, str]:
     """The run's iterations, warm-up and time bounds, the benchmark's own ``extra`` settings,
-    the allocator settings, and the grpcio and Python versions: what shapes the figures beside
+    the allocator settings, the measuring ``engine`` (``grpcio``, or ``native``: the C++
+    client, whose gRPC version its caller adds as ``grpc_cpp``; None for a measurement without
+    gRPC, a raw-TCP floor), and the grpcio and Python versions: what shapes the figures beside
     the code measured."""
     return MappingProxyType(
         {
             **run.describe(),
             **extra,
             **allocator_settings(),
+            **({"engine": engine} if engine is not None else {}),
             "grpcio": grpc.__version__,
             "python": platform.python_version(),
         }

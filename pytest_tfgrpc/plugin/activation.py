@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.plugin.session import RunState
 
 #: Fixtures whose use makes a test a tfgrpc test.
-FIXTURES = frozenset(("fabric", "tensor_server", "ps_cluster", "tfgrpc"))
+FIXTURES = frozenset(
+    ("fabric", "tensor_server", "ps_cluster", "tfgrpc", "tfgrpc_engine", "tfgrpc_streams")
+)
 #: Set on the reports of a tfgrpc test made by a pytest-xdist worker, so that the
 #: controller, which collects nothing, wakes up when the first one reaches it.
 REPORT_FLAG = "tfgrpc_test"
@@ -68,7 +70,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not uses_tfgrpc(metafunc.fixturenames, metafunc.definition):
         return
     state = _activate_in_collection(metafunc.config)
-    if state is None or "fabric" not in metafunc.fixturenames:
+    if state is None:
+        return
+    from pytest_tfgrpc.plugin.engine import parametrize_engines
+
+    parametrize_engines(metafunc)
+    if "fabric" not in metafunc.fixturenames:
         return
     fabrics = state.fabrics
     metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)

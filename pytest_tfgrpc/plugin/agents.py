@@ -217,10 +217,15 @@ def _is_local(address: str) -> bool:
 
 @contextlib.contextmanager
 def placed_tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric, env: Mapping[str, str] | None
+    request: pytest.FixtureRequest,
+    fabric: Fabric,
+    env: Mapping[str, str] | None,
+    engine: str = "grpcio",
 ) -> Iterator[ServerProcess | None]:
     """With agents, a tensor server on the first agent reached through ``fabric`` (stopped
-    after the test); otherwise None, and the caller starts it as before. Records the path."""
+    after the test); otherwise None, and the caller starts it as before. Records the path.
+    Agents run only the Python ``tfgrpc-server``: a native ``engine`` through them fails the
+    test rather than measuring another engine than the one asked for."""
     load = cluster_of(request.config)
     if load.problem is not None:
         pytest.fail(str(load.problem), pytrace=False)
@@ -239,6 +244,12 @@ def placed_tensor_server(
         yield None
         return
     _fail_without(agents)
+    if engine != "grpcio":
+        pytest.fail(
+            f"tfgrpc_engine: a {engine} tensor server cannot run through node agents (they run"
+            " only tfgrpc-server, the grpcio engine); drop --tfgrpc-agents or the engine",
+            pytrace=False,
+        )
     try:
         client = agents.reachable(agents.ps, fabric)[0]
         server = ServerProcess.start(

@@ -1,4 +1,5 @@
-"""The fixtures: ``fabric``, ``tensor_server``, ``ps_cluster`` and ``tfgrpc``. Defined in
+"""The fixtures: ``fabric``, ``tensor_server``, ``ps_cluster``, ``tfgrpc``, ``tfgrpc_engine``
+and ``tfgrpc_streams``. Defined in
 every run (pytest must know them to collect), they import the machinery they hand out only
 when a test requests them."""
 
@@ -37,21 +38,42 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 
 
 @pytest.fixture
+def tfgrpc_engine(request: pytest.FixtureRequest) -> str:
+    """The engine of this test: its ``tfgrpc_engine(engines=...)`` run's, else the run's
+    default (``--tfgrpc-engine``, else ``grpcio``)."""
+    from pytest_tfgrpc.plugin.engine import engine_of
+
+    activate(request.config)
+    return engine_of(request)
+
+
+@pytest.fixture
+def tfgrpc_streams(request: pytest.FixtureRequest) -> int:
+    """The test's default stream count: its ``tfgrpc_streams(n)`` marker, else
+    ``--tfgrpc-streams``, else 1."""
+    from pytest_tfgrpc.plugin.engine import streams_of
+
+    activate(request.config)
+    return streams_of(request)
+
+
+@pytest.fixture
 def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric
+    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: str
 ) -> Iterator[ServerProcess | RemoteServer]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
     With node agents (``--tfgrpc-agents``), started on the first agent's host reached through
     ``fabric``; with a cluster spec, the spec's server reached through ``fabric`` on another
-    host."""
+    host. Its engine is the test's (``tfgrpc_engine``), or the marker's ``server=``."""
     from pytest_tfgrpc.plugin.agents import placed_tensor_server
+    from pytest_tfgrpc.plugin.engine import server_engine, start_server
     from pytest_tfgrpc.plugin.markers import watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
-    from pytest_tfgrpc.servers.processes import ServerProcess
 
     session = activate(request.config)
-    with placed_tensor_server(request, fabric, session.server_env) as placed:
+    engine = server_engine(request.node, tfgrpc_engine)
+    with placed_tensor_server(request, fabric, session.server_env, engine) as placed:
         if placed is not None:
             request.node.stash.setdefault(watched_key, []).append(placed)
             yield placed
@@ -67,7 +89,7 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = ServerProcess.start(fabric, env=session.server_env)
+    server = start_server(request.node, fabric, session.server_env, engine)
     started.append(server)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
@@ -97,7 +119,7 @@ def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSClu
 
 
 @pytest.fixture
-def tfgrpc(request: pytest.FixtureRequest) -> Driver:
+def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str, tfgrpc_streams: int) -> Driver:
     """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
     ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
     from pytest_tfgrpc.bench.driver import Driver
@@ -118,6 +140,8 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,
+        engine=tfgrpc_engine,
+        streams=tfgrpc_streams,
     )
 
 

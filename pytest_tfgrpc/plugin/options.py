@@ -3,10 +3,12 @@ pytest run, so this module imports nothing heavy (no grpc, no numpy)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
+from pytest_tfgrpc.native import ENGINES
 from pytest_tfgrpc.report.metrics import BUDGET_METRICS
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES
 
@@ -65,6 +67,15 @@ HTML_HELP = (
     "open it): the summary per benchmark with the fabrics side by side, the baseline "
     "verdicts, the plots (with the 'plot' extra) and the run's metadata"
 )
+ENGINE_HELP = (
+    "the engine of tensor_server fixtures and of the p2p benchmarks' clients where a test does "
+    "not say: grpcio (Python, the default) or native (C++; build it with tfgrpc-build-native)"
+)
+STREAMS_HELP = (
+    "concurrent connections of every p2p_bandwidth call that does not say (streams=N; "
+    "default 1): the aggregate is recorded under the call's label, each stream as "
+    "<label>_stream<i>"
+)
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
     "inconclusive": (
@@ -100,6 +111,12 @@ MARKERS = {
     "ps_topology": 'ps_topology(ps=1, workers=1, sharding="round_robin"): the parameter-server '
     "cluster of the ps_cluster fixture: PS processes, worker processes, and how tensors are "
     "placed on PS tasks (round_robin, greedy, partitioned).",
+    "tfgrpc_engine": "tfgrpc_engine(engines=None, server=None): engines=['grpcio', 'native'] "
+    "runs the test once per engine (tensor_server and the P2P clients on it, the engine in the "
+    "test id); server='native' pins the tensor_server fixture's server. Native: built by "
+    "tfgrpc-build-native.",
+    "tfgrpc_streams": "tfgrpc_streams(n): concurrent connections of the test's p2p_bandwidth "
+    "calls that do not pass streams= (over --tfgrpc-streams).",
 }
 
 #: Every ``dest`` (and ini name) this module registers, with its ini default.
@@ -120,6 +137,16 @@ def _add(
     group.addoption(*flags, dest=dest, help=help_text.replace("%", "%%"), **kwargs)
     parser.addini(dest, help_text, type=ini_type, default=ini_default)
     OPTION_DEFAULTS[dest] = ini_default
+
+
+def _streams_option(text: str) -> int:
+    # Only called when the option is given, so the plugin is awake anyway: the import is free.
+    from pytest_tfgrpc.bench.streams import check_streams
+
+    try:
+        return check_streams(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("streams=", "", 1)) from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -178,6 +205,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for name, help_text in TLS_HELP.items():
         flag = f"--tfgrpc-agent-tls-{name}"
         _add(group, parser, (flag,), f"tfgrpc_agent_tls_{name}", help_text, metavar="FILE")
+    # Defaults None (grpcio, 1 stream), so that an option left alone does not wake the plugin.
+    _add(group, parser, ("--tfgrpc-engine",), "tfgrpc_engine", ENGINE_HELP, choices=ENGINES)
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-streams",),
+        "tfgrpc_streams",
+        STREAMS_HELP,
+        type=_streams_option,
+        metavar="N",
+    )
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
     _add(group, parser, ("--tfgrpc-html",), "tfgrpc_html", HTML_HELP, metavar="FILE")

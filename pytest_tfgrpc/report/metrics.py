@@ -43,6 +43,7 @@ __all__ = [
     "is_floor",
     "plain_number",
     "significant",
+    "stream_label",
 ]
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
@@ -52,6 +53,12 @@ FLOOR_SUFFIX = "_floor"
 def is_floor(label: str) -> bool:
     """Whether a result label names a raw-TCP transport floor rather than a gRPC measurement."""
     return label.endswith(FLOOR_SUFFIX) and len(label) > len(FLOOR_SUFFIX)
+
+
+def stream_label(label: str, stream: int) -> str:
+    """The label of stream ``stream`` (from 0) of a ``streams=N`` result labelled ``label``
+    (``p2p_bandwidth_stream0``); the aggregate keeps ``label``."""
+    return f"{label}_stream{stream}"
 
 
 def _number(text: str, what: str, example: str) -> float:

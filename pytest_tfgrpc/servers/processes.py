@@ -305,13 +305,30 @@ class ServerProcess(ChildProcess):
             "--exit-on-stdin-eof",
             *extra_args,
         ]
-        handle = cls(
+        return cls.launch(
             argv,
-            fabric=fabric,
+            fabric,
             name=name or f"tensor server on {fabric.name}",
             env=env,
+            ready_timeout=ready_timeout,
             launcher=launcher,
         )
+
+    @classmethod
+    def launch(
+        cls,
+        argv: Sequence[str],
+        fabric: Fabric,
+        *,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        ready_timeout: float = 30.0,
+        launcher: Launcher = LOCAL,
+    ) -> ServerProcess:
+        """Start any server program that prints the ready line ``{"target", "pid", "fabric"}``
+        and stops when its stdin closes, and return once it serves: here, or through
+        ``launcher`` on an agent's host (which runs only its own roles and refuses others)."""
+        handle = cls(argv, fabric=fabric, name=name, env=env, launcher=launcher)
         try:
             handle._wait_ready(ready_timeout)
         except BaseException:

@@ -1,0 +1,196 @@
+"""The point-to-point benchmarks measured by the native (C++) client.
+
+Same benchmarks, calls and result as :mod:`.p2p` (``engine="grpcio"``): the Python side checks
+the arguments, starts ``tfgrpc-native-client`` once per message size with the run settings,
+and reads every sample into :meth:`~pytest_tfgrpc.results.SizeResult.from_samples`, so
+statistics, budgets, the baseline gate and JUnit treat both engines alike. The server may be
+either engine's: the client only speaks the wire protocol.
+
+The native client sends each tensor from its own buffer (no copy per message, as
+TensorFlow's zero-copy send path): in protobuf mode the TensorProto header is encoded per
+message and the content follows it as a second slice of the same gRPC message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import MappingProxyType
+
+from pytest_tfgrpc.bench.p2p import (
+    BANDWIDTH_RUN,
+    LATENCY_RUN,
+    RPCS,
+    Message,
+    Progress,
+    _check_choice,
+    _check_messages,
+    _name,
+    bandwidth_extra,
+    check_bandwidth_args,
+    p2p_result,
+)
+from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.native import binaries
+from pytest_tfgrpc.native.client import ClientSettings, NativeClientError, NativeRun, run_client
+from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
+from pytest_tfgrpc.wire.schemes import Payload
+
+ENGINE = "native"
+
+
+def tensor_of(message: Message) -> tuple[int, str, int, int]:
+    """(content bytes, dtype, raw wire bytes, protobuf wire bytes) of a message, as
+    :meth:`~pytest_tfgrpc.wire.tensors.Tensor.random` and payload tensors make them."""
+    nbytes = message.total_bytes if isinstance(message, Payload) else message
+    dtype = "float32" if not isinstance(message, Payload) and nbytes % 4 == 0 else "uint8"
+    elements = nbytes // 4 if dtype == "float32" else nbytes
+    header = codec.encode_header(dtype, (elements,), nbytes)
+    return nbytes, dtype, nbytes, len(header) + nbytes
+
+
+def _deadline(benchmark: str, rpc: str, wire: int, run: RunSpec) -> float:
+    """The Python engine's deadlines (bench/p2p.py): per call, or per stream for streams."""
+    if benchmark == "latency":
+        base = rpc_timeout(2 * wire)
+        return base + 2 * run.time_limit_s if rpc == "stream" else base
+    base = rpc_timeout(wire)
+    return 2 * base + 2 * (run.time_limit_s + run.warmup_seconds) if rpc == "stream" else base
+
+
+def run_native(
+    server: Server,
+    message: Message,
+    *,
+    benchmark: str,
+    mode: str,
+    rpc: str,
+    run: RunSpec,
+    direction: str = "push",
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    streams: int = 1,
+) -> NativeRun:
+    """One client run of one message; failures say what failed (or that the server died)."""
+    nbytes, dtype, raw_wire, protobuf_wire = tensor_of(message)
+    wire = raw_wire if mode == "raw" else protobuf_wire
+    settings = ClientSettings(
+        target=server.target,
+        benchmark=benchmark,
+        mode=mode,
+        rpc=rpc,
+        direction=direction,
+        size=nbytes,
+        dtype=dtype,
+        iterations=run.iterations,
+        warmup=run.warmup,
+        max_seconds=run.time_limit_s,
+        warmup_seconds=run.warmup_seconds,
+        chunk_bytes=chunk_bytes,
+        deadline_s=_deadline(benchmark, rpc, wire, run),
+        streams=streams,
+    )
+    try:
+        measured = run_client(settings)
+    except NativeClientError as error:
+        death = server.died()
+        if death is not None:
+            raise death from error
+        raise BenchmarkError(f"native client, {rpc} {benchmark} of {nbytes} B: {error}") from None
+    if measured.wire_bytes != wire or measured.size_bytes != nbytes:
+        raise BenchmarkError(
+            f"the native client sent {measured.size_bytes} B as {measured.wire_bytes} B on the "
+            f"wire; the Python codec makes {nbytes} B into {wire} B"
+        )
+    return measured
+
+
+def size_result(message: Message, mode: str, measured: NativeRun, stream: int = 0) -> SizeResult:
+    """One stream's samples of a run as a :class:`SizeResult` (CPU of the whole run)."""
+    payload = message if isinstance(message, Payload) else None
+    one = measured.streams[stream]
+    return SizeResult.from_samples(
+        measured.size_bytes,
+        measured.wire_bytes,
+        one.samples_ns,
+        one.elapsed_ns,
+        payload=payload.description if payload else "",
+        buffers=payload.sizes if payload else (),
+        cpu=measured.cpu,
+    )
+
+
+def native_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
+    """The recorded settings of a native run: the run's (:func:`run_settings`) with
+    ``engine=native`` and the C++ client's gRPC version as ``grpc_cpp``."""
+    return run_settings(run, engine=ENGINE, grpc_cpp=binaries().grpc_version, **extra)
+
+
+def _measure_each(
+    server: Server,
+    sizes: Sequence[Message],
+    mode: str,
+    progress: Progress | None,
+    **kwargs: object,
+) -> tuple[SizeResult, ...]:
+    checked = _check_messages(sizes)
+    binaries()  # not built: say so before anything runs
+    results = []
+    for index, message in enumerate(checked, 1):
+        if progress is not None:
+            progress(index, len(checked), _name(message))
+        measured = run_native(server, message, mode=mode, **kwargs)  # type: ignore[arg-type]
+        results.append(size_result(message, mode, measured))
+    return tuple(results)
+
+
+def p2p_latency(
+    server: Server,
+    sizes: Sequence[Message],
+    *,
+    mode: str = "raw",
+    rpc: str = "unary",
+    run: RunSpec = LATENCY_RUN,
+    label: str | None = None,
+    progress: Progress | None = None,
+) -> BenchmarkResult:
+    """Echo round-trip time of each size, measured by the native client (see
+    :func:`pytest_tfgrpc.bench.p2p.p2p_latency`)."""
+    _check_choice("mode", mode, transport.MODES)
+    _check_choice("rpc", rpc, RPCS)
+    results = _measure_each(server, sizes, mode, progress, benchmark="latency", rpc=rpc, run=run)
+    method = "Echo" if rpc == "unary" else "EchoStream"
+    settings = native_settings(run, method=transport.method(mode, method))
+    return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
+
+
+def p2p_bandwidth(
+    server: Server,
+    sizes: Sequence[Message],
+    *,
+    mode: str = "raw",
+    rpc: str = "stream",
+    direction: str = "push",
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    run: RunSpec = BANDWIDTH_RUN,
+    label: str | None = None,
+    progress: Progress | None = None,
+) -> BenchmarkResult:
+    """Tensors moved per second for each size, measured by the native client (see
+    :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`)."""
+    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
+    results = _measure_each(
+        server,
+        sizes,
+        mode,
+        progress,
+        benchmark="bandwidth",
+        rpc=rpc,
+        run=run,
+        direction=direction,
+        chunk_bytes=chunk_bytes,
+    )
+    settings = native_settings(run, **bandwidth_extra(direction, mode, rpc, chunk_bytes))
+    return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)

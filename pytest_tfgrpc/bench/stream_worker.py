@@ -1,0 +1,108 @@
+"""One stream of a Python-engine ``p2p_bandwidth(..., streams=N)``, in a process of its own.
+
+Run by :mod:`.streams` as ``python -m pytest_tfgrpc.bench.stream_worker ...``: it connects,
+warms up, writes ``R`` on stdout and waits for ``G`` on stdin (so all streams start their
+measured phase together), measures, and writes its samples in the native client's binary form
+(:func:`pytest_tfgrpc.native.client.encode_run`; ``start_ns`` is this host's monotonic clock,
+which every process shares). Errors go to stderr with exit status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+
+import grpc
+import numpy as np
+
+from pytest_tfgrpc.bench import p2p
+from pytest_tfgrpc.bench.timing import RunSpec, Samples
+from pytest_tfgrpc.native.client import NativeRun, StreamSamples, encode_run
+from pytest_tfgrpc.results import CpuTime
+from pytest_tfgrpc.wire.client import BenchmarkError, run_async
+from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.tensors import Tensor
+
+
+class _Target:
+    """The server as :class:`~pytest_tfgrpc.wire.client.Server` sees it; its death is the
+    parent's to report."""
+
+    def __init__(self, target: str, fabric: Fabric) -> None:
+        self.target = target
+        self.fabric = fabric
+
+    def died(self, grace: float = 0.5) -> BaseException | None:
+        return None
+
+
+def _cpu_ns() -> tuple[int, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
+
+
+class _StartTogether:
+    """The measured phase's start waits for the parent's go; its CPU time is read around it."""
+
+    def __init__(self) -> None:
+        self.start_ns = 0
+        self.cpu: dict[str, CpuTime] = {}
+        self._cpu0 = (0, 0)
+
+    def start(self) -> None:
+        sys.stdout.buffer.write(b"R")
+        sys.stdout.buffer.flush()
+        if sys.stdin.buffer.read(1) != b"G":
+            raise BenchmarkError("the parent went away before the measured phase")
+        self._cpu0 = _cpu_ns()
+        self.start_ns = time.perf_counter_ns()
+
+    def stop(self) -> None:
+        user, system = _cpu_ns()
+        self.cpu = {"client": CpuTime(user - self._cpu0[0], system - self._cpu0[1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pytest_tfgrpc.bench.stream_worker")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--fabric", required=True)
+    parser.add_argument("--mode", required=True)
+    parser.add_argument("--rpc", required=True)
+    parser.add_argument("--direction", required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--chunk-bytes", type=int, required=True)
+    parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--max-seconds", type=float, required=True)
+    parser.add_argument("--warmup-seconds", type=float, required=True)
+    args = parser.parse_args(argv)
+    server = _Target(args.target, resolve_fabric(args.fabric))
+    run = RunSpec(args.iterations, args.warmup, args.max_seconds, args.warmup_seconds)
+    tensor = Tensor.random(args.size)
+    phase = _StartTogether()
+    samples: Samples
+    try:
+        if args.direction == "pull":
+            samples, elapsed = p2p._pull(
+                server, tensor, args.mode, args.rpc, run, args.chunk_bytes, phase
+            )
+        elif args.rpc == "unary":
+            samples, elapsed = p2p._push_unary(server, tensor, args.mode, run, phase)
+        else:
+            samples, elapsed = run_async(
+                p2p._push_stream(server, tensor, args.mode, run, args.chunk_bytes, phase)
+            )
+    except (grpc.RpcError, BenchmarkError) as exc:
+        print(f"stream worker: {exc}", file=sys.stderr)
+        return 3
+    one = StreamSamples(np.asarray(samples, dtype=np.int64), elapsed, phase.start_ns)
+    measured = NativeRun(tensor.nbytes, tensor.wire_bytes(args.mode), elapsed, phase.cpu, (one,))
+    sys.stdout.buffer.write(encode_run(measured))
+    sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

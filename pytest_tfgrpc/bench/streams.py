@@ -1,0 +1,223 @@
+"""``p2p_bandwidth(..., streams=N)``: N concurrent connections, aggregate and per stream.
+
+As OSU's multi-pair bandwidth and ``iperf -P``: every stream has its own connection (the
+native client gives each its own channel with a local subchannel pool and distinct channel
+arguments; the Python engine runs each in its own process), all warm up, then their measured
+phases start together.
+
+The aggregate of one size is a :class:`~pytest_tfgrpc.results.SizeResult` whose samples are
+the gaps between consecutive tensor completions on any stream, from the common start (each
+stream's completions are its start plus the running sum of its back-to-back samples). Their
+count is every tensor moved and their sum the wall time from the common start to the last
+completion, so its ``throughput`` is the aggregate rate in bytes/s. Each stream is also a
+result of its own, labelled ``<label>_stream<i>``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pytest_tfgrpc.bench.cpu import CpuProbe
+from pytest_tfgrpc.bench.native_p2p import native_settings, run_native, size_result
+from pytest_tfgrpc.bench.p2p import (
+    BANDWIDTH_RUN,
+    Message,
+    Progress,
+    _check_messages,
+    bandwidth_extra,
+    check_bandwidth_args,
+    p2p_result,
+)
+from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.timing import RunSpec, Samples
+from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
+from pytest_tfgrpc.report.metrics import stream_label
+from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire.client import BenchmarkError, Server
+from pytest_tfgrpc.wire.schemes import Payload
+
+#: No more streams than this from one call: each is a connection (and a process for grpcio).
+MAX_STREAMS = 64
+
+
+@dataclass(frozen=True, eq=False)
+class StreamsResult:
+    """What ``p2p_bandwidth(..., streams=N)`` measured: the aggregate and each stream."""
+
+    aggregate: BenchmarkResult
+    streams: tuple[BenchmarkResult, ...]
+
+
+def aggregate_samples(streams: Sequence[StreamSamples]) -> Samples:
+    """The gaps (ns) between consecutive completions on any stream, from the common start."""
+    ends = [s.start_ns + np.cumsum(s.samples_ns) for s in streams if len(s.samples_ns)]
+    if not ends:
+        return np.empty(0, dtype=np.int64)
+    merged = np.sort(np.concatenate(ends))
+    start = min(s.start_ns for s in streams)
+    return np.diff(merged, prepend=start).astype(np.int64)
+
+
+def check_streams(streams: object) -> int:
+    """``streams`` as a count, or a ValueError that names it."""
+    if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= MAX_STREAMS:
+        raise ValueError(
+            f"streams={streams!r}: a whole number of connections from 1 to {MAX_STREAMS}"
+        )
+    return streams
+
+
+def _python_streams(
+    server: Server,
+    size: int,
+    *,
+    mode: str,
+    rpc: str,
+    direction: str,
+    chunk_bytes: int,
+    run: RunSpec,
+    streams: int,
+) -> NativeRun:
+    """N worker processes of :mod:`.stream_worker`, started together; their samples joined."""
+    argv = [sys.executable, "-m", "pytest_tfgrpc.bench.stream_worker"]
+    argv += ["--target", server.target, "--fabric", server.fabric.name, "--mode", mode]
+    argv += ["--rpc", rpc, "--direction", direction, "--size", str(size)]
+    argv += ["--chunk-bytes", str(chunk_bytes), "--iterations", str(run.iterations)]
+    argv += ["--warmup", str(run.warmup), "--max-seconds", repr(run.time_limit_s)]
+    argv += ["--warmup-seconds", repr(run.warmup_seconds)]
+    timeout = 60.0 + run.warmup_seconds + run.time_limit_s + size / 10e6
+    workers = [
+        subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(streams)
+    ]
+    try:
+        with CpuProbe(server.target) as probe:
+            for worker in workers:
+                assert worker.stdout is not None
+                if worker.stdout.read(1) != b"R":
+                    _, err = worker.communicate(timeout=timeout)
+                    raise BenchmarkError(err.decode("utf-8", "replace").strip() or "no message")
+            probe.start()
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write(b"G")
+                worker.stdin.flush()
+            outputs = [worker.communicate(timeout=timeout) for worker in workers]
+            probe.stop()
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    runs = []
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        if worker.returncode != 0:
+            raise BenchmarkError(err.decode("utf-8", "replace").strip() or "no message")
+        runs.append(decode_run(out))
+    first = min(r.streams[0].start_ns for r in runs)
+    last = max(r.streams[0].start_ns + r.streams[0].elapsed_ns for r in runs)
+    none = CpuTime(0, 0)
+    clients = [r.cpu.get("client", none) for r in runs]
+    cpu = {
+        "client": CpuTime(sum(c.user_ns for c in clients), sum(c.system_ns for c in clients)),
+        "server": (probe.usage or {}).get("server", none),
+    }
+    joined = tuple(
+        StreamSamples(
+            r.streams[0].samples_ns, r.streams[0].elapsed_ns, r.streams[0].start_ns - first
+        )
+        for r in runs
+    )
+    return NativeRun(runs[0].size_bytes, runs[0].wire_bytes, last - first, cpu, joined)
+
+
+def p2p_bandwidth_streams(
+    server: Server,
+    sizes: Sequence[Message],
+    *,
+    streams: int,
+    engine: str = "grpcio",
+    mode: str = "raw",
+    rpc: str = "stream",
+    direction: str = "push",
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    run: RunSpec = BANDWIDTH_RUN,
+    label: str | None = None,
+    progress: Progress | None = None,
+) -> StreamsResult:
+    """Bandwidth of ``streams`` concurrent connections per size: aggregate and per stream.
+
+    Raises ValueError for bad arguments (payload schemes are not split over streams),
+    :class:`~pytest_tfgrpc.wire.client.BenchmarkError` when a stream fails.
+    """
+    check_streams(streams)
+    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
+    checked = _check_messages(sizes)
+    if any(isinstance(message, Payload) for message in checked):
+        raise ValueError("streams=N measures plain tensor sizes; payload schemes use streams=1")
+    label = label or "p2p_bandwidth"
+    aggregate: list[SizeResult] = []
+    per_stream: list[list[SizeResult]] = [[] for _ in range(streams)]
+    for index, message in enumerate(checked, 1):
+        assert isinstance(message, int)
+        if progress is not None:
+            progress(index, len(checked), f"{message} B x {streams} streams")
+        if engine == "native":
+            measured = run_native(
+                server,
+                message,
+                benchmark="bandwidth",
+                mode=mode,
+                rpc=rpc,
+                direction=direction,
+                chunk_bytes=chunk_bytes,
+                run=run,
+                streams=streams,
+            )
+        else:
+            measured = _python_streams(
+                server,
+                message,
+                mode=mode,
+                rpc=rpc,
+                direction=direction,
+                chunk_bytes=chunk_bytes,
+                run=run,
+                streams=streams,
+            )
+        merged = aggregate_samples(measured.streams)
+        aggregate.append(
+            SizeResult.from_samples(
+                measured.size_bytes, measured.wire_bytes, merged, measured.wall_ns, cpu=measured.cpu
+            )
+        )
+        for i in range(streams):
+            per_stream[i].append(size_result(message, mode, measured, i))
+    extra = bandwidth_extra(direction, mode, rpc, chunk_bytes) | {"streams": str(streams)}
+    settings = native_settings(run, **extra) if engine == "native" else run_settings(run, **extra)
+
+    return StreamsResult(
+        p2p_result(
+            "p2p_bandwidth", server, label, mode, rpc, aggregate, {**settings, "aggregate": "yes"}
+        ),
+        tuple(
+            p2p_result(
+                "p2p_bandwidth",
+                server,
+                stream_label(label, i),
+                mode,
+                rpc,
+                results,
+                {**settings, "stream": str(i)},
+            )
+            for i, results in enumerate(per_stream)
+        ),
+    )

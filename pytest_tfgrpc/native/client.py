@@ -1,0 +1,187 @@
+"""Running the native measuring client, and reading the samples it writes.
+
+The client (``native/src/client.cc``) measures one message size against one server and writes
+every sample to stdout as int64 nanoseconds, in this little-endian form (also what
+:func:`encode_run` writes, so the Python engine's stream workers share the reader):
+
+``b"TFGN"``, u32 version (1), u32 streams; i64 size_bytes, wire_bytes, wall_ns,
+client_user_ns, client_system_ns, server_user_ns, server_system_ns; then per stream:
+i64 count, i64 elapsed_ns, i64 start_ns (after the earliest stream's start), count x i64.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pytest_tfgrpc.native import binaries
+from pytest_tfgrpc.results import CpuTime
+
+MAGIC = b"TFGN"
+VERSION = 1
+_HEAD = struct.Struct("<4sII7q")
+_STREAM = struct.Struct("<3q")
+
+
+class NativeClientError(RuntimeError):
+    """The native client failed: a call failed or was answered wrongly, or it could not run."""
+
+
+@dataclass(frozen=True, eq=False)
+class StreamSamples:
+    """One stream's measured phase: every sample (ns), its wall time, and its start (ns after
+    the earliest stream's start)."""
+
+    samples_ns: npt.NDArray[np.int64]
+    elapsed_ns: int
+    start_ns: int
+
+
+@dataclass(frozen=True, eq=False)
+class NativeRun:
+    """What one client run measured: one message size, one or more concurrent streams.
+
+    ``wall_ns`` spans from the earliest stream's measured start to the latest one's end;
+    ``cpu`` covers the measured phase per role, as :class:`~pytest_tfgrpc.results.SizeResult`
+    holds it: ``client`` (the client process, all streams) and ``server``.
+    """
+
+    size_bytes: int
+    wire_bytes: int
+    wall_ns: int
+    cpu: Mapping[str, CpuTime]
+    streams: tuple[StreamSamples, ...]
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The run settings handed to the native client (see ``tfgrpc-native-client``'s flags).
+
+    ``benchmark`` is ``latency`` (echo) or ``bandwidth`` (push or pull); ``max_seconds`` is
+    the measured phase's time limit; ``deadline_s`` bounds each call (each stream, for the
+    stream RPCs, which stay open for the whole run).
+    """
+
+    target: str
+    benchmark: str
+    mode: str
+    rpc: str
+    size: int
+    dtype: str
+    iterations: int
+    warmup: int
+    max_seconds: float
+    warmup_seconds: float
+    deadline_s: float
+    direction: str = "push"
+    chunk_bytes: int = 1 << 20
+    streams: int = 1
+
+    def argv(self) -> list[str]:
+        pairs = {
+            "--target": self.target,
+            "--benchmark": self.benchmark,
+            "--mode": self.mode,
+            "--rpc": self.rpc,
+            "--direction": self.direction,
+            "--size": str(self.size),
+            "--dtype": self.dtype,
+            "--iterations": str(self.iterations),
+            "--warmup": str(self.warmup),
+            "--max-seconds": repr(self.max_seconds),
+            "--warmup-seconds": repr(self.warmup_seconds),
+            "--chunk-bytes": str(self.chunk_bytes),
+            "--deadline-s": repr(self.deadline_s),
+            "--streams": str(self.streams),
+        }
+        return [part for pair in pairs.items() for part in pair]
+
+    @property
+    def timeout_s(self) -> float:
+        """The most one client run may take before it is killed: every stream connecting,
+        warming up and measuring, plus a minute."""
+        return 10.0 + self.warmup_seconds + self.max_seconds + self.deadline_s + 60.0
+
+
+def encode_run(run: NativeRun) -> bytes:
+    """``run`` in the client's binary form."""
+    none = CpuTime(0, 0)
+    client, server = run.cpu.get("client", none), run.cpu.get("server", none)
+    out = [
+        _HEAD.pack(
+            MAGIC,
+            VERSION,
+            len(run.streams),
+            run.size_bytes,
+            run.wire_bytes,
+            run.wall_ns,
+            client.user_ns,
+            client.system_ns,
+            server.user_ns,
+            server.system_ns,
+        )
+    ]
+    for stream in run.streams:
+        samples = np.ascontiguousarray(stream.samples_ns, dtype="<i8")
+        out.append(_STREAM.pack(len(samples), stream.elapsed_ns, stream.start_ns))
+        out.append(samples.tobytes())
+    return b"".join(out)
+
+
+def decode_run(data: bytes) -> NativeRun:
+    """Read the client's binary output; :class:`NativeClientError` if it is malformed."""
+    if len(data) < _HEAD.size:
+        raise NativeClientError(f"native client output of {len(data)} B is too short")
+    magic, version, count, size, wire, wall, *cpu = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise NativeClientError(f"native client output starts {magic!r} v{version}, not TFGN v1")
+    pos = _HEAD.size
+    streams = []
+    for _ in range(count):
+        if pos + _STREAM.size > len(data):
+            raise NativeClientError("native client output ends inside a stream header")
+        n, elapsed, start = _STREAM.unpack_from(data, pos)
+        pos += _STREAM.size
+        if n < 0 or pos + 8 * n > len(data):
+            raise NativeClientError(f"native client output ends inside {n} samples")
+        samples = np.frombuffer(data, dtype="<i8", count=n, offset=pos).astype(np.int64)
+        pos += 8 * n
+        streams.append(StreamSamples(samples, elapsed, start))
+    if pos != len(data):
+        raise NativeClientError(f"native client output has {len(data) - pos} B left over")
+    cpu_by_role = {"client": CpuTime(cpu[0], cpu[1]), "server": CpuTime(cpu[2], cpu[3])}
+    return NativeRun(size, wire, wall, cpu_by_role, tuple(streams))
+
+
+def run_client(settings: ClientSettings, *, extra_argv: Sequence[str] = ()) -> NativeRun:
+    """Run the native client once and return what it measured.
+
+    Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built, and
+    :class:`NativeClientError` with the client's own message if it fails or runs past
+    :attr:`ClientSettings.timeout_s` (it is killed then).
+    """
+    argv = [str(binaries().client), *settings.argv(), "--exit-on-stdin-eof", *extra_argv]
+    # Its stdin is a pipe this process holds open until the client ends: if this process dies,
+    # the pipe closes and the client exits at once instead of finishing its run.
+    lifeline, keep = os.pipe()
+    try:
+        done = subprocess.run(
+            argv, stdin=lifeline, capture_output=True, timeout=settings.timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise NativeClientError(
+            f"the native client did not finish within {settings.timeout_s:g} s and was killed"
+        ) from None
+    finally:
+        os.close(lifeline)
+        os.close(keep)
+    if done.returncode != 0:
+        message = done.stderr.decode("utf-8", "replace").strip() or "no message"
+        raise NativeClientError(message)
+    return decode_run(done.stdout)

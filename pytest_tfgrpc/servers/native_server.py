@@ -1,0 +1,81 @@
+"""The native (C++) tensor server as a server process, and the choice between engines.
+
+``tfgrpc-native-server`` speaks the same services as :mod:`.tensor_server` and is started
+through the same machinery (:class:`~pytest_tfgrpc.servers.processes.ServerProcess`): bound
+to the fabric's address only, on a port the OS picks, reporting it on its ready line, tied
+to its parent through its stdin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pytest_tfgrpc.native import ENGINES, binaries
+from pytest_tfgrpc.servers.processes import LOCAL, Launcher, ServerProcess
+from pytest_tfgrpc.wire.fabric import Fabric
+
+__all__ = ["ENGINES", "check_engine", "start_native_server", "start_tensor_server"]
+
+
+def check_engine(engine: object, what: str = "engine") -> str:
+    """``engine`` if it names an engine, else a ValueError naming ``what`` and the choices."""
+    if engine not in ENGINES:
+        raise ValueError(f"{what}={engine!r}: expected one of {', '.join(ENGINES)}")
+    return str(engine)
+
+
+def start_native_server(
+    fabric: Fabric,
+    *,
+    delay_s: float = 0.0,
+    threads: int = 1,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float = 30.0,
+    name: str | None = None,
+    launcher: Launcher = LOCAL,
+) -> ServerProcess:
+    """Start the native tensor server on ``fabric`` and return once it serves.
+
+    ``delay_s`` holds every tensor-service reply back that long (fault injection, as
+    ``tfgrpc-server --delay``; it holds the serving thread). ``threads`` completion-queue
+    threads serve the calls (1: every message handled on the thread that read it, the lowest
+    latency; more: concurrent streams on more cores). Raises
+    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built. ``launcher``
+    is the launcher seam of every child process; a node agent refuses the native server (it
+    runs only its own Python roles), so in practice it runs here.
+    """
+    if delay_s < 0:
+        raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise ValueError(f"threads={threads!r}: a whole number of threads from 1 to 64")
+    argv = [
+        str(binaries().server),
+        "--host",
+        fabric.host,
+        "--port",
+        "0",
+        "--fabric",
+        fabric.name,
+        "--delay-ns",
+        str(int(delay_s * 1e9)),
+        "--threads",
+        str(threads),
+        "--exit-on-stdin-eof",
+    ]
+    return ServerProcess.launch(
+        argv,
+        fabric,
+        name=name or f"native tensor server on {fabric.name}",
+        env=env,
+        ready_timeout=ready_timeout,
+        launcher=launcher,
+    )
+
+
+def start_tensor_server(
+    fabric: Fabric, *, engine: str = "grpcio", env: Mapping[str, str] | None = None
+) -> ServerProcess:
+    """A tensor server of ``engine`` on ``fabric``: the Python one or the native one."""
+    if check_engine(engine) == "native":
+        return start_native_server(fabric, env=env)
+    return ServerProcess.start(fabric, env=env)

@@ -1,0 +1,342 @@
+"""The native engine: its output format, its errors, and interop with the Python engine.
+
+Tests that run the C++ programs skip, with the command that builds them, when the engine is
+not built (``tfgrpc-build-native``); the rest run everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import pid_alive
+
+from pytest_tfgrpc import native
+from pytest_tfgrpc.bench import native_p2p, p2p
+from pytest_tfgrpc.bench.driver import Driver
+from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.native.build import BuildError, build
+from pytest_tfgrpc.native.client import (
+    ClientSettings,
+    NativeClientError,
+    NativeRun,
+    StreamSamples,
+    decode_run,
+    encode_run,
+)
+from pytest_tfgrpc.results import CpuTime
+from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
+from pytest_tfgrpc.servers.processes import ServerDied, ServerProcess
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+
+NOT_BUILT = native.unavailable_reason()
+needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
+
+CPU = {"client": CpuTime(1, 2), "server": CpuTime(3, 4)}
+RUN = RunSpec(iterations=5, warmup=1, max_seconds=2.0, warmup_seconds=1.0)
+
+
+# --- everywhere: the binary form, settings, errors ------------------------------------------
+def _run(counts: tuple[int, ...]) -> NativeRun:
+    streams = tuple(
+        StreamSamples(np.arange(1, n + 1, dtype=np.int64) * 1000, n * 1000 + 7, i * 10)
+        for i, n in enumerate(counts)
+    )
+    return NativeRun(4096, 4110, 99_000, CPU, streams)
+
+
+@pytest.mark.parametrize("counts", [(0,), (1,), (5,), (3, 0, 7)])
+def test_the_binary_form_round_trips(counts: tuple[int, ...]) -> None:
+    run = _run(counts)
+    back = decode_run(encode_run(run))
+    assert (back.size_bytes, back.wire_bytes, back.wall_ns, back.cpu) == (
+        4096,
+        4110,
+        99_000,
+        CPU,
+    )
+    assert len(back.streams) == len(counts)
+    for mine, theirs in zip(run.streams, back.streams, strict=True):
+        assert theirs.samples_ns.dtype == np.int64
+        assert np.array_equal(mine.samples_ns, theirs.samples_ns)
+        assert (mine.elapsed_ns, mine.start_ns) == (theirs.elapsed_ns, theirs.start_ns)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: b[:10], "too short"),
+        (lambda b: b"XXXX" + b[4:], "not TFGN"),
+        (lambda b: b[:-8], "ends inside"),
+        (lambda b: b + b"\0", "left over"),
+    ],
+)
+def test_malformed_output_is_an_error(damage: object, message: str) -> None:
+    data = encode_run(_run((3,)))
+    with pytest.raises(NativeClientError, match=message):
+        decode_run(damage(data))  # type: ignore[operator]
+
+
+def test_client_settings_become_flags() -> None:
+    settings = ClientSettings(
+        "127.0.0.1:1", "latency", "raw", "stream", 1024, "float32", 10, 2, 1.5, 0.5, 12.0
+    )
+    argv = settings.argv()
+    assert argv[argv.index("--size") + 1] == "1024"
+    assert argv[argv.index("--max-seconds") + 1] == "1.5"
+    assert argv[argv.index("--streams") + 1] == "1"
+    assert settings.timeout_s > 1.5 + 0.5 + 12.0
+
+
+@pytest.mark.parametrize("engine", ["c++", "", "Native", "GRPCIO"])
+def test_an_unknown_engine_is_refused_by_name(engine: object) -> None:
+    with pytest.raises(ValueError, match="expected one of grpcio, native"):
+        check_engine(engine)
+    driver = _driver()
+    with pytest.raises(SpecError, match="engine="):
+        driver.p2p_latency(_no_server(), [1024], engine=engine)  # type: ignore[arg-type]
+
+
+def _driver() -> Driver:
+    return Driver(test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore)
+
+
+def _ignore(name: str, value: str) -> None:
+    pass
+
+
+def _no_server() -> ServerProcess:
+    return None  # type: ignore[return-value]  # never reached: the engine check comes first
+
+
+def test_an_unbuilt_engine_says_the_command_that_builds_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    with pytest.raises(native.NativeNotBuilt, match="tfgrpc-build-native") as caught:
+        native.binaries()
+    assert "libgrpc++-dev" in str(caught.value)
+    assert native.unavailable_reason() == str(caught.value)
+    with pytest.raises(SpecError, match=r"engine='native'.*tfgrpc-build-native"):
+        _driver().p2p_bandwidth(_no_server(), [1024], engine="native")
+    with pytest.raises(native.NativeNotBuilt):
+        start_tensor_server(resolve_fabric("lo"), engine="native")
+
+
+def test_the_build_dir_is_keyed_by_version_and_sources(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    where = native.build_dir()
+    assert where.parent == tmp_path
+    assert where.name == f"{native.plugin_version()}-{native.source_hash()}"
+    assert len(native.source_hash()) == 16
+
+
+@pytest.mark.parametrize("missing", ["cmake", "pkg-config", "c++"])
+def test_a_missing_build_tool_is_named_with_the_install_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, missing: str
+) -> None:
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == missing else real(name))
+    with pytest.raises(BuildError, match=re.escape(missing) + " is not installed.*apt-get install"):
+        build()
+    assert not any(tmp_path.iterdir())
+
+
+# --- with the engine built: interop both ways -----------------------------------------------
+@pytest.fixture(scope="module")
+def lo() -> Fabric:
+    return resolve_fabric("lo")
+
+
+@pytest.fixture(scope="module", params=["grpcio", "native"])
+def server(request: pytest.FixtureRequest, lo: Fabric) -> Iterator[ServerProcess]:
+    """A server of each engine; the client is always the other engine's (see ``_client``)."""
+    if request.param == "native" and NOT_BUILT:
+        pytest.skip(NOT_BUILT)
+    with start_tensor_server(lo, engine=request.param) as handle:
+        yield handle
+
+
+def _client(server: ServerProcess) -> object:
+    """The other engine's benchmarks: Python against a native server, native against Python."""
+    if server.name.startswith("native"):
+        return p2p
+    if NOT_BUILT:
+        pytest.skip(NOT_BUILT)
+    return native_p2p
+
+
+MULTI_CHUNK = 200_003  # four 64 KiB slices, the last one short; not whole float32 elements
+SIZES = [0, 1, 4096, MULTI_CHUNK]
+
+
+@pytest.mark.parametrize("mode", ["raw", "protobuf"])
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_echo_across_engines(server: ServerProcess, mode: str, rpc: str) -> None:
+    result = _client(server).p2p_latency(server, SIZES, mode=mode, rpc=rpc, run=RUN)  # type: ignore[attr-defined]
+    assert [s.size_bytes for s in result.sizes] == SIZES
+    assert all(s.count == RUN.iterations and s.summary.min_ns > 0 for s in result.sizes)
+    assert result.settings["engine"] in ("grpcio", "native")
+
+
+@pytest.mark.parametrize("mode", ["raw", "protobuf"])
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_bandwidth_across_engines(
+    server: ServerProcess, mode: str, rpc: str, direction: str
+) -> None:
+    # A raw streamed push cannot announce a 0-byte message: both servers refuse it (below).
+    sizes = SIZES[1:] if (mode, rpc, direction) == ("raw", "stream", "push") else SIZES
+    result = _client(server).p2p_bandwidth(  # type: ignore[attr-defined]
+        server, sizes, mode=mode, rpc=rpc, direction=direction, chunk_bytes=64 << 10, run=RUN
+    )
+    assert [s.size_bytes for s in result.sizes] == sizes
+    for size in result.sizes:
+        assert size.count == RUN.iterations
+        assert size.cpu["server"].total_ns > 0
+    wire = {s.size_bytes: s.wire_bytes for s in result.sizes}
+    header = len(codec.encode_header("uint8", (1,), 1))
+    assert wire[1] == (1 if mode == "raw" else header + 1)
+
+
+def test_both_servers_refuse_an_empty_raw_stream_push(server: ServerProcess) -> None:
+    with pytest.raises(BenchmarkError, match="announce its message size"):
+        _client(server).p2p_bandwidth(server, [0], mode="raw", rpc="stream", run=RUN)  # type: ignore[attr-defined]
+
+
+@needs_native
+def test_the_native_engine_records_itself(lo: Fabric) -> None:
+    with start_tensor_server(lo, engine="native") as handle:
+        result = native_p2p.p2p_bandwidth(handle, [1 << 20], run=RUN)
+    assert result.settings["engine"] == "native"
+    assert result.settings["grpc_cpp"]
+    assert result.settings["method"] == "/tfgrpc.RawTensorService/PushStream"
+    assert result.sizes[0].throughput_Bps > 0
+
+
+@needs_native
+def test_the_native_server_binds_the_fabric_address_and_stops_on_stdin_eof(lo: Fabric) -> None:
+    handle = start_tensor_server(lo, engine="native")
+    try:
+        assert handle.target.startswith("127.0.0.1:")
+        listening = subprocess.run(
+            ["ss", "-Hltnp"], capture_output=True, text=True, check=False
+        ).stdout
+        port = handle.target.rsplit(":", 1)[1]
+        mine = [line for line in listening.splitlines() if f":{port} " in line]
+        # gRPC may listen on an IPv6 socket at the v4-mapped [::ffff:127.0.0.1]: still only lo.
+        assert mine and all("127.0.0.1" in line.split()[3] for line in mine)
+    finally:
+        status = handle.stop(timeout=5.0)
+    assert status == 0  # stdin EOF, not a signal
+    assert not pid_alive(handle.pid)
+
+
+@needs_native
+def test_a_native_server_death_is_reported_as_such(lo: Fabric) -> None:
+    with start_tensor_server(lo, engine="native") as handle:
+        os.kill(handle.pid, signal.SIGKILL)
+        with pytest.raises(ServerDied, match="SIGKILL"):
+            native_p2p.p2p_latency(handle, [1024], run=RUN)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--size", "-1"], "--size"),
+        (["--mode", "json"], "--mode"),
+        (["--streams", "0"], "--streams"),
+        (["--chunk-bytes", "8"], "--chunk-bytes"),
+        (["--bogus", "1"], "unknown argument --bogus"),
+    ],
+)
+def test_the_native_client_refuses_bad_flags(flags: list[str], message: str) -> None:
+    settings = ClientSettings(
+        "127.0.0.1:9", "latency", "raw", "unary", 1024, "float32", 5, 1, 1.0, 1.0, 5.0
+    )
+    argv = [str(native.binaries().client), *settings.argv(), *flags]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+@needs_native
+def test_building_again_finds_the_build_and_compiles_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pytest_tfgrpc.native.build import main
+
+    before = native.binaries().client.stat().st_mtime_ns
+    assert main([]) == 0
+    assert str(native.build_dir()) in capsys.readouterr().out
+    assert native.binaries().client.stat().st_mtime_ns == before
+
+
+def test_a_bad_jobs_count_is_a_usage_error() -> None:
+    from pytest_tfgrpc.native.build import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--jobs", "0"])
+    assert exited.value.code == 2
+
+
+@needs_native
+def test_the_native_client_stops_when_its_parent_goes_away(lo: Fabric) -> None:
+    with start_tensor_server(lo, engine="native") as handle:
+        settings = ClientSettings(
+            handle.target, "latency", "raw", "stream", 1024, "float32", 10**9, 1, 60.0, 1.0, 90.0
+        )
+        argv = [str(native.binaries().client), *settings.argv(), "--exit-on-stdin-eof"]
+        client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                client.wait(timeout=1.0)  # measuring, for up to a minute
+            assert client.stdin is not None
+            client.stdin.close()  # what the parent's death does to the pipe
+            assert client.wait(timeout=10) == 4
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_native_server_on_several_threads_serves_concurrent_streams(
+    lo: Fabric, threads: int
+) -> None:
+    from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
+    from pytest_tfgrpc.servers.native_server import start_native_server
+
+    with start_native_server(lo, threads=threads) as handle:
+        both = p2p_bandwidth_streams(handle, [1 << 20], streams=3, engine="native", run=RUN)
+        latency = native_p2p.p2p_latency(handle, [1024], rpc="stream", run=RUN)
+    assert both.aggregate.sizes[0].count == 3 * RUN.iterations
+    assert latency.sizes[0].count == RUN.iterations
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"), [("threads", 0), ("threads", 65), ("delay_s", -1.0)]
+)
+def test_bad_native_server_settings_are_refused_by_name(
+    lo: Fabric, argument: str, value: object
+) -> None:
+    from pytest_tfgrpc.servers.native_server import start_native_server
+
+    with pytest.raises(ValueError, match=f"{argument}="):
+        start_native_server(lo, **{argument: value})  # type: ignore[arg-type]
