@@ -7,9 +7,12 @@ options, and a function that records properties on the test.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -66,6 +69,8 @@ class Driver:
         record: Recorder,
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
+        engine: Engine | None = None,
+        on_result: Callable[[BenchmarkResult], None] | None = None,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -74,6 +79,12 @@ class Driver:
         self._record = record
         self._progress = progress
         self._server_env = server_env
+        if engine is None:
+            from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
+
+            engine = GrpcioEngine()
+        self.engine = engine
+        self._on_result = on_result
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -126,7 +137,7 @@ class Driver:
         """
         __tracebackhide__ = True
         return self._p2p(
-            bench.p2p_latency,
+            self.engine.p2p_latency,
             bench.LATENCY_RUN,
             server,
             sizes,
@@ -155,15 +166,23 @@ class Driver:
         self._check_label(label or call)
         if floor:
             self._check_label((label or call) + FLOOR_SUFFIX)
-        result = benchmark(
-            server,
-            self._sizes(sizes, call),
-            run=run,
-            label=label,
-            progress=self._progress_of(label or call, server),
-            **options,
-        )
-        return self._with_floor(self.record(result), server, run, floor)
+        try:
+            result = benchmark(
+                server,
+                self._sizes(sizes, call),
+                run=run,
+                label=label,
+                progress=self._progress_of(label or call, server),
+                **options,
+            )
+        except EngineError as exc:
+            raise SpecError(f"{self._test}: {call}(): {exc}") from None
+        return self._with_floor(self.record(self._engine_result(result)), server, run, floor)
+
+    def _engine_result(self, result: R) -> R:
+        """``result`` with the engine that measured it (and the engine's settings) recorded."""
+        settings = {**result.settings, **self.engine.settings(), "engine": self.engine.name}
+        return replace(result, settings=MappingProxyType(settings))
 
     def _with_floor(
         self, result: BenchmarkResult, server: Server, run: RunSpec, floor: bool
@@ -200,7 +219,7 @@ class Driver:
                     f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
         return self._p2p(
-            bench.p2p_bandwidth,
+            self.engine.p2p_bandwidth,
             bench.BANDWIDTH_RUN,
             server,
             sizes,
@@ -215,7 +234,7 @@ class Driver:
 
     def ps_throughput(
         self,
-        cluster: PSCluster,
+        cluster: PSCluster | EngineCluster,
         sizes: Sequence[int | str] | str | int | None = None,
         *,
         mode: str = "raw",
@@ -240,12 +259,18 @@ class Driver:
             payload = messages.payload
         else:
             payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
-        result = bench.ps_throughput(cluster, payload, mode=mode, run=run, label=label, key=key)
-        return self.record(result)
+        profile = messages.profile if messages is not None else None
+        try:
+            result = self.engine.ps_throughput(
+                cluster, payload, mode=mode, run=run, label=label, key=key, profile=profile
+            )
+        except EngineError as exc:
+            raise SpecError(f"{self._test}: ps_throughput(): {exc}") from None
+        return self.record(self._engine_result(result))
 
     def sync_sgd_step(
         self,
-        cluster: PSCluster,
+        cluster: PSCluster | EngineCluster,
         profile: Profile | str | None = None,
         *,
         check: bool = False,
@@ -260,6 +285,11 @@ class Driver:
         step p50.
         """
         __tracebackhide__ = True
+        if not isinstance(cluster, PSCluster):
+            raise SpecError(
+                f"{self._test}: sync_sgd_step() runs on the plugin's own PS processes (engine "
+                f"'grpcio'), not on engine {self.engine.name!r}'s cluster"
+            )
         run = self._run(bench.SYNC_SGD_RUN, "sync_sgd_step", run_args)
         self._check_label(label or "sync_sgd_step")
         if profile is None:
@@ -279,7 +309,7 @@ class Driver:
         result = bench.sync_sgd_step(
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
-        return self.record(result)
+        return self.record(self._engine_result(result))
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:
@@ -304,6 +334,8 @@ class Driver:
             self._record(TARGET, result.target)
         for name, value in result_properties(result):
             self._record(name, value)
+        if self._on_result is not None:
+            self._on_result(result)
         if self._budget is not None and self._budget.limits:
             breaches = check(self._budget, result)
             if breaches:
