@@ -5,6 +5,7 @@ Cheap until used: this module and the ones it names import neither grpc nor nump
 nothing up; ``activation`` wakes the rest when the run first uses the plugin.
 
 - ``options``: command-line options, ini twins, markers
+- ``engines``: the hook specifications (``hookspecs``), the plugin's engines, a test's engines
 - ``activation``: when the plugin wakes up (a tfgrpc option, fixture or marker)
 - ``session``: the run's state (fabrics, allocator, metadata, gate) and per-test hooks
 - ``markers``: a test's markers read into specs
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 pytest_plugins = (
     "pytest_tfgrpc.plugin.options",
+    "pytest_tfgrpc.plugin.engines",
     "pytest_tfgrpc.plugin.activation",
     "pytest_tfgrpc.plugin.fixtures",
 )

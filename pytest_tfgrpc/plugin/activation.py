@@ -11,13 +11,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_tfgrpc.plugin.engines import engines_of
 from pytest_tfgrpc.plugin.options import MARKERS, configured
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.plugin.session import RunState
 
 #: Fixtures whose use makes a test a tfgrpc test.
-FIXTURES = frozenset(("fabric", "tensor_server", "ps_cluster", "tfgrpc"))
+FIXTURES = frozenset(("fabric", "tensor_server", "ps_cluster", "tfgrpc", "tfgrpc_engine"))
+#: The fixture parametrized by engine when a test runs several.
+ENGINE_FIXTURE = "tfgrpc_engine"
 #: Set on the reports of a tfgrpc test made by a pytest-xdist worker, so that the
 #: controller, which collects nothing, wakes up when the first one reaches it.
 REPORT_FLAG = "tfgrpc_test"
@@ -68,10 +71,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not uses_tfgrpc(metafunc.fixturenames, metafunc.definition):
         return
     state = _activate_in_collection(metafunc.config)
-    if state is None or "fabric" not in metafunc.fixturenames:
+    if state is None:
         return
-    fabrics = state.fabrics
-    metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+    if "fabric" in metafunc.fixturenames:
+        fabrics = state.fabrics
+        metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+    if ENGINE_FIXTURE in metafunc.fixturenames:
+        try:
+            names = engines_of(metafunc.config, metafunc.definition)
+        except pytest.UsageError as exc:
+            metafunc.config.stash.setdefault(_error_key, exc)
+            return
+        if len(names) > 1:  # one engine: no id part, so ids stay as they were
+            metafunc.parametrize(ENGINE_FIXTURE, names, ids=names, indirect=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

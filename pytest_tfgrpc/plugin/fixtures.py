@@ -1,6 +1,6 @@
-"""The fixtures: ``fabric``, ``tensor_server``, ``ps_cluster`` and ``tfgrpc``. Defined in
-every run (pytest must know them to collect), they import the machinery they hand out only
-when a test requests them."""
+"""The fixtures: ``fabric``, ``tfgrpc_engine``, ``tensor_server``, ``ps_cluster``, ``tfgrpc``.
+Defined in every run (pytest must know them to collect), they import the machinery they hand
+out only when a test requests them."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pytest_tfgrpc.plugin.activation import activate
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver
+    from pytest_tfgrpc.bench.engines import Engine, EngineCluster, EngineServer
+    from pytest_tfgrpc.results import BenchmarkResult
     from pytest_tfgrpc.servers.cluster_spec import RemoteServer
-    from pytest_tfgrpc.servers.processes import ServerProcess
-    from pytest_tfgrpc.servers.ps_cluster import PSCluster
     from pytest_tfgrpc.wire.fabric import Fabric
 
 #: Long sweeps say where they are: a line once a test has run this long, then as often.
@@ -35,18 +35,33 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 
 
 @pytest.fixture
-def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric
-) -> Iterator[ServerProcess | RemoteServer]:
-    """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
-    ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
-    With a cluster spec, the spec's server reached through ``fabric`` on another host."""
-    from pytest_tfgrpc.plugin.markers import watched_key
-    from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
-    from pytest_tfgrpc.servers.processes import ServerProcess
+def tfgrpc_engine(request: pytest.FixtureRequest) -> Engine:
+    """The engine this test measures with (see ``tfgrpc_engines``); an engine that cannot run
+    here (its library missing) skips the test with the engine's reason."""
+    from pytest_tfgrpc.plugin.engines import engine_for, engines_of
 
     session = activate(request.config)
-    if session.cluster is not None:
+    name = getattr(request, "param", None)
+    if name is None:
+        name = engines_of(request.config, request.node)[0]
+    return engine_for(session.engines, name, request.node.nodeid)
+
+
+@pytest.fixture
+def tensor_server(
+    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: Engine
+) -> Iterator[EngineServer | RemoteServer]:
+    """A server of the test's engine in its own process(es), bound to ``fabric``: ``.target``,
+    ``.fabric``, ``.pid``. Stopped when the test ends; if it dies during the test, the test
+    fails. With a cluster spec (grpcio engine), the spec's server reached through ``fabric``
+    on another host."""
+    from pytest_tfgrpc.bench.engines import EngineError
+    from pytest_tfgrpc.plugin.markers import watched_key
+    from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
+    from pytest_tfgrpc.servers.processes import ServerError
+
+    session = activate(request.config)
+    if session.cluster is not None and tfgrpc_engine.name == "grpcio":
         try:
             remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
             remote.check_reachable()
@@ -57,7 +72,10 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = ServerProcess.start(fabric, env=session.server_env)
+    try:
+        server = tfgrpc_engine.start_server(fabric, session.server_env)
+    except (EngineError, ServerError) as exc:
+        pytest.fail(f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: {exc}", pytrace=False)
     started.append(server)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
@@ -69,22 +87,31 @@ def tensor_server(
 
 
 @pytest.fixture
-def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSCluster]:
-    """Parameter-server processes and worker processes bound to ``fabric``, as the test's
-    ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test ends;
-    if one of its processes dies during the test, the test fails."""
+def ps_cluster(
+    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: Engine
+) -> Iterator[EngineCluster]:
+    """Parameter-server tasks (and workers) of the test's engine bound to ``fabric``, as the
+    test's ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test
+    ends; if one of its processes dies during the test, the test fails."""
+    from pytest_tfgrpc.bench.engines import EngineError
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
-    from pytest_tfgrpc.servers.ps_cluster import PSCluster
+    from pytest_tfgrpc.servers.processes import ServerError
 
     session = activate(request.config)
     topology = item_specs(request.node).topology
-    with PSCluster(fabric, topology, env=session.server_env) as cluster:
+    try:
+        cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env)
+    except (EngineError, ServerError) as exc:
+        pytest.fail(f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: {exc}", pytrace=False)
+    try:
         request.node.stash.setdefault(watched_key, []).append(cluster)
         yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
-def tfgrpc(request: pytest.FixtureRequest) -> Driver:
+def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine) -> Driver:
     """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
     ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
     from pytest_tfgrpc.bench.driver import Driver
@@ -97,6 +124,9 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
     def record(name: str, value: str) -> None:
         item.user_properties.append((name, value))
 
+    def on_result(result: BenchmarkResult) -> None:
+        request.config.hook.pytest_tfgrpc_result(item=item, result=result)
+
     return Driver(
         test=item.nodeid,
         messages=specs.messages,
@@ -105,6 +135,8 @@ def tfgrpc(request: pytest.FixtureRequest) -> Driver:
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,
+        engine=tfgrpc_engine,
+        on_result=on_result,
     )
 
 

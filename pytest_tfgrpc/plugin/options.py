@@ -47,6 +47,10 @@ PLOT_HELP = (
     "write PNG plots into DIR at the end of the run: latency and bandwidth against message "
     "size per fabric, step times of PS tests (needs the 'plot' extra: matplotlib)"
 )
+ENGINES_HELP = (
+    "engines every tfgrpc test runs with, e.g. grpcio,tensorflow (default grpcio; a test's "
+    "tfgrpc_engines marker wins). With several, each test runs once per engine."
+)
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
     "inconclusive": (
@@ -74,6 +78,9 @@ MARKERS = {
     "tfgrpc_run": "tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None, "
     "warmup_seconds=None): the test's run settings, over the --tfgrpc-* options; a duration "
     "makes the run time-based (TF-gRPC-Bench: warmup_seconds=2, duration=10).",
+    "tfgrpc_engines": "tfgrpc_engines(*names): the engines the test measures with, e.g. "
+    "tfgrpc_engines('grpcio', 'tensorflow'): the test runs once per engine, the engine a test "
+    "id part and the 'engine' setting of its results.",
     "ps_topology": "ps_topology(ps=1, workers=1, sharding='round_robin'): the parameter-server "
     "cluster of the ps_cluster fixture: PS processes, worker processes, and how tensors are "
     "placed on PS tasks (round_robin, greedy, partitioned).",
@@ -145,6 +152,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add(group, parser, ("--tfgrpc-cluster",), "tfgrpc_cluster", CLUSTER_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-engines",),
+        "tfgrpc_engines",
+        ENGINES_HELP,
+        ini_type="args",
+        ini_default=[],
+        action="append",
+        metavar="NAME[,NAME...]",
+    )
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
     for name, help_text in RUN_OPTIONS.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
