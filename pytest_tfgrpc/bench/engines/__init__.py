@@ -12,6 +12,7 @@ from pytest_tfgrpc.bench.engines.base import (
     EngineServer,
     Measured,
     PSVariable,
+    ServerGroup,
     ps_variables,
 )
 from pytest_tfgrpc.bench.engines.registry import EngineFactory, EngineRegistry
@@ -25,6 +26,7 @@ __all__ = [
     "EngineServer",
     "Measured",
     "PSVariable",
+    "ServerGroup",
     "builtin_engines",
     "ps_variables",
 ]

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,7 @@ from pytest_tfgrpc.bench.p2p import (
 )
 from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, PSResult
 from pytest_tfgrpc.bench.settings import run_settings
-from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.bench.timing import RunSpec, measure
 from pytest_tfgrpc.model.placement import Placement, Topology
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
@@ -61,6 +61,7 @@ __all__ = [
     "EngineServer",
     "Measured",
     "PSVariable",
+    "ServerGroup",
     "ps_variables",
 ]
 
@@ -103,6 +104,44 @@ class EngineCluster(Protocol):
     def stop(self) -> object: ...
 
 
+@dataclass(frozen=True, eq=False)
+class ServerGroup:
+    """PS tasks that are each one server of an engine (:meth:`Engine.start_cluster`'s
+    default): ``ps[i]`` is PS task i; stopping the group stops them all."""
+
+    fabric: Fabric
+    topology: Topology
+    ps: tuple[EngineServer, ...]
+
+    @classmethod
+    def start(
+        cls, engine: Engine, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
+    ) -> ServerGroup:
+        """Start ``topology.ps`` servers of ``engine``; those started are stopped if one
+        fails to start."""
+        started: list[EngineServer] = []
+        try:
+            for _ in range(topology.ps):
+                started.append(engine.start_server(fabric, env))
+        except BaseException:
+            for server in started:
+                server.stop()
+            raise
+        return cls(fabric, topology, tuple(started))
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(server.target for server in self.ps)
+
+    def died(self, grace: float = 0.5) -> BaseException | None:
+        """The first PS task found dead, or None."""
+        return next((d for d in (s.died(grace) for s in self.ps) if d is not None), None)
+
+    def stop(self) -> None:
+        for server in self.ps:
+            server.stop()
+
+
 def _no_settings() -> Mapping[str, str]:
     return MappingProxyType({})
 
@@ -128,6 +167,14 @@ class Measured:
     wire_bytes: int | None = None
     cpu: Mapping[str, CpuTime] = field(default_factory=_no_cpu)
     settings: Mapping[str, str] = field(default_factory=_no_settings)
+
+    @classmethod
+    def timed(cls, op: Callable[[], object], run: RunSpec, **fields: Any) -> Measured:
+        """Time ``op`` with the plugin's own loop: ``run.warmup`` untimed calls, then one
+        sample per call until ``run.iterations`` or ``run.time_limit_s`` (the cyclic GC off
+        meanwhile). ``fields`` are the other :class:`Measured` fields (``wire_bytes``, ...)."""
+        samples, elapsed = measure(op, run)
+        return cls(samples, elapsed, **fields)
 
     def array(self, engine: str, what: str) -> npt.NDArray[np.int64]:
         """The samples as int64 nanoseconds; :class:`EngineError` when there are none or one
@@ -218,8 +265,12 @@ class Engine(ABC):
     def start_cluster(
         self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
     ) -> EngineCluster:
-        """Start ``topology.ps`` PS tasks (and the workers the engine needs) on ``fabric``."""
-        raise self._unsupported("PS clusters (start_cluster)")
+        """Start ``topology.ps`` PS tasks (and the workers the engine needs) on ``fabric``.
+
+        By default each PS task is a server of :meth:`start_server`, and the workers are the
+        measuring process itself: a :class:`ServerGroup`, ``cluster.ps[i]`` being PS task i.
+        """
+        return ServerGroup.start(self, fabric, topology, env)
 
     def echo(
         self, server: EngineServer, tensor: Tensor, *, mode: str, rpc: str, run: RunSpec
