@@ -15,7 +15,7 @@ from pytest_tfgrpc.wire._proto import tensor_pb2
 
 tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
 
-ARRAYS = [
+ARRAYS: list[np.ndarray] = [
     np.arange(6, dtype=np.float32).reshape(2, 3),
     np.array([[-(2**40), 7]], dtype=np.int64),
     np.frombuffer(bytes(range(256)), dtype=np.uint8).reshape(4, 8, 8),

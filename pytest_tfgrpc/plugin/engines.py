@@ -83,7 +83,11 @@ def engine_for(registry: EngineRegistry, name: str, test: str) -> Engine:
     try:
         engine = registry.get(name)
     except EngineError as exc:
-        pytest.fail(f"{test}: {exc}", pytrace=False)
+        problem = f"{test}: {exc}"
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(problem, pytrace=False)
     reason = engine.unavailable()
     if reason:
         pytest.skip(f"engine {name!r} unavailable: {reason}")
