@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 from my_ps import UNLIMITED
 
-from pytest_tfgrpc.bench.engines import Engine, Measured
+from pytest_tfgrpc import Engine, Measured
 
 
 class MyPS:
