@@ -136,6 +136,19 @@ def test_several_engines_run_each_test_once_per_engine(pytester: pytest.Pytester
         assert f"engine={engine}" in cases[f"test_echo[lo-{engine}]"]["tfgrpc.p2p_latency.settings"]
 
 
+def test_an_engine_in_a_subdirectorys_conftest_is_found(pytester: pytest.Pytester) -> None:
+    # An option wakes the plugin before that conftest is loaded: engines are asked for later.
+    sub = pytester.mkdir("sub")
+    shutil.copy(EXAMPLE / "my_ps.py", sub / "my_ps.py")
+    shutil.copy(EXAMPLE / "conftest.py", sub / "conftest.py")
+    (sub / "test_sub.py").write_text(
+        "import pytest\n\n@pytest.mark.tfgrpc_engines('myps')\n"
+        "def test_echo(tfgrpc, tensor_server):\n"
+        "    tfgrpc.p2p_latency(tensor_server, sizes=['1KiB'])\n"
+    )
+    pytester.runpytest_subprocess(*FAST, "--tfgrpc-iterations=10", ".").assert_outcomes(passed=1)
+
+
 def test_a_hook_chooses_a_tests_engines(pytester: pytest.Pytester) -> None:
     _with_example_engine(
         pytester,

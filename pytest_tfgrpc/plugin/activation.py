@@ -94,6 +94,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     error = config.stash.get(_error_key, None)
     if error is not None:
         raise error
+    state = config.stash.get(state_key, None)
+    if state is not None:  # every conftest is loaded now: their engines too
+        state.registry(config)
 
 
 @pytest.hookimpl(wrapper=True)

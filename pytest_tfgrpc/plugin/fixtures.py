@@ -44,7 +44,7 @@ def tfgrpc_engine(request: pytest.FixtureRequest) -> Engine:
     name = getattr(request, "param", None)
     if name is None:
         name = engines_of(request.config, request.node)[0]
-    return engine_for(session.engines, name, request.node.nodeid)
+    return engine_for(session.registry(request.config), name, request.node.nodeid)
 
 
 @pytest.fixture

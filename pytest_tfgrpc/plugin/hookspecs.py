@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 def pytest_tfgrpc_add_engines(registry: EngineRegistry, config: pytest.Config) -> None:
     """Register engines: ``registry.add(MyEngine())``, or ``registry.add(factory, "name")`` to
-    build it only when a test selects it. Called once, when the run first uses the plugin; the
-    plugin's own ``grpcio`` and ``tensorflow`` engines are registered here too. A name
-    registered twice is a usage error naming it.
+    build it only when a test selects it. Called once, after collection (so any conftest may
+    implement it); the plugin's own ``grpcio`` and ``tensorflow`` engines are registered here
+    too. A name registered twice is a usage error naming it.
     """
 
 
@@ -41,6 +41,8 @@ def pytest_tfgrpc_run_metadata(config: pytest.Config) -> Mapping[str, str] | Non
     ``tfgrpc.meta.extra.<key>``, and the baseline gate checks it like the host and the grpcio
     version: a baseline recorded with another value is a setup mismatch. Keys are
     identifiers or dotted identifiers; two implementations giving one key is a usage error.
+    Called when the run first uses the plugin, which may be before collection: implement it in
+    a plugin or the rootdir's ``conftest.py`` (as ``pytest_addoption``), not a subdirectory's.
     """
 
 

@@ -43,11 +43,18 @@ class RunState:
     gate: BaselineGate | None = None
     cluster: ClusterSpec | None = None
     servers: list[EngineServer] = field(default_factory=list)
-    #: The engines the ``pytest_tfgrpc_add_engines`` hooks registered.
-    engines: EngineRegistry = field(default_factory=EngineRegistry)
+    #: The engines the ``pytest_tfgrpc_add_engines`` hooks registered: asked once every
+    #: conftest is loaded (after collection), see :meth:`registry`.
+    engines: EngineRegistry | None = None
     #: Set once the header lines and the suite properties have been given out.
     header_shown: bool = False
     meta_written: bool = False
+
+    def registry(self, config: pytest.Config) -> EngineRegistry:
+        """The run's engines, from the ``pytest_tfgrpc_add_engines`` hooks on first use."""
+        if self.engines is None:
+            self.engines = build_registry(config)
+        return self.engines
 
     def stop_servers(self) -> None:
         while self.servers:
@@ -142,7 +149,6 @@ def start(config: pytest.Config) -> RunState:
         meta=meta,
         gate=_baseline_gate(config, meta, fabrics),
         cluster=cluster,
-        engines=build_registry(config),
     )
     config.pluginmanager.register(TfgrpcSession(state), SESSION_NAME)
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run reports
