@@ -42,12 +42,12 @@ from pytest_tfgrpc.bench.p2p import (
     Message,
     Progress,
 )
-from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, PSResult
+from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, PSResult, throughput_result
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec, measure
 from pytest_tfgrpc.model.placement import Placement, Topology
 from pytest_tfgrpc.model.profiles import Profile
-from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
+from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.fabric import Fabric
@@ -71,13 +71,7 @@ class EngineError(ValueError):
     implement, a topology it does not support); the message names the engine and the call."""
 
 
-@runtime_checkable
-class EngineServer(Protocol):
-    """A running server of an engine: where it listens, on which fabric, whether it died."""
-
-    @property
-    def target(self) -> str: ...
-
+class _Running(Protocol):
     @property
     def fabric(self) -> Fabric: ...
 
@@ -87,21 +81,24 @@ class EngineServer(Protocol):
 
 
 @runtime_checkable
-class EngineCluster(Protocol):
-    """Running PS tasks (and whatever workers the engine needs) of an engine."""
+class EngineServer(_Running, Protocol):
+    """A running server of an engine: where it listens (``target``, ``host:port``), on which
+    fabric, whether it died (the exception that says how, or None), and how to stop it."""
 
     @property
-    def fabric(self) -> Fabric: ...
+    def target(self) -> str: ...
+
+
+@runtime_checkable
+class EngineCluster(_Running, Protocol):
+    """Running PS tasks (and whatever workers the engine needs) of an engine: the topology
+    they were started for and every PS task's target."""
 
     @property
     def topology(self) -> Topology: ...
 
     @property
     def targets(self) -> tuple[str, ...]: ...
-
-    def died(self, grace: float = 0.5) -> BaseException | None: ...
-
-    def stop(self) -> object: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -476,21 +473,8 @@ class Engine(ABC):
                     imbalance=group.imbalance if isinstance(group, Placement) else 1.0,
                 )
             )
-        return PSResult(
-            benchmark="ps_throughput",
-            label=label or "ps_throughput",
-            fabric=cluster.fabric.name,
-            target=",".join(cluster.targets),
-            mode=mode,
-            rpc="unary",
-            cluster=Cluster(
-                topology.ps,
-                topology.workers,
-                payload.sharding if isinstance(payload, Placement) else topology.sharding,
-            ),
-            sizes=tuple(points),
-            placement=payload if isinstance(payload, Placement) else None,
-            settings=run_settings(run, **settings),
+        return throughput_result(
+            cluster, payload, mode, label, points, run_settings(run, **settings)
         )
 
 
