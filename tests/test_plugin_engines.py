@@ -361,3 +361,62 @@ def test_bad_engine_markers_are_usage_errors(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+BARE_ECHO = """
+import grpc
+
+from pytest_tfgrpc import Engine, Measured
+
+
+class BareEcho(Engine):
+    name = "bare_echo"
+
+    def start_server(self, fabric, env):
+        raise AssertionError("a client-only engine here: the test's engine serves")
+
+    def echo(self, server, tensor, *, mode, rpc, run):
+        with grpc.insecure_channel(server.target) as channel:
+            call = channel.unary_unary("/tfgrpc.RawTensorService/Echo")
+            return Measured.timed(lambda: call(tensor.content), run)
+
+
+class Missing(BareEcho):
+    name = "missing"
+
+    def unavailable(self):
+        return "not built: run build-missing"
+
+
+def pytest_tfgrpc_add_engines(registry):
+    registry.add(BareEcho())
+    registry.add(Missing())
+"""
+
+
+def test_a_call_can_measure_with_another_engines_client(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(BARE_ECHO)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_mixed(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server, sizes=["1KiB"], label="plugin")
+            tfgrpc.p2p_latency(tensor_server, sizes=["1KiB"], label="bare", engine="bare_echo")
+
+        def test_unknown(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server, sizes=["1KiB"], engine="nosuch")
+
+        def test_unavailable(tfgrpc, tensor_server):
+            tfgrpc.p2p_bandwidth(tensor_server, sizes=["1KiB"], engine="missing")
+        """
+    )
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest_subprocess(*FAST, f"--junitxml={xml}")
+    result.assert_outcomes(passed=1, failed=2)
+    props = _cases(xml)["test_mixed[lo]"]
+    assert "engine=grpcio" in props["tfgrpc.plugin.settings"]
+    assert "engine=bare_echo" in props["tfgrpc.bare.settings"]
+    assert int(props["tfgrpc.bare.1KiB.samples"]) == 20
+    result.stdout.fnmatch_lines(["*p2p_latency() argument engine: unknown engine 'nosuch'*"])
+    result.stdout.fnmatch_lines(["*p2p_bandwidth(engine='missing'): not built: run build-missing*"])

@@ -71,6 +71,7 @@ class Driver:
         server_env: Mapping[str, str] | None = None,
         engine: Engine | None = None,
         on_result: Callable[[BenchmarkResult], None] | None = None,
+        engines: Callable[[str], Engine] | None = None,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -85,6 +86,7 @@ class Driver:
             engine = GrpcioEngine()
         self.engine = engine
         self._on_result = on_result
+        self._engines = engines
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -128,16 +130,20 @@ class Driver:
         rpc: str = "unary",
         label: str | None = None,
         floor: bool = False,
+        engine: str | None = None,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
         ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
-        fabric, labelled ``<label>_floor``.
+        fabric, labelled ``<label>_floor``. ``engine="name"`` measures with another registered
+        engine's client than the test's (against the test's server).
         """
         __tracebackhide__ = True
+        measuring = self._measuring(engine, "p2p_latency")
         return self._p2p(
-            self.engine.p2p_latency,
+            measuring,
+            measuring.p2p_latency,
             bench.LATENCY_RUN,
             server,
             sizes,
@@ -148,8 +154,24 @@ class Driver:
             rpc=rpc,
         )
 
+    def _measuring(self, name: str | None, call: str) -> Engine:
+        """The engine a call measures with: the test's, or the registered one ``name``."""
+        if name is None or name == self.engine.name:
+            return self.engine
+        try:
+            if self._engines is None:
+                raise EngineError(f"unknown engine {name!r}; this driver has {self.engine.name!r}")
+            engine = self._engines(name)
+        except EngineError as exc:
+            raise SpecError(f"{self._test}: {call}() argument engine: {exc}") from None
+        reason = engine.unavailable()
+        if reason:
+            raise SpecError(f"{self._test}: {call}(engine={name!r}): {reason}")
+        return engine
+
     def _p2p(
         self,
+        measuring: Engine,
         benchmark: Callable[..., BenchmarkResult],
         default: RunSpec,
         server: Server,
@@ -177,11 +199,13 @@ class Driver:
             )
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
-        return self._with_floor(self.record(self._engine_result(result)), server, run, floor)
+        result = self._engine_result(result, measuring)
+        return self._with_floor(self.record(result), server, run, floor)
 
-    def _engine_result(self, result: R) -> R:
+    def _engine_result(self, result: R, engine: Engine | None = None) -> R:
         """``result`` with the engine that measured it (and the engine's settings) recorded."""
-        settings = {**result.settings, **self.engine.settings(), "engine": self.engine.name}
+        engine = engine or self.engine
+        settings = {**result.settings, **engine.settings(), "engine": engine.name}
         return replace(result, settings=MappingProxyType(settings))
 
     def _with_floor(
@@ -202,12 +226,14 @@ class Driver:
         chunk_bytes: int | str | None = None,
         label: str | None = None,
         floor: bool = False,
+        engine: str | None = None,
         **run_args: Unpack[RunArgs],
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
-        same sizes on the same fabric, labelled ``<label>_floor``.
+        same sizes on the same fabric, labelled ``<label>_floor``. ``engine="name"`` measures
+        with another registered engine's client than the test's (against the test's server).
         """
         __tracebackhide__ = True
         extra: dict[str, Any] = {}
@@ -218,8 +244,10 @@ class Driver:
                 raise SpecError(
                     f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
+        measuring = self._measuring(engine, "p2p_bandwidth")
         return self._p2p(
-            self.engine.p2p_bandwidth,
+            measuring,
+            measuring.p2p_bandwidth,
             bench.BANDWIDTH_RUN,
             server,
             sizes,

@@ -137,6 +137,7 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine) -> Driver:
         server_env=session.server_env,
         engine=tfgrpc_engine,
         on_result=on_result,
+        engines=session.registry(request.config).get,
     )
 
 
