@@ -52,6 +52,12 @@ _EXPORTS = {
     "ServerProcess": "pytest_tfgrpc.servers.processes",
     "RemoteServer": "pytest_tfgrpc.servers.cluster_spec",
     "PSCluster": "pytest_tfgrpc.servers.ps_cluster",
+    # engines (write one: see the README's "Engines" section)
+    "Engine": "pytest_tfgrpc.bench.engines.base",
+    "EngineError": "pytest_tfgrpc.bench.engines.base",
+    "Measured": "pytest_tfgrpc.bench.engines.base",
+    "PSVariable": "pytest_tfgrpc.bench.engines.base",
+    "EngineRegistry": "pytest_tfgrpc.bench.engines.registry",
     # payloads
     "Payload": "pytest_tfgrpc.wire.schemes",
     "Tensor": "pytest_tfgrpc.wire.tensors",
@@ -59,6 +65,11 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver as Driver
+    from pytest_tfgrpc.bench.engines.base import Engine as Engine
+    from pytest_tfgrpc.bench.engines.base import EngineError as EngineError
+    from pytest_tfgrpc.bench.engines.base import Measured as Measured
+    from pytest_tfgrpc.bench.engines.base import PSVariable as PSVariable
+    from pytest_tfgrpc.bench.engines.registry import EngineRegistry as EngineRegistry
     from pytest_tfgrpc.bench.ps import AggregateError as AggregateError
     from pytest_tfgrpc.bench.ps import PSResult as PSResult
     from pytest_tfgrpc.bench.ps import check_aggregate as check_aggregate

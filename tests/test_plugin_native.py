@@ -18,7 +18,7 @@ import pytest
 
 ENGINES = ["grpcio", "native"]
 
-@pytest.mark.tfgrpc_engine(server="native")
+@pytest.mark.tfgrpc_engines(server="native")
 @pytest.mark.parametrize("engine", ENGINES)
 def test_to_native_server(tfgrpc, tensor_server, engine):
     result = tfgrpc.p2p_latency(tensor_server, ["1KiB"], rpc="stream", engine=engine)
@@ -74,30 +74,51 @@ def test_x(tensor_server):
     return result
 
 
-@pytest.mark.parametrize("value", ["'c++'", "'GRPCIO'", "1"])
-def test_a_bad_server_engine_fails_the_test_by_name(pytester: pytest.Pytester, value: str) -> None:
-    result = _bad_marker(pytester, f"tfgrpc_engine(server={value})")
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("'c++'", "unknown engine 'c++'; registered engines: grpcio, native, tensorflow"),
+        ("'GRPCIO'", "unknown engine 'GRPCIO'; registered engines: grpcio, native"),
+        ("1", "tfgrpc_engines(server=1): give one engine name"),
+    ],
+)
+def test_a_bad_server_engine_fails_the_test_by_name(
+    pytester: pytest.Pytester, value: str, message: str
+) -> None:
+    result = _bad_marker(pytester, f"tfgrpc_engines(server={value})")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*test_x*tfgrpc_engine(server=*expected one of grpcio, native*"])
+    result.stdout.fnmatch_lines([f"*test_x*{message}*"])
 
 
 @pytest.mark.parametrize(
     ("marker", "message"),
     [
+        ("tfgrpc_engines(client='native')", "tfgrpc_engines() takes server=..., got client"),
+        ("tfgrpc_engines()", "give engine names such as"),
+        ("tfgrpc_engines('native', 'native')", "engine listed twice"),
         ("tfgrpc_engine('native')", "takes only engines=... and server=..., got 'native'"),
-        ("tfgrpc_engine(client='native')", "takes only engines=... and server=..., got client"),
+        ("tfgrpc_engine(client='native')", "takes engines and server=..., got client"),
         ("tfgrpc_engine(engines='native')", "a non-empty list"),
-        ("tfgrpc_engine(engines=[])", "a non-empty list"),
-        ("tfgrpc_engine(engines=['native', 'native'])", "names an engine twice"),
-        ("tfgrpc_engine(engines=['grpcio', 'rust'])", "expected one of grpcio, native"),
+        ("tfgrpc_engine(engines=[])", "give engine names such as"),
+        ("tfgrpc_engine(engines=['native', 'native'])", "engine listed twice"),
     ],
 )
 def test_a_bad_engine_marker_is_a_collection_error_by_name(
     pytester: pytest.Pytester, marker: str, message: str
 ) -> None:
     result = _bad_marker(pytester, marker)
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*test_x*{message}*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*test_x*{message}*"])
+
+
+def test_an_unknown_engine_fails_the_test_naming_the_registered_ones(
+    pytester: pytest.Pytester,
+) -> None:
+    result = _bad_marker(pytester, "tfgrpc_engines('grpcio', 'rust')")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_x?lo-rust?: unknown engine 'rust'; registered engines: grpcio*"]
+    )
 
 
 @pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -109,24 +130,34 @@ def test_engines_run_a_test_once_per_engine_with_the_engine_in_its_id(
         """
 import pytest
 
-@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"])
+@pytest.mark.tfgrpc_engines("grpcio", "native")
 def test_echo(tfgrpc, tensor_server, tfgrpc_engine):
     result = tfgrpc.p2p_latency(tensor_server, ["1KiB"], rpc="stream")
-    assert result.settings["engine"] == tfgrpc_engine
+    assert result.settings["engine"] == tfgrpc_engine.name
 
-@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"], server="native")
+@pytest.mark.tfgrpc_engines("grpcio", "native", server="native")
 def test_pinned_server(tfgrpc, tensor_server, tfgrpc_engine):
-    assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == tfgrpc_engine
+    assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == tfgrpc_engine.name
+
+@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"])
+def test_deprecated_spelling(tfgrpc, tensor_server, tfgrpc_engine):
+    assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == tfgrpc_engine.name
 """
     )
     result = pytester.runpytest("-v", "--tfgrpc-iterations=5")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=6, warnings=1)
     result.stdout.fnmatch_lines(
-        ["*test_echo?grpcio-lo? PASSED*", "*test_echo?native-lo? PASSED*"], consecutive=False
+        ["*test_echo?lo-grpcio? PASSED*", "*test_echo?lo-native? PASSED*"], consecutive=False
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*DeprecationWarning: tfgrpc_engine(engines=?'grpcio', 'native'?) is deprecated: "
+            "write tfgrpc_engines('grpcio', 'native')*"
+        ]
     )
 
 
-def test_an_unbuilt_native_engine_fails_with_the_build_command(
+def test_an_unbuilt_native_engine_skips_or_fails_with_the_build_command(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
@@ -134,17 +165,26 @@ def test_an_unbuilt_native_engine_fails_with_the_build_command(
         """
 import pytest
 
-@pytest.mark.tfgrpc_engine(server="native")
+@pytest.mark.tfgrpc_engines(server="native")
 def test_server(tensor_server):
+    pass
+
+@pytest.mark.tfgrpc_engines("native")
+def test_selected(tfgrpc, tensor_server):
     pass
 
 def test_client(tfgrpc, tensor_server):
     tfgrpc.p2p_latency(tensor_server, ["1KiB"], engine="native")
 """
     )
-    result = pytester.runpytest()
-    result.assert_outcomes(errors=1, failed=1)
-    result.stdout.fnmatch_lines(["*not built*tfgrpc-build-native*"])
+    # A test selecting the engine skips with its reason (as any engine whose library is
+    # missing); a call asking for it fails with it.
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=2, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*SKIPPED*engine 'native' unavailable*not built*tfgrpc-build-native*"]
+    )
+    result.stdout.fnmatch_lines(["*test_client*not built*tfgrpc-build-native*"])
 
 
 @pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -172,15 +212,22 @@ def test_overridden(tfgrpc, tensor_server):
     assert result.settings["engine"] == "grpcio"
 """
     )
-    result = pytester.runpytest("--tfgrpc-engine=native", "--tfgrpc-iterations=5")
+    result = pytester.runpytest("--tfgrpc-engines=native", "--tfgrpc-iterations=5")
     result.assert_outcomes(passed=2)
+    # The deprecated spelling still works, and says so.
+    result = pytester.runpytest("--tfgrpc-engine=native", "--tfgrpc-iterations=5")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(["*--tfgrpc-engine=native is deprecated*--tfgrpc-engines=native*"])
 
 
-def test_an_unknown_engine_option_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("def test_x():\n    pass\n")
-    result = pytester.runpytest("--tfgrpc-engine=rust")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--tfgrpc-engine*invalid choice*rust*"])
+@pytest.mark.parametrize("flag", ["--tfgrpc-engines", "--tfgrpc-engine"])
+def test_an_unknown_engine_option_fails_the_tests_naming_the_engines(
+    pytester: pytest.Pytester, flag: str
+) -> None:
+    pytester.makepyfile("def test_x(tensor_server):\n    pass\n")
+    result = pytester.runpytest(f"{flag}=rust")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*unknown engine 'rust'; registered engines: grpcio, native*"])
 
 
 STREAMS_SUITE = """
@@ -233,7 +280,12 @@ def test_a_bad_streams_marker_fails_the_test_by_name(
 
 
 @pytest.mark.parametrize(
-    "marker", ["tfgrpc_engine(server='native')", "tfgrpc_engine(engines=['native'])"]
+    "marker",
+    [
+        "tfgrpc_engines(server='native')",
+        "tfgrpc_engines('native')",
+        "tfgrpc_engine(engines=['native'])",
+    ],
 )
 def test_a_native_server_is_not_started_through_agents(
     pytester: pytest.Pytester, marker: str

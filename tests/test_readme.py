@@ -1,7 +1,9 @@
 """Every code example of the README and README-model.md, run or checked as written.
 
 * ``python`` blocks that define tests are suites: they run together under pytester, as a user
-  would run them, and must pass; the other ``python`` blocks run as scripts in the same folder
+  would run them, and must pass; blocks that implement the plugin's hooks (``pytest_*``
+  functions) are the suites' conftest, and each engine they register measures a latency in
+  that run; the other ``python`` blocks run as scripts in the same folder
   afterwards (the JUnit XML the suites wrote is there), and where the text after a block says
   what it ``prints`` the output must be exactly that.
 * ``sh`` blocks: each command line is checked: the program exists, every option it gives is in
@@ -90,20 +92,63 @@ def _test_functions(source: str) -> list[ast.FunctionDef]:
     ]
 
 
+def _hooks(source: str) -> list[str]:
+    """The pytest hooks (``pytest_*`` functions) a block defines at its top level."""
+    return [
+        node.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("pytest_")
+    ]
+
+
+def _engine_names(source: str) -> list[str]:
+    """The ``name = "..."`` of every class a block defines (the engines it registers)."""
+    return [
+        stmt.value.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef)
+        for stmt in node.body
+        if isinstance(stmt, ast.Assign)
+        and [getattr(t, "id", None) for t in stmt.targets] == ["name"]
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    ]
+
+
 def test_the_python_examples_pass_as_written(pytester: pytest.Pytester) -> None:
     python = list(_blocks("python"))
     suites = [b for _, b in python if "def test_" in b.text]
-    snippets = [(d, b) for d, b in python if "def test_" not in b.text]
-    assert len(suites) >= 2 and snippets
+    # A block that implements the plugin's hooks is a conftest: it runs as one (pytest refuses
+    # a hook it does not know, pluggy an argument the hook does not have).
+    conftests = [b for _, b in python if "def test_" not in b.text and _hooks(b.text)]
+    snippets = [(d, b) for d, b in python if "def test_" not in b.text and not _hooks(b.text)]
+    assert len(suites) >= 2 and snippets and conftests
     for i, suite in enumerate(suites):
         pytester.makepyfile(**{f"test_readme_{i}": suite.text})
-    # A suite that says which conftest it needs gets it.
+    # The engines the conftest blocks register measure what they implement, through the
+    # plugin's engine selection.
+    engines = [name for c in conftests for name in _engine_names(c.text)]
+    assert engines
+    pytester.makepyfile(
+        test_readme_engines="import pytest\n"
+        + "".join(
+            f"\n\n@pytest.mark.tfgrpc_engines({name!r})\n"
+            f"def test_readme_engine_{name}(tfgrpc, tensor_server):\n"
+            f"    result = tfgrpc.p2p_latency(tensor_server, ['1KiB'], iterations=5)\n"
+            f"    assert result.settings['engine'] == {name!r}\n"
+            for name in engines
+        )
+    )
+    # A suite that says which conftest it needs gets it; the hook blocks are conftest code.
     pytester.makeconftest(
         "\n".join(
-            line.removeprefix("# conftest.py: ")
-            for s in suites
-            for line in s.text.splitlines()
-            if line.startswith("# conftest.py: ")
+            [
+                line.removeprefix("# conftest.py: ")
+                for s in suites
+                for line in s.text.splitlines()
+                if line.startswith("# conftest.py: ")
+            ]
+            + [c.text for c in conftests]
         )
     )
     tests = [t for s in suites for t in _test_functions(s.text)]
@@ -114,6 +159,11 @@ def test_the_python_examples_pass_as_written(pytester: pytest.Pytester) -> None:
     )
     outcomes = result.parseoutcomes()
     assert not {"failed", "errors", "error"} & set(outcomes), result.stdout.str()
+    for name in engines:
+        result.stdout.fnmatch_lines([f"PASSED test_readme_engines.py::test_readme_engine_{name}*"])
+    # The run metadata the hook blocks add reach the JUnit suite properties.
+    if any("pytest_tfgrpc_run_metadata" in _hooks(c.text) for c in conftests):
+        assert 'name="tfgrpc.meta.extra.' in (pytester.path / "perf.xml").read_text()
     # Every test the README shows ran (a test may run once per fabric or engine).
     for test in tests:
         if os.geteuid() == 0 or test not in need_root:

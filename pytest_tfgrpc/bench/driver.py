@@ -8,28 +8,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
+from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
-from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
-from pytest_tfgrpc.bench.streams import check_streams, p2p_bandwidth_streams
+from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
-from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.native_server import check_engine
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
@@ -73,8 +72,10 @@ class Driver:
         record: Recorder,
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
-        engine: str = "grpcio",
+        engine: Engine | None = None,
         streams: int = 1,
+        on_result: Callable[[BenchmarkResult], None] | None = None,
+        engines: Callable[[str], Engine] | None = None,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -83,8 +84,20 @@ class Driver:
         self._record = record
         self._progress = progress
         self._server_env = server_env
-        self._default_engine = engine
+        if engine is None:
+            from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
+
+            engine = GrpcioEngine()
+        self.engine = engine
         self._default_streams = streams
+        self._on_result = on_result
+        if engines is None:  # outside the plugin: the plugin's own engines
+            from pytest_tfgrpc.bench.engines import EngineRegistry, builtin_engines
+
+            registry = EngineRegistry()
+            builtin_engines(registry)
+            engines = registry.get
+        self._engines = engines
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -121,20 +134,6 @@ class Driver:
 
         return progress
 
-    def _engine(self, engine: str, call: str) -> ModuleType:
-        """The module that measures with ``engine``; a native engine that is not built is a
-        usage error saying how to build it."""
-        try:
-            check_engine(engine)
-        except ValueError as exc:
-            raise SpecError(f"{self._test}: {call}() argument {exc}") from None
-        if engine == "grpcio":
-            return p2p
-        reason = unavailable_reason()
-        if reason is not None:
-            raise SpecError(f"{self._test}: {call}(engine='native'): {reason}")
-        return native_p2p
-
     def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
         unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
         if unknown:
@@ -156,12 +155,14 @@ class Driver:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
         ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
-        fabric, labelled ``<label>_floor``. ``engine="native"`` measures from the C++ client.
+        fabric, labelled ``<label>_floor``. ``engine="name"`` measures with another registered
+        engine's client than the test's (against the test's server), e.g. ``engine="native"``.
         """
         __tracebackhide__ = True
-        engine = self._default_engine if engine is None else engine
+        measuring = self._measuring(engine, "p2p_latency")
         return self._p2p(
-            self._engine(engine, "p2p_latency").p2p_latency,
+            measuring,
+            measuring.p2p_latency,
             bench.LATENCY_RUN,
             server,
             sizes,
@@ -172,8 +173,22 @@ class Driver:
             rpc=rpc,
         )
 
+    def _measuring(self, name: str | None, call: str) -> Engine:
+        """The engine a call measures with: the test's, or the registered one ``name``."""
+        if name is None or name == self.engine.name:
+            return self.engine
+        try:
+            engine = self._engines(name)
+        except EngineError as exc:
+            raise SpecError(f"{self._test}: {call}() argument engine={name!r}: {exc}") from None
+        reason = engine.unavailable()
+        if reason:
+            raise SpecError(f"{self._test}: {call}(engine={name!r}): {reason}")
+        return engine
+
     def _p2p(
         self,
+        measuring: Engine,
         benchmark: Callable[..., BenchmarkResult],
         default: RunSpec,
         server: Server,
@@ -182,13 +197,12 @@ class Driver:
         floor: bool,
         run_args: RunArgs,
         *,
-        engine: str = "grpcio",
         streams: int | None = 1,
         **options: Any,
     ) -> BenchmarkResult:
         """Run a P2P benchmark under the test's settings, record it, and its floor if asked.
 
-        ``streams`` > 1 measures that many concurrent connections of ``engine`` (bandwidth
+        ``streams`` > 1 measures that many concurrent connections of ``measuring`` (bandwidth
         only): each stream is recorded as ``<label>_stream<i>`` and the aggregate, returned, as
         ``<label>``. None is the test's default count, which a payload scheme (never split
         over streams) leaves at one.
@@ -215,20 +229,31 @@ class Driver:
             "progress": self._progress_of(name, server),
             **options,
         }
-        if count > 1:
-            for i in range(count):
-                self._check_label(stream_label(name, i))
-            both = p2p_bandwidth_streams(server, messages, streams=count, engine=engine, **measured)
-            for each in both.streams:
-                self.record(each)
-            result = self.record(both.aggregate)
-        else:
-            result = self.record(benchmark(server, messages, **measured))
+        try:
+            if count > 1:
+                for i in range(count):
+                    self._check_label(stream_label(name, i))
+                both = measuring.p2p_bandwidth_streams(server, messages, streams=count, **measured)
+                for each in both.streams:
+                    self.record(self._engine_result(each, measuring))
+                result = self.record(self._engine_result(both.aggregate, measuring))
+            else:
+                result = benchmark(server, messages, **measured)
+                result = self.record(self._engine_result(result, measuring))
+        except EngineError as exc:
+            raise SpecError(f"{self._test}: {call}(): {exc}") from None
         if floor_launcher is not None:
             floor_result = transport_floor(
                 server.fabric, result, run, env=self._server_env, launcher=floor_launcher
             )
             self.record(floor_result)
+        return result
+
+    def _engine_result(self, result: R, engine: Engine | None = None) -> R:
+        """``result`` with the engine that measured it (and the engine's settings) recorded."""
+        engine = engine or self.engine
+        settings = {**result.settings, **engine.settings(), "engine": engine.name}
+        return replace(result, settings=MappingProxyType(settings))
         return result
 
     @staticmethod
@@ -263,13 +288,13 @@ class Driver:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
-        same sizes on the same fabric, labelled ``<label>_floor``. ``engine="native"``
-        measures from the C++ client. ``streams=N`` runs N concurrent connections and returns
-        their aggregate; each stream is also recorded, as ``<label>_stream<i>``.
+        same sizes on the same fabric, labelled ``<label>_floor``. ``engine="name"`` measures
+        with another registered engine's client than the test's (against the test's server),
+        e.g. ``engine="native"``. ``streams=N`` runs N concurrent connections and returns their
+        aggregate; each stream is also recorded, as ``<label>_stream<i>`` (engines that measure
+        streams: grpcio and native).
         """
         __tracebackhide__ = True
-        engine = self._default_engine if engine is None else engine
-        measure = self._engine(engine, "p2p_bandwidth").p2p_bandwidth
         extra: dict[str, Any] = {}
         if chunk_bytes is not None:
             try:
@@ -278,15 +303,16 @@ class Driver:
                 raise SpecError(
                     f"p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
+        measuring = self._measuring(engine, "p2p_bandwidth")
         return self._p2p(
-            measure,
+            measuring,
+            measuring.p2p_bandwidth,
             bench.BANDWIDTH_RUN,
             server,
             sizes,
             label,
             floor,
             run_args,
-            engine=engine,
             streams=streams,
             mode=mode,
             rpc=rpc,
@@ -296,7 +322,7 @@ class Driver:
 
     def ps_throughput(
         self,
-        cluster: PSCluster,
+        cluster: PSCluster | EngineCluster,
         sizes: Sequence[int | str] | str | int | None = None,
         *,
         mode: str = "raw",
@@ -321,12 +347,18 @@ class Driver:
             payload = messages.payload
         else:
             payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
-        result = bench.ps_throughput(cluster, payload, mode=mode, run=run, label=label, key=key)
-        return self.record(result)
+        profile = messages.profile if messages is not None else None
+        try:
+            result = self.engine.ps_throughput(
+                cluster, payload, mode=mode, run=run, label=label, key=key, profile=profile
+            )
+        except EngineError as exc:
+            raise SpecError(f"{self._test}: ps_throughput(): {exc}") from None
+        return self.record(self._engine_result(result))
 
     def sync_sgd_step(
         self,
-        cluster: PSCluster,
+        cluster: PSCluster | EngineCluster,
         profile: Profile | str | None = None,
         *,
         check: bool = False,
@@ -341,6 +373,11 @@ class Driver:
         step p50.
         """
         __tracebackhide__ = True
+        if not isinstance(cluster, PSCluster):
+            raise SpecError(
+                f"{self._test}: sync_sgd_step() runs on the plugin's own PS processes (engine "
+                f"'grpcio'), not on engine {self.engine.name!r}'s cluster"
+            )
         run = self._run(bench.SYNC_SGD_RUN, "sync_sgd_step", run_args)
         self._check_label(label or "sync_sgd_step")
         if profile is None:
@@ -360,7 +397,7 @@ class Driver:
         result = bench.sync_sgd_step(
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
-        return self.record(result)
+        return self.record(self._engine_result(result))
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:
@@ -385,6 +422,8 @@ class Driver:
         self._targets.add(result.target)
         for name, value in result_properties(result):
             self._record(name, value)
+        if self._on_result is not None:
+            self._on_result(result)
         if self._budget is not None and self._budget.limits:
             breaches = check(self._budget, result)
             if breaches:

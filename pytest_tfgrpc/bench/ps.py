@@ -17,9 +17,10 @@ every sample, per-PS bytes and CPU time, and the workers' CPU time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,7 @@ from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
-from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, placed_on
+from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, Topology, placed_on
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
@@ -46,6 +47,7 @@ from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 
 __all__ = [
@@ -208,7 +210,22 @@ def ps_throughput(
                 bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
             )
         )
+    settings = run_settings(run, method=method("Throughput", raw=mode == "raw"))
+    return throughput_result(cluster, payload, mode, label, points, settings)
+
+
+def throughput_result(
+    cluster: _ClusterLike,
+    payload: object,
+    mode: str,
+    label: str | None,
+    points: Sequence[SizeResult],
+    settings: Mapping[str, str],
+) -> PSResult:
+    """The :class:`PSResult` of a PS throughput run on ``cluster`` (any engine's): its fabric,
+    targets and topology, the placement when ``payload`` is one."""
     topology = cluster.topology
+    placement = payload if isinstance(payload, Placement) else None
     return PSResult(
         benchmark="ps_throughput",
         label=label or "ps_throughput",
@@ -219,12 +236,23 @@ def ps_throughput(
         cluster=Cluster(
             topology.ps,
             topology.workers,
-            payload.sharding if isinstance(payload, Placement) else topology.sharding,
+            placement.sharding if placement is not None else topology.sharding,
         ),
         sizes=tuple(points),
-        placement=payload if isinstance(payload, Placement) else None,
-        settings=run_settings(run, method=method("Throughput", raw=mode == "raw")),
+        placement=placement,
+        settings=MappingProxyType(dict(settings)),
     )
+
+
+class _ClusterLike(Protocol):
+    @property
+    def fabric(self) -> Fabric: ...
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def targets(self) -> tuple[str, ...]: ...
 
 
 def _workers_cpu(replies: Sequence[ThroughputReply | SyncSGDReply]) -> CpuTime:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_tfgrpc.plugin.engines import engines_of
 from pytest_tfgrpc.plugin.options import MARKERS, configured
 
 if TYPE_CHECKING:
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 FIXTURES = frozenset(
     ("fabric", "tensor_server", "ps_cluster", "tfgrpc", "tfgrpc_engine", "tfgrpc_streams")
 )
+#: The fixture parametrized by engine when a test runs several.
+ENGINE_FIXTURE = "tfgrpc_engine"
 #: Set on the reports of a tfgrpc test made by a pytest-xdist worker, so that the
 #: controller, which collects nothing, wakes up when the first one reaches it.
 REPORT_FLAG = "tfgrpc_test"
@@ -72,13 +75,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = _activate_in_collection(metafunc.config)
     if state is None:
         return
-    from pytest_tfgrpc.plugin.engine import parametrize_engines
-
-    parametrize_engines(metafunc)
-    if "fabric" not in metafunc.fixturenames:
-        return
-    fabrics = state.fabrics
-    metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+    if "fabric" in metafunc.fixturenames:
+        fabrics = state.fabrics
+        metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+    if ENGINE_FIXTURE in metafunc.fixturenames:
+        try:
+            names = engines_of(metafunc.config, metafunc.definition)
+        except pytest.UsageError as exc:
+            metafunc.config.stash.setdefault(_error_key, exc)
+            return
+        if len(names) > 1:  # one engine: no id part, so ids stay as they were
+            metafunc.parametrize(ENGINE_FIXTURE, names, ids=names, indirect=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -89,6 +96,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     error = config.stash.get(_error_key, None)
     if error is not None:
         raise error
+    state = config.stash.get(state_key, None)
+    if state is not None:  # every conftest is loaded now: their engines too
+        state.registry(config)
 
 
 @pytest.hookimpl(wrapper=True)

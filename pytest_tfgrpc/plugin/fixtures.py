@@ -1,7 +1,6 @@
-"""The fixtures: ``fabric``, ``tensor_server``, ``ps_cluster``, ``tfgrpc``, ``tfgrpc_engine``
-and ``tfgrpc_streams``. Defined in
-every run (pytest must know them to collect), they import the machinery they hand out only
-when a test requests them."""
+"""The fixtures: ``fabric``, ``tfgrpc_engine``, ``tfgrpc_streams``, ``tensor_server``,
+``ps_cluster``, ``tfgrpc``. Defined in every run (pytest must know them to collect), they import
+the machinery they hand out only when a test requests them."""
 
 from __future__ import annotations
 
@@ -17,9 +16,9 @@ from pytest_tfgrpc.plugin.activation import activate
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver
+    from pytest_tfgrpc.bench.engines import Engine, EngineCluster, EngineServer
+    from pytest_tfgrpc.results import BenchmarkResult
     from pytest_tfgrpc.servers.cluster_spec import RemoteServer
-    from pytest_tfgrpc.servers.processes import ServerProcess
-    from pytest_tfgrpc.servers.ps_cluster import PSCluster
     from pytest_tfgrpc.wire.fabric import Fabric
 
 #: Long sweeps say where they are: a line once a test has run this long, then as often.
@@ -38,20 +37,24 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 
 
 @pytest.fixture
-def tfgrpc_engine(request: pytest.FixtureRequest) -> str:
-    """The engine of this test: its ``tfgrpc_engine(engines=...)`` run's, else the run's
-    default (``--tfgrpc-engine``, else ``grpcio``)."""
-    from pytest_tfgrpc.plugin.engine import engine_of
+def tfgrpc_engine(request: pytest.FixtureRequest) -> Engine:
+    """The engine this test measures with (see ``tfgrpc_engines``); an engine that cannot run
+    here (its library missing, the native engine not built) skips the test with the engine's
+    reason."""
+    from pytest_tfgrpc.plugin.engines import engine_for, engines_of
 
-    activate(request.config)
-    return engine_of(request)
+    session = activate(request.config)
+    name = getattr(request, "param", None)
+    if name is None:
+        name = engines_of(request.config, request.node)[0]
+    return engine_for(session.registry(request.config), name, request.node.nodeid)
 
 
 @pytest.fixture
 def tfgrpc_streams(request: pytest.FixtureRequest) -> int:
     """The test's default stream count: its ``tfgrpc_streams(n)`` marker, else
     ``--tfgrpc-streams``, else 1."""
-    from pytest_tfgrpc.plugin.engine import streams_of
+    from pytest_tfgrpc.plugin.streams import streams_of
 
     activate(request.config)
     return streams_of(request)
@@ -59,26 +62,35 @@ def tfgrpc_streams(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture
 def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: str
-) -> Iterator[ServerProcess | RemoteServer]:
-    """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
-    ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
-    With node agents (``--tfgrpc-agents``), started on the first agent's host reached through
-    ``fabric``; with a cluster spec, the spec's server reached through ``fabric`` on another
-    host. Its engine is the test's (``tfgrpc_engine``), or the marker's ``server=``."""
+    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: Engine
+) -> Iterator[EngineServer | RemoteServer]:
+    """A server of the test's engine in its own process(es), bound to ``fabric``: ``.target``,
+    ``.fabric``, ``.pid``. Stopped when the test ends; if it dies during the test, the test
+    fails. Its engine is the test's (``tfgrpc_engine``), or the ``tfgrpc_engines`` marker's
+    ``server=``. With node agents (``--tfgrpc-agents``; grpcio engine), started on the first
+    agent's host reached through ``fabric``; with a cluster spec (grpcio engine), the spec's
+    server reached through ``fabric`` on another host."""
+    from pytest_tfgrpc.bench.engines import EngineError
     from pytest_tfgrpc.plugin.agents import placed_tensor_server
-    from pytest_tfgrpc.plugin.engine import server_engine, start_server
+    from pytest_tfgrpc.plugin.engines import engine_for, server_engine_of
     from pytest_tfgrpc.plugin.markers import watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
+    from pytest_tfgrpc.servers.processes import ServerError
 
     session = activate(request.config)
-    engine = server_engine(request.node, tfgrpc_engine)
-    with placed_tensor_server(request, fabric, session.server_env, engine) as placed:
+    try:
+        name = server_engine_of(request.node, tfgrpc_engine.name)
+    except pytest.UsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    engine = tfgrpc_engine
+    if name != engine.name:
+        engine = engine_for(session.registry(request.config), name, request.node.nodeid)
+    with placed_tensor_server(request, fabric, session.server_env, engine.name) as placed:
         if placed is not None:
             request.node.stash.setdefault(watched_key, []).append(placed)
             yield placed
             return
-    if session.cluster is not None:
+    if session.cluster is not None and engine.name == "grpcio":
         try:
             remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
             remote.check_reachable()
@@ -89,7 +101,10 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = start_server(request.node, fabric, session.server_env, engine)
+    try:
+        server = engine.start_server(fabric, session.server_env)
+    except (EngineError, ServerError) as exc:
+        pytest.fail(f"{request.node.nodeid}: engine {engine.name!r}: {exc}", pytrace=False)
     started.append(server)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
@@ -101,25 +116,44 @@ def tensor_server(
 
 
 @pytest.fixture
-def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSCluster]:
-    """Parameter-server processes and worker processes bound to ``fabric``, as the test's
-    ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
-    (``--tfgrpc-agents``), on the agents' hosts. Stopped when the test ends; if one of its
-    processes dies during the test, the test fails."""
+def ps_cluster(
+    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: Engine
+) -> Iterator[EngineCluster]:
+    """Parameter-server tasks (and workers) of the test's engine bound to ``fabric``, as the
+    test's ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
+    (``--tfgrpc-agents``; grpcio engine), on the agents' hosts. Stopped when the test ends; if
+    one of its processes dies during the test, the test fails."""
+    from pytest_tfgrpc.bench.engines import EngineError
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
+    from pytest_tfgrpc.servers.processes import ServerError
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
 
     session = activate(request.config)
     topology = item_specs(request.node).topology
     placed = cluster_launchers(request, fabric, topology)
-    with PSCluster(fabric, topology, env=session.server_env, **placed) as cluster:
+    if placed and tfgrpc_engine.name != "grpcio":
+        pytest.fail(
+            f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: node agents run only the "
+            "grpcio engine's PS tasks; drop --tfgrpc-agents or the engine",
+            pytrace=False,
+        )
+    try:
+        if placed:
+            cluster: EngineCluster = PSCluster(fabric, topology, env=session.server_env, **placed)
+        else:
+            cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env)
+    except (EngineError, ServerError) as exc:
+        pytest.fail(f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: {exc}", pytrace=False)
+    try:
         request.node.stash.setdefault(watched_key, []).append(cluster)
         yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
-def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str, tfgrpc_streams: int) -> Driver:
+def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine, tfgrpc_streams: int) -> Driver:
     """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
     ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
     from pytest_tfgrpc.bench.driver import Driver
@@ -132,6 +166,9 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str, tfgrpc_streams: i
     def record(name: str, value: str) -> None:
         item.user_properties.append((name, value))
 
+    def on_result(result: BenchmarkResult) -> None:
+        request.config.hook.pytest_tfgrpc_result(item=item, result=result)
+
     return Driver(
         test=item.nodeid,
         messages=specs.messages,
@@ -142,6 +179,8 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: str, tfgrpc_streams: i
         server_env=session.server_env,
         engine=tfgrpc_engine,
         streams=tfgrpc_streams,
+        on_result=on_result,
+        engines=session.registry(request.config).get,
     )
 
 

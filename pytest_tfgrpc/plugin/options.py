@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from pytest_tfgrpc.native import ENGINES
 from pytest_tfgrpc.report.metrics import BUDGET_METRICS
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES
 
@@ -67,10 +66,12 @@ HTML_HELP = (
     "open it): the summary per benchmark with the fabrics side by side, the baseline "
     "verdicts, the plots (with the 'plot' extra) and the run's metadata"
 )
-ENGINE_HELP = (
-    "the engine of tensor_server fixtures and of the p2p benchmarks' clients where a test does "
-    "not say: grpcio (Python, the default) or native (C++; build it with tfgrpc-build-native)"
+ENGINES_HELP = (
+    "engines every tfgrpc test runs with, e.g. grpcio,native or grpcio,tensorflow (default "
+    "grpcio; a test's tfgrpc_engines marker wins): the tensor_server fixture's server and the "
+    "benchmarks' clients. With several, each test runs once per engine"
 )
+ENGINE_HELP = "deprecated: --tfgrpc-engine=NAME is --tfgrpc-engines=NAME"
 STREAMS_HELP = (
     "concurrent connections of every p2p_bandwidth call that does not say (streams=N; "
     "default 1): the aggregate is recorded under the call's label, each stream as "
@@ -108,13 +109,17 @@ MARKERS = {
     "tfgrpc_run": "tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None, "
     "warmup_seconds=None): the test's run settings, over the --tfgrpc-* options; a duration "
     "makes the run time-based (TF-gRPC-Bench: warmup_seconds=2, duration=10).",
+    "tfgrpc_engines": "tfgrpc_engines(*names, server=None): the engines the test measures "
+    "with, e.g. tfgrpc_engines('grpcio', 'native'): the test runs once per engine "
+    "(tensor_server and the clients on it), the engine a test id part (test_x[lo-native]) and "
+    "the 'engine' setting of its results; server='native' pins the tensor_server fixture's "
+    "server whatever the client. Native: built by tfgrpc-build-native; tensorflow: the "
+    "'tensorflow' extra.",
     "ps_topology": 'ps_topology(ps=1, workers=1, sharding="round_robin"): the parameter-server '
     "cluster of the ps_cluster fixture: PS processes, worker processes, and how tensors are "
     "placed on PS tasks (round_robin, greedy, partitioned).",
-    "tfgrpc_engine": "tfgrpc_engine(engines=None, server=None): engines=['grpcio', 'native'] "
-    "runs the test once per engine (tensor_server and the P2P clients on it, the engine in the "
-    "test id); server='native' pins the tensor_server fixture's server. Native: built by "
-    "tfgrpc-build-native.",
+    "tfgrpc_engine": "tfgrpc_engine(engines=None, server=None): deprecated spelling of "
+    "tfgrpc_engines(*engines, server=server).",
     "tfgrpc_streams": "tfgrpc_streams(n): concurrent connections of the test's p2p_bandwidth "
     "calls that do not pass streams= (over --tfgrpc-streams).",
 }
@@ -206,7 +211,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         flag = f"--tfgrpc-agent-tls-{name}"
         _add(group, parser, (flag,), f"tfgrpc_agent_tls_{name}", help_text, metavar="FILE")
     # Defaults None (grpcio, 1 stream), so that an option left alone does not wake the plugin.
-    _add(group, parser, ("--tfgrpc-engine",), "tfgrpc_engine", ENGINE_HELP, choices=ENGINES)
+    _add(group, parser, ("--tfgrpc-engine",), "tfgrpc_engine", ENGINE_HELP, metavar="NAME")
     _add(
         group,
         parser,
@@ -219,6 +224,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
     _add(group, parser, ("--tfgrpc-html",), "tfgrpc_html", HTML_HELP, metavar="FILE")
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-engines",),
+        "tfgrpc_engines",
+        ENGINES_HELP,
+        ini_type="args",
+        ini_default=[],
+        action="append",
+        metavar="NAME[,NAME...]",
+    )
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
     for name, help_text in RUN_OPTIONS.items():
         flag = "--tfgrpc-" + name.replace("_", "-")

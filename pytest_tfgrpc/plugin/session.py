@@ -10,20 +10,21 @@ import grpc
 import pytest
 from _pytest.junitxml import xml_key  # pytest's own JUnit writer: suite properties
 
+from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
 from pytest_tfgrpc.bench.specs import RunOverrides
 from pytest_tfgrpc.plugin import agents
+from pytest_tfgrpc.plugin.engines import build_registry
 from pytest_tfgrpc.plugin.markers import check_markers, watched_key
 from pytest_tfgrpc.plugin.options import RUN_OPTIONS, option
 from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
-from pytest_tfgrpc.report.metadata import META_PREFIX, run_metadata
+from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metadata
 from pytest_tfgrpc.report.plot import plot_available
 from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.servers.allocator import apply_policy
 from pytest_tfgrpc.servers.cluster_spec import ClusterSpec
-from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.units import UnitError, parse_seconds
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 
@@ -41,10 +42,19 @@ class RunState:
     meta: dict[str, str] = field(default_factory=dict)
     gate: BaselineGate | None = None
     cluster: ClusterSpec | None = None
-    servers: list[ServerProcess] = field(default_factory=list)
+    servers: list[EngineServer] = field(default_factory=list)
+    #: The engines the ``pytest_tfgrpc_add_engines`` hooks registered: asked once every
+    #: conftest is loaded (after collection), see :meth:`registry`.
+    engines: EngineRegistry | None = None
     #: Set once the header lines and the suite properties have been given out.
     header_shown: bool = False
     meta_written: bool = False
+
+    def registry(self, config: pytest.Config) -> EngineRegistry:
+        """The run's engines, from the ``pytest_tfgrpc_add_engines`` hooks on first use."""
+        if self.engines is None:
+            self.engines = build_registry(config)
+        return self.engines
 
     def stop_servers(self) -> None:
         while self.servers:
@@ -127,6 +137,10 @@ def start(config: pytest.Config) -> RunState:
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
     meta = run_metadata(fabrics)
+    try:
+        meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
+    except ValueError as exc:
+        raise pytest.UsageError(f"pytest_tfgrpc_run_metadata: {exc}") from None
     state = RunState(
         fabrics=fabrics,
         options=options,

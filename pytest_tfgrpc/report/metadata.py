@@ -24,11 +24,13 @@ from pytest_tfgrpc.servers.allocator import allocator_settings
 from pytest_tfgrpc.wire.fabric import Fabric
 
 __all__ = [
+    "EXTRA",
     "FABRIC_KEYS",
     "META_PREFIX",
     "NOT_INSTALLED",
     "RUN_KEYS",
     "UNKNOWN",
+    "extra_metadata",
     "fabric_metadata",
     "run_metadata",
 ]
@@ -151,4 +153,30 @@ def run_metadata(
     workers = env.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         out[f"{META_PREFIX}xdist.workers"] = workers
+    return out
+
+
+#: Metadata added by ``pytest_tfgrpc_run_metadata`` hooks: ``tfgrpc.meta.extra.<key>``.
+EXTRA = "extra."
+
+
+def extra_metadata(answers: Iterable[Mapping[str, str] | None]) -> dict[str, str]:
+    """The metadata the ``pytest_tfgrpc_run_metadata`` hooks gave, as ``tfgrpc.meta.extra.<key>``
+    properties. Raises ValueError naming the key when one is not a (dotted) identifier, a value
+    is not a string, or two answers give the same key."""
+    out: dict[str, str] = {}
+    for answer in answers:
+        if answer is None:
+            continue
+        if not isinstance(answer, Mapping):
+            raise ValueError(f"an answer must be a mapping of strings, not {answer!r}")
+        for key, value in answer.items():
+            if not isinstance(key, str) or not all(p.isidentifier() for p in key.split(".")):
+                raise ValueError(f"key {key!r} is not an identifier or dotted identifier")
+            if not isinstance(value, str):
+                raise ValueError(f"key {key!r}: value {value!r} is not a string")
+            name = f"{META_PREFIX}{EXTRA}{key}"
+            if name in out:
+                raise ValueError(f"key {key!r} is given twice ({out[name]!r} and {value!r})")
+            out[name] = value
     return out

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.metadata import EXTRA
 
 __all__ = ["META_CHECKED", "Mismatch", "check_metadata"]
 
@@ -38,10 +39,10 @@ def check_metadata(
 ) -> tuple[Mismatch, ...]:
     """How the current run's setup (``meta`` as in :attr:`Baseline.meta`, and the fabrics it
     measured on) differs from the baseline's: a fabric the baseline never measured, and any of
-    :data:`META_CHECKED` or ``fabric.<name>.*`` (MTU, speed, IPoIB mode) that differs or is
-    recorded by one run only. A baseline without metadata is itself a mismatch (only its
-    host, from pytest's ``hostname``, can then be checked): nothing says it comes from the same
-    setup. The caller decides what a mismatch costs."""
+    :data:`META_CHECKED`, ``fabric.<name>.*`` (MTU, speed, IPoIB mode) or ``extra.*`` (added
+    by hooks) that differs or is recorded by one run only. A baseline without metadata is
+    itself a mismatch (only its host, from pytest's ``hostname``, can then be checked): nothing
+    says it comes from the same setup. The caller decides what a mismatch costs."""
     out = []
     fabrics = frozenset(fabrics)
     for fabric in sorted(fabrics - baseline.fabrics):
@@ -53,6 +54,7 @@ def check_metadata(
         keys.update(META_CHECKED)
         # Match by known names: a fabric name may hold dots itself (IPoIB child ib0.8001).
         prefixes = tuple(f"fabric.{name}." for name in fabrics & baseline.fabrics)
+        prefixes += (EXTRA,)  # what pytest_tfgrpc_run_metadata hooks added
         keys.update(key for key in old_setup.keys() | meta.keys() if key.startswith(prefixes))
     else:
         recorded = "recorded" if set(meta) - {"host"} else _NOT_RECORDED

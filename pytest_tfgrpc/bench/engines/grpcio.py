@@ -1,0 +1,72 @@
+"""The plugin's own engine: its grpcio tensor service (``tfgrpc-server``) and PS processes,
+measured by the loops of :mod:`pytest_tfgrpc.bench.p2p` and :mod:`pytest_tfgrpc.bench.ps`.
+
+It registers through the same hook as any other engine; it overrides the benchmark-level
+methods because its loops also read both ends' CPU time, verify every echo and take payload
+schemes, which the per-exchange interface does not need to know about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any, ClassVar
+
+from pytest_tfgrpc.bench import p2p, ps
+from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError, EngineServer
+from pytest_tfgrpc.bench.ps import PSResult
+from pytest_tfgrpc.bench.streams import StreamsResult, p2p_bandwidth_streams
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.wire.client import Server
+from pytest_tfgrpc.wire.fabric import Fabric
+
+__all__ = ["GrpcioEngine", "LoopEngine"]
+
+
+class LoopEngine(Engine):
+    """An engine whose P2P benchmarks are a module's loops (``p2p_latency``,
+    ``p2p_bandwidth``), and whose parallel streams are
+    :func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams` under its name: the plugin's
+    grpcio and native engines."""
+
+    loops: ClassVar[ModuleType]
+
+    def p2p_latency(self, server: EngineServer, sizes: Sequence[Any], **kw: Any) -> BenchmarkResult:
+        result: BenchmarkResult = self.loops.p2p_latency(server, sizes, **kw)
+        return result
+
+    def p2p_bandwidth(
+        self, server: EngineServer, sizes: Sequence[Any], **kw: Any
+    ) -> BenchmarkResult:
+        result: BenchmarkResult = self.loops.p2p_bandwidth(server, sizes, **kw)
+        return result
+
+    def p2p_bandwidth_streams(
+        self, server: Server, sizes: Sequence[Any], *, streams: int, **kw: Any
+    ) -> StreamsResult:
+        return p2p_bandwidth_streams(server, sizes, streams=streams, engine=self.name, **kw)
+
+
+class GrpcioEngine(LoopEngine):
+    """The plugin's Python gRPC service and PS processes (the default engine)."""
+
+    name = "grpcio"
+    loops: ClassVar[ModuleType] = p2p
+
+    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> ServerProcess:
+        return ServerProcess.start(fabric, env=env)
+
+    def start_cluster(
+        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
+    ) -> PSCluster:
+        return PSCluster(fabric, topology, env=env)
+
+    def ps_throughput(
+        self, cluster: EngineCluster, payload: Any, *, profile: Any = None, **kw: Any
+    ) -> PSResult:
+        if not isinstance(cluster, PSCluster):
+            raise EngineError(f"engine 'grpcio' measures its own PS cluster, not {cluster!r}")
+        return ps.ps_throughput(cluster, payload, **kw)

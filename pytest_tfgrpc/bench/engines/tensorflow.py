@@ -1,0 +1,162 @@
+"""TensorFlow's own gRPC runtime as an engine (the ``tensorflow`` extra: ``tensorflow-cpu``).
+
+Servers are ``tf.distribute.Server`` tasks bound to the fabric's address
+(:class:`~pytest_tfgrpc.servers.tf_cluster.TFCluster`: PS tasks and one worker task, each its
+own process); the measurements are TensorFlow's own transfers, timed per
+``tf.compat.v1.Session`` step on the worker:
+
+- ``pull``: the worker reads a PS variable (``RecvTensor`` from the PS);
+- ``push``: the PS adds a gradient held by the worker to its variable (``RecvTensor`` from the
+  worker; ``assign_add``), the step ending when the PS is done;
+- ``echo``: the tensor goes to the PS and back in one step (latency);
+- ``ps_exchange``: one step pulls every placed variable and pushes a gradient to each, with a
+  model profile's real tensor shapes.
+
+Each sample is a whole step, so it includes TensorFlow's per-step cost (the session, the
+master's ``RunGraph`` call to each task); the result records that cost's median
+(``tf_step_overhead_p50_ns``: steps on a one-element variable). ``mode`` and ``rpc`` do not
+apply (TensorFlow decides how a tensor crosses); results record ``mode=tensorproto`` and
+``rpc=RecvTensor``. Without TensorFlow the engine is unavailable and its tests skip.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from pytest_tfgrpc.bench.engines.base import (
+    Engine,
+    EngineCluster,
+    EngineError,
+    EngineServer,
+    Measured,
+    PSVariable,
+)
+from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.ps import PSResult
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.tf_cluster import TFCluster, find_tf_python
+from pytest_tfgrpc.servers.tf_task import flat_variable
+from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.schemes import Payload
+from pytest_tfgrpc.wire.tensors import Tensor
+
+__all__ = ["TensorFlowEngine"]
+
+#: Steps of a one-element variable timed before each measurement: TF's own per-step cost.
+OVERHEAD_STEPS = 30
+MODE = "tensorproto"
+RPC = "RecvTensor"
+R = TypeVar("R", bound=BenchmarkResult)
+
+
+class TensorFlowEngine(Engine):
+    """TensorFlow's gRPC runtime: ``tf.distribute.Server`` PS and worker tasks."""
+
+    name = "tensorflow"
+
+    def __init__(self, tf_python: str | None = None) -> None:
+        self._python, self._why = find_tf_python(tf_python)
+
+    def unavailable(self) -> str | None:
+        return None if self._python is not None else self._why
+
+    def _cluster(
+        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
+    ) -> TFCluster:
+        if self._python is None:
+            raise EngineError(f"engine 'tensorflow': {self._why}")
+        try:
+            return TFCluster(self._python, env, fabric=fabric, topology=topology).start()
+        except ValueError as exc:
+            raise EngineError(f"engine 'tensorflow': {exc}") from None
+
+    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> TFCluster:
+        return self._cluster(fabric, Topology(1, 1), env)
+
+    def start_cluster(
+        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
+    ) -> TFCluster:
+        return self._cluster(fabric, topology, env)
+
+    def _measure(
+        self,
+        cluster: EngineServer | EngineCluster,
+        kind: str,
+        variables: Sequence[Sequence[Any]],
+        run: RunSpec,
+    ) -> Measured:
+        if not isinstance(cluster, TFCluster):
+            raise EngineError(f"engine 'tensorflow' measures its own tasks, not {cluster!r}")
+        steps = cluster.run(
+            kind,
+            variables,
+            iterations=run.iterations,
+            warmup=run.warmup,
+            max_seconds=run.time_limit_s,
+            warmup_seconds=run.warmup_seconds,
+            overhead_iterations=OVERHEAD_STEPS,
+        )
+        settings = {"tensorflow": cluster.version, "transfer": kind}
+        if steps.overhead_ns:
+            settings["tf_step_overhead_p50_ns"] = str(int(statistics.median(steps.overhead_ns)))
+        return Measured(steps.samples_ns, steps.elapsed_ns or None, settings=settings)
+
+    def echo(
+        self, server: EngineServer, tensor: Tensor, *, mode: str, rpc: str, run: RunSpec
+    ) -> Measured:
+        return self._measure(server, "echo", [flat_variable(tensor.nbytes, "echo")], run)
+
+    def push(self, server: EngineServer, tensor: Tensor, **kw: Any) -> Measured:
+        return self._measure(server, "push", [flat_variable(tensor.nbytes, "push")], kw["run"])
+
+    def pull(self, server: EngineServer, tensor: Tensor, **kw: Any) -> Measured:
+        return self._measure(server, "pull", [flat_variable(tensor.nbytes, "pull")], kw["run"])
+
+    def ps_exchange(
+        self, cluster: EngineCluster, variables: Sequence[PSVariable], *, mode: str, run: RunSpec
+    ) -> Measured:
+        spec = [[v.name, v.ps, list(v.shape), v.dtype] for v in variables]
+        return self._measure(cluster, "ps", spec, run)
+
+    def _check_sizes(self, sizes: Sequence[Message]) -> None:
+        for message in sizes:
+            if isinstance(message, Payload):
+                raise EngineError(
+                    "engine 'tensorflow' moves whole tensors: give sizes, not a payload scheme"
+                )
+            if message < 1:
+                raise EngineError("engine 'tensorflow' moves tensors of at least 1 byte")
+
+    def p2p_latency(
+        self, server: EngineServer, sizes: Sequence[Message], **kw: Any
+    ) -> BenchmarkResult:
+        self._check_sizes(sizes)
+        return _as_tf(super().p2p_latency(server, sizes, **kw))
+
+    def p2p_bandwidth(
+        self,
+        server: EngineServer,
+        sizes: Sequence[Message],
+        *,
+        progress: Progress | None = None,
+        **kw: Any,
+    ) -> BenchmarkResult:
+        self._check_sizes(sizes)
+        return _as_tf(super().p2p_bandwidth(server, sizes, progress=progress, **kw))
+
+    def ps_throughput(self, cluster: EngineCluster, payload: Any, **kw: Any) -> PSResult:
+        if isinstance(payload, Payload):
+            raise EngineError("engine 'tensorflow' moves whole tensors: give sizes or a profile")
+        return _as_tf(super().ps_throughput(cluster, payload, **kw))
+
+
+def _as_tf(result: R) -> R:
+    """What TensorFlow measured: its own encoding and RPC, not the plugin's ``mode``/``rpc``."""
+    settings = {k: v for k, v in result.settings.items() if k != "chunk_bytes"}
+    return replace(result, mode=MODE, rpc=RPC, settings=MappingProxyType(settings))
