@@ -418,5 +418,7 @@ def test_a_call_can_measure_with_another_engines_client(pytester: pytest.Pyteste
     assert "engine=grpcio" in props["tfgrpc.plugin.settings"]
     assert "engine=bare_echo" in props["tfgrpc.bare.settings"]
     assert int(props["tfgrpc.bare.1KiB.samples"]) == 20
-    result.stdout.fnmatch_lines(["*p2p_latency() argument engine: unknown engine 'nosuch'*"])
+    result.stdout.fnmatch_lines(
+        ["*p2p_latency() argument engine='nosuch': unknown engine 'nosuch'*"]
+    )
     result.stdout.fnmatch_lines(["*p2p_bandwidth(engine='missing'): not built: run build-missing*"])
