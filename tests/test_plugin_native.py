@@ -299,3 +299,26 @@ def test_a_native_server_is_not_started_through_agents(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*a native tensor server cannot run through node agents*"])
     assert "INTERNALERROR" not in result.stdout.str()
+
+
+@pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
+def test_ps_tests_under_the_native_engine_run_the_python_ps_and_say_so(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(native.CACHE_ENV, CACHE)
+    pytester.makepyfile(
+        """
+import pytest
+
+@pytest.mark.tfgrpc_engines("native")
+def test_ps(tfgrpc, ps_cluster, tfgrpc_engine):
+    assert tfgrpc_engine.name == "native"
+    result = tfgrpc.ps_throughput(ps_cluster, ["4KiB"], iterations=5, warmup=1)
+    assert result.settings["engine"] == "grpcio"
+    step = tfgrpc.sync_sgd_step(ps_cluster, "resnet50", iterations=2, warmup=1)
+    assert step.settings["engine"] == "grpcio"
+"""
+    )
+    pytester.makeconftest("")
+    result = pytester.runpytest("--tfgrpc-max-time=5")
+    result.assert_outcomes(passed=1)

@@ -124,6 +124,7 @@ def ps_cluster(
     (``--tfgrpc-agents``; grpcio engine), on the agents' hosts. Stopped when the test ends; if
     one of its processes dies during the test, the test fails."""
     from pytest_tfgrpc.bench.engines import EngineError
+    from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.processes import ServerError
@@ -132,10 +133,10 @@ def ps_cluster(
     session = activate(request.config)
     topology = item_specs(request.node).topology
     placed = cluster_launchers(request, fabric, topology)
-    if placed and tfgrpc_engine.name != "grpcio":
+    if placed and not isinstance(tfgrpc_engine, LoopEngine):
         pytest.fail(
             f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: node agents run only the "
-            "grpcio engine's PS tasks; drop --tfgrpc-agents or the engine",
+            "plugin's own PS tasks; drop --tfgrpc-agents or the engine",
             pytrace=False,
         )
     try:

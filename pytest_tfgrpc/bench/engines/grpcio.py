@@ -28,9 +28,10 @@ __all__ = ["GrpcioEngine", "LoopEngine"]
 
 class LoopEngine(Engine):
     """An engine whose P2P benchmarks are a module's loops (``p2p_latency``,
-    ``p2p_bandwidth``), and whose parallel streams are
-    :func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams` under its name: the plugin's
-    grpcio and native engines."""
+    ``p2p_bandwidth``), whose parallel streams are
+    :func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams` under its name, and whose PS
+    benchmarks run on the plugin's Python PS processes and workers (:class:`PSCluster`; their
+    results record ``engine=grpcio``): the plugin's grpcio and native engines."""
 
     loops: ClassVar[ModuleType]
 
@@ -49,16 +50,6 @@ class LoopEngine(Engine):
     ) -> StreamsResult:
         return p2p_bandwidth_streams(server, sizes, streams=streams, engine=self.name, **kw)
 
-
-class GrpcioEngine(LoopEngine):
-    """The plugin's Python gRPC service and PS processes (the default engine)."""
-
-    name = "grpcio"
-    loops: ClassVar[ModuleType] = p2p
-
-    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> ServerProcess:
-        return ServerProcess.start(fabric, env=env)
-
     def start_cluster(
         self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
     ) -> PSCluster:
@@ -68,5 +59,17 @@ class GrpcioEngine(LoopEngine):
         self, cluster: EngineCluster, payload: Any, *, profile: Any = None, **kw: Any
     ) -> PSResult:
         if not isinstance(cluster, PSCluster):
-            raise EngineError(f"engine 'grpcio' measures its own PS cluster, not {cluster!r}")
+            raise EngineError(
+                f"engine {self.name!r} measures the plugin's own PS cluster, not {cluster!r}"
+            )
         return ps.ps_throughput(cluster, payload, **kw)
+
+
+class GrpcioEngine(LoopEngine):
+    """The plugin's Python gRPC service and PS processes (the default engine)."""
+
+    name = "grpcio"
+    loops: ClassVar[ModuleType] = p2p
+
+    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> ServerProcess:
+        return ServerProcess.start(fabric, env=env)

@@ -23,8 +23,9 @@ __all__ = ["NativeEngine"]
 
 
 class NativeEngine(LoopEngine):
-    """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Its PS
-    tasks are native tensor servers; PS exchanges are measured by the grpcio engine only."""
+    """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Not native
+    yet: its PS benchmarks run the plugin's Python PS processes and workers, and say so
+    (``engine=grpcio`` in their results)."""
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
