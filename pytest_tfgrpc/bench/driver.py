@@ -14,6 +14,7 @@ from pytest_tfgrpc import bench
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import transport_floor
+from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.p2p import Message, Progress
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
@@ -155,7 +156,8 @@ class Driver:
         self._check_label(label or call)
         if floor:
             self._check_label((label or call) + FLOOR_SUFFIX)
-        result = benchmark(
+        result = self._keeping_partial(
+            benchmark,
             server,
             self._sizes(sizes, call),
             run=run,
@@ -240,7 +242,9 @@ class Driver:
             payload = messages.payload
         else:
             payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
-        result = bench.ps_throughput(cluster, payload, mode=mode, run=run, label=label, key=key)
+        result = self._keeping_partial(
+            bench.ps_throughput, cluster, payload, mode=mode, run=run, label=label, key=key
+        )
         return self.record(result)
 
     def sync_sgd_step(
@@ -280,6 +284,22 @@ class Driver:
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(result)
+
+    def _keeping_partial(self, benchmark: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``benchmark(*args, **kwargs)``; if it fails after measuring some sizes, those are
+        recorded on the test before the failure goes on (JUnit and the results file keep
+        them, their settings marked ``interrupted``)."""
+        __tracebackhide__ = True
+        try:
+            return benchmark(*args, **kwargs)
+        except Exception as error:
+            partial = partial_result(error)
+            if partial is not None and partial.label not in self._labels:
+                try:
+                    self.record(partial)
+                except BudgetExceeded:
+                    pass  # the failure that interrupted the sweep is the one to report
+            raise
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:

@@ -9,13 +9,14 @@ import grpc
 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.servers.allocator import allocator_settings
+from pytest_tfgrpc.wire.security import tls_mode
 
 __all__ = ["run_settings"]
 
 
 def run_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
     """The run's iterations, warm-up and time bounds, the benchmark's own ``extra`` settings,
-    the allocator settings, and the grpcio and Python versions: what shapes the figures beside
+    the allocator settings, TLS (off, tls, mtls), and the grpcio and Python versions: what shapes the figures beside
     the code measured."""
     return MappingProxyType(
         {
@@ -23,6 +24,7 @@ def run_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
             **extra,
             **allocator_settings(),
             "grpcio": grpc.__version__,
+            "tls": tls_mode(),
             "python": platform.python_version(),
         }
     )

@@ -154,18 +154,29 @@ class ChildProcess:
     def read_ready_line(
         self, timeout: float, error: type[ServerError] = ServerError
     ) -> dict[str, Any]:
-        """The JSON line a child prints once it serves; ``error`` (with the end of its
-        stderr) if it exits first or says nothing within ``timeout`` seconds."""
+        """The JSON object line a child prints once it serves; ``error`` (with the end of
+        its stderr) if it exits first or says nothing within ``timeout`` seconds.
+
+        Other lines before it (a library's banner, a stray print) are passed over: only a
+        line that is a JSON object is the ready line."""
         assert self._proc.stdout is not None
         deadline = time.monotonic() + timeout
-        line = b""
+        buffer = b""
+        stray: list[bytes] = []
         with selectors.DefaultSelector() as selector:
             selector.register(self._proc.stdout, selectors.EVENT_READ)
-            while not line.endswith(b"\n"):
+            while True:
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    fields = _json_object(line)
+                    if fields is not None:
+                        return fields
+                    stray.append(line)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise error(
                         f"{self.name} did not become ready within {timeout:g} s"
+                        + _stray_note(stray)
                         + self._stderr_suffix()
                     )
                 if not selector.select(remaining):
@@ -175,11 +186,10 @@ class ChildProcess:
                     code = self._proc.wait(timeout=5)
                     raise error(
                         f"{self.name} exited with {describe_exit(code)} before it was ready"
+                        + _stray_note(stray)
                         + self._stderr_suffix()
                     )
-                line += chunk
-        fields: dict[str, Any] = json.loads(line)
-        return fields
+                buffer += chunk
 
     def stop(self, timeout: float = 5.0) -> int:
         """Stop the process (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
@@ -201,6 +211,21 @@ class ChildProcess:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} pid={self.pid}>"
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def _stray_note(stray: list[bytes]) -> str:
+    if not stray:
+        return ""
+    last = stray[-1].decode("utf-8", "replace").strip()[:200]
+    return f" ({len(stray)} other line(s) on its stdout, the last: {last!r})"
 
 
 class ServerProcess(ChildProcess):
