@@ -6,6 +6,7 @@ options, and a function that records properties on the test.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -14,8 +15,8 @@ from pytest_tfgrpc import bench
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import transport_floor
-from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -295,10 +296,9 @@ class Driver:
         except Exception as error:
             partial = partial_result(error)
             if partial is not None and partial.label not in self._labels:
-                try:
+                # The failure that interrupted the sweep is the one to report, not a budget.
+                with contextlib.suppress(BudgetExceeded):
                     self.record(partial)
-                except BudgetExceeded:
-                    pass  # the failure that interrupted the sweep is the one to report
             raise
 
     def _check_label(self, label: str) -> None:

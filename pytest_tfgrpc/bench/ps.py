@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
-from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.partial import keeping_partial
+from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, placed_on

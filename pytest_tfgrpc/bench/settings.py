@@ -16,8 +16,8 @@ __all__ = ["run_settings"]
 
 def run_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
     """The run's iterations, warm-up and time bounds, the benchmark's own ``extra`` settings,
-    the allocator settings, TLS (off, tls, mtls), and the grpcio and Python versions: what shapes the figures beside
-    the code measured."""
+    the allocator settings, TLS (off, tls, mtls), and the grpcio and Python versions: what
+    shapes the figures beside the code measured."""
     return MappingProxyType(
         {
             **run.describe(),
