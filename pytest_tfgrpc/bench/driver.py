@@ -157,10 +157,12 @@ class Driver:
         self._check_label(label or call)
         if floor:
             self._check_label((label or call) + FLOOR_SUFFIX)
+        messages = self._sizes(sizes, call)
+        self._check_server_limit(server, messages, call)
         result = self._keeping_partial(
             benchmark,
             server,
-            self._sizes(sizes, call),
+            messages,
             run=run,
             label=label,
             progress=self._progress_of(label or call, server),
@@ -285,6 +287,18 @@ class Driver:
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(result)
+
+    def _check_server_limit(self, server: Server, messages: Sequence[Message], call: str) -> None:
+        limit = getattr(server, "max_tensor_bytes", None)
+        if limit is None or not messages:
+            return
+        largest = max(m.total_bytes if isinstance(m, Payload) else m for m in messages)
+        if largest > limit:
+            raise SpecError(
+                f"{self._test}: {call}() sends {largest} B tensors, but the tensor_server takes "
+                f"at most {limit} B, the largest size of the test's "
+                "@pytest.mark.message_profile: add the size to the marker"
+            )
 
     def _keeping_partial(self, benchmark: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """``benchmark(*args, **kwargs)``; if it fails after measuring some sizes, those are

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.plugin.session import RunState
 
 #: Fixtures whose use makes a test a tfgrpc test.
-FIXTURES = frozenset(("fabric", "tensor_server", "ps_cluster", "tfgrpc"))
+#: ``fabric`` is not among them: it is ``tfgrpc_fabric`` under its short name, unless a
+#: project defines a ``fabric`` fixture of its own, which is none of the plugin's business.
+FIXTURES = frozenset(("tfgrpc_fabric", "tensor_server", "ps_cluster", "tfgrpc"))
 #: Set on the reports of a tfgrpc test made by a pytest-xdist worker, so that the
 #: controller, which collects nothing, wakes up when the first one reaches it.
 REPORT_FLAG = "tfgrpc_test"
@@ -138,10 +140,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not uses_tfgrpc(metafunc.fixturenames, metafunc.definition):
         return
     state = _activate_in_collection(metafunc.config)
-    if state is None or "fabric" not in metafunc.fixturenames:
+    if state is None or "tfgrpc_fabric" not in metafunc.fixturenames:
         return
     fabrics = state.fabrics
-    metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+    metafunc.parametrize("tfgrpc_fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

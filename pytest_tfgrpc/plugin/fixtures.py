@@ -24,8 +24,9 @@ PROGRESS_EVERY_S = 10.0
 
 
 @pytest.fixture
-def fabric(request: pytest.FixtureRequest) -> Fabric:
-    """The fabric of this test run: interface name, the address it binds to, its family."""
+def tfgrpc_fabric(request: pytest.FixtureRequest) -> Fabric:
+    """The fabric of this test run (the plugin's own name for ``fabric``, which a project
+    may define for itself): interface name, the address it binds to, its family."""
     from pytest_tfgrpc.wire.fabric import Fabric
 
     param = getattr(request, "param", None)
@@ -35,16 +36,25 @@ def fabric(request: pytest.FixtureRequest) -> Fabric:
 
 
 @pytest.fixture
+def fabric(tfgrpc_fabric: Fabric) -> Fabric:
+    """The fabric of this test run: interface name, the address it binds to, its family.
+    A project's own ``fabric`` fixture overrides this one; the plugin then uses
+    ``tfgrpc_fabric`` and parametrizes only that."""
+    return tfgrpc_fabric
+
+
+@pytest.fixture
 def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric
+    request: pytest.FixtureRequest, tfgrpc_fabric: Fabric
 ) -> Iterator[ServerProcess | RemoteServer]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
     With a cluster spec, the spec's server reached through ``fabric`` on another host."""
-    from pytest_tfgrpc.plugin.markers import watched_key
+    from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
     from pytest_tfgrpc.servers.processes import ServerProcess
 
+    fabric = tfgrpc_fabric
     session = activate(request.config)
     if session.cluster is not None:
         try:
@@ -57,7 +67,12 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = ServerProcess.start(fabric, env=session.server_env)
+    # The server takes no tensor larger than the test needs (its message_profile marker's
+    # largest size; without one, the largest gRPC carries): a stray request cannot make it
+    # allocate more.
+    messages = item_specs(request.node).messages
+    need = max(messages.sizes) if messages is not None and messages.sizes else None
+    server = ServerProcess.start(fabric, env=session.server_env, max_tensor_bytes=need)
     started.append(server)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
@@ -69,13 +84,14 @@ def tensor_server(
 
 
 @pytest.fixture
-def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSCluster]:
+def ps_cluster(request: pytest.FixtureRequest, tfgrpc_fabric: Fabric) -> Iterator[PSCluster]:
     """Parameter-server processes and worker processes bound to ``fabric``, as the test's
     ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test ends;
     if one of its processes dies during the test, the test fails."""
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
 
+    fabric = tfgrpc_fabric
     session = activate(request.config)
     topology = item_specs(request.node).topology
     with PSCluster(fabric, topology, env=session.server_env) as cluster:

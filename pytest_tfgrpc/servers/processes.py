@@ -237,6 +237,8 @@ class ServerProcess(ChildProcess):
         super().__init__(argv, name=name, env=env)
         self.fabric = fabric
         self.info: ServerInfo | None = None
+        #: The largest tensor the server takes, if a limit below gRPC's was set.
+        self.max_tensor_bytes: int | None = None
 
     @classmethod
     def start(
@@ -247,8 +249,12 @@ class ServerProcess(ChildProcess):
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 30.0,
         name: str | None = None,
+        max_tensor_bytes: int | None = None,
     ) -> ServerProcess:
-        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves."""
+        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves; it refuses
+        tensors over ``max_tensor_bytes`` (None: the largest one gRPC message carries)."""
+        if max_tensor_bytes is not None:
+            extra_args = (*extra_args, "--max-tensor-bytes", str(max_tensor_bytes))
         argv = [
             sys.executable,
             "-m",
@@ -259,6 +265,7 @@ class ServerProcess(ChildProcess):
             *extra_args,
         ]
         handle = cls(argv, fabric=fabric, name=name or f"tensor server on {fabric.name}", env=env)
+        handle.max_tensor_bytes = max_tensor_bytes
         try:
             handle._wait_ready(ready_timeout)
         except BaseException:

@@ -33,8 +33,9 @@ from pytest_tfgrpc.servers.processes import (
     live_children,
 )
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.client import BenchmarkError, connect
+from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
 
@@ -137,6 +138,9 @@ class PSCluster:
         self.workers: tuple[WorkerProcess, ...] = ()
         self._channels: list[grpc.Channel] = []
         self._job_ids = 0
+        # Job control belongs to this driver: its PS processes take jobs only with this token.
+        self._token = new_token()
+        ps_env = {**(os.environ if env is None else env), TOKEN_ENV: self._token}
         try:
             # Workers first: their interpreters start while the PS servers come up.
             self.workers = tuple(WorkerProcess(i, env=env) for i in range(topology.workers))
@@ -147,7 +151,7 @@ class PSCluster:
                     ServerProcess.start(
                         fabric,
                         extra_args=("--workers", threads),
-                        env=dict(env) if env is not None else None,
+                        env=ps_env,
                         ready_timeout=ready_timeout,
                         name=f"PS {index} on {fabric.name}",
                     ),
@@ -158,7 +162,7 @@ class PSCluster:
             for worker, hello in zip(self.workers, hellos, strict=True):
                 if not isinstance(hello, protocol.Hello) or hello.pid != worker.pid:
                     raise ClusterError(f"{worker.name} greeted with {hello!r}")
-            self._channels = [connect(ps.target) for ps in self.ps]
+            self._channels = [connect(ps.target, server=ps) for ps in self.ps]
         except BaseException:
             self.stop()
             raise
@@ -197,6 +201,11 @@ class PSCluster:
         return self.died(grace=1.0) or BenchmarkError(message)
 
     # --- PS control ----------------------------------------------------------------------
+    @property
+    def _credentials(self) -> tuple[tuple[str, str], ...]:
+        """The metadata job-control calls carry: the run's token."""
+        return ((TOKEN_KEY, self._token),)
+
     def next_job_id(self) -> int:
         self._job_ids += 1
         return self._job_ids
@@ -232,14 +241,9 @@ class PSCluster:
                 response_deserializer=service_pb2.PSJobStats.FromString,
             )
             try:
-                replies.append(call(request, timeout=timeout))
+                replies.append(call(request, timeout=timeout, metadata=self._credentials))
             except grpc.RpcError as error:
-                death = ps.died()
-                if death is not None:
-                    raise death from error
-                code = error.code().name if isinstance(error, grpc.Call) else "error"
-                details = error.details() if isinstance(error, grpc.Call) else str(error)
-                raise BenchmarkError(f"{name} on {ps.name} failed: {code}: {details}") from error
+                raise explain(error, ps, name) from None
         return tuple(replies)
 
     # --- worker jobs ---------------------------------------------------------------------
