@@ -28,6 +28,7 @@ from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, parse_sizes
+from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.schemes import Payload
 
@@ -90,9 +91,15 @@ class Driver:
                 )
             return self._messages.messages
         try:
-            return parse_sizes(sizes)
+            parsed = parse_sizes(sizes)
         except UnitError as exc:
             raise SpecError(f"{self._test}: {call}() argument sizes={sizes!r}: {exc}") from None
+        for size in parsed:
+            if size > transport.MAX_TENSOR_BYTES:
+                raise SpecError(
+                    f"{self._test}: {call}() argument sizes={sizes!r}: {transport.too_large(size)}"
+                )
+        return parsed
 
     def _progress_of(self, label: str, server: Server) -> Progress | None:
         report = self._progress

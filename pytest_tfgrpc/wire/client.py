@@ -132,10 +132,17 @@ def unreachable(target: str, timeout: float, details: str) -> BenchmarkError:
         return BenchmarkError(
             f"TLS handshake with {target} failed ({tls_mode()} on this side): {details}"
         )
-    if tls_mode() == "off" and "closed" in details.lower():
+    closed = "closed" in details.lower() or "reset" in details.lower()
+    if closed and tls_mode() == "off":
         return BenchmarkError(
             f"{target} closed the connection during set-up: a TLS server answering a "
             f"plaintext client? (TLS handshake not attempted: no --tfgrpc-tls-* given) {details}"
+        )
+    if closed:
+        return BenchmarkError(
+            f"TLS handshake with {target} failed ({tls_mode()} on this side): the server closed "
+            "the connection during it; it may require a client certificate this side lacks "
+            f"(--tfgrpc-tls-cert/-key) or one signed by another CA. {details}"
         )
     why = f": {details}" if details else ""
     return BenchmarkError(f"no connection to {target} within {timeout:g} s{why}")
