@@ -23,8 +23,9 @@ from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.servers.allocator import apply_policy
 from pytest_tfgrpc.servers.cluster_spec import ClusterSpec, ClusterSpecError, load_cluster_spec
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.servers.processes import ServerError, ServerProcess
 from pytest_tfgrpc.units import UnitError, parse_seconds
+from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 from pytest_tfgrpc.wire.security import TlsError, TlsFiles, load_tls, tls_mode, use_tls
 
@@ -264,6 +265,18 @@ class TfgrpcSession:
                 # Fails the call itself, so the regression is a failure in the JUnit XML.
                 pytest.fail(verdict.failure, pytrace=False)
         return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        # A server that died, a call that failed, a deadline: the process, host and cause
+        # in the first line, not at the end of a traceback through gRPC's internals.
+        error = call.excinfo.value if call.excinfo is not None else None
+        if report.failed and isinstance(error, (ServerError, BenchmarkError)):
+            report.longrepr = f"{type(error).__name__}: {error}"
+        return report
 
     def pytest_sessionfinish(self) -> None:
         # Normally every fixture has stopped its server by now; after a Ctrl-C or an

@@ -16,6 +16,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,11 +40,12 @@ class ServerError(RuntimeError):
 class ServerDied(ServerError):
     """A tensor server process exited while it was in use."""
 
-    def __init__(self, name: str, returncode: int, stderr_tail: str) -> None:
+    def __init__(self, name: str, returncode: int, stderr_tail: str, where: str = "") -> None:
         self.returncode = returncode
         self.stderr_tail = stderr_tail
         super().__init__(
             f"{name} exited with {describe_exit(returncode)} while in use"
+            + (f" ({where})" if where else "")
             + (f"; the end of its stderr:\n{stderr_tail}" if stderr_tail else "; stderr was empty")
         )
 
@@ -139,7 +141,7 @@ class ChildProcess:
         """Raise :class:`ServerDied` (exit status, stderr tail) if the process has ended."""
         code = self._proc.poll()
         if code is not None and not self._stopped:
-            raise ServerDied(self.name, code, self.stderr_tail())
+            raise ServerDied(self.name, code, self.stderr_tail(), self.where())
 
     def died(self, grace: float = 0.5) -> ServerDied | None:
         """After something failed: the death that explains it, waiting ``grace`` s for it."""
@@ -149,7 +151,11 @@ class ChildProcess:
             code = self._proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             return None
-        return ServerDied(self.name, code, self.stderr_tail())
+        return ServerDied(self.name, code, self.stderr_tail(), self.where())
+
+    def where(self) -> str:
+        """``pid N on HOST``: which process, on which host, for error messages."""
+        return f"pid {self.pid} on {socket.gethostname()}"
 
     def read_ready_line(
         self, timeout: float, error: type[ServerError] = ServerError
@@ -278,6 +284,10 @@ class ServerProcess(ChildProcess):
         if self.info is None:
             raise ServerError(f"{self.name} is not ready")
         return self.info.target
+
+    def where(self) -> str:
+        base = super().where()
+        return f"{base}, {self.info.target}" if self.info is not None else base
 
     def _wait_ready(self, timeout: float) -> None:
         fields = self.read_ready_line(timeout)
