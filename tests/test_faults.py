@@ -1188,9 +1188,9 @@ def _match(text: str, pattern: str) -> bool:
 def _junit(xml: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for suite in JUnitXml.fromfile(str(xml)):
-        out["<suite>"] = [p.name for p in suite.properties()]
+        out["<suite>"] = [p.name for p in suite.properties()]  # type: ignore[no-untyped-call]
         for case in suite:
-            names = [p.name for p in case.properties()] if case.name else []
+            names = [p.name for p in case.properties()] if case.name else []  # type: ignore[attr-defined]
             out[str(case.name)] = names
     return out
 
