@@ -234,6 +234,31 @@ def _measure_each(
     return build(tuple(results))
 
 
+def _builder(
+    benchmark: str,
+    label: str | None,
+    server: Server,
+    mode: str,
+    rpc: str,
+    settings: Mapping[str, str],
+) -> Callable[[tuple[SizeResult, ...]], BenchmarkResult]:
+    """The result of ``benchmark`` for the sizes measured (all, or those before a failure)."""
+
+    def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
+        return BenchmarkResult(
+            benchmark=benchmark,
+            label=label or benchmark,
+            fabric=server.fabric.name,
+            target=server.target,
+            mode=mode,
+            rpc=rpc,
+            sizes=results,
+            settings=settings,
+        )
+
+    return build
+
+
 def p2p_latency(
     server: Server,
     sizes: Sequence[Message],
@@ -255,17 +280,8 @@ def p2p_latency(
 
     method = "Echo" if rpc == "unary" else "EchoStream"
 
-    def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
-        return BenchmarkResult(
-            benchmark="p2p_latency",
-            label=label or "p2p_latency",
-            fabric=server.fabric.name,
-            target=server.target,
-            mode=mode,
-            rpc=rpc,
-            sizes=results,
-            settings=run_settings(run, method=transport.method(mode, method)),
-        )
+    settings = run_settings(run, method=transport.method(mode, method))
+    build = _builder("p2p_latency", label, server, mode, rpc, settings)
 
     return _measure_each(server, sizes, mode, f"{rpc} echo", run, measure_one, progress, build)
 
@@ -409,16 +425,6 @@ def p2p_bandwidth(
     if rpc == "stream":
         extra["chunk_bytes"] = str(chunk_bytes)
 
-    def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
-        return BenchmarkResult(
-            benchmark="p2p_bandwidth",
-            label=label or "p2p_bandwidth",
-            fabric=server.fabric.name,
-            target=server.target,
-            mode=mode,
-            rpc=rpc,
-            sizes=results,
-            settings=run_settings(run, **extra),
-        )
+    build = _builder("p2p_bandwidth", label, server, mode, rpc, run_settings(run, **extra))
 
     return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)

@@ -148,6 +148,13 @@ def unreachable(target: str, timeout: float, details: str) -> BenchmarkError:
     return BenchmarkError(f"no connection to {target} within {timeout:g} s{why}")
 
 
+def _raise_death(server: Server | None) -> None:
+    # A server that died before (or while) a client connects: its death, at once, not a
+    # connection timeout.
+    if server is not None and (death := server.died(grace=0)) is not None:
+        raise death
+
+
 def connect(target: str, timeout: float = 10.0, *, server: Server | None = None) -> grpc.Channel:
     """A connected channel to ``target`` (under the process's TLS setting), or
     BenchmarkError saying why not; ``server``'s death, if it dies meanwhile, at once."""
@@ -156,8 +163,7 @@ def connect(target: str, timeout: float = 10.0, *, server: Server | None = None)
     deadline = time.monotonic() + timeout
     try:
         while True:
-            if server is not None and (death := server.died(grace=0)) is not None:
-                raise death
+            _raise_death(server)
             try:
                 ready.result(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
                 return channel
@@ -178,8 +184,7 @@ async def connect_aio(
     deadline = time.monotonic() + timeout
     try:
         while True:
-            if server is not None and (death := server.died(grace=0)) is not None:
-                raise death
+            _raise_death(server)
             try:
                 await asyncio.wait_for(channel.channel_ready(), _POLL_S)
                 return channel
