@@ -393,6 +393,9 @@ class Case:
     env: Mapping[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ()
     sigterm_after: int | None = None
+    kill_signal: int = signal.SIGTERM
+    #: The JUnit file must not exist after the run (a killed run leaves none, not a stale one).
+    no_junit: bool = False
     needs: tuple[str, ...] = ()
     ret: int | None = 0
     lines: tuple[str, ...] = ()
@@ -617,7 +620,7 @@ def test_accepted():
         ret=1,
         lines=("*ServerDied: tensor server on lo exited with signal 9*",),
         absent=("*no connection*", "*INTERNALERROR*"),
-        seconds=20,
+        seconds=10,
     ),
     Case(
         "remote-server-unreachable",
@@ -886,6 +889,19 @@ def test_no_client_cert():
         junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
     ),
     Case(
+        "sigkill-leaves-no-stale-junit",
+        "E22/I13.signals",
+        SLOW,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl"),
+        files={"perf.xml": "<testsuites><testsuite name='last week'/></testsuites>"},
+        sigterm_after=2,
+        kill_signal=signal.SIGKILL,
+        ret=None,
+        results=2,
+        no_junit=True,
+        seconds=60,
+    ),
+    Case(
         "xdist-worker-crash",
         "E23",
         CRASH,
@@ -1132,7 +1148,7 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
         start_new_session=True,
     )
     if case.sigterm_after is not None:
-        _sigterm_when(proc, results, case.sigterm_after)
+        _signal_when(proc, results, case.sigterm_after, case.kill_signal)
     try:
         out, _ = proc.communicate(timeout=case.seconds or 300)
     except subprocess.TimeoutExpired:
@@ -1144,12 +1160,12 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
 
 
-def _sigterm_when(proc: subprocess.Popen[bytes], results: Path, lines: int) -> None:
+def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if results.exists() and len(results.read_text().splitlines()) >= lines:
             time.sleep(0.5)  # inside the slow test now
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signum)
             return
         time.sleep(0.1)
     pytest.fail(f"the results file never reached {lines} lines")
@@ -1222,6 +1238,8 @@ def _check(case: Case, world: World, outcome: Outcome) -> str:
                 assert any(_match(r, name) for r in recorded), (
                     f"{found[0]}: no property {name!r} in {recorded}"
                 )
+    if case.no_junit:
+        assert not outcome.xml.exists(), outcome.xml.read_text()
     if case.results is not None:
         lines = outcome.results.read_text().splitlines() if outcome.results.exists() else []
         assert len(lines) >= case.results, f"{len(lines)} results lines:\n{text}"
