@@ -252,6 +252,7 @@ class Driver:
             payload = messages.payload
         else:
             payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
+            self._check_server_limit(cluster, payload, "ps_throughput")
         result = self._keeping_partial(
             bench.ps_throughput, cluster, payload, mode=mode, run=run, label=label, key=key
         )
@@ -295,14 +296,14 @@ class Driver:
         )
         return self.record(result)
 
-    def _check_server_limit(self, server: Server, messages: Sequence[Message], call: str) -> None:
+    def _check_server_limit(self, server: object, messages: Sequence[Message], call: str) -> None:
         limit = getattr(server, "max_tensor_bytes", None)
         if limit is None or not messages:
             return
         largest = max(m.total_bytes if isinstance(m, Payload) else m for m in messages)
         if largest > limit:
             raise SpecError(
-                f"{self._test}: {call}() sends {largest} B tensors, but the tensor_server takes "
+                f"{self._test}: {call}() sends {largest} B tensors, but its servers take "
                 f"at most {limit} B, the largest size of the test's "
                 "@pytest.mark.message_profile: add the size to the marker"
             )

@@ -88,13 +88,22 @@ def ps_cluster(request: pytest.FixtureRequest, tfgrpc_fabric: Fabric) -> Iterato
     """Parameter-server processes and worker processes bound to ``fabric``, as the test's
     ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test ends;
     if one of its processes dies during the test, the test fails."""
+    from pytest_tfgrpc.model.placement import placed_on
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
 
     fabric = tfgrpc_fabric
     session = activate(request.config)
-    topology = item_specs(request.node).topology
-    with PSCluster(fabric, topology, env=session.server_env) as cluster:
+    specs = item_specs(request.node)
+    topology = specs.topology
+    # PS tasks take no message larger than the test needs: its largest size, or with a model
+    # profile the most bytes one PS owns (a throughput call sends them in one message).
+    need = None
+    if specs.messages is not None and specs.messages.profile is not None:
+        need = max(placed_on(specs.messages.profile, topology).bytes_per_ps(), default=0)
+    elif specs.messages is not None and specs.messages.sizes:
+        need = max(specs.messages.sizes)
+    with PSCluster(fabric, topology, env=session.server_env, max_tensor_bytes=need) as cluster:
         request.node.stash.setdefault(watched_key, []).append(cluster)
         yield cluster
 

@@ -121,7 +121,9 @@ class PSCluster:
     """``topology.ps`` PS processes and ``topology.workers`` worker processes on ``fabric``.
 
     Use as a context manager, or call :meth:`stop`. ``ps`` holds the PS server handles
-    (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``).
+    (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``). PS tasks refuse
+    tensor messages over ``max_tensor_bytes`` (None: the largest gRPC carries), and take jobs
+    only from this handle (a token of its own).
     """
 
     def __init__(
@@ -131,9 +133,12 @@ class PSCluster:
         *,
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 60.0,
+        max_tensor_bytes: int | None = None,
     ) -> None:
         self.fabric = fabric
         self.topology = topology
+        #: The largest tensor message a PS takes, if a limit below gRPC's was set.
+        self.max_tensor_bytes = max_tensor_bytes
         self.ps: tuple[ServerProcess, ...] = ()
         self.workers: tuple[WorkerProcess, ...] = ()
         self._channels: list[grpc.Channel] = []
@@ -154,6 +159,7 @@ class PSCluster:
                         env=ps_env,
                         ready_timeout=ready_timeout,
                         name=f"PS {index} on {fabric.name}",
+                        max_tensor_bytes=max_tensor_bytes,
                     ),
                 )
             hellos = self._collect(
