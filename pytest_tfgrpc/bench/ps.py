@@ -39,7 +39,7 @@ from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.client import BenchmarkError, rpc_timeout
 from pytest_tfgrpc.wire.schemes import Payload
 
 __all__ = [
@@ -355,7 +355,8 @@ def fetch_weights(cluster: PSCluster, placement: Placement) -> dict[str, npt.NDA
             response_deserializer=service_pb2.WeightChunk.FromString,
         )
         pieces: dict[int, list[Any]] = {}
-        for chunk in call(service_pb2.PullWeightsRequest(step=-1), timeout=60.0):
+        timeout = rpc_timeout(sum(shard.nbytes for shard in owned), 60.0)
+        for chunk in call(service_pb2.PullWeightsRequest(step=-1), timeout=timeout):
             pieces.setdefault(chunk.shard, []).append((chunk.offset, chunk.data))
         for index, shard in enumerate(owned):
             data = b"".join(d for _, d in sorted(pieces.get(index, [])))
