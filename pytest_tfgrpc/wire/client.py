@@ -157,21 +157,25 @@ def _raise_death(server: Server | None) -> None:
 
 def connect(target: str, timeout: float = 10.0, *, server: Server | None = None) -> grpc.Channel:
     """A connected channel to ``target`` (under the process's TLS setting), or
-    BenchmarkError saying why not; ``server``'s death, if it dies meanwhile, at once."""
+    BenchmarkError saying why not; ``server``'s death, if it dies meanwhile, at once.
+
+    It waits with short Status calls that wait for the connection, not with
+    ``channel_ready_future``, whose polling thread outlives a channel closed early."""
     channel = open_channel(target, transport.CHANNEL_OPTIONS)
-    ready = grpc.channel_ready_future(channel)
+    status = channel.unary_unary(transport.method("raw", "Status"))
     deadline = time.monotonic() + timeout
     try:
         while True:
             _raise_death(server)
             try:
-                ready.result(timeout=min(_POLL_S, max(0.0, deadline - time.monotonic())))
+                status(b"", timeout=_POLL_S, wait_for_ready=True)
                 return channel
-            except grpc.FutureTimeoutError:
+            except grpc.RpcError as error:
+                if _call_code(error) is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise unreachable(target, timeout, _call_details(error)) from None
                 if time.monotonic() >= deadline:
                     raise unreachable(target, timeout, _probe_details(channel)) from None
     except BaseException:
-        ready.cancel()
         channel.close()
         raise
 
