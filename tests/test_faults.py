@@ -396,6 +396,10 @@ class Case:
     kill_signal: int = signal.SIGTERM
     #: The JUnit file must not exist after the run (a killed run leaves none, not a stale one).
     no_junit: bool = False
+    #: Run the suite once first with these options into ``{tmp}/base.xml`` (a baseline), then
+    #: replace each (old, new) pair of ``baseline_edit`` in it.
+    baseline_args: tuple[str, ...] | None = None
+    baseline_edit: tuple[tuple[str, str], ...] = ()
     needs: tuple[str, ...] = ()
     ret: int | None = 0
     lines: tuple[str, ...] = ()
@@ -842,6 +846,44 @@ def test_no_client_cert():
         lines=("*budget*nan*",),
     ),
     Case(
+        "baseline-from-another-host",
+        "E17",
+        GATE_SUITE,
+        baseline_args=QUICK,
+        baseline_edit=(
+            ('name="tfgrpc.meta.host" value="', 'name="tfgrpc.meta.host" value="elsewhere-'),
+        ),
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-max-regression=100000%"),
+        outcomes={"passed": 1},
+        lines=("*WARNING baseline setup differs: host: baseline elsewhere-*",),
+    ),
+    Case(
+        "baseline-from-another-host-refused",
+        "E17",
+        GATE_SUITE,
+        baseline_args=QUICK,
+        baseline_edit=(
+            ('name="tfgrpc.meta.host" value="', 'name="tfgrpc.meta.host" value="elsewhere-'),
+        ),
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-baseline-mismatch=fail"),
+        ret=4,
+        lines=("*host: baseline elsewhere-*",),
+    ),
+    Case(
+        "too-few-samples-inconclusive",
+        "E19",
+        GATE_SUITE,
+        baseline_args=("--tfgrpc-iterations=3", "--tfgrpc-warmup=1"),
+        args=(
+            "--tfgrpc-iterations=3",
+            "--tfgrpc-warmup=1",
+            "--tfgrpc-baseline={tmp}/base.xml",
+            "--tfgrpc-inconclusive=fail",
+        ),
+        ret=1,
+        lines=("*inconclusive*",),
+    ),
+    Case(
         "budget-failure-in-junit",
         "E20",
         BUDGET_FAIL,
@@ -1127,6 +1169,19 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     env = {**os.environ, **case.env, "TFGRPC_FAULT": tag}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
+    if case.baseline_args is not None:
+        (tmp / "test_case.py").write_text(world.fill(case.suite))
+        base = tmp / "base.xml"
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
+             *case.baseline_args, str(tmp / "test_case.py")],
+            cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        text = base.read_text()
+        for old, new in case.baseline_edit:
+            assert old in text, f"{old!r} not in the baseline"
+            text = text.replace(old, new)
+        base.write_text(text)
     if case.command:
         argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric", "lo"]
         argv += [world.fill(a) for a in case.command]
@@ -1275,10 +1330,7 @@ def test_fault(case: Case, world: World, tmp_path: Path) -> None:
 def test_every_reference_case_has_a_row() -> None:
     sources = {part for case in CASES for part in case.source.split("/")}
     reference = {f"E{n}" for n in range(1, 28)}
-    # E17 (a baseline from another setup), E19 (too few samples, NaN, unstable) are gated
-    # by the baseline gate's own end-to-end tests (tests/test_plugin_baseline.py,
-    # tests/test_compare.py); every other reference case is a row here.
-    assert reference - sources <= {"E17", "E19"}, sorted(reference - sources)
+    assert reference <= sources, sorted(reference - sources)
     kinds = {"deadlines", "partial", "signals", "values", "sizes", "coexistence"}
     kinds |= {"consistency", "security", "tls"}
     assert {f"I13.{k}" for k in kinds} <= sources, sorted({f"I13.{k}" for k in kinds} - sources)
