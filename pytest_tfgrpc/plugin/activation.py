@@ -103,15 +103,47 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     # A CI timeout sends SIGTERM: end the run through pytest's KeyboardInterrupt path, so
     # finished tests reach the JUnit XML and every fixture stops its processes.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+    if _forward_to_workers:
+        # A Ctrl-C reaches pytest-xdist's workers through the terminal; a SIGTERM reaches
+        # the controller only: pass it on, or a worker finishes its test first.
+        for pid in _children():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
     raise KeyboardInterrupt(_SIGTERM_NOTE)
 
 
+_forward_to_workers = False
+
+
+def _children() -> list[int]:
+    """The process ids of this process's children (Linux ``/proc``; none elsewhere)."""
+    me, out = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                out.append(int(entry.name))
+    return out
+
+
 def _take_sigterm(config: pytest.Config) -> None:
+    global _forward_to_workers
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return  # someone else's handler: theirs wins
     config.stash[_sigterm_key] = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    dist = getattr(config.option, "dist", "no") or "no"
+    numprocesses = getattr(config.option, "numprocesses", None)
+    _forward_to_workers = not hasattr(config, "workerinput") and (
+        dist != "no" or bool(numprocesses)
+    )
 
 
 def _remove_stale_junit(config: pytest.Config) -> None:

@@ -164,6 +164,7 @@ def connect(target: str, timeout: float = 10.0, *, server: Server | None = None)
     channel = open_channel(target, transport.CHANNEL_OPTIONS)
     status = channel.unary_unary(transport.method("raw", "Status"))
     deadline = time.monotonic() + timeout
+    attempts = 0
     try:
         while True:
             _raise_death(server)
@@ -175,6 +176,13 @@ def connect(target: str, timeout: float = 10.0, *, server: Server | None = None)
                     raise unreachable(target, timeout, _call_details(error)) from None
                 if time.monotonic() >= deadline:
                     raise unreachable(target, timeout, _probe_details(channel)) from None
+            attempts += 1
+            if attempts % _PROBE_EVERY == 0:
+                # A refused connection may be a server still starting; a failed TLS
+                # handshake or a connection closed during set-up will not get better.
+                details = _probe_details(channel)
+                if _hopeless(details):
+                    raise unreachable(target, timeout, details) from None
     except BaseException:
         channel.close()
         raise
@@ -208,6 +216,13 @@ async def connect_aio(
 
 #: How often a connecting client looks whether its server is still alive.
 _POLL_S: Final = 0.1
+#: Every this many polls, a connecting client asks gRPC why it is not connected yet.
+_PROBE_EVERY: Final = 5
+
+
+def _hopeless(details: str) -> bool:
+    text = details.lower()
+    return looks_like_tls_failure(details) or "socket closed" in text or "reset by peer" in text
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
