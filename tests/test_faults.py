@@ -345,6 +345,28 @@ def test_refusals(tfgrpc, tensor_server, ps_cluster):
     tfgrpc.ps_throughput(ps_cluster, label="after_job_refusals")  # its own jobs still run
 """
 
+#: A small profile: its PS tasks take what the profile and the fit need, no more.
+PROFILE_SGD = """
+import pytest
+
+@pytest.mark.message_profile("resnet50", scale=0.02)
+@pytest.mark.ps_topology(ps=2, workers=2)
+def test_sgd(tfgrpc, ps_cluster):
+    tfgrpc.sync_sgd_step(ps_cluster, iterations=5, warmup=1)
+"""
+
+#: A stream push over the server's limit: refused with a message, not "Internal error".
+OVER_LIMIT_STREAM = """
+import pytest
+from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.timing import RunSpec
+
+@pytest.mark.message_profile(["1KiB"])
+def test_over(tensor_server):
+    run = RunSpec(iterations=2, warmup=0, max_seconds=1, warmup_seconds=1)
+    bench.p2p_bandwidth(tensor_server, [4 << 20], rpc="stream", run=run)
+"""
+
 GATE_SUITE = """
 import pytest
 
@@ -1042,6 +1064,15 @@ def test_no_client_cert():
             "*REFUSED job control needs the token of the driver*none*",
             "*REFUSED job control needs the token of the driver*wrong one*",
         ),
+    ),
+    Case("ps-limit-fits-profile-and-fit", "I13.security", PROFILE_SGD, outcomes={"passed": 1}),
+    Case(
+        "stream-push-over-limit",
+        "I13.security",
+        OVER_LIMIT_STREAM,
+        ret=1,
+        lines=("*RESOURCE_EXHAUSTED: a pushed message of 4194304 B refused*at most 1024 B*",),
+        absent=("*INTERNALERROR*", "*Internal error from Core*"),
     ),
     Case(
         "standalone-server-allocator",

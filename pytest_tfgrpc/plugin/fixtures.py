@@ -88,6 +88,7 @@ def ps_cluster(request: pytest.FixtureRequest, tfgrpc_fabric: Fabric) -> Iterato
     """Parameter-server processes and worker processes bound to ``fabric``, as the test's
     ``ps_topology`` marker declares (default: 1 PS, 1 worker). Stopped when the test ends;
     if one of its processes dies during the test, the test fails."""
+    from pytest_tfgrpc.bench.fit import MAX_SWEEP_BYTES
     from pytest_tfgrpc.model.placement import placed_on
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
@@ -100,7 +101,9 @@ def ps_cluster(request: pytest.FixtureRequest, tfgrpc_fabric: Fabric) -> Iterato
     # profile the most bytes one PS owns (a throughput call sends them in one message).
     need = None
     if specs.messages is not None and specs.messages.profile is not None:
-        need = max(placed_on(specs.messages.profile, topology).bytes_per_ps(), default=0)
+        # sync_sgd_step's fit pushes up to MAX_SWEEP_BYTES to PS 0, whatever the profile
+        placed = placed_on(specs.messages.profile, topology).bytes_per_ps()
+        need = max(*placed, MAX_SWEEP_BYTES)
     elif specs.messages is not None and specs.messages.sizes:
         need = max(specs.messages.sizes)
     with PSCluster(fabric, topology, env=session.server_env, max_tensor_bytes=need) as cluster:

@@ -77,7 +77,7 @@ def _message_bytes(context: grpc.ServicerContext, limit: int) -> int:
                 break
             if size < 0:
                 break
-            _check_limit(context, size, limit, "a pushed message")
+            _check_limit(context, size, limit, "a pushed message", transport.FRAMING_BYTES)
             return size
     context.abort(
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -86,10 +86,13 @@ def _message_bytes(context: grpc.ServicerContext, limit: int) -> int:
     raise AssertionError("unreachable")  # abort raises
 
 
-def _check_limit(context: grpc.ServicerContext, nbytes: int, limit: int, what: str) -> None:
+def _check_limit(
+    context: grpc.ServicerContext, nbytes: int, limit: int, what: str, framing: int = 0
+) -> None:
     """Refuse, with RESOURCE_EXHAUSTED, a request that would make this server allocate more
-    than ``limit`` bytes: a few bytes of request must not cost gigabytes."""
-    if nbytes > limit:
+    than ``limit`` bytes of tensor (``framing`` bytes of message around it allowed): a few
+    bytes of request must not cost gigabytes."""
+    if nbytes > limit + framing:
         context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"{what} of {nbytes} B refused: this server takes tensors of at most {limit} B "
@@ -122,7 +125,12 @@ class TensorService:
         self._pull_lock = threading.Lock()
 
     # --- latency -------------------------------------------------------------------------
+    def _check_message(self, context: grpc.ServicerContext, request: bytes, what: str) -> None:
+        framing = transport.FRAMING_BYTES if self.protobuf else 0
+        _check_limit(context, len(request), self.max_tensor_bytes, what, framing)
+
     def echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_message(context, request, "an echoed message")
         self.counters.add(1, len(request))
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -139,6 +147,7 @@ class TensorService:
 
     # --- worker -> PS --------------------------------------------------------------------
     def push(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_message(context, request, "a pushed message")
         if self.delay_s:
             time.sleep(self.delay_s)
         if self.protobuf:
@@ -150,7 +159,7 @@ class TensorService:
         self, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """Slices of messages of a size announced in metadata; one Ack per whole message."""
-        message_bytes = _message_bytes(context, self.max_tensor_bytes + transport.FRAMING_BYTES)
+        message_bytes = _message_bytes(context, self.max_tensor_bytes)
         received = 0
         messages = 0
         first: memoryview | None = None
@@ -265,13 +274,11 @@ def build_server(
     token PS job control must carry (None: job control refused). ``environment`` is what
     its Status call reports (allocator, TLS, limits).
     """
-    limit = min(max_tensor_bytes + transport.FRAMING_BYTES, transport.MAX_MESSAGE_BYTES)
+    # gRPC's receive limit stays at its maximum: a message over it is refused by the core as
+    # "Internal error from Core" mid-stream; the handlers refuse with a message instead.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfgrpc"),
-        options=(
-            *(o for o in transport.SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"),
-            ("grpc.max_receive_message_length", limit),
-        ),
+        options=transport.SERVER_OPTIONS,
     )
     bound = add_port(server, f"{host}:{port}")
     target = f"{host}:{bound}"
