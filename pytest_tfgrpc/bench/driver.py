@@ -6,6 +6,7 @@ options, and a function that records properties on the test.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.streams import check_streams, p2p_bandwidth_streams
@@ -33,8 +35,10 @@ from pytest_tfgrpc.servers.native_server import check_engine
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
+from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
+from pytest_tfgrpc.wire.security import tls_mode
 
 Recorder = Callable[[str, str], None]
 
@@ -99,9 +103,13 @@ class Driver:
                 )
             return self._messages.messages
         try:
-            return parse_sizes(sizes)
+            parsed = parse_sizes(sizes)
         except UnitError as exc:
             raise SpecError(f"{call}() argument sizes={sizes!r}: {exc}") from None
+        for size in parsed:
+            if size > transport.MAX_TENSOR_BYTES:
+                raise SpecError(f"{call}() argument sizes={sizes!r}: {transport.too_large(size)}")
+        return parsed
 
     def _progress_of(self, label: str, server: Server) -> Progress | None:
         report = self._progress
@@ -131,6 +139,8 @@ class Driver:
         if engine == "grpcio":
             return p2p
         reason = unavailable_reason()
+        if reason is None and tls_mode() != "off":
+            reason = "the native client speaks plaintext only, and this run uses TLS"
         if reason is not None:
             raise SpecError(f"{self._test}: {call}(engine='native'): {reason}")
         return native_p2p
@@ -207,6 +217,7 @@ class Driver:
         if floor:
             self._check_label(name + FLOOR_SUFFIX)
         messages = self._sizes(sizes, call)
+        self._check_server_limit(server, messages, call)
         if streams is None and any(isinstance(message, Payload) for message in messages):
             count = 1  # a run-wide stream count leaves payload schemes on one stream
         measured = {
@@ -223,7 +234,7 @@ class Driver:
                 self.record(each)
             result = self.record(both.aggregate)
         else:
-            result = self.record(benchmark(server, messages, **measured))
+            result = self.record(self._keeping_partial(benchmark, server, messages, **measured))
         if floor_launcher is not None:
             floor_result = transport_floor(
                 server.fabric, result, run, env=self._server_env, launcher=floor_launcher
@@ -321,7 +332,10 @@ class Driver:
             payload = messages.payload
         else:
             payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
-        result = bench.ps_throughput(cluster, payload, mode=mode, run=run, label=label, key=key)
+            self._check_server_limit(cluster, payload, "ps_throughput")
+        result = self._keeping_partial(
+            bench.ps_throughput, cluster, payload, mode=mode, run=run, label=label, key=key
+        )
         return self.record(result)
 
     def sync_sgd_step(
@@ -361,6 +375,33 @@ class Driver:
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(result)
+
+    def _check_server_limit(self, server: object, messages: Sequence[Message], call: str) -> None:
+        limit = getattr(server, "max_tensor_bytes", None)
+        if limit is None or not messages:
+            return
+        largest = max(m.total_bytes if isinstance(m, Payload) else m for m in messages)
+        if largest > limit:
+            raise SpecError(
+                f"{self._test}: {call}() sends {largest} B tensors, but its servers take "
+                f"at most {limit} B, the largest size of the test's "
+                "@pytest.mark.message_profile: add the size to the marker"
+            )
+
+    def _keeping_partial(self, benchmark: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``benchmark(*args, **kwargs)``; if it fails after measuring some sizes, those are
+        recorded on the test before the failure goes on (JUnit and the results file keep
+        them, their settings marked ``interrupted``)."""
+        __tracebackhide__ = True
+        try:
+            return benchmark(*args, **kwargs)
+        except Exception as error:
+            partial = partial_result(error)
+            if partial is not None and partial.label not in self._labels:
+                # The failure that interrupted the sweep is the one to report, not a budget.
+                with contextlib.suppress(BudgetExceeded):
+                    self.record(partial)
+            raise
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:

@@ -123,12 +123,19 @@ def server_engine(node: pytest.Item, engine: str) -> str:
 
 
 def start_server(
-    node: pytest.Item, fabric: Fabric, env: Mapping[str, str] | None, engine: str
+    node: pytest.Item,
+    fabric: Fabric,
+    env: Mapping[str, str] | None,
+    engine: str,
+    max_tensor_bytes: int | None = None,
 ) -> ServerProcess:
     """The ``tensor_server`` fixture's server on this host, of ``engine`` (the test's, or its
-    marker's ``server=``: :func:`server_engine`); a native engine that is not built fails the
-    test with the command that builds it."""
+    marker's ``server=``: :func:`server_engine`), refusing tensors over ``max_tensor_bytes``
+    (None: gRPC's largest); a native engine that is not built fails the test with the
+    command that builds it."""
     try:
-        return start_tensor_server(fabric, engine=engine, env=env)
+        return start_tensor_server(
+            fabric, engine=engine, env=env, max_tensor_bytes=max_tensor_bytes
+        )
     except NativeNotBuilt as exc:
         pytest.fail(f"{node.nodeid}: a native tensor server: {exc}", pytrace=False)

@@ -27,8 +27,9 @@ PROGRESS_EVERY_S = 5.0
 
 
 @pytest.fixture
-def fabric(request: pytest.FixtureRequest) -> Fabric:
-    """The fabric of this test run: interface name, the address it binds to, its family."""
+def tfgrpc_fabric(request: pytest.FixtureRequest) -> Fabric:
+    """The fabric of this test run (the plugin's own name for ``fabric``, which a project
+    may define for itself): interface name, the address it binds to, its family."""
     from pytest_tfgrpc.wire.fabric import Fabric
 
     param = getattr(request, "param", None)
@@ -58,8 +59,16 @@ def tfgrpc_streams(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture
+def fabric(tfgrpc_fabric: Fabric) -> Fabric:
+    """The fabric of this test run: interface name, the address it binds to, its family.
+    A project's own ``fabric`` fixture overrides this one; the plugin then uses
+    ``tfgrpc_fabric`` and parametrizes only that."""
+    return tfgrpc_fabric
+
+
+@pytest.fixture
 def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: str
+    request: pytest.FixtureRequest, tfgrpc_fabric: Fabric, tfgrpc_engine: str
 ) -> Iterator[ServerProcess | RemoteServer]:
     """A tensor server in its own process, bound to ``fabric``: ``.target``, ``.fabric``,
     ``.pid``. Stopped when the test ends; if it dies during the test, the test fails.
@@ -68,12 +77,18 @@ def tensor_server(
     host. Its engine is the test's (``tfgrpc_engine``), or the marker's ``server=``."""
     from pytest_tfgrpc.plugin.agents import placed_tensor_server
     from pytest_tfgrpc.plugin.engine import server_engine, start_server
-    from pytest_tfgrpc.plugin.markers import watched_key
+    from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
 
+    fabric = tfgrpc_fabric
     session = activate(request.config)
     engine = server_engine(request.node, tfgrpc_engine)
-    with placed_tensor_server(request, fabric, session.server_env, engine) as placed:
+    # The server takes no tensor larger than the test needs (its message_profile marker's
+    # largest size; without one, the largest gRPC carries): a stray request cannot make it
+    # allocate more.
+    messages = item_specs(request.node).messages
+    need = max(messages.sizes) if messages is not None and messages.sizes else None
+    with placed_tensor_server(request, fabric, session.server_env, engine, need) as placed:
         if placed is not None:
             request.node.stash.setdefault(watched_key, []).append(placed)
             yield placed
@@ -89,7 +104,7 @@ def tensor_server(
             return
         pytest.fail(problem, pytrace=False)
     started = session.servers
-    server = start_server(request.node, fabric, session.server_env, engine)
+    server = start_server(request.node, fabric, session.server_env, engine, need)
     started.append(server)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
@@ -101,19 +116,34 @@ def tensor_server(
 
 
 @pytest.fixture
-def ps_cluster(request: pytest.FixtureRequest, fabric: Fabric) -> Iterator[PSCluster]:
+def ps_cluster(request: pytest.FixtureRequest, tfgrpc_fabric: Fabric) -> Iterator[PSCluster]:
     """Parameter-server processes and worker processes bound to ``fabric``, as the test's
     ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
     (``--tfgrpc-agents``), on the agents' hosts. Stopped when the test ends; if one of its
     processes dies during the test, the test fails."""
+    from pytest_tfgrpc.bench.fit import MAX_SWEEP_BYTES
+    from pytest_tfgrpc.model.placement import placed_on
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
 
+    fabric = tfgrpc_fabric
     session = activate(request.config)
-    topology = item_specs(request.node).topology
-    placed = cluster_launchers(request, fabric, topology)
-    with PSCluster(fabric, topology, env=session.server_env, **placed) as cluster:
+    specs = item_specs(request.node)
+    topology = specs.topology
+    # PS tasks take no message larger than the test needs: its largest size, or with a model
+    # profile the most bytes one PS owns (a throughput call sends them in one message).
+    need = None
+    if specs.messages is not None and specs.messages.profile is not None:
+        # sync_sgd_step's fit pushes up to MAX_SWEEP_BYTES to PS 0, whatever the profile
+        by_ps = placed_on(specs.messages.profile, topology).bytes_per_ps()
+        need = max(*by_ps, MAX_SWEEP_BYTES)
+    elif specs.messages is not None and specs.messages.sizes:
+        need = max(specs.messages.sizes)
+    launchers = cluster_launchers(request, fabric, topology)
+    with PSCluster(
+        fabric, topology, env=session.server_env, max_tensor_bytes=need, **launchers
+    ) as cluster:
         request.node.stash.setdefault(watched_key, []).append(cluster)
         yield cluster
 
