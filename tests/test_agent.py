@@ -44,6 +44,14 @@ def test_each_role_runs_its_own_module_bound_where_the_agent_says() -> None:
         ("worker", {}, {"LD_PRELOAD": "/tmp/x.so"}, "INVALID_ARGUMENT", "LD_PRELOAD"),
         ("worker", {}, {"PYTHONPATH": "/tmp"}, "INVALID_ARGUMENT", "PYTHONPATH"),
         ("worker", {}, {"MALLOC_ARENA_MAX": "2; x"}, "INVALID_ARGUMENT", "MALLOC_ARENA_MAX"),
+        ("ps", {"max_tensor_bytes": "1e9"}, {}, "INVALID_ARGUMENT", "max_tensor_bytes='1e9'"),
+        ("ps", {"max_tensor_bytes": "-5"}, {}, "INVALID_ARGUMENT", "max_tensor_bytes='-5'"),
+        ("ps", {"max_tensor_bytes": str(1 << 40)}, {}, "INVALID_ARGUMENT", "max_tensor_bytes="),
+        ("worker", {"max_tensor_bytes": "4"}, {}, "INVALID_ARGUMENT", "its parameters: none"),
+        # the job-control token goes to a PS only, and only as a token
+        ("worker", {}, {"TFGRPC_JOB_TOKEN": "a" * 32}, "INVALID_ARGUMENT", "TFGRPC_JOB_TOKEN"),
+        ("ps", {}, {"TFGRPC_JOB_TOKEN": "short"}, "INVALID_ARGUMENT", "TFGRPC_JOB_TOKEN"),
+        ("ps", {}, {"TFGRPC_JOB_TOKEN": "a" * 20 + ";rm"}, "INVALID_ARGUMENT", "TFGRPC_JOB"),
     ],
 )
 def test_requests_outside_the_roles_are_refused(
@@ -60,6 +68,18 @@ def test_allocator_variables_pass_and_nothing_else_of_the_drivers() -> None:
     assert env["MALLOC_MMAP_THRESHOLD_"] == "33554432"
 
 
+def test_a_ps_gets_its_drivers_job_token_and_tensor_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TFGRPC_JOB_TOKEN", "the-agents-own-environment-token")
+    argv, env = role_argv("ps", {"max_tensor_bytes": "4096"}, {}, FABRIC)
+    assert argv[-2:] == ["--max-tensor-bytes", "4096"]
+    assert "TFGRPC_JOB_TOKEN" not in env  # never a token the driver did not send
+    token = "A-b_c" * 6
+    _, env = role_argv("ps", {}, {"TFGRPC_JOB_TOKEN": token}, FABRIC)
+    assert env["TFGRPC_JOB_TOKEN"] == token
+
+
 def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("a" * 20 + "\nignored\n")
@@ -74,3 +94,24 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
     path.write_text("")
     with pytest.raises(ValueError, match="no agent token"):
         read_token(str(path), {})
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), (None, None, None)),
+        # one family of files: the run's own secure the agents too
+        (("--tfgrpc-tls-ca=ca", "--tfgrpc-tls-cert=c", "--tfgrpc-tls-key=k"), ("ca", "c", "k")),
+        # the agents' own win, as a set
+        (("--tfgrpc-tls-ca=ca", "--tfgrpc-agent-tls-ca=aca"), ("aca", None, None)),
+        # without a CA the agents cannot be verified: plaintext to them, as before
+        (("--tfgrpc-tls-cert=c", "--tfgrpc-tls-key=k"), (None, None, None)),
+    ],
+)
+def test_agent_tls_defaults_to_the_runs_tls(
+    pytester: pytest.Pytester, args: tuple[str, ...], expected: tuple[str | None, ...]
+) -> None:
+    from pytest_tfgrpc.plugin.agents import agent_tls_files
+
+    config = pytester.parseconfig(*args)
+    assert agent_tls_files(config) == expected

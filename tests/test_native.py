@@ -35,7 +35,6 @@ from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
 from pytest_tfgrpc.servers.processes import ServerDied, ServerProcess
 from pytest_tfgrpc.wire import codec
-from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
 NOT_BUILT = native.unavailable_reason()
@@ -213,9 +212,12 @@ def test_bandwidth_across_engines(
     assert wire[1] == (1 if mode == "raw" else header + 1)
 
 
-def test_both_servers_refuse_an_empty_raw_stream_push(server: ServerProcess) -> None:
-    with pytest.raises(BenchmarkError, match="announce its message size"):
-        _client(server).p2p_bandwidth(server, [0], mode="raw", rpc="stream", run=RUN)  # type: ignore[attr-defined]
+def test_both_servers_take_an_empty_raw_stream_push(server: ServerProcess) -> None:
+    # A 0-byte tensor is a message like any other, in every mode and on either server.
+    client = _client(server)
+    result = client.p2p_bandwidth(server, [0], mode="raw", rpc="stream", run=RUN)  # type: ignore[attr-defined]
+    assert [s.size_bytes for s in result.sizes] == [0]
+    assert result.sizes[0].count == RUN.iterations
 
 
 @needs_native

@@ -50,7 +50,10 @@ def test_bandwidth(tfgrpc, tensor_server):
 
 def test_help_lists_options_and_markers(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
-    result.stdout.fnmatch_lines(["*--fabric=NAME*--tfgrpc-fabric*", "*--tfgrpc-iterations=N*"])
+    result.stdout.fnmatch_lines(
+        ["*--tfgrpc-fabric=NAME*", "*--fabric=NAME*", "*short for --tfgrpc-fabric*"]
+    )
+    result.stdout.fnmatch_lines(["*--tfgrpc-iterations=N*", "*--tfgrpc-tls-cert=FILE*"])
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(
         ["@pytest.mark.message_profile(*", "@pytest.mark.budget(**limits)*"]
@@ -300,8 +303,11 @@ def test_the_allocator_policy_reaches_servers_and_results(
     if policy == "tuned":
         assert "'MALLOC_MMAP_THRESHOLD_': '33554432'" in out
         assert "mallopt.M_MMAP_THRESHOLD=33554432" in settings
+        assert "'allocator': 'tuned'" in out
     else:
-        assert "SERVER-ENV {}" in out
+        server_env = next(line for line in out.splitlines() if "SERVER-ENV" in line)
+        assert "MALLOC" not in server_env and "mallopt" not in server_env, server_env
+        assert "'allocator': 'default'" in server_env
         assert "mallopt" not in settings
     assert "iterations=30" in settings and "grpcio=" in settings
 

@@ -177,3 +177,29 @@ def test_the_xdist_controller_wakes_on_the_first_tfgrpc_report(
     result.assert_outcomes(passed=1)
     suite = next(iter(JUnitXml.fromfile(str(xml))))
     assert not any(p.name.startswith("tfgrpc.") for p in suite.properties())  # type: ignore[no-untyped-call]
+
+
+UNTOUCHED = """
+import os
+import signal
+
+def test_untouched():
+    # A run that does not use tfgrpc keeps pytest's SIGTERM and its previous JUnit file
+    # (pytest replaces it only when the session ends).
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with open(os.environ["OLD_XML"]) as old:
+        assert old.read() == "<old/>"
+"""
+
+
+def test_a_project_without_tfgrpc_tests_keeps_its_sigterm_and_old_junit(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    xml = pytester.path / "old.xml"
+    xml.write_text("<old/>")
+    monkeypatch.setenv("OLD_XML", str(xml))
+    pytester.makepyfile(test_plain=UNTOUCHED)
+    result = _run(pytester, "-q", f"--junitxml={xml}")
+    assert result.ret == 0, result.stdout.str()
+    assert _heavy_modules(result) == 0
+    assert "<old/>" not in xml.read_text()  # written anew at the end, as pytest does

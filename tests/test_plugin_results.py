@@ -1,4 +1,5 @@
-"""Nothing lost: the results file keeps every finished test through a SIGTERM; plots."""
+"""Nothing lost: the results file and the JUnit XML keep every finished test through a
+SIGTERM; plots."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import QUICK, pid_alive
+from junitparser.xunit2 import JUnitXml
 
 from pytest_tfgrpc.report.results_file import read_results
 
@@ -61,8 +63,14 @@ def test_sigterm_midway_keeps_every_finished_result(tmp_path: Path) -> None:
     assert float(records[0]["properties"]["tfgrpc.p2p_latency.1KiB.p50_us"]) > 0
     assert float(records[1]["properties"]["tfgrpc.p2p_bandwidth.64KiB.throughput_MBps"]) > 0
     assert records[0]["properties"]["tfgrpc.p2p_latency.1KiB.samples"] == "30"
-    # pytest itself writes no JUnit XML when SIGTERM ends it: the results file is what is left
-    assert not (tmp_path / "perf.xml").exists()
+    # SIGTERM ends the run as Ctrl-C does: the JUnit XML holds the finished tests' figures
+    cases = {
+        case.name: {p.name: p.value for p in case.properties()}  # type: ignore[attr-defined]
+        for suite in JUnitXml.fromfile(str(tmp_path / "perf.xml"))
+        for case in suite
+    }
+    assert float(cases["test_first[lo]"]["tfgrpc.p2p_latency.1KiB.p50_us"]) > 0
+    assert "tfgrpc.p2p_bandwidth.64KiB.throughput_MBps" in cases["test_second[lo]"]
     deadline = time.monotonic() + 10
     while pid_alive(int(pid_file.read_text())) and time.monotonic() < deadline:
         time.sleep(0.05)

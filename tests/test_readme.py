@@ -273,7 +273,7 @@ _ALIASES = {"--junitxml": "--junit-xml"}
 #: Programs that run another command: the options they take before it (``srun -N2 cmd``).
 _WRAPPERS = {"ssh": 1, "srun": 0}
 #: Plain system tools a recipe may use; they must exist on this machine.
-_SYSTEM_TOOLS = ("head", "base64", "cat", "apt-get")
+_SYSTEM_TOOLS = ("head", "base64", "cat", "apt-get", "mkdir")
 
 
 def _check(command: list[str]) -> None:
@@ -297,6 +297,9 @@ def _check(command: list[str]) -> None:
         return
     if program in ("python", "python3"):
         if args[:2] == ["-m", "venv"]:
+            return
+        if args[0] == "-m":  # a module of an extra the README installs (trustme: dev)
+            assert importlib.util.find_spec(args[1]) is not None, command
             return
         assert (ROOT / args[0]).exists(), args[0]
         program, args = args[0], args[1:]

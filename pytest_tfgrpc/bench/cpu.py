@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import resource
 
-import grpc
-
 from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.security import open_channel
 
 
 def _client_ns() -> tuple[int, int]:
@@ -24,7 +23,7 @@ class CpuProbe:
     """
 
     def __init__(self, target: str) -> None:
-        self._channel = grpc.insecure_channel(target, options=transport.CHANNEL_OPTIONS)
+        self._channel = open_channel(target, transport.CHANNEL_OPTIONS)
         self._status = self._channel.unary_unary(transport.method("raw", "Status"))
         self._start: tuple[int, int, int, int] | None = None
         self.usage: dict[str, CpuTime] | None = None

@@ -6,6 +6,7 @@ options, and a function that records properties on the test.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.streams import check_streams
@@ -32,6 +34,7 @@ from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
+from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 
@@ -112,9 +115,13 @@ class Driver:
                 )
             return self._messages.messages
         try:
-            return parse_sizes(sizes)
+            parsed = parse_sizes(sizes)
         except UnitError as exc:
             raise SpecError(f"{call}() argument sizes={sizes!r}: {exc}") from None
+        for size in parsed:
+            if size > transport.MAX_TENSOR_BYTES:
+                raise SpecError(f"{call}() argument sizes={sizes!r}: {transport.too_large(size)}")
+        return parsed
 
     def _progress_of(self, label: str, server: Server) -> Progress | None:
         report = self._progress
@@ -221,6 +228,7 @@ class Driver:
         if floor:
             self._check_label(name + FLOOR_SUFFIX)
         messages = self._sizes(sizes, call)
+        self._check_server_limit(server, messages, call)
         if streams is None and any(isinstance(message, Payload) for message in messages):
             count = 1  # a run-wide stream count leaves payload schemes on one stream
         measured = {
@@ -238,7 +246,7 @@ class Driver:
                     self.record(self._engine_result(each, measuring))
                 result = self.record(self._engine_result(both.aggregate, measuring))
             else:
-                result = benchmark(server, messages, **measured)
+                result = self._keeping_partial(measuring, benchmark, server, messages, **measured)
                 result = self.record(self._engine_result(result, measuring))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
@@ -349,10 +357,19 @@ class Driver:
             payload = messages.payload
         else:
             payload = [m for m in self._sizes(sizes, "ps_throughput") if isinstance(m, int)]
+            self._check_server_limit(cluster, payload, "ps_throughput")
         profile = messages.profile if messages is not None else None
         try:
-            result = self.engine.ps_throughput(
-                cluster, payload, mode=mode, run=run, label=label, key=key, profile=profile
+            result = self._keeping_partial(
+                self.engine,
+                self.engine.ps_throughput,
+                cluster,
+                payload,
+                mode=mode,
+                run=run,
+                label=label,
+                key=key,
+                profile=profile,
             )
         except EngineError as exc:
             raise SpecError(f"{self._test}: ps_throughput(): {exc}") from None
@@ -400,6 +417,35 @@ class Driver:
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(self._engine_result(result))
+
+    def _check_server_limit(self, server: object, messages: Sequence[Message], call: str) -> None:
+        limit = getattr(server, "max_tensor_bytes", None)
+        if limit is None or not messages:
+            return
+        largest = max(m.total_bytes if isinstance(m, Payload) else m for m in messages)
+        if largest > limit:
+            raise SpecError(
+                f"{self._test}: {call}() sends {largest} B tensors, but its servers take "
+                f"at most {limit} B, the largest size of the test's "
+                "@pytest.mark.message_profile: add the size to the marker"
+            )
+
+    def _keeping_partial(
+        self, engine: Engine, benchmark: Callable[..., R], *args: Any, **kwargs: Any
+    ) -> R:
+        """``benchmark(*args, **kwargs)``, measuring with ``engine``; if it fails after
+        measuring some sizes, those are recorded on the test before the failure goes on (JUnit
+        and the results file keep them, their settings marked ``interrupted``)."""
+        __tracebackhide__ = True
+        try:
+            return benchmark(*args, **kwargs)
+        except Exception as error:
+            partial = partial_result(error)
+            if partial is not None and partial.label not in self._labels:
+                # The failure that interrupted the sweep is the one to report, not a budget.
+                with contextlib.suppress(BudgetExceeded):
+                    self.record(self._engine_result(partial, engine))
+            raise
 
     def _check_label(self, label: str) -> None:
         if "." in label or not label:

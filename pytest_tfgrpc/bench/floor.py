@@ -36,6 +36,7 @@ from pytest_tfgrpc.servers.floor_server import (
     recv_exact,
 )
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
+from pytest_tfgrpc.wire.client import rpc_timeout
 from pytest_tfgrpc.wire.fabric import Fabric
 
 __all__ = [
@@ -191,21 +192,26 @@ class _Drain:
         pass
 
 
+def _io_timeout(size: int, run: RunSpec) -> float:
+    """A socket operation's bound: as a gRPC call's deadline, the run's bound and the bytes."""
+    return rpc_timeout(2 * size, run.warmup_seconds + run.time_limit_s)
+
+
 def tcp_pingpong(host: str, port: int, size: int, run: RunSpec) -> Samples:
     """Round-trip times (ns) of ``size``-byte echoes over one fresh connection."""
-    with FloorClient(host, port) as client:
+    with FloorClient(host, port, io_timeout=_io_timeout(size, run)) as client:
         return client.pingpong(size, run)
 
 
 def tcp_push_ack(host: str, port: int, size: int, run: RunSpec) -> Samples:
     """Push-until-acknowledged times (ns) of ``size``-byte tensors over one fresh connection."""
-    with FloorClient(host, port) as client:
+    with FloorClient(host, port, io_timeout=_io_timeout(size, run)) as client:
         return client.push_ack_samples(size, run)
 
 
 def tcp_stream(host: str, port: int, size: int, run: RunSpec) -> FloorStream:
     """A stream of ``size``-byte tensors with one acknowledgement at the end."""
-    with FloorClient(host, port) as client:
+    with FloorClient(host, port, io_timeout=_io_timeout(size, run)) as client:
         return client.stream(size, run)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
+from pytest_tfgrpc.bench.partial import keeping_partial
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
@@ -29,11 +30,12 @@ from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.client import (
     BenchmarkError,
+    Deadline,
     Server,
+    call_deadline,
     connect,
     connect_aio,
     explain,
-    rpc_timeout,
     run_async,
 )
 from pytest_tfgrpc.wire.schemes import Payload, payload_message
@@ -62,8 +64,8 @@ def _check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
             continue
         if not isinstance(message, int) or isinstance(message, bool) or message < 0:
             raise ValueError(f"message size {message!r} is not a whole number of bytes")
-        if message > transport.MAX_MESSAGE_BYTES - 64:
-            raise ValueError(f"message size {message} exceeds gRPC's 2 GiB message limit")
+        if message > transport.MAX_TENSOR_BYTES:
+            raise ValueError(transport.too_large(message))
     return tuple(messages)
 
 
@@ -122,7 +124,7 @@ async def _stream(
     """A bidirectional stream call on a channel of its own; on the way out (not after a
     failure) the stream is half-closed and its end awaited, so no task of it outlives the
     loop, then the channel closes."""
-    channel = await connect_aio(server.target)
+    channel = await connect_aio(server.target, server=server)
     try:
         stream = channel.stream_stream(method)(timeout=timeout, metadata=metadata or None)
         yield stream
@@ -156,13 +158,25 @@ def p2p_result(
 
 
 # --- latency -------------------------------------------------------------------------------
+def deadline(server: Server, run: RunSpec, nbytes: int) -> Deadline:
+    """The deadline of every call (or stream) of ``run`` moving ``nbytes`` with ``server``:
+    the run's own bound (warm-up and measured time) and the fabric's speed where known."""
+    bound = run.warmup_seconds + run.time_limit_s
+    return call_deadline(nbytes, bound_s=bound, speed_mbps=server.fabric.speed_mbps)
+
+
+def _wire(tensor: Tensor, mode: str, what: str) -> int:
+    """Bytes one operation of ``what`` moves: an echo carries the tensor both ways."""
+    return tensor.wire_bytes(mode) * (2 if "echo" in what else 1)
+
+
 def _latency_unary(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
-    channel = connect(server.target)
+    channel = connect(server.target, server=server)
     try:
         call = channel.unary_unary(transport.method(mode, "Echo"))
-        timeout = rpc_timeout(2 * tensor.wire_bytes(mode))
+        timeout = deadline(server, run, 2 * tensor.wire_bytes(mode)).seconds
         if mode == "raw":
             message = tensor.content
             _verify_echo(tensor, mode, call(message, timeout=timeout))
@@ -186,7 +200,7 @@ def _latency_unary(
 async def _latency_stream(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
-    timeout = rpc_timeout(2 * tensor.wire_bytes(mode)) + 2 * run.time_limit_s
+    timeout = deadline(server, run, 2 * tensor.wire_bytes(mode)).seconds
     async with _stream(server, transport.method(mode, "EchoStream"), timeout) as stream:
         write, read = stream.write, stream.read
         content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
@@ -219,24 +233,45 @@ def _measure_each(
     messages: Sequence[Message],
     mode: str,
     what: str,
+    run: RunSpec,
     measure_one: MeasureOne,
     progress: Progress | None,
-) -> tuple[SizeResult, ...]:
-    """Measure every message in turn, with the CPU time of both ends; a failed call is
-    reported as the server's death when that is what happened."""
+    build: Callable[[tuple[SizeResult, ...]], BenchmarkResult],
+) -> BenchmarkResult:
+    """Measure every message in turn, with the CPU time of both ends, into ``build``'s
+    result. A failed call is reported as the server's death when that is what happened, in
+    one line; the sizes measured before it travel on the error (:mod:`.partial`)."""
     checked = _check_messages(messages)
-    results = []
-    for index, message in enumerate(checked, 1):
-        if progress is not None:
-            progress(index, len(checked), _name(message))
-        tensor = _tensor(message)
-        try:
-            with CpuProbe(server.target) as probe:
-                samples, elapsed = measure_one(tensor, probe)
-        except grpc.RpcError as error:
-            raise explain(error, server, f"{what} of {tensor.nbytes} B") from error
-        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
-    return tuple(results)
+    results: list[SizeResult] = []
+    with keeping_partial(results, build):
+        for index, message in enumerate(checked, 1):
+            if progress is not None:
+                progress(index, len(checked), _name(message))
+            tensor = _tensor(message)
+            try:
+                with CpuProbe(server.target) as probe:
+                    samples, elapsed = measure_one(tensor, probe)
+            except grpc.RpcError as error:
+                limit = deadline(server, run, _wire(tensor, mode, what))
+                raise explain(error, server, f"{what} of {tensor.nbytes} B", limit) from None
+            results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
+    return build(tuple(results))
+
+
+def _builder(
+    benchmark: str,
+    label: str | None,
+    server: Server,
+    mode: str,
+    rpc: str,
+    settings: Mapping[str, str],
+) -> Callable[[tuple[SizeResult, ...]], BenchmarkResult]:
+    """The result of ``benchmark`` for the sizes measured (all, or those before a failure)."""
+
+    def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
+        return p2p_result(benchmark, server, label, mode, rpc, results, settings)
+
+    return build
 
 
 def p2p_latency(
@@ -258,20 +293,20 @@ def p2p_latency(
             return _latency_unary(server, tensor, mode, run, probe)
         return run_async(_latency_stream(server, tensor, mode, run, probe))
 
-    results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress)
     method = "Echo" if rpc == "unary" else "EchoStream"
     settings = run_settings(run, method=transport.method(mode, method))
-    return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
+    build = _builder("p2p_latency", label, server, mode, rpc, settings)
+    return _measure_each(server, sizes, mode, f"{rpc} echo", run, measure_one, progress, build)
 
 
 # --- bandwidth -----------------------------------------------------------------------------
 def _push_unary(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
-    channel = connect(server.target)
+    channel = connect(server.target, server=server)
     try:
         call = channel.unary_unary(transport.method(mode, "Push"))
-        timeout = rpc_timeout(tensor.wire_bytes(mode))
+        timeout = deadline(server, run, tensor.wire_bytes(mode)).seconds
         content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
         expected = tensor.wire_bytes(mode)
         if mode == "raw":
@@ -299,7 +334,7 @@ async def _push_stream(
     protobuf = mode == "protobuf"
     wire = tensor.wire_bytes(mode)
     content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-    timeout = rpc_timeout(wire) * 2 + 2 * (run.time_limit_s + run.warmup_seconds)
+    timeout = deadline(server, run, wire).seconds
     metadata = ((transport.MESSAGE_BYTES_KEY, str(wire)),)
     async with _stream(server, transport.method(mode, "PushStream"), timeout, metadata) as stream:
         write, read = stream.write, stream.read
@@ -335,11 +370,11 @@ def _pull(
     chunk_bytes: int,
     probe: Phase,
 ) -> tuple[Samples, int]:
-    channel = connect(server.target)
+    channel = connect(server.target, server=server)
     try:
         request = codec.encode_pull_request(tensor.nbytes, tensor.dtype, chunk_bytes)
         wire = tensor.wire_bytes(mode)
-        timeout = rpc_timeout(wire)
+        timeout = deadline(server, run, wire).seconds
         protobuf = mode == "protobuf"
         if rpc == "unary":
             call = channel.unary_unary(transport.method(mode, "Pull"))
@@ -414,7 +449,6 @@ def p2p_bandwidth(
         return run_async(_push_stream(server, tensor, mode, run, chunk_bytes, probe))
 
     what = f"{rpc} {direction}"
-    results = _measure_each(server, sizes, mode, what, measure_one, progress)
     extra = bandwidth_extra(direction, mode, rpc, chunk_bytes)
-    settings = run_settings(run, **extra)
-    return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)
+    build = _builder("p2p_bandwidth", label, server, mode, rpc, run_settings(run, **extra))
+    return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)

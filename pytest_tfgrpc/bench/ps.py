@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
+from pytest_tfgrpc.bench.partial import keeping_partial
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
@@ -46,7 +47,7 @@ from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.client import BenchmarkError, rpc_timeout
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 
@@ -162,56 +163,61 @@ def ps_throughput(
     """
     if mode not in transport.MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(transport.MODES)}")
-    points = []
-    for default_key, per_ps in _payloads(cluster, payload):
-        point_key = _key(key or default_key)
-        cluster.configure(
-            [
-                service_pb2.PSJob(job_id=cluster.next_job_id(), task=i, workers=1)
-                for i in range(cluster.topology.ps)
-            ]
-        )
-        jobs = [
-            ThroughputJob(
-                targets=cluster.targets,
-                worker=w,
-                mode=mode,
-                payload_bytes=tuple(per_ps),
-                iterations=run.iterations,
-                warmup=run.warmup,
-                warmup_seconds=run.warmup_seconds,
-                seconds=run.time_limit_s,
-            )
-            for w in range(cluster.topology.workers)
-        ]
-        replies = cluster.run(jobs, run.job_timeout_s())
-        stats = cluster.job_stats()
-        samples = np.concatenate([s for r in replies for s in r.samples_ns])
-        rate = 0.0
-        rate_bytes = 0.0
-        for reply in replies:
-            seconds = reply.elapsed_ns / 1e9
-            counts = [len(s) for s in reply.samples_ns]
-            rate += sum(counts) / seconds
-            rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
-        loads = _loads(cluster, stats, per_ps)
-        points.append(
-            SizeResult.from_samples(
-                sum(per_ps),
-                sum(per_ps),
-                samples,
-                max(r.elapsed_ns for r in replies),
-                key=point_key,
-                rate_per_s=rate,
-                rate_Bps=rate_bytes,
-                per_ps=loads,
-                cpu={"workers": _workers_cpu(replies)},
-                imbalance=payload.imbalance if isinstance(payload, Placement) else 1.0,
-                bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
-            )
-        )
     settings = run_settings(run, method=method("Throughput", raw=mode == "raw"))
-    return throughput_result(cluster, payload, mode, label, points, settings)
+
+    def build(points: tuple[SizeResult, ...]) -> PSResult:
+        return throughput_result(cluster, payload, mode, label, points, settings)
+
+    points: list[SizeResult] = []
+    with keeping_partial(points, build):
+        for default_key, per_ps in _payloads(cluster, payload):
+            point_key = _key(key or default_key)
+            cluster.configure(
+                [
+                    service_pb2.PSJob(job_id=cluster.next_job_id(), task=i, workers=1)
+                    for i in range(cluster.topology.ps)
+                ]
+            )
+            jobs = [
+                ThroughputJob(
+                    targets=cluster.targets,
+                    worker=w,
+                    mode=mode,
+                    payload_bytes=tuple(per_ps),
+                    iterations=run.iterations,
+                    warmup=run.warmup,
+                    warmup_seconds=run.warmup_seconds,
+                    seconds=run.time_limit_s,
+                )
+                for w in range(cluster.topology.workers)
+            ]
+            replies = cluster.run(jobs, run.job_timeout_s())
+            stats = cluster.job_stats()
+            samples = np.concatenate([s for r in replies for s in r.samples_ns])
+            rate = 0.0
+            rate_bytes = 0.0
+            for reply in replies:
+                seconds = reply.elapsed_ns / 1e9
+                counts = [len(s) for s in reply.samples_ns]
+                rate += sum(counts) / seconds
+                rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
+            loads = _loads(cluster, stats, per_ps)
+            points.append(
+                SizeResult.from_samples(
+                    sum(per_ps),
+                    sum(per_ps),
+                    samples,
+                    max(r.elapsed_ns for r in replies),
+                    key=point_key,
+                    rate_per_s=rate,
+                    rate_Bps=rate_bytes,
+                    per_ps=loads,
+                    cpu={"workers": _workers_cpu(replies)},
+                    imbalance=payload.imbalance if isinstance(payload, Placement) else 1.0,
+                    bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
+                )
+            )
+    return build(tuple(points))
 
 
 def throughput_result(
@@ -463,7 +469,8 @@ def fetch_weights(cluster: PSCluster, placement: Placement) -> dict[str, npt.NDA
             response_deserializer=service_pb2.WeightChunk.FromString,
         )
         pieces: dict[int, list[Any]] = {}
-        for chunk in call(service_pb2.PullWeightsRequest(step=-1), timeout=60.0):
+        timeout = rpc_timeout(sum(shard.nbytes for shard in owned), 60.0)
+        for chunk in call(service_pb2.PullWeightsRequest(step=-1), timeout=timeout):
             pieces.setdefault(chunk.shard, []).append((chunk.offset, chunk.data))
         for index, shard in enumerate(owned):
             data = b"".join(d for _, d in sorted(pieces.get(index, [])))

@@ -16,6 +16,7 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.profiles import Profile, list_profiles, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetError, parse_budget
 from pytest_tfgrpc.units import UnitError, parse_seconds, parse_sizes
+from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.schemes import Payload, generate, payload_spec
 
 
@@ -53,6 +54,7 @@ def _payload_spec(kwargs: Mapping[str, Any], where: str) -> MessageSpec:
         payload = generate(payload_spec(**arguments))
     except (ValueError, TypeError) as exc:
         raise SpecError(f"{where} argument {exc}") from None
+    _check_carried((payload.total_bytes,), f"{where} payload ({payload.description}):")
     return MessageSpec(
         (payload.total_bytes,), scheme=payload.spec.scheme, source="payload", payload=payload
     )
@@ -77,7 +79,16 @@ def _profile_spec(name: Any, kwargs: Mapping[str, Any], where: str) -> MessageSp
             arguments = ", ".join(f"{k}={v!r}" for k, v in scaling.items())
             raise SpecError(f"{where} arguments {arguments}: {exc}") from None
     sizes = tuple(sorted(set(profile.sizes)))
+    _check_carried(sizes, f"{where} argument name={name!r}: profile {profile.name}:")
     return MessageSpec(sizes, source=f"profile {profile.name}", profile=profile)
+
+
+def _check_carried(sizes: Sequence[int], where: str) -> None:
+    """A size beyond what one gRPC message carries is the marker's error, found at setup
+    before any server starts, not a benchmark's failure after."""
+    for size in sizes:
+        if size > transport.MAX_TENSOR_BYTES:
+            raise SpecError(f"{where} {transport.too_large(size)}")
 
 
 def _looks_like_sizes(value: Any) -> bool:
@@ -131,9 +142,11 @@ def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
             f"message_profile('resnet50') (profiles: {', '.join(list_profiles())})"
         )
     try:
-        return MessageSpec(parse_sizes(spec), source="sizes")
+        parsed = parse_sizes(spec)
     except UnitError as exc:
         raise SpecError(f"{where} {argument}={spec!r}: {exc}") from None
+    _check_carried(parsed, f"{where} {argument}={spec!r}:")
+    return MessageSpec(parsed, source="sizes")
 
 
 def budget_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Budget:

@@ -23,6 +23,7 @@ from pytest_tfgrpc.native.client import NativeRun, StreamSamples, encode_run
 from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.wire.client import BenchmarkError, run_async
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.security import files_from_env, load_tls, use_tls
 from pytest_tfgrpc.wire.tensors import Tensor
 
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, required=True)
     parser.add_argument("--warmup-seconds", type=float, required=True)
     args = parser.parse_args(argv)
+    use_tls(load_tls(files_from_env(), "$TFGRPC_TLS_"))  # the driver's setting (streams.py)
     server = _Target(args.target, resolve_fabric(args.fabric))
     run = RunSpec(args.iterations, args.warmup, args.max_seconds, args.warmup_seconds)
     tensor = Tensor.random(args.size)

@@ -6,8 +6,13 @@ work (as pytest-xdist registers its ``DSession`` only for distributed runs)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 from collections.abc import Generator, Iterable
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,8 +23,10 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.plugin.session import RunState
 
 #: Fixtures whose use makes a test a tfgrpc test.
+#: ``fabric`` is not among them: it is ``tfgrpc_fabric`` under its short name, unless a
+#: project defines a ``fabric`` fixture of its own, which is none of the plugin's business.
 FIXTURES = frozenset(
-    ("fabric", "tensor_server", "ps_cluster", "tfgrpc", "tfgrpc_engine", "tfgrpc_streams")
+    ("tfgrpc_fabric", "tensor_server", "ps_cluster", "tfgrpc", "tfgrpc_engine", "tfgrpc_streams")
 )
 #: The fixture parametrized by engine when a test runs several.
 ENGINE_FIXTURE = "tfgrpc_engine"
@@ -48,6 +55,10 @@ def activate(config: pytest.Config) -> RunState:
 
         state = start(config)
         config.stash[state_key] = state
+        # Only a run that uses tfgrpc gets these: any other run keeps pytest's own SIGTERM
+        # and its previous JUnit file until pytest writes the new one.
+        _take_sigterm(config)
+        _remove_stale_junit(config)
     return state
 
 
@@ -63,9 +74,104 @@ def _activate_in_collection(config: pytest.Config) -> RunState | None:
         return None
 
 
+def plain_value(value: object) -> str | int | float | bool | None:
+    """``value`` as a builtin that every JUnit writer and pytest-xdist's execnet carry:
+    numpy scalars become their Python number, anything else its text. A value whose text
+    cannot be made costs only itself: it reads ``<unprintable TYPE>``."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value  # type: ignore[return-value]
+    item = getattr(value, "item", None)  # numpy scalars, 0-d arrays, torch scalars
+    if callable(item):
+        with contextlib.suppress(Exception):
+            plain = item()
+            if type(plain) in (str, int, float, bool):
+                return plain  # type: ignore[no-any-return]
+    for convert in (str, repr):
+        with contextlib.suppress(Exception):
+            return convert(value)
+    return f"<unprintable {type(value).__name__}>"
+
+
+def plain_properties(properties: Iterable[Any]) -> list[tuple[str, Any]]:
+    """``record_property`` pairs with plain names and values (see :func:`plain_value`);
+    a malformed entry (not a pair) is kept as its text under the name ``user_property``."""
+    out: list[tuple[str, Any]] = []
+    for entry in properties:
+        if isinstance(entry, tuple) and len(entry) == 2:
+            out.append((str(plain_value(entry[0])), plain_value(entry[1])))
+        else:
+            out.append(("user_property", plain_value(entry)))
+    return out
+
+
+_sigterm_key = pytest.StashKey[Any]()
+_SIGTERM_NOTE = "tfgrpc: SIGTERM received; ending the run as Ctrl-C does"
+
+
+def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    # A CI timeout sends SIGTERM: end the run through pytest's KeyboardInterrupt path, so
+    # finished tests reach the JUnit XML and every fixture stops its processes.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+    if _forward_to_workers:
+        # A Ctrl-C reaches pytest-xdist's workers through the terminal; a SIGTERM reaches
+        # the controller only: pass it on, or a worker finishes its test first.
+        for pid in _children():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    raise KeyboardInterrupt(_SIGTERM_NOTE)
+
+
+_forward_to_workers = False
+
+
+def _children() -> list[int]:
+    """The process ids of this process's children (Linux ``/proc``; none elsewhere)."""
+    me, out = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                out.append(int(entry.name))
+    return out
+
+
+def _take_sigterm(config: pytest.Config) -> None:
+    global _forward_to_workers
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # someone else's handler: theirs wins
+    config.stash[_sigterm_key] = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    dist = getattr(config.option, "dist", "no") or "no"
+    numprocesses = getattr(config.option, "numprocesses", None)
+    _forward_to_workers = not hasattr(config, "workerinput") and (
+        dist != "no" or bool(numprocesses)
+    )
+
+
+def _remove_stale_junit(config: pytest.Config) -> None:
+    # pytest writes --junitxml only when the session ends: a run killed before that would
+    # leave the previous run's file in place, looking current. No file is better than that.
+    path = getattr(config.option, "xmlpath", None)
+    if path and not hasattr(config, "workerinput"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.abspath(os.path.expanduser(os.path.expandvars(path))))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if configured(config):  # the run asks for tfgrpc: set up now, errors before collection
         activate(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _sigterm_key in config.stash and signal.getsignal(signal.SIGTERM) is _sigterm_as_interrupt:
+        signal.signal(signal.SIGTERM, config.stash[_sigterm_key])
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own parametrization: ids end in [...-NAME]
@@ -75,9 +181,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = _activate_in_collection(metafunc.config)
     if state is None:
         return
-    if "fabric" in metafunc.fixturenames:
+    if "tfgrpc_fabric" in metafunc.fixturenames:
         fabrics = state.fabrics
-        metafunc.parametrize("fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
+        metafunc.parametrize("tfgrpc_fabric", fabrics, ids=[f.name for f in fabrics], indirect=True)
     if ENGINE_FIXTURE in metafunc.fixturenames:
         try:
             names = engines_of(metafunc.config, metafunc.definition)
@@ -107,7 +213,12 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     config = item.config
-    if hasattr(config, "workerinput") and state_key in config.stash:  # a tfgrpc run
+    if state_key not in config.stash:
+        return report  # not a tfgrpc run: its reports are none of the plugin's business
+    # One test's odd record_property value must not cost the run (execnet cannot carry a
+    # numpy scalar: INTERNALERROR, every result lost) nor other tests their results.
+    report.user_properties = plain_properties(report.user_properties)
+    if hasattr(config, "workerinput"):
         tfgrpc_test = uses_tfgrpc(getattr(item, "fixturenames", ()), item)
         setattr(report, REPORT_FLAG, tfgrpc_test)
     return report

@@ -41,6 +41,7 @@ from pytest_tfgrpc.servers.processes import Launcher, ServerProcess
 from pytest_tfgrpc.servers.remote import AgentClient, AgentError, AgentTLS
 from pytest_tfgrpc.servers.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.security import tls_mode
 
 __all__ = [
     "close_agents",
@@ -164,11 +165,21 @@ def _agents_of(config: pytest.Config) -> _Agents | None:
         pool = tuple(part.strip() for part in where.split(",") if part.strip())
         agents = _Agents("--tfgrpc-agents", pool, pool, token_file)
     if agents is not None:
-        agents.tls_files = tuple(  # type: ignore[assignment]
-            _option(config, f"tfgrpc_agent_tls_{name}") for name in TLS_HELP
-        )
+        agents.tls_files = agent_tls_files(config)
     config.stash[_agents_key] = agents
     return agents
+
+
+def agent_tls_files(config: pytest.Config) -> tuple[str | None, str | None, str | None]:
+    """The (CA, certificate, key) files for talking to the agents: the
+    ``--tfgrpc-agent-tls-*`` options when any is given; else the run's own
+    ``--tfgrpc-tls-*`` files when they name a CA (what the agents are verified with), so one
+    set of files secures the servers and the agents alike; else none (plaintext)."""
+    own = tuple(_option(config, f"tfgrpc_agent_tls_{name}") for name in TLS_HELP)
+    if any(own):
+        return own  # type: ignore[return-value]
+    general = tuple(_option(config, f"tfgrpc_tls_{name}") for name in TLS_HELP)
+    return general if general[0] else (None, None, None)  # type: ignore[return-value]
 
 
 def close_agents(config: pytest.Config) -> None:
@@ -202,6 +213,15 @@ def _record(request: pytest.FixtureRequest, name: str, value: str) -> None:
 def _fail_without(agents: _Agents) -> None:
     if agents.problem:
         pytest.fail(agents.problem, pytrace=False)
+    if tls_mode() != "off":
+        # The run's certificate files are paths on this host; an agent's roles serve
+        # plaintext, which a TLS client would meet as a handshake failure mid-test.
+        pytest.fail(
+            "--tfgrpc-tls-*: servers, PS tasks and workers started through node agents do not"
+            " serve TLS yet (the agent's own link does: --tfgrpc-agent-tls-*); drop"
+            " --tfgrpc-tls-* or --tfgrpc-agents",
+            pytrace=False,
+        )
 
 
 def _is_local(address: str) -> bool:
@@ -221,6 +241,7 @@ def placed_tensor_server(
     fabric: Fabric,
     env: Mapping[str, str] | None,
     engine: str = "grpcio",
+    max_tensor_bytes: int | None = None,
 ) -> Iterator[ServerProcess | None]:
     """With agents, a tensor server on the first agent reached through ``fabric`` (stopped
     after the test); otherwise None, and the caller starts it as before. Records the path.
@@ -257,6 +278,7 @@ def placed_tensor_server(
             env=env,
             launcher=client.launcher(),
             name=f"tensor server on host {client.info.host}",
+            max_tensor_bytes=max_tensor_bytes,
         )
     except (AgentError, ValueError) as exc:
         pytest.fail(str(exc), pytrace=False)

@@ -1,6 +1,6 @@
-"""The fixtures: ``fabric``, ``tfgrpc_engine``, ``tfgrpc_streams``, ``tensor_server``,
-``ps_cluster``, ``tfgrpc``. Defined in every run (pytest must know them to collect), they import
-the machinery they hand out only when a test requests them."""
+"""The fixtures: ``tfgrpc_fabric`` (and ``fabric``), ``tfgrpc_engine``, ``tfgrpc_streams``,
+``tensor_server``, ``ps_cluster``, ``tfgrpc``. Defined in every run (pytest must know them to
+collect), they import the machinery they hand out only when a test requests them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -26,8 +26,9 @@ PROGRESS_EVERY_S = 5.0
 
 
 @pytest.fixture
-def fabric(request: pytest.FixtureRequest) -> Fabric:
-    """The fabric of this test run: interface name, the address it binds to, its family."""
+def tfgrpc_fabric(request: pytest.FixtureRequest) -> Fabric:
+    """The fabric of this test run (the plugin's own name for ``fabric``, which a project
+    may define for itself): interface name, the address it binds to, its family."""
     from pytest_tfgrpc.wire.fabric import Fabric
 
     param = getattr(request, "param", None)
@@ -61,22 +62,40 @@ def tfgrpc_streams(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture
+def fabric(tfgrpc_fabric: Fabric) -> Fabric:
+    """The fabric of this test run: interface name, the address it binds to, its family.
+    A project's own ``fabric`` fixture overrides this one; the plugin then uses
+    ``tfgrpc_fabric`` and parametrizes only that."""
+    return tfgrpc_fabric
+
+
+def _engine_failed(nodeid: str, name: str, error: Exception) -> NoReturn:
+    """Fail the test's setup with ``error`` of engine ``name``: one line, the engine named
+    once, without the chain of the exception being handled."""
+    detail = str(error).removeprefix(f"engine {name!r}: ")
+    raise pytest.fail.Exception(f"{nodeid}: engine {name!r}: {detail}", pytrace=False) from None
+
+
+@pytest.fixture
 def tensor_server(
-    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: Engine
+    request: pytest.FixtureRequest, tfgrpc_fabric: Fabric, tfgrpc_engine: Engine
 ) -> Iterator[EngineServer | RemoteServer]:
     """A server of the test's engine in its own process(es), bound to ``fabric``: ``.target``,
     ``.fabric``, ``.pid``. Stopped when the test ends; if it dies during the test, the test
     fails. Its engine is the test's (``tfgrpc_engine``), or the ``tfgrpc_engines`` marker's
     ``server=``. With node agents (``--tfgrpc-agents``; grpcio engine), started on the first
     agent's host reached through ``fabric``; with a cluster spec (grpcio engine), the spec's
-    server reached through ``fabric`` on another host."""
+    server reached through ``fabric`` on another host. The plugin's own servers take no
+    tensor larger than the test's ``message_profile`` sizes."""
     from pytest_tfgrpc.bench.engines import EngineError
+    from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
     from pytest_tfgrpc.plugin.agents import placed_tensor_server
     from pytest_tfgrpc.plugin.engines import engine_for, server_engine_of
-    from pytest_tfgrpc.plugin.markers import watched_key
+    from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
     from pytest_tfgrpc.servers.processes import ServerError
 
+    fabric = tfgrpc_fabric
     session = activate(request.config)
     try:
         name = server_engine_of(request.node, tfgrpc_engine.name)
@@ -85,7 +104,12 @@ def tensor_server(
     engine = tfgrpc_engine
     if name != engine.name:
         engine = engine_for(session.registry(request.config), name, request.node.nodeid)
-    with placed_tensor_server(request, fabric, session.server_env, engine.name) as placed:
+    # The server takes no tensor larger than the test needs (its message_profile marker's
+    # largest size; without one, the largest gRPC carries): a stray request cannot make it
+    # allocate more.
+    messages = item_specs(request.node).messages
+    need = max(messages.sizes) if messages is not None and messages.sizes else None
+    with placed_tensor_server(request, fabric, session.server_env, engine.name, need) as placed:
         if placed is not None:
             request.node.stash.setdefault(watched_key, []).append(placed)
             yield placed
@@ -102,9 +126,12 @@ def tensor_server(
         pytest.fail(problem, pytrace=False)
     started = session.servers
     try:
-        server = engine.start_server(fabric, session.server_env)
+        if isinstance(engine, LoopEngine):  # the plugin's own servers take the limit
+            server: EngineServer = engine.start_server(fabric, session.server_env, need)
+        else:
+            server = engine.start_server(fabric, session.server_env)
     except (EngineError, ServerError) as exc:
-        pytest.fail(f"{request.node.nodeid}: engine {engine.name!r}: {exc}", pytrace=False)
+        _engine_failed(request.node.nodeid, engine.name, exc)
     started.append(server)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
@@ -117,21 +144,35 @@ def tensor_server(
 
 @pytest.fixture
 def ps_cluster(
-    request: pytest.FixtureRequest, fabric: Fabric, tfgrpc_engine: Engine
+    request: pytest.FixtureRequest, tfgrpc_fabric: Fabric, tfgrpc_engine: Engine
 ) -> Iterator[EngineCluster]:
     """Parameter-server tasks (and workers) of the test's engine bound to ``fabric``, as the
     test's ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
     (``--tfgrpc-agents``; grpcio engine), on the agents' hosts. Stopped when the test ends; if
-    one of its processes dies during the test, the test fails."""
+    one of its processes dies during the test, the test fails. The plugin's own PS tasks take
+    no message larger than the test needs."""
     from pytest_tfgrpc.bench.engines import EngineError
     from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
+    from pytest_tfgrpc.bench.fit import MAX_SWEEP_BYTES
+    from pytest_tfgrpc.model.placement import placed_on
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.processes import ServerError
     from pytest_tfgrpc.servers.ps_cluster import PSCluster
 
+    fabric = tfgrpc_fabric
     session = activate(request.config)
-    topology = item_specs(request.node).topology
+    specs = item_specs(request.node)
+    topology = specs.topology
+    # PS tasks take no message larger than the test needs: its largest size, or with a model
+    # profile the most bytes one PS owns (a throughput call sends them in one message).
+    need = None
+    if specs.messages is not None and specs.messages.profile is not None:
+        # sync_sgd_step's fit pushes up to MAX_SWEEP_BYTES to PS 0, whatever the profile
+        by_ps = placed_on(specs.messages.profile, topology).bytes_per_ps()
+        need = max(*by_ps, MAX_SWEEP_BYTES)
+    elif specs.messages is not None and specs.messages.sizes:
+        need = max(specs.messages.sizes)
     placed = cluster_launchers(request, fabric, topology)
     if placed and not isinstance(tfgrpc_engine, LoopEngine):
         pytest.fail(
@@ -141,11 +182,15 @@ def ps_cluster(
         )
     try:
         if placed:
-            cluster: EngineCluster = PSCluster(fabric, topology, env=session.server_env, **placed)
+            cluster: EngineCluster = PSCluster(
+                fabric, topology, env=session.server_env, max_tensor_bytes=need, **placed
+            )
+        elif isinstance(tfgrpc_engine, LoopEngine):
+            cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env, need)
         else:
             cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env)
     except (EngineError, ServerError) as exc:
-        pytest.fail(f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: {exc}", pytrace=False)
+        _engine_failed(request.node.nodeid, tfgrpc_engine.name, exc)
     try:
         request.node.stash.setdefault(watched_key, []).append(cluster)
         yield cluster

@@ -4,6 +4,7 @@ pytest run, so this module imports nothing heavy (no grpc, no numpy)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -48,10 +49,12 @@ AGENTS_HELP = (
 )
 TOKEN_HELP = "file whose first line is the agents' shared token (default: $TFGRPC_AGENT_TOKEN)"
 #: ``--tfgrpc-agent-tls-<name>`` options: TLS to the agents (the token is still required).
+#: Left out, they default to the --tfgrpc-tls-* files when those name a CA.
 TLS_HELP = {
-    "ca": "talk TLS to the agents, verifying them with this CA (PEM)",
-    "cert": "client certificate (PEM) for agents that require mutual TLS",
-    "key": "the client certificate's private key (PEM)",
+    "ca": "talk TLS to the agents, verifying them with this CA (PEM; default: --tfgrpc-tls-ca)",
+    "cert": "client certificate (PEM) for agents that require mutual TLS (default: "
+    "--tfgrpc-tls-cert, with --tfgrpc-tls-ca)",
+    "key": "the client certificate's private key (PEM; default: --tfgrpc-tls-key)",
 }
 RESULTS_HELP = (
     "append every finished test's figures to FILE as JSON lines, each written and synced as "
@@ -92,6 +95,16 @@ GATE_POLICIES = {
         "a baseline from another host, fabric, MTU or grpcio: fail the run or warn (default)",
     ),
 }
+TLS_OPTIONS = {
+    "cert": "PEM certificate chain: servers the run starts serve TLS with it, and its clients "
+    "present it (with --tfgrpc-tls-key). Recorded with every result (settings tls)",
+    "key": "PEM private key of --tfgrpc-tls-cert",
+    "ca": "PEM CA bundle: clients verify servers against it, and servers the run starts "
+    "require client certificates signed by it (mutual TLS)",
+}
+#: The short form of --tfgrpc-fabric, added unless the project defines its own.
+SHORT_FABRIC = "--fabric"
+_yielded_key = pytest.StashKey[bool]()
 #: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
 MARKERS = {
     "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
@@ -159,7 +172,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add(
         group,
         parser,
-        ("--fabric", "--tfgrpc-fabric"),
+        ("--tfgrpc-fabric",),
         "tfgrpc_fabric",
         FABRIC_HELP,
         ini_type="args",
@@ -240,11 +253,56 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         flag = "--tfgrpc-" + name.replace("_", "-")
         metavar = "N" if name in ("iterations", "warmup") else "S"  # counts; seconds
         _add(group, parser, (flag,), f"tfgrpc_{name}", help_text, metavar=metavar)
+    for name, help_text in TLS_OPTIONS.items():
+        _add(
+            group,
+            parser,
+            (f"--tfgrpc-tls-{name}",),
+            f"tfgrpc_tls_{name}",
+            help_text,
+            metavar="FILE",
+        )
+
+
+def _option_names(parser: pytest.Parser) -> set[str]:
+    groups = [parser._anonymous, *parser._groups]
+    return {name for group in groups for option in group.options for name in option.names()}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, object, object]:
+    # The short --fabric is added only once the project's conftests have registered their
+    # options: a project (or another plugin) with a --fabric of its own keeps it, and the
+    # plugin's fabrics stay reachable through --tfgrpc-fabric.
+    result = yield
+    if SHORT_FABRIC in _option_names(parser):
+        early_config.stash[_yielded_key] = True
+    else:
+        group = parser.getgroup("tfgrpc")
+        group.addoption(
+            SHORT_FABRIC,
+            dest="tfgrpc_fabric",
+            action="append",
+            metavar="NAME[,NAME...]",
+            help="short for --tfgrpc-fabric",
+        )
+    return result
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
+    if config.stash.get(_yielded_key, False) and not hasattr(config, "workerinput"):
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(
+                f"pytest-tfgrpc: {SHORT_FABRIC} is defined by this project (a conftest or "
+                f"another plugin), so it is not the plugin's; choose tfgrpc fabrics with "
+                f"--tfgrpc-fabric=NAME (or the tfgrpc_fabric ini option)"
+            ),
+            stacklevel=2,
+        )
 
 
 def option(config: pytest.Config, name: str) -> Any:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from pytest_tfgrpc.bench.specs import RunOverrides
 from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.engines import build_registry
 from pytest_tfgrpc.plugin.markers import check_markers, watched_key
-from pytest_tfgrpc.plugin.options import RUN_OPTIONS, option
+from pytest_tfgrpc.plugin.options import RUN_OPTIONS, TLS_OPTIONS, option
 from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metadata
@@ -25,8 +26,11 @@ from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.servers.allocator import apply_policy
 from pytest_tfgrpc.servers.cluster_spec import ClusterSpec
+from pytest_tfgrpc.servers.processes import ServerError
 from pytest_tfgrpc.units import UnitError, parse_seconds
+from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
+from pytest_tfgrpc.wire.security import TlsError, TlsFiles, load_tls, tls_mode, use_tls
 
 SESSION_NAME = "tfgrpc-session"
 _MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
@@ -136,6 +140,14 @@ def start(config: pytest.Config) -> RunState:
         server_env = apply_policy(policy)
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
+    tls = _tls_files(config)
+    # Every process the run starts gets the run's allocator policy (tfgrpc-server applies
+    # it as the plugin does) and its TLS setting.
+    server_env = {
+        **(os.environ if server_env is None else server_env),
+        "TFGRPC_ALLOCATOR": str(policy),
+        **tls.env(),
+    }
     meta = run_metadata(fabrics)
     try:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
@@ -166,6 +178,23 @@ def start(config: pytest.Config) -> RunState:
     return state
 
 
+def _tls_files(config: pytest.Config) -> TlsFiles:
+    """The run's TLS files, read, checked and made the TLS setting of every channel of this
+    process; a missing file or a certificate without its key is a usage error."""
+    files = TlsFiles(**{name: option(config, f"tfgrpc_tls_{name}") for name in TLS_OPTIONS})
+    try:
+        material = load_tls(files)
+    except TlsError as exc:
+        raise pytest.UsageError(f"tfgrpc TLS: {exc}") from None
+    if material is not None and material.cert is None:
+        raise pytest.UsageError(
+            "tfgrpc TLS: --tfgrpc-tls-ca needs --tfgrpc-tls-cert and --tfgrpc-tls-key: the "
+            "servers the run starts need an identity to serve TLS with"
+        )
+    use_tls(material)
+    return files
+
+
 def _write_suite_properties(config: pytest.Config, state: RunState) -> None:
     # Run metadata as suite properties, written by the process that writes the XML (the
     # xdist controller too, where record_testsuite_property from workers is lost).
@@ -183,7 +212,7 @@ def header_lines(config: pytest.Config, state: RunState) -> list[str]:
     fabrics = ", ".join(
         f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in state.fabrics
     )
-    lines = [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}"]
+    lines = [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}; TLS {tls_mode()}"]
     if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
         lines.append(
             "tfgrpc: pytest-xdist: tests that measure run one at a time across workers, "
@@ -257,6 +286,18 @@ class TfgrpcSession:
                 pytest.fail(verdict.failure, pytrace=False)
         return result
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        # A server that died, a call that failed, a deadline: the process, host and cause
+        # in the first line, not at the end of a traceback through gRPC's internals.
+        error = call.excinfo.value if call.excinfo is not None else None
+        if report.failed and isinstance(error, (ServerError, BenchmarkError)):
+            report.longrepr = f"{type(error).__name__}: {error}"
+        return report
+
     def pytest_sessionfinish(self) -> None:
         # Normally every fixture has stopped its server by now; after a Ctrl-C or an
         # internal error some may not have run their teardown.
@@ -265,6 +306,7 @@ class TfgrpcSession:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.state.stop_servers()
         agents.close_agents(config)
+        use_tls(None)
         reporter = config.pluginmanager.get_plugin(REPORTER_NAME)
         if reporter is not None:
             reporter.close()

@@ -1,7 +1,8 @@
 """The results file: every finished test's figures, on disk as soon as the test ends.
 
 pytest writes its JUnit XML once, at the end of the session, and not at all when the run is
-killed with SIGTERM (a CI timeout); a crashed pytest-xdist worker takes the figures of the test
+killed outright (SIGKILL; SIGTERM the plugin turns into Ctrl-C, which pytest survives); a
+crashed pytest-xdist worker takes the figures of the test
 it was running with it. :class:`ResultLog` appends one JSON object per finished test to a
 JSON-lines file, written, flushed and fsync'ed before the next test starts, so a killed run
 keeps every result it finished. Several processes (xdist workers) may append to one file:

@@ -39,6 +39,7 @@ import hmac
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -57,8 +58,10 @@ import grpc
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.servers.processes import end_process
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
+from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
+from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 
 __all__ = [
     "DEFAULT_PORT",
@@ -98,6 +101,10 @@ class RoleError(ValueError):
         self.code = code
 
 
+#: What :func:`pytest_tfgrpc.wire.security.new_token` makes (URL-safe base64).
+_JOB_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+
+
 def _workers_param(value: str) -> list[str]:
     if not value.isdigit() or not 1 <= int(value) <= 256:
         raise RoleError(
@@ -120,9 +127,20 @@ def _delay_param(value: str) -> list[str]:
     return ["--delay", value]
 
 
+def _max_bytes_param(value: str) -> list[str]:
+    if not value.isdigit() or int(value) > transport.MAX_TENSOR_BYTES:
+        raise RoleError(
+            f"parameter max_tensor_bytes={value!r}: a number of bytes from 0 to "
+            f"{transport.MAX_TENSOR_BYTES}",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    return ["--max-tensor-bytes", value]
+
+
+_LIMITS = {"workers": _workers_param, "delay": _delay_param, "max_tensor_bytes": _max_bytes_param}
 _PARAMS: Mapping[str, Mapping[str, Callable[[str], list[str]]]] = {
-    "tensor_server": {"workers": _workers_param, "delay": _delay_param},
-    "ps": {"workers": _workers_param, "delay": _delay_param},
+    "tensor_server": _LIMITS,
+    "ps": _LIMITS,
     "worker": {},
     "floor_server": {},
 }
@@ -165,11 +183,17 @@ def role_argv(
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         argv += allowed[name](value)
-    child_env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS}
+    child_env = {
+        k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS and k != JOB_TOKEN_ENV
+    }
     for name, value in env.items():
+        if name == JOB_TOKEN_ENV and role == "ps" and _JOB_TOKEN.fullmatch(value):
+            child_env[name] = value  # the driver's job-control token for its PS task
+            continue
         if name not in ALLOCATOR_VARS or not value.isdigit():
             raise RoleError(
-                f"environment {name}={value!r}: only {', '.join(ALLOCATOR_VARS)} with a number",
+                f"environment {name}={value!r}: only {', '.join(ALLOCATOR_VARS)} with a number"
+                f" (and {JOB_TOKEN_ENV} for a PS)",
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         child_env[name] = value

@@ -27,7 +27,9 @@ import grpc
 
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.client import unreachable
 from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.security import looks_like_tls_failure, open_channel
 
 #: The jobs TensorFlow and Kubeflow name; the plugin uses ``ps`` (servers, or agents for PS
 #: tasks) and ``worker`` (agents for workers). Other jobs, these or any, are kept and unused.
@@ -310,14 +312,24 @@ class RemoteServer:
 
     def check_reachable(self, timeout: float = 10.0) -> str:
         """Its grpcio version, from its Status, or ClusterSpecError saying why it does not
-        answer."""
-        with grpc.insecure_channel(self.target, options=transport.CHANNEL_OPTIONS) as channel:
+        answer. Under the run's TLS setting (the channel every call of the run uses), so a
+        TLS server answers and a handshake failure is reported as one."""
+        with open_channel(self.target, transport.CHANNEL_OPTIONS) as channel:
             status = channel.unary_unary(transport.method("raw", "Status"))
             try:
                 reply = service_pb2.ServerStatus.FromString(status(b"", timeout=timeout))
                 return str(reply.grpc_version)
             except grpc.RpcError as exc:
                 code = exc.code().name if isinstance(exc, grpc.Call) else "error"
+                details = (exc.details() or "") if isinstance(exc, grpc.Call) else ""
+                lowered = details.lower()
+                if looks_like_tls_failure(details) or "closed" in lowered or "reset" in lowered:
+                    # A handshake that failed (or a plaintext client a TLS server hung up
+                    # on), told apart from a server that is not there.
+                    why = unreachable(self.target, timeout, details)
+                    raise ClusterSpecError(
+                        f"{self.name} on fabric {self.fabric.name}: {why}"
+                    ) from None
                 raise ClusterSpecError(
                     f"{self.name} does not answer at {self.target} on fabric "
                     f"{self.fabric.name}: {code}; is tfgrpc-server running there?"

@@ -73,9 +73,14 @@ def start_native_server(
 
 
 def start_tensor_server(
-    fabric: Fabric, *, engine: str = "grpcio", env: Mapping[str, str] | None = None
+    fabric: Fabric,
+    *,
+    engine: str = "grpcio",
+    env: Mapping[str, str] | None = None,
+    max_tensor_bytes: int | None = None,
 ) -> ServerProcess:
-    """A tensor server of ``engine`` on ``fabric``: the Python one or the native one."""
+    """A tensor server of ``engine`` on ``fabric``: the Python one, refusing tensors over
+    ``max_tensor_bytes`` (None: gRPC's largest), or the native one (gRPC's own limit)."""
     if check_engine(engine) == "native":
         return start_native_server(fabric, env=env)
-    return ServerProcess.start(fabric, env=env)
+    return ServerProcess.start(fabric, env=env, max_tensor_bytes=max_tensor_bytes)

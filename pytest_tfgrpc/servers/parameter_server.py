@@ -21,6 +21,7 @@ pull. Workers pass each step's phase on to every PS, so all PS count the same me
 
 from __future__ import annotations
 
+import hmac
 import os
 import resource
 import threading
@@ -34,6 +35,7 @@ import numpy.typing as npt
 
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY
 
 SERVICE = "tfgrpc.ParameterServer"
 RAW_SERVICE = "tfgrpc.RawParameterServer"
@@ -142,9 +144,30 @@ class _Job:
 class ParameterServer:
     """The ParameterServer handlers of one PS process; one job at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str | None = None) -> None:
         self._cond = threading.Condition()
         self._job: _Job | None = None
+        self._token = token
+
+    def _authorize(self, context: grpc.ServicerContext) -> None:
+        """Job control (Configure, JobStats) belongs to the driver that started this PS: it
+        must carry the run's token (:data:`~pytest_tfgrpc.wire.security.TOKEN_KEY`)."""
+        token = self._token
+        if token is None:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job control is off: this server was started without a job token "
+                f"({TOKEN_ENV}); only a PS started by a pytest-tfgrpc driver takes jobs",
+            )
+            raise AssertionError("unreachable")  # abort raises
+        given = dict(context.invocation_metadata()).get(TOKEN_KEY, "")
+        if not hmac.compare_digest(str(given).encode(), token.encode()):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "job control needs the token of the driver that started this PS "
+                f"(metadata {TOKEN_KEY!r}); the call carried "
+                + ("a wrong one" if given else "none"),
+            )
 
     def _current(self, context: grpc.ServicerContext) -> _Job:
         job = self._job
@@ -157,6 +180,7 @@ class ParameterServer:
     def configure(
         self, request: service_pb2.PSJob, context: grpc.ServicerContext
     ) -> service_pb2.PSJobStats:
+        self._authorize(context)
         for shard in request.shards:
             if shard.nbytes % 4 or shard.offset % 4:
                 context.abort(
@@ -193,6 +217,7 @@ class ParameterServer:
     def job_stats(
         self, request: service_pb2.StatusRequest, context: grpc.ServicerContext
     ) -> service_pb2.PSJobStats:
+        self._authorize(context)
         job = self._current(context)
         with self._cond:
             return self._stats(job)

@@ -16,6 +16,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,11 +40,12 @@ class ServerError(RuntimeError):
 class ServerDied(ServerError):
     """A tensor server process exited while it was in use."""
 
-    def __init__(self, name: str, returncode: int, stderr_tail: str) -> None:
+    def __init__(self, name: str, returncode: int, stderr_tail: str, where: str = "") -> None:
         self.returncode = returncode
         self.stderr_tail = stderr_tail
         super().__init__(
             f"{name} exited with {describe_exit(returncode)} while in use"
+            + (f" ({where})" if where else "")
             + (f"; the end of its stderr:\n{stderr_tail}" if stderr_tail else "; stderr was empty")
         )
 
@@ -203,7 +205,7 @@ class ChildProcess:
         """Raise :class:`ServerDied` (exit status, stderr tail) if the process has ended."""
         code = self._proc.poll()
         if code is not None and not self._stopped:
-            raise ServerDied(self.name, code, self.stderr_tail())
+            raise ServerDied(self.name, code, self.stderr_tail(), self.where())
 
     def died(self, grace: float = 0.5) -> ServerDied | None:
         """After something failed: the death that explains it, waiting ``grace`` s for it."""
@@ -213,23 +215,39 @@ class ChildProcess:
             code = self._proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             return None
-        return ServerDied(self.name, code, self.stderr_tail())
+        return ServerDied(self.name, code, self.stderr_tail(), self.where())
+
+    def where(self) -> str:
+        """``pid N on HOST``: which process, on which host, for error messages."""
+        host = socket.gethostname() if self.launcher is LOCAL else self.host  # an agent's
+        return f"pid {self.pid} on {host}"
 
     def read_ready_line(
         self, timeout: float, error: type[ServerError] = ServerError
     ) -> dict[str, Any]:
-        """The JSON line a child prints once it serves; ``error`` (with the end of its
-        stderr) if it exits first or says nothing within ``timeout`` seconds."""
+        """The JSON object line a child prints once it serves; ``error`` (with the end of
+        its stderr) if it exits first or says nothing within ``timeout`` seconds.
+
+        Other lines before it (a library's banner, a stray print) are passed over: only a
+        line that is a JSON object is the ready line."""
         assert self._proc.stdout is not None
         deadline = time.monotonic() + timeout
-        line = b""
+        buffer = b""
+        stray: list[bytes] = []
         with selectors.DefaultSelector() as selector:
             selector.register(self._proc.stdout, selectors.EVENT_READ)
-            while not line.endswith(b"\n"):
+            while True:
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    fields = _json_object(line)
+                    if fields is not None:
+                        return fields
+                    stray.append(line)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise error(
                         f"{self.name} did not become ready within {timeout:g} s"
+                        + _stray_note(stray)
                         + self._stderr_suffix()
                     )
                 if not selector.select(remaining):
@@ -239,11 +257,10 @@ class ChildProcess:
                     code = self._proc.wait(timeout=5)
                     raise error(
                         f"{self.name} exited with {describe_exit(code)} before it was ready"
+                        + _stray_note(stray)
                         + self._stderr_suffix()
                     )
-                line += chunk
-        fields: dict[str, Any] = json.loads(line)
-        return fields
+                buffer += chunk
 
     def stop(self, timeout: float = 5.0) -> int:
         """Stop the process (stdin EOF, then SIGTERM, then SIGKILL); return its exit status."""
@@ -267,6 +284,21 @@ class ChildProcess:
         return f"<{type(self).__name__} {self.name} pid={self.pid}>"
 
 
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def _stray_note(stray: list[bytes]) -> str:
+    if not stray:
+        return ""
+    last = stray[-1].decode("utf-8", "replace").strip()[:200]
+    return f" ({len(stray)} other line(s) on its stdout, the last: {last!r})"
+
+
 class ServerProcess(ChildProcess):
     """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
 
@@ -282,6 +314,8 @@ class ServerProcess(ChildProcess):
         super().__init__(argv, name=name, env=env, launcher=launcher)
         self.fabric = fabric
         self.info: ServerInfo | None = None
+        #: The largest tensor the server takes, if a limit below gRPC's was set.
+        self.max_tensor_bytes: int | None = None
 
     @classmethod
     def start(
@@ -293,9 +327,13 @@ class ServerProcess(ChildProcess):
         ready_timeout: float = 30.0,
         name: str | None = None,
         launcher: Launcher = LOCAL,
+        max_tensor_bytes: int | None = None,
     ) -> ServerProcess:
         """Start ``tfgrpc-server`` on ``fabric`` and return once it serves; with an agent's
-        ``launcher``, on that agent's host and fabric."""
+        ``launcher``, on that agent's host and fabric. It refuses tensors over
+        ``max_tensor_bytes`` (None: the largest one gRPC message carries)."""
+        if max_tensor_bytes is not None:
+            extra_args = (*extra_args, "--max-tensor-bytes", str(max_tensor_bytes))
         argv = [
             sys.executable,
             "-m",
@@ -305,7 +343,7 @@ class ServerProcess(ChildProcess):
             "--exit-on-stdin-eof",
             *extra_args,
         ]
-        return cls.launch(
+        server = cls.launch(
             argv,
             fabric,
             name=name or f"tensor server on {fabric.name}",
@@ -313,6 +351,8 @@ class ServerProcess(ChildProcess):
             ready_timeout=ready_timeout,
             launcher=launcher,
         )
+        server.max_tensor_bytes = max_tensor_bytes
+        return server
 
     @classmethod
     def launch(
@@ -341,6 +381,10 @@ class ServerProcess(ChildProcess):
         if self.info is None:
             raise ServerError(f"{self.name} is not ready")
         return self.info.target
+
+    def where(self) -> str:
+        base = super().where()
+        return f"{base}, {self.info.target}" if self.info is not None else base
 
     def _wait_ready(self, timeout: float) -> None:
         fields = self.read_ready_line(timeout)

@@ -35,8 +35,9 @@ from pytest_tfgrpc.servers.processes import (
     live_children,
 )
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.client import BenchmarkError, connect
+from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
 
@@ -129,7 +130,9 @@ class PSCluster:
     """``topology.ps`` PS processes and ``topology.workers`` worker processes on ``fabric``.
 
     Use as a context manager, or call :meth:`stop`. ``ps`` holds the PS server handles
-    (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``).
+    (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``). PS tasks refuse
+    tensor messages over ``max_tensor_bytes`` (None: the largest gRPC carries), and take jobs
+    only from this handle (a token of its own).
     """
 
     def __init__(
@@ -141,13 +144,19 @@ class PSCluster:
         ready_timeout: float = 60.0,
         ps_launchers: Sequence[Launcher] = (LOCAL,),
         worker_launchers: Sequence[Launcher] = (LOCAL,),
+        max_tensor_bytes: int | None = None,
     ) -> None:
         self.fabric = fabric
         self.topology = topology
+        #: The largest tensor message a PS takes, if a limit below gRPC's was set.
+        self.max_tensor_bytes = max_tensor_bytes
         self.ps: tuple[ServerProcess, ...] = ()
         self.workers: tuple[WorkerProcess, ...] = ()
         self._channels: list[grpc.Channel] = []
         self._job_ids = 0
+        # Job control belongs to this driver: its PS processes take jobs only with this token.
+        self._token = new_token()
+        ps_env = {**(os.environ if env is None else env), TOKEN_ENV: self._token}
         try:
             # Workers first: their interpreters start while the PS servers come up.
             self.workers = tuple(
@@ -162,10 +171,11 @@ class PSCluster:
                     ServerProcess.start(
                         fabric,
                         extra_args=("--workers", threads),
-                        env=dict(env) if env is not None else None,
+                        env=ps_env,
                         ready_timeout=ready_timeout,
                         name=f"PS {index}" + (_on(launcher) or f" on {fabric.name}"),
                         launcher=launcher,
+                        max_tensor_bytes=max_tensor_bytes,
                     ),
                 )
             hellos = self._collect(
@@ -174,7 +184,7 @@ class PSCluster:
             for worker, hello in zip(self.workers, hellos, strict=True):
                 if not isinstance(hello, protocol.Hello) or hello.pid != worker.pid:
                     raise ClusterError(f"{worker.name} greeted with {hello!r}")
-            self._channels = [connect(ps.target) for ps in self.ps]
+            self._channels = [connect(ps.target, server=ps) for ps in self.ps]
         except BaseException:
             self.stop()
             raise
@@ -213,6 +223,11 @@ class PSCluster:
         return self.died(grace=1.0) or BenchmarkError(message)
 
     # --- PS control ----------------------------------------------------------------------
+    @property
+    def _credentials(self) -> tuple[tuple[str, str], ...]:
+        """The metadata job-control calls carry: the run's token."""
+        return ((TOKEN_KEY, self._token),)
+
     def next_job_id(self) -> int:
         self._job_ids += 1
         return self._job_ids
@@ -248,14 +263,9 @@ class PSCluster:
                 response_deserializer=service_pb2.PSJobStats.FromString,
             )
             try:
-                replies.append(call(request, timeout=timeout))
+                replies.append(call(request, timeout=timeout, metadata=self._credentials))
             except grpc.RpcError as error:
-                death = ps.died()
-                if death is not None:
-                    raise death from error
-                code = error.code().name if isinstance(error, grpc.Call) else "error"
-                details = error.details() if isinstance(error, grpc.Call) else str(error)
-                raise BenchmarkError(f"{name} on {ps.name} failed: {code}: {details}") from error
+                raise explain(error, ps, name) from None
         return tuple(replies)
 
     # --- worker jobs ---------------------------------------------------------------------

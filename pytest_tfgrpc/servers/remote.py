@@ -32,6 +32,7 @@ import grpc
 from pytest_tfgrpc.servers.agent import ROLES
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 
 __all__ = [
     "AGENT_LOST",
@@ -255,10 +256,13 @@ class AgentLauncher:
         role = "ps" if "--workers" in argv and roles[0] == "tensor_server" else roles[0]
         params: dict[str, str] = {}
         rest = list(argv[3:])
-        for flag, key in (("--workers", "workers"), ("--delay", "delay")):
+        flags = (("--workers", "workers"), ("--delay", "delay"))
+        for flag, key in (*flags, ("--max-tensor-bytes", "max_tensor_bytes")):
             if flag in rest:
                 params[key] = rest[rest.index(flag) + 1]
-        wanted = {k: v for k, v in (env or {}).items() if k in ALLOCATOR_VARS}
+        # The allocator policy, and a PS task's job-control token (the driver's own).
+        passed = (*ALLOCATOR_VARS, *((JOB_TOKEN_ENV,) if role == "ps" else ()))
+        wanted = {k: v for k, v in (env or {}).items() if k in passed}
         return self.client.run(role, params, wanted, stderr, name=name)
 
 

@@ -15,6 +15,7 @@ protobuf's generated (de)serializers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -29,15 +30,29 @@ from typing import Any
 
 import grpc
 
+from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
 from pytest_tfgrpc.servers.parameter_server import ParameterServer
-from pytest_tfgrpc.units import UnitError, parse_duration_ns
+from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_size
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, resolve_fabric
+from pytest_tfgrpc.wire.security import (
+    ENV_VARS,
+    TOKEN_ENV,
+    TlsError,
+    TlsFiles,
+    add_port,
+    current_tls,
+    load_tls,
+    tls_mode,
+    use_tls,
+)
 from pytest_tfgrpc.wire.tensors import make_content
 
 _ALLOCATOR_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
+#: Environment variable with the largest tensor a server takes (how a run hands it over).
+MAX_TENSOR_ENV = "TFGRPC_MAX_TENSOR_BYTES"
 
 
 class _Counters:
@@ -54,12 +69,29 @@ class _Counters:
             self.nbytes += nbytes
 
 
-def _message_bytes(context: grpc.ServicerContext) -> int:
+#: The most an over-limit stream push is read (and dropped) before it is refused.
+_DRAIN_BYTES = 64 << 20
+
+
+def _announced_bytes(context: grpc.ServicerContext) -> int | None:
+    """The message size a stream announced in its metadata, if it is a number."""
     for key, value in context.invocation_metadata():
         if key == transport.MESSAGE_BYTES_KEY:
-            size = int(value)
-            if size <= 0:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return None
+
+
+def _message_bytes(context: grpc.ServicerContext, limit: int) -> int:
+    for key, value in context.invocation_metadata():
+        if key == transport.MESSAGE_BYTES_KEY:
+            try:
+                size = int(value)
+            except ValueError:
                 break
+            if size < 0:
+                break
+            _check_limit(context, size, limit, "a pushed message", transport.FRAMING_BYTES)
             return size
     context.abort(
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -68,13 +100,36 @@ def _message_bytes(context: grpc.ServicerContext) -> int:
     raise AssertionError("unreachable")  # abort raises
 
 
+def _check_limit(
+    context: grpc.ServicerContext, nbytes: int, limit: int, what: str, framing: int = 0
+) -> None:
+    """Refuse, with RESOURCE_EXHAUSTED, a request that would make this server allocate more
+    than ``limit`` bytes of tensor (``framing`` bytes of message around it allowed): a few
+    bytes of request must not cost gigabytes."""
+    if nbytes > limit + framing:
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{what} of {nbytes} B refused: this server takes tensors of at most {limit} B "
+            "(tfgrpc-server --max-tensor-bytes; plugin-started servers: the test's largest size)",
+        )
+
+
 class TensorService:
     """The handlers of both services; ``mode`` decides whether bytes are decoded as tensors."""
 
     def __init__(
-        self, mode: str, target: str, fabric: str, counters: _Counters, delay_s: float = 0.0
+        self,
+        mode: str,
+        target: str,
+        fabric: str,
+        counters: _Counters,
+        delay_s: float = 0.0,
+        max_tensor_bytes: int = transport.MAX_TENSOR_BYTES,
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.delay_s = delay_s
+        self.max_tensor_bytes = max_tensor_bytes
+        self.environment = environment or {}
         self.mode = mode
         self.protobuf = mode == "protobuf"
         self.target = target
@@ -84,7 +139,12 @@ class TensorService:
         self._pull_lock = threading.Lock()
 
     # --- latency -------------------------------------------------------------------------
+    def _check_message(self, context: grpc.ServicerContext, request: bytes, what: str) -> None:
+        framing = transport.FRAMING_BYTES if self.protobuf else 0
+        _check_limit(context, len(request), self.max_tensor_bytes, what, framing)
+
     def echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_message(context, request, "an echoed message")
         self.counters.add(1, len(request))
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -101,6 +161,7 @@ class TensorService:
 
     # --- worker -> PS --------------------------------------------------------------------
     def push(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_message(context, request, "a pushed message")
         if self.delay_s:
             time.sleep(self.delay_s)
         if self.protobuf:
@@ -112,7 +173,17 @@ class TensorService:
         self, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         """Slices of messages of a size announced in metadata; one Ack per whole message."""
-        message_bytes = _message_bytes(context)
+        announced = _announced_bytes(context)
+        if announced is not None and announced > self.max_tensor_bytes + transport.FRAMING_BYTES:
+            # Refused once the client has sent what it announced (read and dropped: it costs
+            # no memory), up to _DRAIN_BYTES: a client whose writes are still under way would
+            # get gRPC's "Internal error from Core" for a failed write, not this status.
+            drained = 0
+            for request in requests:
+                drained += len(request)
+                if drained >= min(announced, _DRAIN_BYTES):
+                    break
+        message_bytes = _message_bytes(context, self.max_tensor_bytes)
         received = 0
         messages = 0
         first: memoryview | None = None
@@ -162,12 +233,14 @@ class TensorService:
         if self.delay_s:
             time.sleep(self.delay_s)
         nbytes, dtype, _ = codec.decode_pull_request(request)
+        _check_limit(context, nbytes, self.max_tensor_bytes, "a pull")
         return self._encoded(nbytes, dtype)
 
     def pull_stream(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         if self.delay_s:
             time.sleep(self.delay_s)
         nbytes, dtype, chunk = codec.decode_pull_request(request)
+        _check_limit(context, nbytes, self.max_tensor_bytes, "a pull")
         chunk = chunk or transport.DEFAULT_CHUNK_BYTES
         view = memoryview(self._encoded(nbytes, dtype))
         for start in range(0, len(view), chunk):
@@ -186,7 +259,7 @@ class TensorService:
             cpu_user_ns=int(usage.ru_utime * 1e9),
             cpu_system_ns=int(usage.ru_stime * 1e9),
             grpc_version=grpc.__version__,
-            environment={k: os.environ[k] for k in _ALLOCATOR_VARS if k in os.environ},
+            environment=self.environment,
         )
         return bytes(reply.SerializeToString())
 
@@ -206,27 +279,43 @@ class TensorService:
 
 
 def build_server(
-    host: str, port: int, fabric: str, *, workers: int, delay_s: float = 0.0
+    host: str,
+    port: int,
+    fabric: str,
+    *,
+    workers: int,
+    delay_s: float = 0.0,
+    max_tensor_bytes: int = transport.MAX_TENSOR_BYTES,
+    job_token: str | None = None,
+    environment: dict[str, str] | None = None,
 ) -> tuple[grpc.Server, str]:
-    """A started-to-be server bound to ``host:port`` only; returns it and its target.
+    """A started-to-be server bound to ``host:port`` only (TLS under the process's setting,
+    :mod:`pytest_tfgrpc.wire.security`); returns it and its target.
 
     ``delay_s`` holds every tensor-service reply back that long: an injected slowdown, for
-    checking that performance gates catch one.
+    checking that performance gates catch one. ``max_tensor_bytes`` is the largest tensor a
+    request may make it receive or allocate (larger: RESOURCE_EXHAUSTED); ``job_token`` the
+    token PS job control must carry (None: job control refused). ``environment`` is what
+    its Status call reports (allocator, TLS, limits).
     """
+    # gRPC's receive limit stays at its maximum: a message over it is refused by the core as
+    # "Internal error from Core" mid-stream; the handlers refuse with a message instead.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfgrpc"),
         options=transport.SERVER_OPTIONS,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}")
     target = f"{host}:{bound}"
     counters = _Counters()
     server.add_generic_rpc_handlers(
         [
-            TensorService(mode, target, fabric, counters, delay_s).handler()
+            TensorService(
+                mode, target, fabric, counters, delay_s, max_tensor_bytes, environment
+            ).handler()
             for mode in transport.MODES
         ]
     )
-    server.add_generic_rpc_handlers(ParameterServer().handlers())
+    server.add_generic_rpc_handlers(ParameterServer(job_token).handlers())
     return server, target
 
 
@@ -264,6 +353,32 @@ def main(argv: list[str] | None = None) -> int:
         help="fault injection: hold every tensor-service reply back this long (e.g. 200us)",
     )
     parser.add_argument(
+        "--allocator",
+        choices=ALLOCATOR_POLICIES,
+        default=os.environ.get("TFGRPC_ALLOCATOR") or "tuned",
+        help="glibc allocator policy, as the plugin applies to the servers it starts: 'tuned' "
+        "(default; large-message memory stays on the heap) or 'default' (default: "
+        "$TFGRPC_ALLOCATOR, how a run hands its policy over). Reported by Status.",
+    )
+    parser.add_argument(
+        "--max-tensor-bytes",
+        default=os.environ.get(MAX_TENSOR_ENV) or str(transport.MAX_TENSOR_BYTES),
+        help="largest tensor a request may make the server receive or allocate, e.g. 64MiB "
+        f"(default: ${MAX_TENSOR_ENV}, else {transport.MAX_TENSOR_BYTES} B, gRPC's limit); "
+        "larger requests are refused with RESOURCE_EXHAUSTED",
+    )
+    for name, what in (
+        ("cert", "PEM certificate chain to serve TLS with (with --tls-key)"),
+        ("key", "PEM private key of --tls-cert"),
+        ("ca", "PEM CA bundle: require client certificates signed by it (mutual TLS)"),
+    ):
+        parser.add_argument(
+            f"--tls-{name}",
+            default=os.environ.get(ENV_VARS[name]) or None,
+            metavar="FILE",
+            help=f"{what} (default: ${ENV_VARS[name]})",
+        )
+    parser.add_argument(
         "--exit-on-stdin-eof",
         action="store_true",
         help="stop when stdin closes (how a parent process ties the server's life to its own)",
@@ -279,11 +394,43 @@ def main(argv: list[str] | None = None) -> int:
         delay_s = parse_duration_ns(args.delay) / 1e9
     except UnitError as exc:
         parser.error(f"--delay: {exc}")
+    try:
+        max_tensor_bytes = parse_size(args.max_tensor_bytes)
+    except UnitError as exc:
+        parser.error(f"--max-tensor-bytes: {exc}")
+    if max_tensor_bytes > transport.MAX_TENSOR_BYTES:
+        parser.error(
+            f"--max-tensor-bytes {max_tensor_bytes}: {transport.too_large(max_tensor_bytes)}"
+        )
+    try:
+        use_tls(load_tls(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca), "--tls-"))
+    except TlsError as exc:
+        parser.error(str(exc))
+    tls = current_tls()
+    if tls is not None and tls.cert is None:
+        parser.error("--tls-ca needs --tls-cert and --tls-key: a TLS server needs an identity")
     problem = _check_bindable(fabric, args.port)
     if problem:
         parser.error(problem)
+    # The same allocator policy as plugin-started servers get (there through the
+    # environment, here in-process before the first large allocation), and reported.
+    apply_policy(args.allocator)
+    environment = {
+        **{k: os.environ[k] for k in _ALLOCATOR_VARS if k in os.environ},
+        **allocator_settings(),
+        "allocator": args.allocator,
+        "tls": tls_mode(),
+        "max_tensor_bytes": str(max_tensor_bytes),
+    }
     server, target = build_server(
-        fabric.host, args.port, fabric.name, workers=args.workers, delay_s=delay_s
+        fabric.host,
+        args.port,
+        fabric.name,
+        workers=args.workers,
+        delay_s=delay_s,
+        max_tensor_bytes=max_tensor_bytes,
+        job_token=os.environ.get(TOKEN_ENV) or None,
+        environment=environment,
     )
     # Everything allocated so far lives as long as the server: keep the cyclic collector
     # from walking it again and again while it serves (a few percent of a 1 KiB echo).

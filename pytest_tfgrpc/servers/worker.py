@@ -62,7 +62,14 @@ from pytest_tfgrpc.servers.parameter_server import (
 )
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.client import BenchmarkError, connect_aio, rpc_timeout
+from pytest_tfgrpc.wire.client import RAISE_HINT, BenchmarkError, connect_aio, rpc_timeout
+from pytest_tfgrpc.wire.security import (
+    TlsError,
+    files_from_env,
+    load_tls,
+    looks_like_tls_failure,
+    use_tls,
+)
 from pytest_tfgrpc.wire.tensors import make_content
 
 #: How long a worker waits for the parent's "go" after saying it is ready.
@@ -98,10 +105,18 @@ async def _next_message(lines: queue.Queue[bytes], timeout: float, expect: type[
     return decode(line, expect)
 
 
-def _describe(error: grpc.RpcError, target: str, what: str) -> str:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{what} to {target} failed: {error.code().name}: {error.details()}"
-    return f"{what} to {target} failed: {error}"
+def _describe(error: grpc.RpcError, target: str, what: str, timeout: float | None = None) -> str:
+    code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
+    details = " ".join(str(error.details() if code is not None else error).split())
+    if code is not None and looks_like_tls_failure(details):
+        return f"{what} to {target} failed: TLS handshake failed: {details}"
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
+        return (
+            f"{what} to {target} failed: DEADLINE_EXCEEDED: the deadline was {timeout:.3g} s "
+            "(10 s slack + the job's time bound or barrier wait + its bytes at 1 MB/s); "
+            + RAISE_HINT
+        )
+    return f"{what} to {target} failed: {code.name if code else 'error'}: {details}"
 
 
 async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
@@ -118,7 +133,9 @@ async def _throughput(
     protobuf = job.mode == "protobuf"
     calls = [ch.unary_unary(method("Throughput", raw=not protobuf)) for ch in channels]
     payloads = [make_content(size) for size in job.payload_bytes]
-    timeouts = [rpc_timeout(size) for size in job.payload_bytes]
+    # A call may take as long as the job's own bounds allow, and its bytes at the least rate.
+    bound = job.warmup_seconds + job.seconds
+    timeouts = [rpc_timeout(size, bound) for size in job.payload_bytes]
     warm_meta = ((PHASE_KEY, WARMUP),)
     measure_meta = ((PHASE_KEY, MEASURE),)
     clock = time.perf_counter_ns
@@ -134,7 +151,8 @@ async def _throughput(
             try:
                 await call(message, timeout=timeout, metadata=meta)
             except grpc.RpcError as error:
-                raise BenchmarkError(_describe(error, job.targets[ps], "Throughput")) from None
+                what = f"Throughput of {job.payload_bytes[ps]} B"
+                raise BenchmarkError(_describe(error, job.targets[ps], what, timeout)) from None
             t1 = clock()
             samples.append(t1 - t0)
             if t1 >= end:
@@ -218,7 +236,9 @@ async def _sync_sgd(
         try:
             await pushes[ps]([_serialize(header), *body], timeout=timeout)
         except grpc.RpcError as error:
-            raise BenchmarkError(_describe(error, target, f"push of step {step}")) from None
+            raise BenchmarkError(
+                _describe(error, target, f"push of step {step}", timeout)
+            ) from None
         request = service_pb2.PullWeightsRequest(
             step=step, worker=worker, measured=measured, chunk_bytes=chunk_bytes
         )
@@ -229,7 +249,9 @@ async def _sync_sgd(
                 got += len(service_pb2.WeightChunk.FromString(reply).data)
             trailing = await call.trailing_metadata()
         except grpc.RpcError as error:
-            raise BenchmarkError(_describe(error, target, f"pull of step {step}")) from None
+            raise BenchmarkError(
+                _describe(error, target, f"pull of step {step}", timeout)
+            ) from None
         if got != owned[ps]:
             raise BenchmarkError(f"pulled {got} B of weights from {target}, it owns {owned[ps]} B")
         return str(dict(trailing or ()).get(NEXT_PHASE_KEY, ""))
@@ -280,7 +302,12 @@ async def _run(job: JobMessage, lines: queue.Queue[bytes]) -> Reply:
 
 
 def main() -> int:
-    """Serve jobs from stdin until it closes."""
+    """Serve jobs from stdin until it closes (under the TLS setting of the environment)."""
+    try:
+        use_tls(load_tls(files_from_env(), "$TFGRPC_TLS_"))
+    except TlsError as error:
+        _emit(WorkerFailed(f"TLS settings: {error}"))
+        return 2
     lines: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
     _emit(Hello(os.getpid()))

@@ -13,6 +13,22 @@ from typing import Final
 #: the weight tensors of real models.
 MAX_MESSAGE_BYTES: Final = 2**31 - 1
 
+#: What a message carries beside the tensor's bytes at most: a TensorProto's header
+#: (dtype, shape, the content's tag and length) and its ack; the largest tensor any
+#: benchmark sends in one message is the limit less this.
+FRAMING_BYTES: Final = 64
+#: The largest tensor, in bytes, a benchmark accepts: one gRPC message, less the framing.
+MAX_TENSOR_BYTES: Final = MAX_MESSAGE_BYTES - FRAMING_BYTES
+
+
+def too_large(nbytes: int) -> str:
+    """Why a tensor of ``nbytes`` cannot travel in one gRPC message."""
+    return (
+        f"message size {nbytes} B exceeds the largest tensor one gRPC message carries: "
+        f"{MAX_TENSOR_BYTES} B (2 GiB - 1, the message limit, less {FRAMING_BYTES} B of framing)"
+    )
+
+
 #: Streamed tensors travel in slices of this many bytes unless a test asks otherwise.
 DEFAULT_CHUNK_BYTES: Final = 1 << 20
 

@@ -8,6 +8,7 @@ schemes, which the per-exchange interface does not need to know about.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, ClassVar
@@ -35,6 +36,16 @@ class LoopEngine(Engine):
 
     loops: ClassVar[ModuleType]
 
+    @abstractmethod
+    def start_server(
+        self,
+        fabric: Fabric,
+        env: Mapping[str, str] | None,
+        max_tensor_bytes: int | None = None,
+    ) -> ServerProcess:
+        """The engine's tensor server on ``fabric``; the plugin's Python server refuses
+        tensors over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
+
     def p2p_latency(self, server: EngineServer, sizes: Sequence[Any], **kw: Any) -> BenchmarkResult:
         result: BenchmarkResult = self.loops.p2p_latency(server, sizes, **kw)
         return result
@@ -51,9 +62,15 @@ class LoopEngine(Engine):
         return p2p_bandwidth_streams(server, sizes, streams=streams, engine=self.name, **kw)
 
     def start_cluster(
-        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
+        self,
+        fabric: Fabric,
+        topology: Topology,
+        env: Mapping[str, str] | None,
+        max_tensor_bytes: int | None = None,
     ) -> PSCluster:
-        return PSCluster(fabric, topology, env=env)
+        """The plugin's PS tasks and workers; the PS tasks refuse tensor messages over
+        ``max_tensor_bytes`` (None: the largest gRPC carries)."""
+        return PSCluster(fabric, topology, env=env, max_tensor_bytes=max_tensor_bytes)
 
     def ps_throughput(
         self, cluster: EngineCluster, payload: Any, *, profile: Any = None, **kw: Any
@@ -71,5 +88,12 @@ class GrpcioEngine(LoopEngine):
     name = "grpcio"
     loops: ClassVar[ModuleType] = p2p
 
-    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> ServerProcess:
-        return ServerProcess.start(fabric, env=env)
+    def start_server(
+        self,
+        fabric: Fabric,
+        env: Mapping[str, str] | None,
+        max_tensor_bytes: int | None = None,
+    ) -> ServerProcess:
+        """``tfgrpc-server`` on ``fabric``, refusing tensors over ``max_tensor_bytes`` (None:
+        the largest gRPC carries)."""
+        return ServerProcess.start(fabric, env=env, max_tensor_bytes=max_tensor_bytes)

@@ -8,16 +8,24 @@ back every sample, and measures parallel streams (``streams=N``) itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pytest_tfgrpc.bench import native_p2p
+from pytest_tfgrpc.bench.engines.base import EngineError, EngineServer
 from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
+from pytest_tfgrpc.bench.streams import StreamsResult
 from pytest_tfgrpc.native import unavailable_reason
+from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.native_server import start_native_server
 from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.security import tls_mode
+
+#: Why the native engine refuses a run with TLS (``--tfgrpc-tls-*``).
+PLAINTEXT_ONLY = "the native server and client speak plaintext only, and this run uses TLS"
 
 __all__ = ["NativeEngine"]
 
@@ -35,5 +43,39 @@ class NativeEngine(LoopEngine):
         the command that builds it), or None."""
         return unavailable_reason()
 
-    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> ServerProcess:
+    def start_server(
+        self,
+        fabric: Fabric,
+        env: Mapping[str, str] | None,
+        max_tensor_bytes: int | None = None,
+    ) -> ServerProcess:
+        """``tfgrpc-native-server`` on ``fabric``. It keeps gRPC's own message limit:
+        ``max_tensor_bytes`` (the test's largest size) is not enforced by the C++ server.
+
+        :raises EngineError: the run uses TLS, which the native server does not serve.
+        """
+        _check_plaintext()
         return start_native_server(fabric, env=env)
+
+    def p2p_latency(self, server: EngineServer, sizes: Sequence[Any], **kw: Any) -> BenchmarkResult:
+        _check_plaintext()
+        return super().p2p_latency(server, sizes, **kw)
+
+    def p2p_bandwidth(
+        self, server: EngineServer, sizes: Sequence[Any], **kw: Any
+    ) -> BenchmarkResult:
+        _check_plaintext()
+        return super().p2p_bandwidth(server, sizes, **kw)
+
+    def p2p_bandwidth_streams(
+        self, server: Server, sizes: Sequence[Any], *, streams: int, **kw: Any
+    ) -> StreamsResult:
+        _check_plaintext()
+        return super().p2p_bandwidth_streams(server, sizes, streams=streams, **kw)
+
+
+def _check_plaintext() -> None:
+    # Its client has no TLS: under --tfgrpc-tls-* it would meet a TLS server as a failed
+    # handshake mid-test. A setup error naming the cause is the honest answer.
+    if tls_mode() != "off":
+        raise EngineError(f"engine 'native': {PLAINTEXT_ONLY}")

@@ -44,6 +44,7 @@ from pytest_tfgrpc.servers.tf_cluster import TFCluster, find_tf_python
 from pytest_tfgrpc.servers.tf_task import flat_variable
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
+from pytest_tfgrpc.wire.security import tls_mode
 from pytest_tfgrpc.wire.tensors import Tensor
 
 __all__ = ["TensorFlowEngine"]
@@ -71,6 +72,13 @@ class TensorFlowEngine(Engine):
     ) -> TFCluster:
         if self._python is None:
             raise EngineError(f"engine 'tensorflow': {self._why}")
+        if tls_mode() != "off":
+            # tf.distribute.Server's "grpc" protocol has no TLS settings: its tasks would
+            # talk plaintext while the run promises TLS.
+            raise EngineError(
+                "engine 'tensorflow': TensorFlow's gRPC server (tf.distribute.Server) has no "
+                "TLS settings, and this run uses TLS (--tfgrpc-tls-*): drop one of them"
+            )
         try:
             return TFCluster(self._python, env, fabric=fabric, topology=topology).start()
         except ValueError as exc:

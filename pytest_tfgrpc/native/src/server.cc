@@ -166,7 +166,7 @@ class Call {
         message_bytes_ =
             std::atoll(std::string(found->second.data(), found->second.size()).c_str());
       }
-      if (message_bytes_ <= 0) {
+      if (message_bytes_ < 0) {  // 0 B is a message too (an empty tensor), as in Python
         // Refused after the first message, as the Python server does: a client whose write
         // is still under way gets this status rather than a failed write.
         refusal_ = Status(StatusCode::INVALID_ARGUMENT,
@@ -368,7 +368,7 @@ class Call {
   bool protobuf_ = false;
   Status refusal_;
   ByteBuffer request_;
-  int64_t message_bytes_ = 0;
+  int64_t message_bytes_ = -1;  // none announced
   int64_t received_ = 0;
   int64_t acked_ = 0;
   std::string first_;  // the first bytes of a streamed message (its TensorProto header)

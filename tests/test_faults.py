@@ -1,0 +1,1467 @@
+"""The fault cases as one table: each row is an input (a suite, options, environment, files)
+and the outcome it must have (exit status, lines, JUnit properties, results file, time, no
+process left). Adding a case is adding a row to :data:`CASES`.
+
+Rows name their source: ``E<n>`` is case n of §E in
+``shared/reference/reliability-and-conventions.md``; ``I13.<kind>`` a kind of issue 13.
+Every run is a real pytest (or ``tfgrpc-server``) in a subprocess; its outcome is checked,
+and the summary at the end of the module lists each case with its outcome.
+
+Placeholders in a row's text (``{ca}``, ``{closed_port}``, ``{veth_slow}``, ...) are made
+only for rows that use them (see :class:`World`); rows that need root (veth links) or an
+optional package skip, saying so, where those are missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import QUICK
+from junitparser.xunit2 import JUnitXml
+
+# --- suites the rows run ---------------------------------------------------------------------
+LATENCY = """
+import pytest
+
+@pytest.mark.message_profile(["4B", "1KiB"])
+def test_latency(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+"""
+
+PLAIN = """
+def test_plain():
+    assert True
+"""
+
+#: A 3-size sweep whose server is killed as the second size starts: the first is kept.
+KILLED_MID_SWEEP = """
+import os, signal
+import pytest
+from pytest_tfgrpc.bench import p2p
+
+@pytest.mark.message_profile(["1KiB", "2KiB", "4KiB"])
+def test_sweep(tfgrpc, tensor_server, monkeypatch):
+    real = p2p.CpuProbe
+    made = []
+
+    def probe(target):
+        made.append(target)
+        if len(made) == 2:
+            os.kill(tensor_server.pid, signal.SIGKILL)
+            tensor_server.died(grace=5)
+        return real(target)
+
+    monkeypatch.setattr(p2p, "CpuProbe", probe)
+    tfgrpc.p2p_latency(tensor_server)
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+PS_KILLED_MID_SWEEP = """
+import os, signal
+import pytest
+
+@pytest.mark.message_profile(["1KiB", "2KiB", "4KiB"])
+def test_ps_sweep(tfgrpc, ps_cluster):
+    real = ps_cluster.configure
+    calls = []
+
+    def configure(jobs, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(ps_cluster.ps[0].pid, signal.SIGKILL)
+            ps_cluster.ps[0].died(grace=5)
+        return real(jobs, *args, **kwargs)
+
+    ps_cluster.configure = configure
+    tfgrpc.ps_throughput(ps_cluster)
+"""
+
+DEAD_BEFORE_FIRST_CALL = """
+import os, signal
+
+def test_dead(tfgrpc, tensor_server):
+    os.kill(tensor_server.pid, signal.SIGKILL)
+    tensor_server.died(grace=5)
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+STRAY_STDOUT = """
+import sys
+from pytest_tfgrpc.servers.processes import ServerProcess
+
+def test_stray(tfgrpc, fabric):
+    # sitecustomize-like noise: the interpreter prints before the server's ready line
+    code = "print('banner'); print('{{not json'); import runpy, sys; " \\
+        "sys.argv = ['tfgrpc-server', '--fabric', 'lo', '--exit-on-stdin-eof']; " \\
+        "runpy.run_module('pytest_tfgrpc.servers.tensor_server', run_name='__main__')"
+    server = ServerProcess([sys.executable, "-c", code], fabric=fabric, name="noisy", env=None)
+    try:
+        server._wait_ready(30)
+        tfgrpc.p2p_latency(server, ["4B"])
+    finally:
+        server.stop()
+"""
+
+#: A remote server (started by the test, as on another host) that dies mid-run.
+REMOTE_DIES = """
+import os, signal, threading
+from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.servers.processes import ServerProcess
+
+class Remote:
+    # what a test sees of a server on another host: a target, no process to watch
+    def __init__(self, server):
+        self.target, self.fabric, self.name = server.target, server.fabric, "ps[0] on otherhost"
+    def died(self, grace=0.5):
+        return None
+
+def test_remote(fabric):
+    server = ServerProcess.start(fabric)
+    threading.Timer(1.0, os.kill, (server.pid, signal.SIGKILL)).start()
+    run = RunSpec(iterations=10**7, warmup=0, max_seconds=20, warmup_seconds=1)
+    try:
+        bench.p2p_bandwidth(Remote(server), [1 << 20], rpc="stream", run=run)
+    finally:
+        server.stop()
+"""
+
+NUMPY_PROPERTY = """
+import numpy as np
+
+class Odd:
+    def __str__(self):
+        raise RuntimeError("no text")
+
+def test_numpy(record_property):
+    record_property("np_float", np.float64(1.5))
+    record_property("np_int", np.int32(7))
+    record_property("np_array", np.arange(3))
+    record_property("odd", Odd())
+    record_property(3, "name not a string")
+
+def test_other(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+EDGE_SIZES = """
+import pytest
+
+@pytest.mark.message_profile(["0B", "1B"])
+@pytest.mark.parametrize("mode", ["raw", "protobuf"])
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_p2p(tfgrpc, tensor_server, mode, rpc):
+    tfgrpc.p2p_latency(tensor_server, mode=mode, rpc=rpc, label="lat")
+    tfgrpc.p2p_bandwidth(tensor_server, mode=mode, rpc=rpc, label="push")
+    tfgrpc.p2p_bandwidth(tensor_server, mode=mode, rpc=rpc, direction="pull", label="pull")
+
+@pytest.mark.message_profile(["0B", "1B"])
+@pytest.mark.parametrize("mode", ["raw", "protobuf"])
+def test_ps(tfgrpc, ps_cluster, mode):
+    tfgrpc.ps_throughput(ps_cluster, mode=mode)
+"""
+
+LIMIT_BOUNDARY = """
+import pytest
+
+@pytest.mark.message_profile(["4194303B", "4194304B", "4194305B", "8200000B"])
+def test_boundary(tfgrpc, tensor_server):
+    tfgrpc.p2p_bandwidth(tensor_server, rpc="unary")
+"""
+
+
+def sized(sizes: str) -> str:
+    """A suite whose marker declares ``sizes``; it must never start a server."""
+    return f"""
+import pytest
+
+@pytest.mark.message_profile({sizes})
+def test_sized(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+"""
+
+
+def topology(args: str) -> str:
+    return f"""
+import pytest
+
+@pytest.mark.ps_topology({args})
+def test_topology(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster, ["1KiB"])
+"""
+
+
+OWN_FABRIC_FIXTURE = """
+import pytest
+
+@pytest.fixture
+def fabric():
+    return "my-own-fabric"
+
+def test_mine(fabric):
+    assert fabric == "my-own-fabric"
+
+def test_theirs(tfgrpc, tensor_server):
+    assert tensor_server.fabric.name == "lo"
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+OWN_FABRIC_OPTION = """
+def pytest_addoption(parser):
+    parser.addoption("--fabric", default="mine")
+"""
+
+OWN_FABRIC_OPTION_TEST = """
+def test_option(pytestconfig, tfgrpc, tensor_server):
+    assert pytestconfig.getoption("fabric") == "production"
+    assert tensor_server.fabric.name == "lo"
+"""
+
+SLOW = """
+import time
+import pytest
+
+@pytest.mark.message_profile(["4B"])
+def test_one(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+
+@pytest.mark.message_profile(["4B"])
+def test_two(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+
+@pytest.mark.parametrize("n", range(6))
+def test_slow(fabric, n):
+    # a server of its own alive when the signal comes (tensor_server would hold the
+    # measurement lock under xdist, and the other tests would wait for it)
+    from pytest_tfgrpc.servers.processes import ServerProcess
+    with ServerProcess.start(fabric):
+        time.sleep(30)
+"""
+
+CRASH = """
+import os
+
+def test_fine(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_crash(tensor_server):
+    os._exit(3)
+"""
+
+DELAYED = """
+import pytest
+from pytest_tfgrpc.servers.processes import ServerProcess
+
+@pytest.mark.tfgrpc_run(max_seconds=0.5, warmup_seconds=0.5)
+def test_deadline(tfgrpc, fabric):
+    with ServerProcess.start(fabric, extra_args=["--delay", "13s"]) as server:
+        tfgrpc.p2p_latency(server, ["4B"], iterations=1, warmup=0)
+"""
+
+#: The issue's case: a unary push that takes longer than the old fixed deadline (10 s +
+#: 10 MB/s: 10.2 s for 1.5 MiB) on a 1 Mbit/s link (12.6 s), in a run that allows 40 s.
+SLOW_LINK = """
+import pytest
+
+@pytest.mark.message_profile(["1536KiB"])
+@pytest.mark.tfgrpc_run(max_seconds=40, warmup_seconds=1)
+def test_push(tfgrpc, tensor_server):
+    result = tfgrpc.p2p_bandwidth(tensor_server, rpc="unary", iterations=1, warmup=0)
+    assert result.sizes[0].samples_ns.min() > 10.5e9  # the link was the slow one
+"""
+
+MTLS_SERVER = """
+import os
+import pytest
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.wire.security import TlsFiles
+
+@pytest.fixture
+def mtls_server(fabric):
+    env = {{**os.environ, **TlsFiles("{cert}", "{key}", "{ca}").env()}}
+    with ServerProcess.start(fabric, env=env) as server:
+        yield server
+
+def test_reach(tfgrpc, mtls_server):
+    tfgrpc.p2p_latency(mtls_server, ["4B"])
+"""
+
+#: A TLS tensor server "on another host" (here, named by TF_CONFIG): the cluster spec's
+#: reachability check must speak TLS too.
+TLS_REMOTE_CONFTEST = """
+import json, os
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.security import TlsFiles
+
+_env = {{**os.environ, **TlsFiles("{cert}", "{key}", "{ca}").env()}}
+_server = ServerProcess.start(resolve_fabric("lo"), env=_env)
+os.environ["TF_CONFIG"] = json.dumps({{"cluster": {{"ps": [_server.target]}}}})
+
+def pytest_unconfigure(config):
+    _server.stop()
+"""
+
+TLS_REMOTE = """
+def test_remote(tfgrpc, tensor_server):
+    assert tensor_server.pid is None  # the spec's server, not one this run started
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+TLS_RUN = """
+import pytest
+
+@pytest.mark.message_profile(["4B", "64KiB"])
+def test_latency(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+
+@pytest.mark.message_profile(["1KiB"])
+def test_ps(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster)
+"""
+
+GUARDED = """
+import grpc, pytest
+from pytest_tfgrpc.servers.parameter_server import method
+from pytest_tfgrpc.wire import channels as transport, codec
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.security import TOKEN_KEY
+
+@pytest.mark.message_profile(["1KiB"])
+def test_refusals(tfgrpc, tensor_server, ps_cluster):
+    with grpc.insecure_channel(tensor_server.target) as channel:
+        pull = channel.unary_unary(transport.method("raw", "Pull"))
+        for nbytes in (1025, 1 << 30, 3 << 30):
+            with pytest.raises(grpc.RpcError) as info:
+                pull(codec.encode_pull_request(nbytes, "float32", 0), timeout=10)
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"{{nbytes}} B refused" in info.value.details()
+        push = channel.unary_unary(transport.method("raw", "Push"))
+        with pytest.raises(grpc.RpcError) as info:
+            push(bytes(4 << 20), timeout=10)
+        assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    tfgrpc.p2p_latency(tensor_server, label="after_refusals")  # still healthy
+    job = service_pb2.PSJob(job_id=99, task=0, workers=1)
+    configure = ps_cluster.channel(0).unary_unary(
+        method("Configure"),
+        request_serializer=service_pb2.PSJob.SerializeToString,
+        response_deserializer=service_pb2.PSJobStats.FromString,
+    )
+    for metadata in (None, ((TOKEN_KEY, "guess"),)):
+        with pytest.raises(grpc.RpcError) as info:
+            configure(job, timeout=10, metadata=metadata)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        print("REFUSED", info.value.details())
+    tfgrpc.ps_throughput(ps_cluster, label="after_job_refusals")  # its own jobs still run
+"""
+
+#: A small profile: its PS tasks take what the profile and the fit need, no more.
+PROFILE_SGD = """
+import pytest
+
+@pytest.mark.message_profile("resnet50", scale=0.02)
+@pytest.mark.ps_topology(ps=2, workers=2)
+def test_sgd(tfgrpc, ps_cluster):
+    tfgrpc.sync_sgd_step(ps_cluster, iterations=5, warmup=1)
+"""
+
+#: A stream push over the server's limit: refused with a message, not "Internal error".
+OVER_LIMIT_STREAM = """
+import pytest
+from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.timing import RunSpec
+
+@pytest.mark.message_profile(["1KiB"])
+def test_over(tensor_server):
+    run = RunSpec(iterations=2, warmup=0, max_seconds=1, warmup_seconds=1)
+    bench.p2p_bandwidth(tensor_server, [4 << 20], rpc="stream", run=run)
+"""
+
+GATE_SUITE = """
+import pytest
+
+@pytest.mark.message_profile(["1KiB"])
+def test_latency(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+"""
+
+BUDGET_FAIL = """
+import pytest
+
+@pytest.mark.message_profile(["1KiB"])
+@pytest.mark.budget(p50="1ns")
+def test_latency(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+"""
+
+TF_CONFIGS = {
+    "no_cluster": '{"task": {"type": "worker", "index": 0}}',
+    "sparse": '{"cluster": {"worker": {"1": "h:1"}}, "task": {"type": "worker", "index": 1}}',
+    "unknown_job": '{"cluster": {"master": ["h:1"]}, "task": {"type": "master", "index": 0}}',
+    "key_not_index": '{"cluster": {"ps": {"ps-0": "h:1"}}, "task": {"type": "ps", "index": 0}}',
+    "bad_json": "{not json",
+    "index_out_of_range": '{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 5}}',
+}
+
+
+# --- the table -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One fault: its input and the outcome it must have.
+
+    Input: ``suite`` (test module text), ``files`` (name -> text, e.g. a conftest),
+    ``args`` (options), ``env``; or ``command`` (argv run instead of pytest). Text may hold
+    ``{placeholders}`` (see :class:`World`). ``sigterm_after`` sends SIGTERM once the
+    results file holds that many lines.
+
+    Outcome: ``ret`` (exit status; None: any), ``lines`` (fnmatch patterns that must appear
+    in stdout+stderr, in any order), ``absent`` (patterns that must not), ``outcomes``
+    (passed/failed/errors counts), ``junit`` (test name -> property names that must be there;
+    a name ending in ``*`` is a prefix), ``results`` (at least that many lines in the results
+    file), ``seconds`` (the run ends within), and always: no process of the run outlives it.
+    """
+
+    id: str
+    source: str
+    suite: str = ""
+    files: Mapping[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()
+    sigterm_after: int | None = None
+    kill_signal: int = signal.SIGTERM
+    #: The JUnit file must not exist after the run (a killed run leaves none, not a stale one).
+    no_junit: bool = False
+    #: Run the suite once first with these options into ``{tmp}/base.xml`` (a baseline), then
+    #: replace each (old, new) pair of ``baseline_edit`` in it.
+    baseline_args: tuple[str, ...] | None = None
+    baseline_edit: tuple[tuple[str, str], ...] = ()
+    needs: tuple[str, ...] = ()
+    ret: int | None = 0
+    lines: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ("*INTERNALERROR*", "*Traceback (most recent call last)*")
+    outcomes: Mapping[str, int] | None = None
+    junit: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    results: int | None = None
+    seconds: float | None = None
+
+
+FAIL_SETUP = ("*ERROR at setup*",)
+CASES: tuple[Case, ...] = (
+    # --- E1-E5: fabrics --------------------------------------------------------------------
+    Case(
+        "unknown-fabric",
+        "E1",
+        LATENCY,
+        args=("--tfgrpc-fabric=ib9",),
+        ret=4,
+        lines=("*unknown fabric 'ib9'*interfaces here:*lo*",),
+    ),
+    Case(
+        "fabric-no-ipv4",
+        "E2",
+        LATENCY,
+        args=("--tfgrpc-fabric={veth_bare}",),
+        ret=4,
+        needs=("root",),
+        lines=("*{veth_bare}*",),
+    ),
+    Case(
+        "fabric-link-local-only",
+        "E2",
+        LATENCY,
+        args=("--tfgrpc-fabric={veth_ll}",),
+        needs=("root",),
+        outcomes={"passed": 1},
+        junit={"test_latency[*]": ("tfgrpc.target",)},
+    ),
+    Case(
+        "fabric-name-too-long",
+        "E3",
+        LATENCY,
+        args=("--tfgrpc-fabric=" + "a" * 16,),
+        ret=4,
+        lines=("*16 bytes long*at most 15*",),
+    ),
+    Case(
+        "fabric-name-slash",
+        "E3",
+        LATENCY,
+        args=("--tfgrpc-fabric=a/b",),
+        ret=4,
+        lines=("*contains '/'*",),
+    ),
+    Case(
+        "fabric-name-space",
+        "E3",
+        LATENCY,
+        args=("--tfgrpc-fabric=a b",),
+        ret=4,
+        lines=("*not an interface name*",),
+    ),
+    Case(
+        "fabric-down",
+        "E4",
+        LATENCY,
+        args=("--tfgrpc-fabric={veth_down}",),
+        ret=4,
+        needs=("root",),
+        lines=("*{veth_down}*down*",),
+    ),
+    Case(
+        "fabric-alias",
+        "E5",
+        LATENCY,
+        args=("--tfgrpc-fabric=lo:0",),
+        ret=4,
+        lines=("*'lo:0' is not an interface name*",),
+    ),
+    Case(
+        "fabric-ip",
+        "E5",
+        LATENCY,
+        args=("--tfgrpc-fabric=127.0.0.1",),
+        ret=4,
+        lines=("*is not an interface name but an IP address*",),
+    ),
+    Case(
+        "fabric-hostname",
+        "E5",
+        LATENCY,
+        args=("--tfgrpc-fabric=localhost",),
+        ret=4,
+        lines=("*unknown fabric 'localhost'*",),
+    ),
+    # --- E6-E8: ports (tfgrpc-server is where a port is given) ------------------------------
+    *(
+        Case(
+            f"port-{port}",
+            "E6",
+            command=("--port", port),
+            ret=2,
+            lines=("*--port*",),
+            absent=("*Traceback*",),
+        )
+        for port in ("70000", "65536", "-1", "abc")
+    ),
+    Case(
+        "port-held-by-grpc",
+        "E7",
+        command=("--port", "{grpc_port}"),
+        ret=2,
+        lines=("*cannot bind 127.0.0.1:{grpc_port}*in use*",),
+    ),
+    Case(
+        "port-held-by-socket",
+        "E8",
+        command=("--port", "{tcp_port}"),
+        ret=2,
+        lines=("*cannot bind 127.0.0.1:{tcp_port}*in use*",),
+    ),
+    # --- E9-E11, I13.sizes: message sizes and topologies -------------------------------------
+    Case(
+        "sizes-around-4MiB",
+        "E9",
+        LIMIT_BOUNDARY,
+        args=QUICK,
+        outcomes={"passed": 1},
+        junit={
+            "test_boundary[lo]": (
+                "tfgrpc.p2p_bandwidth.4194305B.*",
+                "tfgrpc.p2p_bandwidth.8200KB.*",
+            )
+        },
+    ),
+    Case(
+        "unknown-profile",
+        "E10",
+        sized("'no_such_model'"),
+        ret=1,
+        lines=(*FAIL_SETUP, "*message_profile*no_such_model*"),
+    ),
+    Case("empty-sweep", "E10", sized("[]"), ret=1, lines=("*message_profile*",)),
+    Case("negative-size", "E10", sized("['-1B']"), ret=1, lines=("*message_profile*-1B*",)),
+    Case("fractional-size", "E10", sized("['1.5B']"), ret=1, lines=("*message_profile*1.5B*",)),
+    *(
+        Case(
+            f"size-{name}",
+            "E10/I13.sizes",
+            sized(sizes),
+            ret=1,
+            lines=("*message_profile*exceeds the largest tensor one gRPC message carries*",),
+            absent=("*INTERNALERROR*", "*tensor server on lo*"),
+        )
+        for name, sizes in (
+            ("limit+1", "[2147483584]"),
+            ("3GiB", "['3GiB']"),
+            ("1TiB", "['1TiB']"),
+            ("range-to-4GiB", "'1GiB..4GiB'"),
+        )
+    ),
+    Case(
+        "size-just-below-limit",
+        "I13.sizes",
+        """
+from pytest_tfgrpc.bench.specs import message_spec
+def test_accepted():
+    assert message_spec([[2147483583]], {{}}).sizes == (2147483583,)
+""",
+        outcomes={"passed": 1},
+    ),
+    Case(
+        "zero-and-one-byte-everywhere",
+        "I13.sizes",
+        EDGE_SIZES,
+        args=QUICK,
+        outcomes={"passed": 6},
+        junit={
+            "test_p2p[unary-raw-lo]": ("tfgrpc.push.0B.*", "tfgrpc.pull.0B.*"),
+            "test_ps[protobuf-lo]": ("tfgrpc.ps_throughput.0B.*",),
+        },
+    ),
+    Case("ps-zero", "E11", topology("ps=0"), ret=1, lines=("*ps_topology*ps*",)),
+    Case("workers-zero", "E11", topology("workers=0"), ret=1, lines=("*ps_topology*workers*",)),
+    Case(
+        "sharding-unknown",
+        "E11",
+        topology("sharding='diagonal'"),
+        ret=1,
+        lines=("*ps_topology*diagonal*",),
+    ),
+    # --- E12-E13, I13.partial: failures mid-run ---------------------------------------------
+    Case(
+        "server-killed-mid-sweep",
+        "E12/I13.partial",
+        KILLED_MID_SWEEP,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl"),
+        ret=1,
+        outcomes={"failed": 1, "passed": 1},
+        lines=("*tensor server on lo exited with signal 9 (SIGKILL)*",),
+        absent=("*INTERNALERROR*",),
+        junit={"test_sweep[lo]": ("tfgrpc.p2p_latency.1KiB.p50_us", "tfgrpc.p2p_latency.settings")},
+        results=2,
+    ),
+    Case(
+        "ps-killed-mid-sweep",
+        "E12/I13.partial",
+        PS_KILLED_MID_SWEEP,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl"),
+        ret=1,
+        outcomes={"failed": 1},
+        lines=("*PS 0 on lo exited with signal 9 (SIGKILL)*",),
+        absent=("*INTERNALERROR*",),
+        junit={"test_ps_sweep[lo]": ("tfgrpc.ps_throughput.1KiB.*",)},
+        results=1,
+    ),
+    Case(
+        "server-dead-before-first-call",
+        "E13/I13.partial",
+        DEAD_BEFORE_FIRST_CALL,
+        ret=1,
+        lines=("*ServerDied: tensor server on lo exited with signal 9*",),
+        absent=("*no connection*", "*INTERNALERROR*"),
+        seconds=10,
+    ),
+    Case(
+        "remote-server-unreachable",
+        "E13",
+        LATENCY,
+        args=(*QUICK, "--tfgrpc-cluster={tmp}/cluster.json"),
+        files={"cluster.json": '{{"cluster": {{"ps": ["127.0.0.1:{closed_port}"]}}}}'},
+        ret=1,
+        lines=("*127.0.0.1:{closed_port}*",),
+        seconds=60,
+    ),
+    Case(
+        "remote-server-dies-mid-run",
+        "I13.partial",
+        REMOTE_DIES,
+        ret=1,
+        lines=("*push of 1048576 B to ps[0] on otherhost at 127.0.0.1:* failed: UNAVAILABLE*",),
+        absent=("*INTERNALERROR*", "*AioRpcError*", "*Internal error from Core*"),
+        seconds=60,
+    ),
+    Case(
+        "stray-stdout-lines",
+        "I13.partial",
+        STRAY_STDOUT,
+        args=QUICK,
+        outcomes={"passed": 1},
+        absent=("*JSONDecodeError*",),
+    ),
+    Case(
+        "deadline-names-itself",
+        "I13.deadlines",
+        DELAYED,
+        ret=1,
+        seconds=60,
+        lines=(
+            "*DEADLINE_EXCEEDED: the deadline was 11 s (10 s slack + run bound 1 s*"
+            "raise it with --tfgrpc-max-time*",
+        ),
+    ),
+    Case(
+        "slow-link-unary-push",
+        "I13.deadlines",
+        SLOW_LINK,
+        args=("--tfgrpc-fabric={veth_slow}", "--tfgrpc-cluster={veth_slow_cluster}"),
+        needs=("root",),
+        outcomes={"passed": 1},
+        seconds=120,
+    ),
+    # --- E14, I13.tls: TLS ----------------------------------------------------------------
+    Case(
+        "tls-key-missing",
+        "E14",
+        LATENCY,
+        args=("--tfgrpc-tls-cert={cert}",),
+        ret=4,
+        lines=("*--tfgrpc-tls-cert needs --tfgrpc-tls-key too*",),
+    ),
+    Case(
+        "tls-file-missing",
+        "E14",
+        LATENCY,
+        args=("--tfgrpc-tls-cert={tmp}/nope.pem", "--tfgrpc-tls-key={key}"),
+        ret=4,
+        lines=("*--tfgrpc-tls-cert {tmp}/nope.pem: No such file*",),
+    ),
+    Case(
+        "tls-ca-without-identity",
+        "E14",
+        LATENCY,
+        args=("--tfgrpc-tls-ca={ca}",),
+        ret=4,
+        lines=("*--tfgrpc-tls-ca needs --tfgrpc-tls-cert*",),
+    ),
+    Case(
+        "tls-not-pem",
+        "E14",
+        LATENCY,
+        args=("--tfgrpc-tls-cert={tmp}/conftest.py", "--tfgrpc-tls-key={key}"),
+        files={"conftest.py": "# not a certificate\n"},
+        ret=4,
+        lines=("*not a PEM file*",),
+    ),
+    Case(
+        "tls-native-engine",
+        "I13.tls",
+        TLS_RUN,
+        args=(
+            *QUICK,
+            "--tfgrpc-engines=native",
+            "--tfgrpc-tls-cert={cert}",
+            "--tfgrpc-tls-key={key}",
+            "--tfgrpc-tls-ca={ca}",
+        ),
+        needs=("native",),
+        ret=1,
+        # its PS benchmarks run the plugin's Python PS tasks, which serve TLS
+        outcomes={"error": 1, "passed": 1},
+        lines=(
+            *FAIL_SETUP,
+            "*[lo]: engine 'native': the native server*plaintext only, and this run uses TLS",
+        ),
+        absent=(
+            "*INTERNALERROR*",
+            "*Traceback (most recent call last)*",
+            "*During handling*",
+            "*engine 'native': engine 'native'*",
+        ),
+    ),
+    Case(
+        "mtls-end-to-end",
+        "I13.tls",
+        TLS_RUN,
+        args=(*QUICK, "--tfgrpc-tls-cert={cert}", "--tfgrpc-tls-key={key}", "--tfgrpc-tls-ca={ca}"),
+        outcomes={"passed": 2},
+        lines=("*TLS mtls*",),
+        junit={"test_latency[lo]": ("tfgrpc.p2p_latency.settings",)},
+    ),
+    Case(
+        "tls-ini-twins",
+        "I13.tls",
+        TLS_RUN,
+        args=QUICK,
+        files={
+            "pytest.ini": "[pytest]\ntfgrpc_tls_cert = {cert}\ntfgrpc_tls_key = {key}\n"
+            "tfgrpc_tls_ca = {ca}\n"
+        },
+        outcomes={"passed": 2},
+        lines=("*TLS mtls*",),
+    ),
+    Case(
+        "tls-remote-server-in-cluster-spec",
+        "I13.tls",
+        TLS_REMOTE,
+        files={"conftest.py": TLS_REMOTE_CONFTEST},
+        args=(*QUICK, "--tfgrpc-tls-cert={cert}", "--tfgrpc-tls-key={key}", "--tfgrpc-tls-ca={ca}"),
+        outcomes={"passed": 1},
+    ),
+    Case(
+        "tls-remote-server-plaintext-client",
+        "I13.tls",
+        TLS_REMOTE,
+        files={"conftest.py": TLS_REMOTE_CONFTEST},
+        args=QUICK,
+        ret=1,
+        lines=("*remote tensor server*TLS handshake not attempted*",),
+    ),
+    Case(
+        "tls-plaintext-client",
+        "E14",
+        MTLS_SERVER,
+        args=QUICK,
+        ret=1,
+        lines=("*TLS handshake not attempted*",),
+    ),
+    Case(
+        "tls-wrong-ca",
+        "E14",
+        MTLS_SERVER,
+        args=(
+            *QUICK,
+            "--tfgrpc-tls-cert={cert}",
+            "--tfgrpc-tls-key={key}",
+            "--tfgrpc-tls-ca={other_ca}",
+        ),
+        ret=1,
+        lines=("*TLS handshake with 127.0.0.1:* failed*CERTIFICATE_VERIFY_FAILED*",),
+    ),
+    Case(
+        "tls-client-cert-from-stranger",
+        "E14",
+        MTLS_SERVER,
+        args=(
+            *QUICK,
+            "--tfgrpc-tls-cert={other_cert}",
+            "--tfgrpc-tls-key={other_key}",
+            "--tfgrpc-tls-ca={ca}",
+        ),
+        ret=1,
+        lines=("*TLS handshake with 127.0.0.1:* failed*the server closed the connection*",),
+    ),
+    Case(
+        "tls-no-client-cert",
+        "E14",
+        """
+from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.wire import client, security
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+import os, pytest
+
+def test_no_client_cert():
+    env = {{**os.environ, **security.TlsFiles("{cert}", "{key}", "{ca}").env()}}
+    with ServerProcess.start(resolve_fabric("lo"), env=env) as server:
+        security.use_tls(security.load_tls(security.TlsFiles(ca="{ca}")))
+        try:
+            with pytest.raises(client.BenchmarkError, match="TLS handshake"):
+                client.connect(server.target, timeout=2)
+        finally:
+            security.use_tls(None)
+""",
+        outcomes={"passed": 1},
+    ),
+    Case(
+        "standalone-server-tls-flags",
+        "I13.tls",
+        command=("--tls-cert", "{cert}"),
+        ret=2,
+        lines=("*--tls-cert needs --tls-key too*",),
+    ),
+    # --- E15-E20: the gate ------------------------------------------------------------------
+    Case(
+        "baseline-corrupt",
+        "E15",
+        GATE_SUITE,
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/base.xml"),
+        files={"base.xml": "<testsuites"},
+        ret=4,
+        lines=("*tfgrpc baseline*",),
+    ),
+    Case(
+        "baseline-corrupt-warn",
+        "E15",
+        GATE_SUITE,
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-bad-baseline=warn"),
+        files={"base.xml": "<testsuites"},
+        outcomes={"passed": 1},
+        lines=("*WARNING*",),
+    ),
+    Case(
+        "baseline-missing",
+        "E16",
+        GATE_SUITE,
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/none.xml"),
+        ret=4,
+        lines=("*none.xml*",),
+    ),
+    Case(
+        "gate-expression-bad",
+        "E18",
+        GATE_SUITE,
+        args=("--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-max-regression=p99:abc"),
+        files={"base.xml": "<testsuites/>"},
+        ret=4,
+        lines=("*p99:abc*",),
+    ),
+    Case(
+        "gate-metric-unknown",
+        "E18",
+        GATE_SUITE,
+        args=("--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-max-regression=p42:5%"),
+        files={"base.xml": "<testsuites/>"},
+        ret=4,
+        lines=("*p42*",),
+    ),
+    Case(
+        "budget-nan",
+        "E18",
+        sized("['1KiB']").replace(
+            "@pytest.mark.message_profile",
+            "@pytest.mark.budget(p99='nan ms')\n@pytest.mark.message_profile",
+        ),
+        ret=1,
+        lines=("*budget*nan*",),
+    ),
+    Case(
+        "baseline-from-another-host",
+        "E17",
+        GATE_SUITE,
+        baseline_args=QUICK,
+        baseline_edit=(
+            ('name="tfgrpc.meta.host" value="', 'name="tfgrpc.meta.host" value="elsewhere-'),
+        ),
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-max-regression=100000%"),
+        outcomes={"passed": 1},
+        lines=("*WARNING baseline setup differs: host: baseline elsewhere-*",),
+    ),
+    Case(
+        "baseline-from-another-host-refused",
+        "E17",
+        GATE_SUITE,
+        baseline_args=QUICK,
+        baseline_edit=(
+            ('name="tfgrpc.meta.host" value="', 'name="tfgrpc.meta.host" value="elsewhere-'),
+        ),
+        args=(*QUICK, "--tfgrpc-baseline={tmp}/base.xml", "--tfgrpc-baseline-mismatch=fail"),
+        ret=4,
+        lines=("*host: baseline elsewhere-*",),
+    ),
+    Case(
+        "too-few-samples-inconclusive",
+        "E19",
+        GATE_SUITE,
+        baseline_args=("--tfgrpc-iterations=3", "--tfgrpc-warmup=1"),
+        args=(
+            "--tfgrpc-iterations=3",
+            "--tfgrpc-warmup=1",
+            "--tfgrpc-baseline={tmp}/base.xml",
+            "--tfgrpc-inconclusive=fail",
+        ),
+        ret=1,
+        lines=("*inconclusive*",),
+    ),
+    Case(
+        "budget-failure-in-junit",
+        "E20",
+        BUDGET_FAIL,
+        args=QUICK,
+        ret=1,
+        outcomes={"failed": 1},
+        junit={"test_latency[lo]": ("tfgrpc.p2p_latency.1KiB.p50_us",)},
+    ),
+    # --- E21-E25, I13.signals, I13.values: results survive ----------------------------------
+    Case(
+        "numpy-record-property-xdist",
+        "E21/I13.values",
+        NUMPY_PROPERTY,
+        args=(*QUICK, "-n", "2"),
+        needs=("xdist",),
+        outcomes={"passed": 2},
+        junit={
+            "test_numpy": ("np_float", "np_int", "np_array", "odd", "3"),
+            "test_other[lo]": ("tfgrpc.p2p_latency.4B.*",),
+        },
+    ),
+    Case(
+        "sigterm-mid-session",
+        "E22/I13.signals",
+        SLOW,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl"),
+        sigterm_after=2,
+        ret=None,
+        junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",), "test_two[lo]": ()},
+        results=2,
+        absent=("*INTERNALERROR*",),
+        seconds=60,
+    ),
+    Case(
+        "sigterm-mid-session-xdist",
+        "E22/I13.signals",
+        SLOW,
+        args=(*QUICK, "-n", "2", "--tfgrpc-results={tmp}/results.jsonl"),
+        sigterm_after=2,
+        needs=("xdist",),
+        ret=None,
+        results=2,
+        absent=("*INTERNALERROR*",),
+        seconds=20,  # workers get the signal too, not only the controller
+        junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+    ),
+    Case(
+        "sigkill-leaves-no-stale-junit",
+        "E22/I13.signals",
+        SLOW,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl"),
+        files={"perf.xml": "<testsuites><testsuite name='last week'/></testsuites>"},
+        sigterm_after=2,
+        kill_signal=signal.SIGKILL,
+        ret=None,
+        results=2,
+        no_junit=True,
+        seconds=60,
+    ),
+    Case(
+        "xdist-worker-crash",
+        "E23",
+        CRASH,
+        args=(*QUICK, "-n", "2"),
+        needs=("xdist",),
+        ret=1,
+        lines=("*crashed*",),
+        absent=("*INTERNALERROR*",),
+        junit={"test_fine[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+    ),
+    Case(
+        "suite-metadata-xdist",
+        "E24",
+        LATENCY,
+        args=(*QUICK, "-n", "2"),
+        needs=("xdist",),
+        outcomes={"passed": 1},
+        junit={"<suite>": ("tfgrpc.meta.host", "tfgrpc.meta.fabrics")},
+    ),
+    *(
+        Case(
+            f"junit-family-{family}",
+            "E25",
+            LATENCY,
+            args=(*QUICK, "-o", f"junit_family={family}"),
+            outcomes={"passed": 1},
+            junit={"test_latency[lo]": ("tfgrpc.p2p_latency.4B.p50_us",)},
+        )
+        for family in ("xunit1", "xunit2")
+    ),
+    # --- E26: launch environments -------------------------------------------------------------
+    *(
+        Case(
+            f"tf-config-{name}-unused",
+            "E26",
+            PLAIN,
+            env={"TF_CONFIG": value},
+            outcomes={"passed": 1},
+        )
+        for name, value in TF_CONFIGS.items()
+    ),
+    Case(
+        "slurm-hostlists-unused",
+        "E26",
+        PLAIN,
+        env={"SLURM_JOB_NODELIST": "node[01-03,07]", "SLURM_TASKS_PER_NODE": "2(x3)"},
+        outcomes={"passed": 1},
+    ),
+    # --- E27, I13.coexistence ---------------------------------------------------------------
+    Case(
+        "own-fabric-option",
+        "E27/I13.coexistence",
+        OWN_FABRIC_OPTION_TEST,
+        files={"conftest.py": OWN_FABRIC_OPTION},
+        args=(*QUICK, "--fabric=production"),
+        outcomes={"passed": 1},
+        lines=("*--fabric is defined by this project*--tfgrpc-fabric*",),
+    ),
+    Case(
+        "own-fabric-option-and-tfgrpc-fabric",
+        "E27/I13.coexistence",
+        OWN_FABRIC_OPTION_TEST,
+        files={"conftest.py": OWN_FABRIC_OPTION},
+        args=(*QUICK, "--fabric=production", "--tfgrpc-fabric=lo"),
+        outcomes={"passed": 1},
+    ),
+    Case(
+        "own-fabric-fixture",
+        "E27/I13.coexistence",
+        OWN_FABRIC_FIXTURE,
+        args=QUICK,
+        outcomes={"passed": 2},
+        lines=("*test_mine PASSED*", "*test_theirs?lo? PASSED*"),
+        absent=("*test_mine?lo?*", "*INTERNALERROR*"),
+    ),
+    Case(
+        "with-pytest-benchmark",
+        "E27",
+        LATENCY,
+        args=QUICK,
+        needs=("pytest_benchmark",),
+        outcomes={"passed": 1},
+    ),
+    # --- I13.security, I13.consistency ----------------------------------------------------------
+    Case(
+        "oversize-and-unauthenticated-refused",
+        "I13.security",
+        GUARDED,
+        args=(*QUICK, "-s"),
+        outcomes={"passed": 1},
+        lines=(
+            "*REFUSED job control needs the token of the driver*none*",
+            "*REFUSED job control needs the token of the driver*wrong one*",
+        ),
+    ),
+    Case("ps-limit-fits-profile-and-fit", "I13.security", PROFILE_SGD, outcomes={"passed": 1}),
+    Case(
+        "stream-push-over-limit",
+        "I13.security",
+        OVER_LIMIT_STREAM,
+        ret=1,
+        lines=("*RESOURCE_EXHAUSTED: a pushed message of 4194304 B refused*at most 1024 B*",),
+        absent=("*INTERNALERROR*", "*Internal error from Core*"),
+    ),
+    Case(
+        "standalone-server-allocator",
+        "I13.consistency",
+        """
+import json, subprocess, sys
+import grpc
+from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire._proto import service_pb2
+
+def test_standalone_is_tuned():
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server",
+                             "--fabric", "lo", "--exit-on-stdin-eof"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        target = json.loads(proc.stdout.readline())["target"]
+        with grpc.insecure_channel(target) as channel:
+            reply = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=10)
+        env = dict(service_pb2.ServerStatus.FromString(reply).environment)
+        assert env["allocator"] == "tuned", env
+        assert env["mallopt.M_MMAP_THRESHOLD"] == str(32 << 20), env
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+""",
+        outcomes={"passed": 1},
+    ),
+)
+
+
+# --- making the placeholders -------------------------------------------------------------------
+class World:
+    """The placeholders rows use, made on first use and torn down at the end."""
+
+    def __init__(self, tmp: Path, stack: contextlib.ExitStack) -> None:
+        self.tmp = tmp
+        self.stack = stack
+        self.values: dict[str, str] = {"tmp": str(tmp)}
+        self._links: dict[str, Any] = {}
+
+    def fill(self, text: str) -> str:
+        for name in _placeholders(text):
+            if name not in self.values:
+                self.values.update(self._make(name))
+        return text.format(**self.values) if "{" in text else text
+
+    def _make(self, name: str) -> dict[str, str]:
+        if name in ("ca", "cert", "key", "other_ca", "other_cert", "other_key"):
+            return _certificates(self.tmp)
+        if name == "closed_port":
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                return {name: str(probe.getsockname()[1])}
+        if name == "tcp_port":
+            held = self.stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+            return {name: str(held.getsockname()[1])}
+        if name == "grpc_port":
+            from pytest_tfgrpc.servers.processes import ServerProcess
+            from pytest_tfgrpc.wire.fabric import resolve_fabric
+
+            server = self.stack.enter_context(ServerProcess.start(resolve_fabric("lo")))
+            return {name: server.target.rsplit(":", 1)[1]}
+        if name == "veth_slow_cluster":
+            return self._remote_over_slow_link()
+        if name.startswith("veth_"):
+            return {name: self._link(name)}
+        raise KeyError(f"no placeholder {name!r}")
+
+    def _remote_over_slow_link(self) -> dict[str, str]:
+        """A tensor server in a namespace behind a 1 Mbit/s veth link (traffic to an address
+        of this host would take loopback), named by a cluster spec."""
+        root_if = self.fill("{veth_slow}")
+        link = self._links[root_if]
+        command = link.ns_command(
+            [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric",
+             link.ns_if, "--exit-on-stdin-eof"]
+        )  # fmt: skip
+        server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.stack.callback(server.wait, 10)
+        self.stack.callback(server.stdin.close)  # type: ignore[union-attr]
+        target = json.loads(server.stdout.readline())["target"]  # type: ignore[union-attr]
+        spec = self.tmp / "slow_cluster.json"
+        spec.write_text(json.dumps({"cluster": {"ps": [target]}}))
+        return {"veth_slow_cluster": str(spec)}
+
+    def _link(self, name: str) -> str:
+        from netns import can_make_links, veth_link
+
+        ok, reason = can_make_links(shaping=name == "veth_slow")
+        if not ok:
+            pytest.skip(reason)
+        kind = {
+            "veth_bare": {"ipv4": False, "link_local": False},
+            "veth_ll": {"ipv4": False, "link_local": True, "ipv6": False},
+            "veth_down": {},
+            "veth_slow": {"rate": "1mbit"},
+        }[name]
+        link = self.stack.enter_context(veth_link(**kind))  # type: ignore[arg-type]
+        self._links[str(link.root_if)] = link
+        if name == "veth_down":
+            subprocess.run(["ip", "link", "set", link.root_if, "down"], check=True)
+        return str(link.root_if)
+
+
+def _placeholders(text: str) -> list[str]:
+    import string
+
+    return [f for _, f, _, _ in string.Formatter().parse(text) if f]
+
+
+def _certificates(tmp: Path) -> dict[str, str]:
+    trustme = pytest.importorskip("trustme")
+    out = {}
+    for prefix, ca in (("", trustme.CA()), ("other_", trustme.CA())):
+        leaf = ca.issue_cert("127.0.0.1", "::1", "localhost")
+        paths = {k: tmp / f"{prefix}{k}.pem" for k in ("ca", "cert", "key")}
+        ca.cert_pem.write_to_path(str(paths["ca"]))
+        leaf.private_key_pem.write_to_path(str(paths["key"]))
+        for i, pem in enumerate(leaf.cert_chain_pems):
+            pem.write_to_path(str(paths["cert"]), append=i > 0)
+        out.update({f"{prefix}{k}": str(v) for k, v in paths.items()})
+    return out
+
+
+# --- running a row ----------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    ret: int
+    text: str
+    seconds: float
+    xml: Path
+    results: Path
+
+
+def _needs(case: Case) -> None:
+    for need in case.needs:
+        if need == "root":
+            if os.geteuid() != 0:
+                pytest.skip("needs root (veth links)")
+        elif need == "native":
+            from pytest_tfgrpc.native import unavailable_reason
+
+            reason = unavailable_reason()
+            if reason is not None:
+                pytest.skip(reason)
+        else:
+            pytest.importorskip(need)
+
+
+def _run(case: Case, world: World, tmp: Path) -> Outcome:
+    xml = tmp / "perf.xml"
+    results = tmp / "results.jsonl"
+    for name, text in case.files.items():
+        (tmp / name).write_text(world.fill(text))
+    tag = uuid.uuid4().hex
+    env = {**os.environ, **case.env, "TFGRPC_FAULT": tag}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    if case.baseline_args is not None:
+        (tmp / "test_case.py").write_text(world.fill(case.suite))
+        base = tmp / "base.xml"
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
+             *case.baseline_args, str(tmp / "test_case.py")],
+            cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        text = base.read_text()
+        for old, new in case.baseline_edit:
+            assert old in text, f"{old!r} not in the baseline"
+            text = text.replace(old, new)
+        base.write_text(text)
+    if case.command:
+        argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric", "lo"]
+        argv += [world.fill(a) for a in case.command]
+    else:
+        (tmp / "test_case.py").write_text(world.fill(case.suite))
+        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-v"]
+        argv += [
+            f"--junitxml={xml}",
+            *(world.fill(a) for a in case.args),
+            str(tmp / "test_case.py"),
+        ]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    if case.sigterm_after is not None:
+        _signal_when(proc, results, case.sigterm_after, case.kill_signal)
+    try:
+        out, _ = proc.communicate(timeout=case.seconds or 300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{case.id}: still running after {case.seconds or 300} s:\n{out.decode()}")
+    seconds = time.monotonic() - start
+    _no_process_left(tag, case.id)
+    return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
+
+
+def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and len(results.read_text().splitlines()) >= lines:
+            time.sleep(0.5)  # inside the slow test now
+            proc.send_signal(signum)
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the results file never reached {lines} lines")
+
+
+def _no_process_left(tag: str, case: str) -> None:
+    """No process of the run (they all carry its tag in their environment) outlives it."""
+    needle = f"TFGRPC_FAULT={tag}".encode()
+    deadline = time.monotonic() + 3  # processes on their way out
+    while True:
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0") and stat.split(") ", 1)[1][0] != "Z":
+                alive.append(entry.name)
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(int(pid), signal.SIGKILL)
+    assert not alive, f"{case}: processes {alive} outlived the run"
+
+
+def _match(text: str, pattern: str) -> bool:
+    """fnmatch with ``[`` taken literally (test ids hold brackets)."""
+    return fnmatch.fnmatchcase(text, pattern.replace("[", "[[]"))
+
+
+def _junit(xml: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for suite in JUnitXml.fromfile(str(xml)):
+        out["<suite>"] = [p.name for p in suite.properties()]  # type: ignore[no-untyped-call]
+        for case in suite:
+            names = [p.name for p in case.properties()] if case.name else []  # type: ignore[attr-defined]
+            out[str(case.name)] = names
+    return out
+
+
+def _check(case: Case, world: World, outcome: Outcome) -> str:
+    text = outcome.text
+    if case.ret is not None:
+        assert outcome.ret == case.ret, f"exit {outcome.ret}, expected {case.ret}:\n{text}"
+    for pattern in case.lines:
+        pattern = world.fill(pattern)
+        assert any(_match(line, pattern) for line in text.splitlines()), (
+            f"no line matches {pattern!r}:\n{text}"
+        )
+    for pattern in case.absent:
+        assert not any(_match(line, pattern) for line in text.splitlines()), (
+            f"a line matches {pattern!r}:\n{text}"
+        )
+    if case.outcomes is not None:
+        for word, count in case.outcomes.items():
+            assert f"{count} {word}" in text.splitlines()[-1], f"{case.outcomes}:\n{text}"
+    if case.junit:
+        assert outcome.xml.exists(), f"no JUnit XML:\n{text}"
+        junit = _junit(outcome.xml)
+        for test, names in case.junit.items():
+            found = [k for k in junit if _match(k, test)]
+            assert found, f"no test case {test!r} in the JUnit XML: {sorted(junit)}\n{text}"
+            recorded = junit[found[0]]
+            for name in names:
+                assert any(_match(r, name) for r in recorded), (
+                    f"{found[0]}: no property {name!r} in {recorded}"
+                )
+    if case.no_junit:
+        assert not outcome.xml.exists(), outcome.xml.read_text()
+    if case.results is not None:
+        lines = outcome.results.read_text().splitlines() if outcome.results.exists() else []
+        assert len(lines) >= case.results, f"{len(lines)} results lines:\n{text}"
+        for line in lines:
+            json.loads(line)
+    if case.seconds is not None:
+        assert outcome.seconds < case.seconds
+    first = next(
+        (line for line in text.splitlines() if line.startswith(("E ", "ERROR", "FAILED"))), ""
+    )
+    return f"exit {outcome.ret} in {outcome.seconds:.1f} s; {first.strip()[:160]}"
+
+
+_LOG = Path(os.environ.get("TFGRPC_FAULT_LOG", "")) if os.environ.get("TFGRPC_FAULT_LOG") else None
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    with contextlib.ExitStack() as stack:
+        yield World(tmp_path, stack)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_fault(case: Case, world: World, tmp_path: Path) -> None:
+    _needs(case)
+    outcome = _run(case, world, tmp_path)
+    summary = _check(case, world, outcome)
+    if _LOG is not None:
+        with _LOG.open("a") as log:
+            log.write(f"{case.source}\t{case.id}\tok\t{summary}\n")
+
+
+def test_every_reference_case_has_a_row() -> None:
+    sources = {part for case in CASES for part in case.source.split("/")}
+    reference = {f"E{n}" for n in range(1, 28)}
+    assert reference <= sources, sorted(reference - sources)
+    kinds = {"deadlines", "partial", "signals", "values", "sizes", "coexistence"}
+    kinds |= {"consistency", "security", "tls"}
+    assert {f"I13.{k}" for k in kinds} <= sources, sorted({f"I13.{k}" for k in kinds} - sources)
