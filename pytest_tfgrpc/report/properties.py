@@ -19,7 +19,7 @@ A label ending in ``_floor`` is a raw-TCP transport floor (:func:`ParsedFigure.f
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor
@@ -35,9 +35,11 @@ __all__ = [
     "ParsedFigure",
     "figure_name",
     "figure_value",
+    "format_rounds",
     "label_property",
     "model_properties",
     "parse_figure",
+    "parse_rounds",
     "point_property",
     "read_figures",
     "result_properties",
@@ -50,6 +52,8 @@ TARGET = f"{PREFIX}target"
 #: Properties of a whole result label (``tfgrpc.<label>.<field>``), strings, not figures.
 LABEL_FIELDS = ("rpc", "mode", "settings", "topology")
 SKETCH = "sketch"
+#: ``tfgrpc.<label>.<key>.rounds``: the point's figures per round (:func:`format_rounds`).
+ROUNDS = "rounds"
 #: The point key of a model prediction (``tfgrpc.<label>.model.*``): no measurement.
 MODEL = "model"
 
@@ -189,4 +193,30 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
         # A compact sketch of every sample: what a later run's baseline gate tests against.
         sketch = Sketch.from_samples(point.samples_ns).to_string()
         out.append((point_property(label, key, SKETCH), sketch))
+        rounds = point.round_figures(rates=result.reports_rates)
+        if rounds:
+            out.append((point_property(label, key, ROUNDS), format_rounds(rounds)))
     return out + result.extra_properties()
+
+
+def format_rounds(rounds: Mapping[str, Sequence[float]]) -> str:
+    """Per-round figures as one property value, base units, 6 digits:
+    ``p50=2.77e+05,2.81e+05;p99=...`` (metric ``=`` one value per round, in order)."""
+    return ";".join(
+        f"{metric}={','.join(f'{value:.6g}' for value in values)}"
+        for metric, values in rounds.items()
+    )
+
+
+def parse_rounds(value: str) -> dict[str, tuple[float, ...]]:
+    """Read :func:`format_rounds`' value; ValueError naming what is wrong."""
+    out: dict[str, tuple[float, ...]] = {}
+    for item in filter(None, value.split(";")):
+        metric, equals, numbers = item.partition("=")
+        if not equals or not metric:
+            raise ValueError(f"round figures {item[:40]!r} are not <metric>=<v>,<v>,...")
+        try:
+            out[metric] = tuple(float(x) for x in numbers.split(","))
+        except ValueError:
+            raise ValueError(f"round figures of {metric}: not numbers: {numbers[:40]!r}") from None
+    return out
