@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -20,8 +21,10 @@ from pytest_tfgrpc.report.properties import (
     FABRIC,
     META_PREFIX,
     PREFIX,
+    ROUNDS,
     SKETCH,
     parse_figure,
+    parse_rounds,
 )
 from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.units import parse_size
@@ -34,6 +37,7 @@ __all__ = [
     "Measurement",
     "junit_test_id",
     "load_baseline",
+    "load_history",
     "measurements_from_properties",
     "read_junit",
 ]
@@ -70,7 +74,8 @@ class Measurement:
 
     ``figures`` are in base units (ns, B/s; ``samples`` a count), keyed by metric name without
     its unit (``p99``, ``throughput``); ``sketch`` is the sketch of the duration samples, or
-    None when the run recorded none.
+    None when the run recorded none; ``rounds`` the figures of each round of a point measured
+    in rounds (metric -> one value per round, base units), empty otherwise.
     """
 
     key: Key
@@ -78,6 +83,7 @@ class Measurement:
     sketch: Sketch | None = None
     rpc: str = ""
     mode: str = ""
+    rounds: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def samples(self) -> int:
@@ -146,6 +152,7 @@ def measurements_from_properties(
     fabric = next((v for n, v in props if n == FABRIC), "")
     figures: dict[tuple[str, str], dict[str, float]] = {}
     sketches: dict[tuple[str, str], Sketch] = {}
+    rounds: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {}
     how: dict[str, dict[str, str]] = {}
     for name, value in props:
         if not name.startswith(PREFIX) or name.startswith(META_PREFIX):
@@ -157,6 +164,11 @@ def measurements_from_properties(
         elif len(parts) == 3 and parts[2] == SKETCH:
             try:
                 sketches[(parts[0], parts[1])] = Sketch.from_string(value)
+            except ValueError as error:
+                raise BaselineError(f"{where}: {error}") from None
+        elif len(parts) == 3 and parts[2] == ROUNDS:
+            try:
+                rounds[(parts[0], parts[1])] = parse_rounds(value)
             except ValueError as error:
                 raise BaselineError(f"{where}: {error}") from None
         elif (at := parse_figure(name)) is not None and not at.scope:
@@ -174,6 +186,7 @@ def measurements_from_properties(
             sketches.get((label, size)),
             how.get(label, {}).get("rpc", ""),
             how.get(label, {}).get("mode", ""),
+            MappingProxyType(rounds.get((label, size), {})),
         )
     return out
 
@@ -278,3 +291,56 @@ def _properties(element: Any) -> list[tuple[str, str]]:
 def _add_meta(meta: dict[str, str], name: str, value: str) -> None:
     if name.startswith(META_PREFIX):
         meta.setdefault(name[len(META_PREFIX) :], value)
+
+
+#: How a results file names the run each record belongs to (see :class:`ResultLog`).
+RUN_FIELD = "run"
+
+
+def _results_history(path: Path) -> list[Baseline]:
+    """The runs of a results file (``--tfgrpc-results``), one :class:`Baseline` per run id in
+    file order (records of a run that recorded no id form one run)."""
+    from pytest_tfgrpc.report.results_file import read_results
+
+    try:
+        records = read_results(path)
+    except OSError as error:
+        raise BaselineError(f"baseline {path} cannot be read: {error.strerror or error}") from None
+    runs: dict[str, dict[Key, Measurement]] = {}
+    for record in records:
+        named = record.get("properties") or {}
+        pairs = [*named.items(), *((n, v) for n, v in record.get("repeated") or [])]
+        test = junit_test_id(str(record.get("test", "")))
+        where = f"baseline {path}"
+        found = measurements_from_properties(test, [(n, str(v)) for n, v in pairs], where)
+        runs.setdefault(str(record.get(RUN_FIELD) or ""), {}).update(found)
+    out = [
+        Baseline(f"{path}#{run or 'run'}", MappingProxyType(found))
+        for run, found in runs.items()
+        if found
+    ]
+    if not out:
+        raise BaselineError(f"baseline {path} holds no tfgrpc figures ({len(records)} records)")
+    return out
+
+
+def load_history(paths: Iterable[str | os.PathLike[str]]) -> tuple[Baseline, ...]:
+    """Earlier runs to gate against, oldest first: each path a JUnit file, a results file
+    (``.jsonl``/``.json``, one run per run id) or a directory (its ``*.xml`` files, by name:
+    name them so that they sort by time, ``run-0001.xml``). Raises :class:`BaselineError`
+    for a path that holds no usable run (:func:`load_baseline`)."""
+    runs: list[Baseline] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix == ".xml" and p.is_file())
+            if not files:
+                raise BaselineError(f"baseline directory {path} holds no *.xml file")
+            runs += [load_baseline(p) for p in files]
+        elif path.suffix in (".jsonl", ".json"):
+            runs += _results_history(path)
+        else:
+            runs.append(load_baseline(path))
+    if not runs:
+        raise BaselineError("no baseline given")
+    return tuple(runs)
