@@ -3,11 +3,17 @@ verdicts, gathered from test reports (so pytest-xdist workers' figures arrive to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
+from _pytest.junitxml import xml_key
 
-from pytest_tfgrpc.report.gate import BaselineGate
+from pytest_tfgrpc.report.gate import (
+    BaselineGate,
+    compared_count,
+    finish_lines,
+    unmatched_figures,
+)
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
 from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
@@ -29,8 +35,16 @@ class SummaryReporter:
         gate: BaselineGate | None,
         results: ResultLog | None,
         plot_dir: str | None,
+        junit_name: Callable[[str], str] = str,
     ) -> None:
         self.fabrics = tuple(fabrics)
+        self.junit_name = junit_name
+        #: JUnit id -> properties of every test that reported, and the deselected tests' ids.
+        self.ran: dict[str, list[tuple[str, object]]] = {}
+        self.deselected: set[str] = set()
+        self.compared = 0
+        self.coverage: list[str] = []
+        self.gate_failure: str | None = None
         self.gate = gate
         self.results = results
         self.plot_dir = plot_dir
@@ -51,7 +65,13 @@ class SummaryReporter:
         self._outcomes[report.nodeid] = state
         return state
 
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        self.deselected.update(self.junit_name(item.nodeid) for item in items)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = self.ran.setdefault(self.junit_name(report.nodeid), [])
+        if report.when in ("call", "teardown"):
+            props[:] = list(report.user_properties)
         outcome, duration = self._track(report)
         if report.when != "teardown":
             return
@@ -64,6 +84,7 @@ class SummaryReporter:
                 properties=report.user_properties,
                 worker=getattr(report, "worker_id", None),
             )
+        self.compared += compared_count(report.user_properties)
         if not report.user_properties:
             return
         self.figures[report.nodeid] = list(report.user_properties)
@@ -77,6 +98,25 @@ class SummaryReporter:
                 reason = properties.get(f"{name}_reason", "")
                 figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
                 self.notes.append(f"{value}: {report.nodeid} {figure} {reason}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Before pytest's JUnit writer (it writes in its own sessionfinish): say in the XML
+        # and the exit status what the baseline had that this run did not compare.
+        if self.gate is None or self.gate.baseline is None:
+            return
+        unmatched = unmatched_figures(self.gate.history, self.ran, self.deselected, self.fabrics)
+        self.coverage, self.gate_failure = finish_lines(self.gate, unmatched, self.compared)
+        logxml = session.config.stash.get(xml_key, None)
+        if logxml is not None:
+            logxml.add_global_property(f"{PREFIX}gate.compared", str(self.compared))
+            logxml.add_global_property(f"{PREFIX}gate.not_compared", str(len(unmatched)))
+            for u in unmatched:
+                logxml.add_global_property(f"{PREFIX}gate.not_compared.item", u.describe())
+            if self.gate_failure:
+                logxml.add_global_property(f"{PREFIX}gate.failure", self.gate_failure)
+        if self.gate_failure and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.rows:
@@ -102,7 +142,11 @@ class SummaryReporter:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.verdicts.items()))
         terminalreporter.write_line(f"figures compared: {counts or 'none'}")
         for note in self.notes:
-            terminalreporter.write_line(note, red=note.startswith("regression"))
+            terminalreporter.write_line(note, red=note.startswith(("regression", "invalid")))
+        for line in self.coverage:
+            terminalreporter.write_line(line, yellow=line.startswith("not compared"))
+        if self.gate_failure:
+            terminalreporter.write_line(f"FAILED {self.gate_failure}", red=True, bold=True)
 
     def close(self) -> None:
         if self.results is not None:

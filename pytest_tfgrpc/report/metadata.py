@@ -111,6 +111,20 @@ def fabric_metadata(
     return out
 
 
+def _cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
+    """The CPU's model name as the kernel reports it, else the platform's processor name,
+    else ``unknown``."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                name, colon, value = line.partition(":")
+                if colon and name.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def run_metadata(
     fabrics: Iterable[Fabric],
     *,
@@ -130,6 +144,8 @@ def run_metadata(
     out = {
         f"{META_PREFIX}host": socket.gethostname(),
         f"{META_PREFIX}platform": platform.platform(),
+        f"{META_PREFIX}kernel": platform.release(),
+        f"{META_PREFIX}cpu_model": _cpu_model(),
         f"{META_PREFIX}python": platform.python_version(),
         f"{META_PREFIX}cpus": _text(os.cpu_count()),
         f"{META_PREFIX}cpus_usable": _text(_usable_cpus()),
