@@ -146,6 +146,7 @@ def compare_figure(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     earlier: Sequence[Measurement] = (),
+    family: int = 1,
 ) -> Verdict:
     """Compare one figure of one test, fabric, label and size between two runs.
 
@@ -153,7 +154,12 @@ def compare_figure(
     rounds or runs, not samples (:func:`~pytest_tfgrpc.stats.replicates.replicate_test`):
     ``earlier`` are older baseline runs' measurements of the same point, whose spread between
     runs the test then uses (``baseline`` is the most recent). A zero, negative, NaN or
-    infinite figure or round is :attr:`Outcome.INVALID`. Without rounds:
+    infinite figure or round is :attr:`Outcome.INVALID`. ``family`` is how many figures the
+    caller tests together (a test's): the replicate test runs at ``alpha / family``
+    (Bonferroni), so that a run of many figures fails unchanged code no more often than
+    ``alpha`` says. With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
+    baseline runs the spread between runs is unknown: a change beyond the tolerance is then
+    inconclusive, never a regression. Without rounds:
 
     The change is taken from the recorded figures; its significance from the sketches, by
     the test the registry names for the metric (see the module docstring). Regression: worse
@@ -214,7 +220,12 @@ def compare_figure(
     runs = [m.rounds[metric] for m in (*earlier, baseline) if len(m.rounds.get(metric, ())) > 1]
     if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
         return _replicated(
-            verdict, current.rounds[metric], runs, gated.higher_is_better, tolerance, alpha
+            verdict,
+            current.rounds[metric],
+            runs,
+            gated.higher_is_better,
+            tolerance,
+            alpha / max(family, 1),
         )
     if gated.gate is GateTest.RATIO:
         # A figure the run fixes (a placement's imbalance): any change is real.
@@ -338,13 +349,17 @@ def _replicated(
     limit = f"{_percent(tolerance)} tolerance"
     seen = f"could detect >= {max(tolerance, test.detectable):.1%}"
     evidence = f"{test.method}, {test.rounds} rounds, p={test.p_value:.2g}; {seen}"
-    if test.runs < MIN_HISTORY:
-        evidence += (
-            f"; {test.runs} baseline run{'s' if test.runs > 1 else ''}: the spread between runs "
-            f"is not known below {MIN_HISTORY}, the tolerance must cover it"
-        )
     moved = _pct(test.change)
     significant = test.direction != 0 and (test.direction > 0) == (test.change > 0)
+    if abs(worse) > tolerance and test.runs < MIN_HISTORY:
+        return verdict(
+            Outcome.INCONCLUSIVE,
+            f"{moved} is beyond the {limit}, but {test.runs} baseline "
+            f"run{'s' if test.runs > 1 else ''} cannot tell it from the spread between runs: "
+            f"give >= {MIN_HISTORY} runs ({evidence}; "
+            f"{'significant' if significant else 'not significant'} within runs)",
+            **found,
+        )
     if abs(worse) > tolerance and significant:
         outcome = Outcome.REGRESSION if bad else Outcome.IMPROVEMENT
         side = "worse" if bad else "better"
@@ -421,6 +436,13 @@ def _compare_measurements(
     mismatches: list[Mismatch] = []
     metrics = gated_metrics(tolerances)
     known = set().union(*(run.keys() for run in history)) if history else set()
+    # The figures tested together: a test's, in pytest and in tfgrpc-compare alike.
+    family: dict[str, int] = {}
+    for key in known & new.keys():
+        tested = [
+            m for m in metrics if m in new[key].rounds and GATED[m].gate is not GateTest.RATIO
+        ]
+        family[key.test] = family.get(key.test, 0) + len(tested)
     for key in sorted(known & new.keys(), key=Key.order):
         runs = [run[key] for run in history if key in run]
         base, cur = runs[-1], new[key]
@@ -443,6 +465,7 @@ def _compare_measurements(
                     resamples=resamples,
                     seed=seed,
                     earlier=runs[:-1],
+                    family=family.get(key.test, 1),
                 )
             )
     return verdicts, mismatches

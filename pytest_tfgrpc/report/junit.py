@@ -219,12 +219,17 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
 
     where = f"{what} {os.fspath(path)}"
     try:
-        xml = JUnitXml.fromfile(os.fspath(path))
+        xml = JUnitXml.fromfile(os.fspath(path), parse_func=_parse_xml)
     except FileNotFoundError:
         raise BaselineError(f"{where} does not exist") from None
     except OSError as error:
         raise BaselineError(f"{where} cannot be read: {error.strerror or error}") from None
     except SyntaxError as error:  # ElementTree's ParseError (and lxml's) derive from it
+        if _resource_limit(error):
+            raise BaselineError(
+                f"{where} exceeds the XML parser's resource limits (the file is not known to "
+                f"be corrupt): {error}"
+            ) from None
         raise BaselineError(
             f"{where} is not well-formed XML, truncated or corrupt? ({error})"
         ) from None
@@ -245,6 +250,28 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
             test = f"{case.classname}.{case.name}" if case.classname else str(case.name)
             cases.append(JUnitCase(test, tuple(_properties(case))))
     return JUnitRun(os.fspath(path), tuple(cases), tuple(suite_properties), hostname)
+
+
+#: Words of libxml2's messages for a document beyond its limits, not a broken one.
+_LIMIT_WORDS = ("huge", "resource limit", "excessive", "too large", "limit exceeded")
+
+
+def _resource_limit(error: BaseException) -> bool:
+    return any(word in str(error).lower() for word in _LIMIT_WORDS)
+
+
+def _parse_xml(path: str) -> Any:
+    """Parse with the library junitparser itself picked (its ``etree``): lxml, when it is
+    installed, with ``huge_tree`` so that a text node over 10 MB (the output of a test that
+    printed a lot) is read and not rejected as malformed, entities not resolved and no network;
+    else the standard library, which has no such limit."""
+    from junitparser import junitparser as implementation
+
+    etree: Any = implementation.etree
+    if getattr(etree, "__name__", "").startswith("lxml"):
+        parser = etree.XMLParser(huge_tree=True, resolve_entities=False, no_network=True)
+        return etree.parse(path, parser)
+    return etree.parse(path)
 
 
 def _suites(xml: Any) -> Iterator[Any]:
