@@ -442,15 +442,19 @@ def test_without_sketches_there_is_no_verdict(tmp_path: Path) -> None:
     assert "tfgrpc.p2p_latency.1KiB.sketch" in p50.reason
 
 
-def test_missing_nan_and_zero_figures_are_inconclusive() -> None:
+def test_a_missing_figure_is_inconclusive_a_degenerate_one_invalid() -> None:
     key = Key("t", "lo", "p2p_latency", "1KiB")
     sketch = Sketch.from_samples(latencies(100, 1))
     good = Measurement(key, {"p50": 5.0}, sketch)
-    for figures, reason in [({}, "no p50 figure"), ({"p50": math.nan}, "is nan")]:
-        verdict = compare_figure(Measurement(key, figures, sketch), good, "p50", 0.1)
-        assert verdict.outcome is Outcome.INCONCLUSIVE and reason in verdict.reason
-    zero = compare_figure(Measurement(key, {"p50": 0.0}, sketch), good, "p50", 0.1)
-    assert zero.outcome is Outcome.INCONCLUSIVE and "is 0" in zero.reason
+    missing = compare_figure(Measurement(key, {}, sketch), good, "p50", 0.1)
+    assert missing.outcome is Outcome.INCONCLUSIVE and "no p50 figure" in missing.reason
+    bad_values = [(math.nan, "is nan"), (0.0, "is 0"), (-3.0, "is -3"), (math.inf, "is inf")]
+    for value, reason in bad_values:
+        for old, new in [(Measurement(key, {"p50": value}, sketch), good),
+                         (good, Measurement(key, {"p50": value}, sketch))]:  # fmt: skip
+            verdict = compare_figure(old, new, "p50", 0.1)
+            assert verdict.outcome is Outcome.INVALID, (value, verdict)
+            assert reason in verdict.reason and "not a measurement" in verdict.reason
 
 
 def test_missing_and_new_measurements_are_listed(tmp_path: Path) -> None:
@@ -603,9 +607,11 @@ def test_format_comparison_is_an_aligned_table_with_reasons(tmp_path: Path) -> N
     lines = format_comparison(compare_runs(base, cur, {}))
     header, *rows = lines[:3]
     assert header.split() == [
-        "test", "benchmark", "fabric", "size", "metric", "baseline", "current", "change", "verdict"
+        "test", "benchmark", "fabric", "size", "metric", "baseline", "current", "change",
+        "detectable", "verdict",
     ]  # fmt: skip
     assert all(row.split()[-1] == "REGRESSION" for row in rows)
+    assert all(row.split()[-2].startswith(">=") for row in rows)
     assert len({row.index("1KiB") for row in rows}) == 1
     assert header.index("change") + len("change") == rows[0].index("%") + 1
     assert lines[3].startswith(f"regression: {TEST} on lo: p2p_latency 1KiB p50: +")

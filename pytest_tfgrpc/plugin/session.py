@@ -161,8 +161,7 @@ def start(config: pytest.Config) -> RunState:
         server_env = apply_policy(policy)
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
-    meta = run_metadata(fabrics)
-    meta[f"{META_PREFIX}allocator"] = str(policy)
+    meta = run_metadata(fabrics, allocator=str(policy))
     workerinput = getattr(config, "workerinput", None)
     run_id = str(workerinput.get(RUN_ID_KEY, "")) if workerinput else ""
     meta[f"{META_PREFIX}{RUN_ID}"] = run_id or new_run_id()

@@ -39,7 +39,7 @@ from pytest_tfgrpc.report.properties import PREFIX, SKETCH
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
-from pytest_tfgrpc.stats.replicates import MIN_HISTORY, invalid_values, replicate_test
+from pytest_tfgrpc.stats.replicates import invalid_values, replicate_test
 from pytest_tfgrpc.stats.significance import (
     DEFAULT_ALPHA,
     DEFAULT_RESAMPLES,
@@ -158,8 +158,8 @@ def compare_figure(
     caller tests together (a test's): the replicate test runs at ``alpha / family``
     (Bonferroni), so that a run of many figures fails unchanged code no more often than
     ``alpha`` says. With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
-    baseline runs the spread between runs is unknown: a change beyond the tolerance is then
-    inconclusive, never a regression. Without rounds:
+    baseline runs the spread between runs is unknown and taken as one round's. Without
+    rounds:
 
     The change is taken from the recorded figures; its significance from the sketches, by
     the test the registry names for the metric (see the module docstring). Regression: worse
@@ -351,15 +351,6 @@ def _replicated(
     evidence = f"{test.method}, {test.rounds} rounds, p={test.p_value:.2g}; {seen}"
     moved = _pct(test.change)
     significant = test.direction != 0 and (test.direction > 0) == (test.change > 0)
-    if abs(worse) > tolerance and test.runs < MIN_HISTORY:
-        return verdict(
-            Outcome.INCONCLUSIVE,
-            f"{moved} is beyond the {limit}, but {test.runs} baseline "
-            f"run{'s' if test.runs > 1 else ''} cannot tell it from the spread between runs: "
-            f"give >= {MIN_HISTORY} runs ({evidence}; "
-            f"{'significant' if significant else 'not significant'} within runs)",
-            **found,
-        )
     if abs(worse) > tolerance and significant:
         outcome = Outcome.REGRESSION if bad else Outcome.IMPROVEMENT
         side = "worse" if bad else "better"

@@ -218,6 +218,8 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
     from junitparser.xunit2 import JUnitXml
 
     where = f"{what} {os.fspath(path)}"
+    if not os.path.lexists(path):  # lxml says so as an OSError of its own wording
+        raise BaselineError(f"{where} does not exist")
     try:
         xml = JUnitXml.fromfile(os.fspath(path), parse_func=_parse_xml)
     except FileNotFoundError:

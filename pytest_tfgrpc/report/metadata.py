@@ -130,6 +130,7 @@ def run_metadata(
     *,
     environ: Mapping[str, str] | None = None,
     sys_net: str | os.PathLike[str] = _SYS_NET,
+    allocator: str = "default",
 ) -> dict[str, str]:
     """The metadata of this run on ``fabrics``, as ``{property name: value}``, all strings.
 
@@ -137,7 +138,7 @@ def run_metadata(
     (``MALLOC_*``) and pytest-xdist's ``PYTEST_XDIST_WORKER`` and
     ``PYTEST_XDIST_WORKER_COUNT``. Versions are those of the installed distributions
     (``not installed`` for a missing one); a figure the system does not report is
-    ``unknown``.
+    ``unknown``. ``allocator`` is the run's allocator policy (``--tfgrpc-allocator``).
     """
     env = os.environ if environ is None else environ
     fabrics = tuple(fabrics)
@@ -146,6 +147,7 @@ def run_metadata(
         f"{META_PREFIX}platform": platform.platform(),
         f"{META_PREFIX}kernel": platform.release(),
         f"{META_PREFIX}cpu_model": _cpu_model(),
+        f"{META_PREFIX}allocator": allocator,
         f"{META_PREFIX}python": platform.python_version(),
         f"{META_PREFIX}cpus": _text(os.cpu_count()),
         f"{META_PREFIX}cpus_usable": _text(_usable_cpus()),

@@ -15,9 +15,10 @@ scale, so that a change is a ratio whichever the unit.
   Student t prediction interval (``k - 1`` degrees of freedom), as conbench's lookback z-score
   and Bencher's t-test threshold do; the spread is never taken below the current run's own
   standard error (its rounds' spread over sqrt(rounds)).
-- fewer baseline runs: the spread between runs is unknown; the rounds of the current run are
-  tested against the rounds of the baseline runs with Welch's t-test. That sees the noise
-  within a run, not the drift between runs, which the tolerance must then cover.
+- fewer baseline runs: the spread between runs is unknown; it is taken to be the spread of
+  one round (the rounds' pooled standard deviation, *not* divided by the number of rounds),
+  with the rounds' degrees of freedom. Rounds are short, so runs usually vary more than that:
+  the tolerance must cover the rest, and a history of runs is better.
 
 Either way the result carries the **detectable change**: the smallest ratio the test would
 call significant at that noise (gRPC's ``bm_diff`` reports the same idea).
@@ -117,15 +118,14 @@ def replicate_test(
         method = f"t-test across {k} baseline runs"
         shift = cur_value - center
     else:
-        pooled = np.concatenate(runs)
-        var_c, var_b = float(np.var(cur, ddof=1)), float(np.var(pooled, ddof=1))
-        a, b = var_c / n, var_b / len(pooled)
-        se = math.sqrt(a + b)
-        # Welch-Satterthwaite degrees of freedom.
-        denominator = (a * a / (n - 1) if a else 0.0) + (b * b / (len(pooled) - 1) if b else 0.0)
-        df = (a + b) ** 2 / denominator if denominator else float(n + len(pooled) - 2)
-        method = f"Welch t-test across rounds ({k} baseline run{'s' if k > 1 else ''})"
-        shift = float(np.mean(cur) - np.mean(pooled))
+        # The spread between runs is unknown: assume a run's value varies between runs as
+        # much as one round's does (the rounds' pooled spread, not divided by their count).
+        every = [cur, *runs]
+        df = float(sum(len(r) - 1 for r in every))
+        pooled = sum(float(np.var(r, ddof=1)) * (len(r) - 1) for r in every) / df
+        se = math.sqrt(pooled) * math.sqrt(1.0 + 1.0 / k)
+        method = f"t-test, {k} baseline run{'s' if k > 1 else ''}: run spread taken as a round's"
+        shift = cur_value - center
     critical = float(stats.t.ppf(1.0 - alpha / 2.0, df))
     if se > 0:
         t = shift / se
