@@ -40,7 +40,7 @@ def measurement(values: tuple[float, ...], key: Key = KEY) -> Measurement:
     return Measurement(key, {"p50": float(np.median(values))}, None, rounds={"p50": values})
 
 
-# --- the replicate test ------------------------------------------------------------------------
+# --- the replicate test -----------------------------------------------------------------------
 
 
 def test_history_of_runs_uses_the_spread_between_runs() -> None:
@@ -106,7 +106,7 @@ def test_a_family_of_figures_is_tested_at_a_stricter_level() -> None:
     assert of_ten.detectable > alone.detectable
 
 
-# --- rounds in the loop and the properties -------------------------------------------------------
+# --- rounds in the loop and the properties ----------------------------------------------------
 
 
 def test_round_spec_shares_count_and_time() -> None:
@@ -133,7 +133,7 @@ def test_rounds_are_recorded_and_read_back() -> None:
             parse_rounds(bad)
 
 
-# --- histories and what was not compared -----------------------------------------------------------
+# --- histories and what was not compared ------------------------------------------------------
 
 
 def write_run(path: Path, tests: dict[str, dict[str, str]], meta: dict[str, str]) -> Path:
@@ -170,7 +170,8 @@ def test_a_directory_and_a_results_file_are_histories(tmp_path: Path) -> None:
         write_run(runs / f"run-{i:03d}.xml", {"t.test_a[lo]": props_of(300e3, i)}, {"host": "h"})
     history = load_history([runs])
     assert [Path(r.source).name for r in history] == [f"run-{i:03d}.xml" for i in range(4)]
-    current = load_baseline(write_run(tmp_path / "new.xml", {"t.test_a[lo]": props_of(600e3, 9)}, {"host": "h"}))  # fmt: skip
+    new = write_run(tmp_path / "new.xml", {"t.test_a[lo]": props_of(600e3, 9)}, {"host": "h"})
+    current = load_baseline(new)
     comparison = compare_runs(history, current, {})
     assert [v.outcome for v in comparison.verdicts] == [Outcome.REGRESSION]
     assert comparison.verdicts[0].runs == 4
@@ -236,7 +237,7 @@ def test_trends_find_a_change_point_with_otava(tmp_path: Path) -> None:
         trends(runs, ["max"])
 
 
-# --- the JUnit reader ------------------------------------------------------------------------------
+# --- the JUnit reader -------------------------------------------------------------------------
 
 
 def test_an_11_mb_junit_file_reads_with_lxml(tmp_path: Path) -> None:
@@ -246,8 +247,8 @@ def test_an_11_mb_junit_file_reads_with_lxml(tmp_path: Path) -> None:
     assert implementation.etree.__name__ == "lxml.etree"  # junitparser picked lxml
     big = "x" * (11 * 1024 * 1024)
     path = write_run(tmp_path / "big.xml", {"t.test_a[lo]": props_of(3e5, 1)}, {"host": "h"})
-    text = path.read_text().replace("</properties></testcase>", f"</properties><system-out>{big}</system-out></testcase>")  # fmt: skip
-    path.write_text(text)
+    out = f"</properties><system-out>{big}</system-out></testcase>"
+    path.write_text(path.read_text().replace("</properties></testcase>", out))
     assert path.stat().st_size > 11 * 1024 * 1024
     assert [c.test for c in read_junit(path).cases] == ["t.test_a[lo]"]
     assert load_baseline(path).measurements

@@ -141,7 +141,9 @@ def test_identity_drift_is_loud(pytester: pytest.Pytester) -> None:
     pytester.runpytest(*QUICK, "--junitxml=sub.xml", "--rootdir", str(sub), str(sub))
     moved = pytester.runpytest(*QUICK, "--tfgrpc-baseline=sub.xml", "sub")
     assert moved.ret == pytest.ExitCode.TESTS_FAILED
-    moved.stdout.fnmatch_lines(["*not compared: test_perf.test_a?lo?*sub.test_perf.test_a?lo? looks like it*"])  # fmt: skip
+    moved.stdout.fnmatch_lines(
+        ["*not compared: test_perf.test_a?lo?*sub.test_perf.test_a?lo? looks like it*"]
+    )
 
 
 ZERO_CLOCK = """
@@ -222,10 +224,7 @@ def test_concurrent_runs_take_turns_and_say_so(pytester: pytest.Pytester, tmp_pa
     assert f'"run": "{second_id}"' in (pytester.path / "second.jsonl").read_text()
 
 
-CI_  #: Where a test is about which figures are compared, not their noise (3 samples a round).
-WIDE = ("--tfgrpc-max-regression=1000%",)
-
-SUITE = """
+CI_SUITE = """
 import pytest
 from pytest_tfgrpc.servers.processes import ServerProcess
 
