@@ -253,7 +253,7 @@ def _measure_rounds(
     cpu: list[dict[str, CpuTime]] = [{} for _ in checked]
     order = list(range(len(checked)))
     shuffle = random.Random(len(checked)).shuffle
-    for round_index in range(run.rounds):
+    for round_index in range(run.round_count):
         spec = run.round_spec(round_index)
         for index in order:
             tensor = tensors[index]

@@ -49,14 +49,21 @@ class RunSpec:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"rounds must be a whole number >= 1, not {self.rounds!r}")
 
+    @property
+    def round_count(self) -> int:
+        """The rounds actually measured: :attr:`rounds`, but never more than the operations."""
+        return max(1, min(self.rounds, self.iterations))
+
     def round_spec(self, index: int) -> RunSpec:
-        """The spec of round ``index`` (from 0) of :attr:`rounds`: a share of the count and of
-        the time; the first round warms up in full, later ones (a new channel each) briefly."""
-        if self.rounds == 1:
+        """The spec of round ``index`` (from 0) of :attr:`round_count`: the count shared out
+        so that the rounds add up to ``iterations`` exactly, a share of the time; the first
+        round warms up in full, later ones (on a warm channel) briefly."""
+        share = self.round_count
+        if share == 1:
             return self
-        share = self.rounds
+        count, extra = divmod(self.iterations, share)
         return RunSpec(
-            iterations=max(1, -(-self.iterations // share)),
+            iterations=count + (1 if index < extra else 0),
             warmup=self.warmup if index == 0 else min(self.warmup, max(1, self.warmup // share)),
             max_seconds=self.max_seconds / share,
             warmup_seconds=self.warmup_seconds if index == 0 else self.warmup_seconds / share,

@@ -75,7 +75,7 @@ def _value(run: Baseline, key: Key, metric: str) -> float:
 
 def _detect(values: Sequence[float], max_pvalue: float, window: int) -> tuple[ChangePoint, ...]:
     try:
-        from otava.analysis import compute_change_points
+        from otava.analysis import compute_change_points  # type: ignore[import-untyped]
     except ImportError:
         raise HistoryUnavailableError(
             "change points need Apache Otava: pip install 'pytest-tfgrpc[history]'"

@@ -269,7 +269,7 @@ def _parse_xml(path: str) -> Any:
     else the standard library, which has no such limit."""
     from junitparser import junitparser as implementation
 
-    etree: Any = implementation.etree
+    etree: Any = getattr(implementation, "etree")  # noqa: B009 (not re-exported)
     if getattr(etree, "__name__", "").startswith("lxml"):
         parser = etree.XMLParser(huge_tree=True, resolve_entities=False, no_network=True)
         return etree.parse(path, parser)
