@@ -13,10 +13,11 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -39,6 +40,8 @@ from pytest_tfgrpc.wire.client import (
 )
 from pytest_tfgrpc.wire.schemes import Payload, payload_message
 from pytest_tfgrpc.wire.tensors import Tensor
+
+_T = TypeVar("_T")
 
 RPCS = ("unary", "stream")
 DIRECTIONS = ("push", "pull")
@@ -138,12 +141,19 @@ async def _stream(
 
 class _Channels:
     """One connected channel per tensor, opened at its first round and kept for the others
-    (a reconnect per round would time connection setup into the rounds' warm-up); all
-    closed on the way out."""
+    (a reconnect per round would time connection setup into the rounds' warm-up), and one
+    event loop for the stream rounds (:meth:`run`); all closed on the way out."""
 
     def __init__(self, target: str) -> None:
         self.target = target
         self._open: dict[int, grpc.Channel] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a round's coroutine on the call's one event loop."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return run_async(coro, self._loop)
 
     def get(self, tensor: Tensor) -> grpc.Channel:
         channel = self._open.get(id(tensor))
@@ -157,6 +167,9 @@ class _Channels:
     def __exit__(self, *exc: object) -> None:
         while self._open:
             self._open.popitem()[1].close()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
 
 # --- latency -------------------------------------------------------------------------------
@@ -224,7 +237,7 @@ def _measure_each(
     progress: Progress | None,
     run: RunSpec,
 ) -> tuple[SizeResult, ...]:
-    """Measure every message in ``run.rounds`` rounds, each round visiting every message once
+    """Measure every message in ``run.round_count`` rounds, each round visiting every message once
     in a new order (Google Benchmark's random interleaving, seeded), so that drift over the
     call spreads over all sizes and rounds; with the CPU time of both ends. A failed call is
     reported as the server's death when that is what happened."""
@@ -232,60 +245,44 @@ def _measure_each(
     tensors = [_tensor(message) for message in checked]
     with contextlib.ExitStack() as stack:
         probes = [stack.enter_context(CpuProbe(server.target)) for _ in checked]
-        return _measure_rounds(
-            server, checked, tensors, probes, mode, what, measure_one, progress, run
+        parts: list[list[Samples]] = [[] for _ in checked]
+        elapsed = [0] * len(checked)
+        cpu: list[dict[str, CpuTime]] = [{} for _ in checked]
+        order = list(range(len(checked)))
+        shuffle = random.Random(len(checked)).shuffle
+        for round_index in range(run.round_count):
+            spec = run.round_spec(round_index)
+            for index in order:
+                tensor = tensors[index]
+                if progress is not None and round_index == 0:
+                    progress(index + 1, len(checked), _name(checked[index]))
+                probe = probes[index]
+                try:
+                    samples, took = measure_one(tensor, probe, spec)
+                except grpc.RpcError as error:
+                    raise explain(error, server, f"{what} of {tensor.nbytes} B") from error
+                parts[index].append(samples)
+                elapsed[index] += took
+                for role, used in (probe.usage or {}).items():
+                    had = cpu[index].get(role, CpuTime(0, 0))
+                    cpu[index][role] = CpuTime(
+                        had.user_ns + used.user_ns, had.system_ns + used.system_ns
+                    )
+            shuffle(order)
+        return tuple(
+            _size_result(
+                message,
+                tensor,
+                mode,
+                np.concatenate(part),
+                took,
+                used or None,
+                tuple(len(samples) for samples in part),
+            )
+            for message, tensor, part, took, used in zip(
+                checked, tensors, parts, elapsed, cpu, strict=True
+            )
         )
-
-
-def _measure_rounds(
-    server: Server,
-    checked: Sequence[Message],
-    tensors: Sequence[Tensor],
-    probes: Sequence[CpuProbe],
-    mode: str,
-    what: str,
-    measure_one: MeasureOne,
-    progress: Progress | None,
-    run: RunSpec,
-) -> tuple[SizeResult, ...]:
-    parts: list[list[Samples]] = [[] for _ in checked]
-    elapsed = [0] * len(checked)
-    cpu: list[dict[str, CpuTime]] = [{} for _ in checked]
-    order = list(range(len(checked)))
-    shuffle = random.Random(len(checked)).shuffle
-    for round_index in range(run.round_count):
-        spec = run.round_spec(round_index)
-        for index in order:
-            tensor = tensors[index]
-            if progress is not None and round_index == 0:
-                progress(index + 1, len(checked), _name(checked[index]))
-            probe = probes[index]
-            try:
-                samples, took = measure_one(tensor, probe, spec)
-            except grpc.RpcError as error:
-                raise explain(error, server, f"{what} of {tensor.nbytes} B") from error
-            parts[index].append(samples)
-            elapsed[index] += took
-            for role, used in (probe.usage or {}).items():
-                had = cpu[index].get(role, CpuTime(0, 0))
-                cpu[index][role] = CpuTime(
-                    had.user_ns + used.user_ns, had.system_ns + used.system_ns
-                )
-        shuffle(order)
-    return tuple(
-        _size_result(
-            message,
-            tensor,
-            mode,
-            np.concatenate(part),
-            took,
-            used or None,
-            tuple(len(samples) for samples in part),
-        )
-        for message, tensor, part, took, used in zip(
-            checked, tensors, parts, elapsed, cpu, strict=True
-        )
-    )
 
 
 def p2p_latency(
@@ -307,7 +304,7 @@ def p2p_latency(
         def measure_one(tensor: Tensor, probe: Phase, spec: RunSpec) -> tuple[Samples, int]:
             if rpc == "unary":
                 return _latency_unary(channels.get(tensor), tensor, mode, spec, probe)
-            return run_async(_latency_stream(server, tensor, mode, spec, probe))
+            return channels.run(_latency_stream(server, tensor, mode, spec, probe))
 
         results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress, run)
     method = "Echo" if rpc == "unary" else "EchoStream"
@@ -447,7 +444,7 @@ def p2p_bandwidth(
                 return _pull(channels.get(tensor), tensor, mode, rpc, spec, chunk_bytes, probe)
             if rpc == "unary":
                 return _push_unary(channels.get(tensor), tensor, mode, spec, probe)
-            return run_async(_push_stream(server, tensor, mode, spec, chunk_bytes, probe))
+            return channels.run(_push_stream(server, tensor, mode, spec, chunk_bytes, probe))
 
         what = f"{rpc} {direction}"
         results = _measure_each(server, sizes, mode, what, measure_one, progress, run)
