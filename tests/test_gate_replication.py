@@ -273,3 +273,20 @@ def test_a_resource_limit_is_not_called_corruption(
     with pytest.raises(BaselineError, match="resource limits") as error:
         read_junit(path)
     assert "corrupt" not in str(error.value).replace("not known to be corrupt", "")
+
+
+def test_unstable_rounds_are_warned_as_pyperf_does() -> None:
+    from pytest_tfgrpc.plugin.summary import unstable_rounds
+    from pytest_tfgrpc.stats.replicates import instability
+
+    assert instability((1.0, 1.0, 1.0)) == 0.0
+    assert math.isnan(instability((1.0,)))
+    steady = format_rounds({"p50": (100.0, 101.0, 99.0)})
+    shaky = format_rounds({"p50": (100.0, 150.0, 60.0), "throughput": (1.0, 1.0, 1.0)})
+    props = [
+        ("tfgrpc.p2p_latency.1KiB.rounds", steady),
+        ("tfgrpc.p2p_latency.64KiB.rounds", shaky),
+        ("tfgrpc.p2p_latency.4KiB.rounds", "not rounds"),
+    ]
+    (line,) = unstable_rounds("t.py::test_a", props)
+    assert line.startswith("unstable: t.py::test_a p2p_latency.64KiB p50 varies 44% between")

@@ -3,6 +3,7 @@ verdicts, gathered from test reports (so pytest-xdist workers' figures arrive to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -15,13 +16,49 @@ from pytest_tfgrpc.report.gate import (
     unmatched_figures,
 )
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
-from pytest_tfgrpc.report.properties import PREFIX
+from pytest_tfgrpc.report.properties import PREFIX, ROUNDS, parse_rounds
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.stats.replicates import UNSTABLE_CV, instability
 
 REPORTER_NAME = "tfgrpc-summary"
 
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "error": 2, "failed": 3}
+
+
+def _detection(properties: dict[str, object], verdict: str) -> str:
+    base = verdict.removesuffix(".verdict")
+    try:
+        change = float(str(properties.get(f"{base}.change", "nan")))
+        detectable = float(str(properties.get(f"{base}.detectable", "nan")))
+    except ValueError:
+        return ""
+    moved = f"{change:+.1%}" if math.isfinite(change) else "change n/a"
+    could = f"could detect >= {detectable:.1%}" if math.isfinite(detectable) else "no test ran"
+    return f"{moved}, {could}"
+
+
+def unstable_rounds(nodeid: str, properties: Sequence[tuple[str, object]]) -> list[str]:
+    """A warning per point whose rounds' p50 (or throughput) varies more than pyperf allows
+    (standard deviation above :data:`UNSTABLE_CV` of the mean)."""
+    out = []
+    for name, value in properties:
+        if not str(name).startswith(PREFIX) or not str(name).endswith(f".{ROUNDS}"):
+            continue
+        try:
+            rounds = parse_rounds(str(value))
+        except ValueError:
+            continue
+        for metric in ("p50", "throughput"):
+            cv = instability(rounds.get(metric, ()))
+            if math.isfinite(cv) and cv > UNSTABLE_CV:
+                point = str(name).removeprefix(PREFIX).removesuffix(f".{ROUNDS}")
+                out.append(
+                    f"unstable: {nodeid} {point} {metric} varies {cv:.0%} between rounds "
+                    f"(standard deviation / mean; pyperf warns above {UNSTABLE_CV:.0%}): the "
+                    "machine was busy or the figure is noisy"
+                )
+    return out
 
 
 class SummaryReporter:
@@ -44,6 +81,7 @@ class SummaryReporter:
         self.deselected: set[str] = set()
         self.compared = 0
         self.coverage: list[str] = []
+        self.unstable: list[str] = []
         self.gate_failure: str | None = None
         self.gate = gate
         self.results = results
@@ -88,16 +126,19 @@ class SummaryReporter:
         if not report.user_properties:
             return
         self.figures[report.nodeid] = list(report.user_properties)
+        self.unstable.extend(unstable_rounds(report.nodeid, report.user_properties))
         self.rows.extend(summary_rows(report.nodeid, report.user_properties))
         properties = dict(report.user_properties)
         for name, value in report.user_properties:
             if not str(name).endswith(".verdict"):
                 continue
             self.verdicts[str(value)] = self.verdicts.get(str(value), 0) + 1
+            figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
             if value not in ("pass", "no baseline"):
                 reason = properties.get(f"{name}_reason", "")
-                figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
                 self.notes.append(f"{value}: {report.nodeid} {figure} {reason}")
+            elif value == "pass":
+                self.notes.append(f"pass: {report.nodeid} {figure} {_detection(properties, name)}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -123,6 +164,8 @@ class SummaryReporter:
             terminalreporter.section("tfgrpc")
             for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
+            for line in self.unstable:
+                terminalreporter.write_line(line, yellow=True)
         if self.results is not None:
             terminalreporter.write_line(f"tfgrpc: results appended to {self.results.path}")
         if self.plot_dir is not None and self.figures:

@@ -33,7 +33,18 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MIN_HISTORY", "MIN_ROUNDS", "ReplicateTest", "invalid_values", "replicate_test"]
+__all__ = [
+    "MIN_HISTORY",
+    "MIN_ROUNDS",
+    "UNSTABLE_CV",
+    "ReplicateTest",
+    "instability",
+    "invalid_values",
+    "replicate_test",
+]
+
+#: pyperf's rule: a standard deviation above 10 % of the mean "may be unstable".
+UNSTABLE_CV = 0.10
 
 #: Baseline runs from which the spread between runs is estimated (t with 2 degrees of freedom).
 MIN_HISTORY = 3
@@ -74,6 +85,16 @@ def invalid_values(values: Sequence[float]) -> str:
         if value <= 0:
             return f"a value is {value:g}, not positive"
     return ""
+
+
+def instability(values: Sequence[float]) -> float:
+    """The rounds' standard deviation over their mean (the coefficient of variation), as
+    pyperf checks its runs; NaN for fewer than 2 values or a mean that is not positive."""
+    if len(values) < 2:
+        return math.nan
+    array = np.asarray(values, dtype=np.float64)
+    mean = float(np.mean(array))
+    return float(np.std(array, ddof=1)) / mean if mean > 0 else math.nan
 
 
 def _logs(values: Sequence[float]) -> npt.NDArray[np.float64]:
