@@ -242,13 +242,13 @@ def test_echo(tfgrpc, server):
 def test_the_readme_ci_recipe(pytester: pytest.Pytester) -> None:
     """README "Gating CI": main's runs kept as a history; the PR gated against it."""
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "0s"))
-    for i in range(3):
+    for i in range(5):
         main = pytester.runpytest(*STEADY, f"--junitxml=main-runs/run-{i:04d}.xml")
         main.assert_outcomes(passed=1)
     for _ in range(2):
         pr = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs")
         assert pr.ret == pytest.ExitCode.OK, pr.stdout.str()[-3000:]
-        pr.stdout.fnmatch_lines(["*baseline runs: 3; figures compared: 2*"])
+        pr.stdout.fnmatch_lines(["*baseline runs: 5; figures compared: 2*"])
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "3ms"))
     slowed = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs")
     slowed.assert_outcomes(failed=1)

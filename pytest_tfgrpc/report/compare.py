@@ -1,11 +1,16 @@
 """Baseline verdicts: say per figure whether a run regressed against an earlier one, and
 tabulate it.
 
-A comparison of one figure has four outcomes (:class:`Outcome`). A **regression** is a change
+A comparison of one figure has five outcomes (:class:`Outcome`). A **regression** is a change
 for the worse that is both larger than the metric's tolerance and statistically significant at
 level ``alpha``; an **improvement** is the same for the better. A change within the tolerance
 **passes**, significant or not. A change beyond the tolerance that is not significant, or too
-few samples to test at all, is **inconclusive**. How each figure is tested is the registry's
+few samples to test at all, is **inconclusive**. A zero, negative, NaN or infinite figure is
+**invalid**. Every verdict carries the smallest change the test could have detected.
+
+A figure measured in rounds (P2P) is tested across rounds and runs, not samples
+(:func:`~pytest_tfgrpc.stats.replicates.replicate_test`; a baseline may be a history of runs).
+Otherwise how each figure is tested is the registry's
 (:class:`~pytest_tfgrpc.report.metrics.GateTest`), on the sketched samples:
 
 - central figures (``p50``, ``mean``, ``step_p50``, ``step_mean``) and rates (``throughput``,
