@@ -196,9 +196,7 @@ def main() -> int:
         false_failures = sum(1 for c in gated if c != 0)
         base = statistics.median(p50s)
         delay, trial = calibrate_delay(args.slowdown, base, workdir)
-        log.append(
-            f"delay for {args.slowdown}x: {delay:.0f} us (trial 1KiB p50 ratio {trial:.2f})"
-        )
+        log.append(f"delay for {args.slowdown}x: {delay:.0f} us (trial 1KiB p50 ratio {trial:.2f})")
         _, slow_codes, slow_p50s = phase(
             "slowed", args.runs, delay, workdir, lambda i, files: list(unchanged), log
         )

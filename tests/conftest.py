@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import scipy.stats  # noqa: F401  (the gate's t quantiles: numpy.fft et al. load with it)
 
 # The plugin imports its machinery (numpy, grpc) only when a run uses it. pytester's
 # in-process runs unload the modules first imported inside them, and numpy cannot be
 # loaded twice in one process: load it all here, once.
 import pytest_tfgrpc.plugin.session  # noqa: F401
-import scipy.stats  # noqa: F401  (the gate's t quantiles: numpy.fft et al. load with it)
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/netns.py as a plain module
 
