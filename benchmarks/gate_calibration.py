@@ -151,21 +151,26 @@ def phase(
 
 
 def calibrate_delay(target_ratio: float, base_p50: float, workdir: Path) -> tuple[float, float]:
-    """The server delay (us) that makes the 1 KiB p50 ``target_ratio`` times ``base_p50``:
-    first guess the difference, then correct once from a trial run."""
-    delay = (target_ratio - 1.0) * base_p50 / 1e3
-    for _ in range(2):
+    """The server delay (us) that makes the 1 KiB p50 ``target_ratio`` times ``base_p50``,
+    and the ratio a trial run measured with it: from a first guess (the difference), up to
+    four trials each correcting the delay in proportion; the tried delay nearest the target
+    is returned, never an untried one."""
+    want = (target_ratio - 1.0) * base_p50 / 1e3  # us to add
+    delay, tried = want, []
+    for _ in range(4):
         server = Server(delay, workdir)
         try:
-            junit = workdir / f"trial-{delay:.0f}.xml"
+            junit = workdir / f"trial-{len(tried)}-{delay:.0f}.xml"
             run_suite(server, junit, [])
             ratio = p50_1kib(junit) / base_p50
         finally:
             server.stop()
-        added = (ratio - 1.0) * base_p50 / 1e3  # us the delay actually added
-        if added <= 0:
+        tried.append((abs(ratio - target_ratio), delay, ratio))
+        if abs(ratio - target_ratio) < 0.03:
             break
-        delay *= (target_ratio - 1.0) * base_p50 / 1e3 / added
+        added = (ratio - 1.0) * base_p50 / 1e3  # us the delay actually added
+        delay = delay * want / added if added > 0 else delay * 2
+    _, delay, ratio = min(tried)
     return delay, ratio
 
 
