@@ -64,7 +64,9 @@ def test_a_renamed_test_fails_the_run_and_says_so(
     props = suite_properties(pytester.path / "new.xml")
     assert props["tfgrpc.gate.not_compared"] == ["1"]
     assert "renamed or removed" in props["tfgrpc.gate.not_compared.item"][0]
-    warned = pytester.runpytest(*QUICK, f"--tfgrpc-baseline={baseline}", "--tfgrpc-missing=warn")
+    warned = pytester.runpytest(
+        *QUICK, *WIDE, f"--tfgrpc-baseline={baseline}", "--tfgrpc-missing=warn"
+    )
     assert warned.ret == pytest.ExitCode.OK
     warned.stdout.fnmatch_lines(["*not compared: test_perf.test_b?lo?*"])
 
