@@ -182,6 +182,7 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=5)
     parser.add_argument("--history-runs", type=int, default=10)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gate_calibration.txt")
+    parser.add_argument("--keep", type=Path, help="keep every run's JUnit file in this directory")
     args = parser.parse_args()
     for name in ("runs", "history", "history_runs"):
         if getattr(args, name) < 2:
@@ -194,6 +195,9 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfgrpc-calib-") as tmp:
         workdir = Path(tmp)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            workdir = args.keep
         unchanged, codes, p50s = phase(
             "unchanged", args.runs, 0, workdir, lambda i, files: list(files), log
         )
