@@ -150,21 +150,30 @@ def phase(
     return files, codes, p50s
 
 
-def calibrate_delay(target_ratio: float, base_p50: float, workdir: Path) -> tuple[float, float]:
-    """The server delay (us) that makes the 1 KiB p50 ``target_ratio`` times ``base_p50``,
-    and the ratio a trial run measured with it: from a first guess (the difference), up to
-    four trials each correcting the delay in proportion; the tried delay nearest the target
-    is returned, never an untried one."""
-    want = (target_ratio - 1.0) * base_p50 / 1e3  # us to add
-    delay, tried = want, []
-    for _ in range(4):
+def _trial_ratio(delay_us: float, workdir: Path, name: str) -> float:
+    """The 1 KiB p50 with ``delay_us`` over the p50 without, from two runs back to back (a
+    pair, so that a shift of the machine's load between trials cancels out)."""
+    p50s = []
+    for delay in (0.0, delay_us):
         server = Server(delay, workdir)
         try:
-            junit = workdir / f"trial-{len(tried)}-{delay:.0f}.xml"
+            junit = workdir / f"{name}-{delay:.0f}.xml"
             run_suite(server, junit, [])
-            ratio = p50_1kib(junit) / base_p50
+            p50s.append(p50_1kib(junit))
         finally:
             server.stop()
+    return p50s[1] / p50s[0]
+
+
+def calibrate_delay(target_ratio: float, base_p50: float, workdir: Path) -> tuple[float, float]:
+    """The server delay (us) that makes the 1 KiB p50 ``target_ratio`` times what it is
+    without, and the ratio a paired trial measured with it: from a first guess (the
+    difference to ``base_p50``), up to four paired trials each correcting the delay in
+    proportion; the tried delay nearest the target is returned, never an untried one."""
+    want = (target_ratio - 1.0) * base_p50 / 1e3  # us to add
+    delay, tried = want, []
+    for trial in range(4):
+        ratio = _trial_ratio(delay, workdir, f"trial-{target_ratio}-{trial}")
         tried.append((abs(ratio - target_ratio), delay, ratio))
         if abs(ratio - target_ratio) < 0.03:
             break
@@ -205,7 +214,9 @@ def main() -> int:
         false_failures = sum(1 for c in gated if c != 0)
         base = statistics.median(p50s)
         delay, trial = calibrate_delay(args.slowdown, base, workdir)
-        log.append(f"delay for {args.slowdown}x: {delay:.0f} us (trial 1KiB p50 ratio {trial:.2f})")
+        log.append(
+            f"delay for {args.slowdown}x: {delay:.0f} us (paired trial: 1KiB p50 ratio {trial:.2f})"
+        )
         _, slow_codes, slow_p50s = phase(
             "slowed", args.runs, delay, workdir, lambda i, files: list(unchanged), log
         )
@@ -213,7 +224,7 @@ def main() -> int:
         small_delay, small_trial = calibrate_delay(args.small_slowdown, base, workdir)
         log.append(
             f"delay for {args.small_slowdown}x: {small_delay:.0f} us "
-            f"(trial 1KiB p50 ratio {small_trial:.2f})"
+            f"(paired trial: 1KiB p50 ratio {small_trial:.2f})"
         )
         history = unchanged[-args.history :]
         _, small_codes, small_p50s = phase(
