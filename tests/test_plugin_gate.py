@@ -34,6 +34,15 @@ def test_b(tfgrpc, tensor_server):
 """
 
 
+def cases_properties(xml: Path) -> dict[str, str]:
+    return {
+        p.name: p.value
+        for suite in JUnitXml.fromfile(str(xml))
+        for case in suite
+        for p in case.properties()  # type: ignore[attr-defined]
+    }
+
+
 def suite_properties(xml: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for suite in JUnitXml.fromfile(str(xml)):
@@ -202,7 +211,7 @@ def test_concurrent_runs_take_turns_and_say_so(pytester: pytest.Pytester, tmp_pa
     for name, hold in (("first", 3), ("second", 0)):
         (pytester.path / name).mkdir()
         (pytester.path / name / "test_perf.py").write_text(SLEEPER.replace("{hold}", str(hold)))
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *QUICK, "-W", "always"]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *QUICK, "-W", "error"]
 
     def start(name: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
@@ -220,7 +229,9 @@ def test_concurrent_runs_take_turns_and_say_so(pytester: pytest.Pytester, tmp_pa
     out_second, _ = second.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, out_first + out_second
     first_id = suite_properties(pytester.path / "first.xml")["tfgrpc.meta.run_id"][0]
-    assert "waited" in out_second and f"for run {first_id} to finish measuring" in out_second
+    assert "test_a[lo] waited" in out_second and f"for run {first_id} to finish" in out_second
+    waited = cases_properties(pytester.path / "second.xml")["tfgrpc.meta.host_wait"]
+    assert waited.startswith("waited ") and first_id in waited
     second_id = suite_properties(pytester.path / "second.xml")["tfgrpc.meta.run_id"][0]
     assert second_id != first_id
     assert f'"run": "{second_id}"' in (pytester.path / "second.jsonl").read_text()

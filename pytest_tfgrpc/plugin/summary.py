@@ -16,7 +16,7 @@ from pytest_tfgrpc.report.gate import (
     unmatched_figures,
 )
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
-from pytest_tfgrpc.report.properties import PREFIX, ROUNDS, parse_rounds
+from pytest_tfgrpc.report.properties import META_PREFIX, PREFIX, ROUNDS, parse_rounds
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.stats.replicates import UNSTABLE_CV, instability
@@ -82,6 +82,7 @@ class SummaryReporter:
         self.compared = 0
         self.coverage: list[str] = []
         self.unstable: list[str] = []
+        self.waits: list[str] = []
         self.gate_failure: str | None = None
         self.gate = gate
         self.results = results
@@ -123,6 +124,11 @@ class SummaryReporter:
                 worker=getattr(report, "worker_id", None),
             )
         self.compared += compared_count(report.user_properties)
+        self.waits += [
+            f"tfgrpc: {report.nodeid} {value}"
+            for name, value in report.user_properties
+            if name == f"{META_PREFIX}host_wait"
+        ]
         if not report.user_properties:
             return
         self.figures[report.nodeid] = list(report.user_properties)
@@ -160,6 +166,8 @@ class SummaryReporter:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for line in self.waits:
+            terminalreporter.write_line(line, yellow=True)
         if self.rows:
             terminalreporter.section("tfgrpc")
             for line in format_summary(self.rows, self.fabrics):
