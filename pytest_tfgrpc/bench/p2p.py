@@ -13,12 +13,15 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import random
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
 from pytest_tfgrpc.bench.settings import run_settings
@@ -39,11 +42,14 @@ from pytest_tfgrpc.wire.client import (
 from pytest_tfgrpc.wire.schemes import Payload, payload_message
 from pytest_tfgrpc.wire.tensors import Tensor
 
+_T = TypeVar("_T")
+
 RPCS = ("unary", "stream")
 DIRECTIONS = ("push", "pull")
 
-LATENCY_RUN = RunSpec(iterations=1000, warmup=50, max_seconds=5.0, warmup_seconds=1.0)
-BANDWIDTH_RUN = RunSpec(iterations=50, warmup=3, max_seconds=5.0, warmup_seconds=2.0)
+#: Ten rounds: Google Benchmark's U test wants at least 9 repetitions.
+LATENCY_RUN = RunSpec(iterations=1000, warmup=50, max_seconds=5.0, warmup_seconds=1.0, rounds=10)
+BANDWIDTH_RUN = RunSpec(iterations=50, warmup=3, max_seconds=5.0, warmup_seconds=2.0, rounds=10)
 
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
@@ -89,6 +95,7 @@ def _size_result(
     samples: Samples,
     elapsed: int,
     cpu: Mapping[str, CpuTime] | None,
+    rounds: tuple[int, ...] = (),
 ) -> SizeResult:
     payload = message if isinstance(message, Payload) else None
     return SizeResult.from_samples(
@@ -99,6 +106,7 @@ def _size_result(
         payload=payload.description if payload else "",
         buffers=payload.sizes if payload else (),
         cpu=cpu,
+        rounds=rounds if len(rounds) > 1 else (),
     )
 
 
@@ -155,32 +163,61 @@ def p2p_result(
     )
 
 
+class _Channels:
+    """One connected channel per tensor, opened at its first round and kept for the others
+    (a reconnect per round would time connection setup into the rounds' warm-up), and one
+    event loop for the stream rounds (:meth:`run`); all closed on the way out."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._open: dict[int, grpc.Channel] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a round's coroutine on the call's one event loop."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return run_async(coro, self._loop)
+
+    def get(self, tensor: Tensor) -> grpc.Channel:
+        channel = self._open.get(id(tensor))
+        if channel is None:
+            channel = self._open[id(tensor)] = connect(self.target)
+        return channel
+
+    def __enter__(self) -> _Channels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
 # --- latency -------------------------------------------------------------------------------
 def _latency_unary(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+    channel: grpc.Channel, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
-    channel = connect(server.target)
-    try:
-        call = channel.unary_unary(transport.method(mode, "Echo"))
-        timeout = rpc_timeout(2 * tensor.wire_bytes(mode))
-        if mode == "raw":
-            message = tensor.content
-            _verify_echo(tensor, mode, call(message, timeout=timeout))
+    call = channel.unary_unary(transport.method(mode, "Echo"))
+    timeout = rpc_timeout(2 * tensor.wire_bytes(mode))
+    if mode == "raw":
+        message = tensor.content
+        _verify_echo(tensor, mode, call(message, timeout=timeout))
 
-            def op() -> object:
-                return call(message, timeout=timeout)
+        def op() -> object:
+            return call(message, timeout=timeout)
 
-        else:
-            content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-            encode, decode = codec.encode_tensor, codec.decode_tensor
-            _verify_echo(tensor, mode, call(encode(content, dtype, shape), timeout=timeout))
+    else:
+        content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
+        encode, decode = codec.encode_tensor, codec.decode_tensor
+        _verify_echo(tensor, mode, call(encode(content, dtype, shape), timeout=timeout))
 
-            def op() -> object:
-                return decode(call(encode(content, dtype, shape), timeout=timeout))
+        def op() -> object:
+            return decode(call(encode(content, dtype, shape), timeout=timeout))
 
-        return measure(op, run, probe)
-    finally:
-        channel.close()
+    return measure(op, run, probe)
 
 
 async def _latency_stream(
@@ -210,8 +247,9 @@ async def _latency_stream(
         return await measure_async(op, run, probe)
 
 
-#: Measures one tensor: (samples, elapsed ns), telling the probe when timing starts and ends.
-MeasureOne = Callable[[Tensor, Phase], tuple[Samples, int]]
+#: Measures one tensor for one round: (samples, elapsed ns), telling the probe when timing
+#: starts and ends.
+MeasureOne = Callable[[Tensor, Phase, RunSpec], tuple[Samples, int]]
 
 
 def _measure_each(
@@ -221,22 +259,54 @@ def _measure_each(
     what: str,
     measure_one: MeasureOne,
     progress: Progress | None,
+    run: RunSpec,
 ) -> tuple[SizeResult, ...]:
-    """Measure every message in turn, with the CPU time of both ends; a failed call is
+    """Measure every message in ``run.round_count`` rounds, each round visiting every message once
+    in a new order (Google Benchmark's random interleaving, seeded), so that drift over the
+    call spreads over all sizes and rounds; with the CPU time of both ends. A failed call is
     reported as the server's death when that is what happened."""
     checked = _check_messages(messages)
-    results = []
-    for index, message in enumerate(checked, 1):
-        if progress is not None:
-            progress(index, len(checked), _name(message))
-        tensor = _tensor(message)
-        try:
-            with CpuProbe(server.target) as probe:
-                samples, elapsed = measure_one(tensor, probe)
-        except grpc.RpcError as error:
-            raise explain(error, server, f"{what} of {tensor.nbytes} B") from error
-        results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
-    return tuple(results)
+    tensors = [_tensor(message) for message in checked]
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(CpuProbe(server.target)) for _ in checked]
+        parts: list[list[Samples]] = [[] for _ in checked]
+        elapsed = [0] * len(checked)
+        cpu: list[dict[str, CpuTime]] = [{} for _ in checked]
+        order = list(range(len(checked)))
+        shuffle = random.Random(len(checked)).shuffle
+        for round_index in range(run.round_count):
+            spec = run.round_spec(round_index)
+            for index in order:
+                tensor = tensors[index]
+                if progress is not None and round_index == 0:
+                    progress(index + 1, len(checked), _name(checked[index]))
+                probe = probes[index]
+                try:
+                    samples, took = measure_one(tensor, probe, spec)
+                except grpc.RpcError as error:
+                    raise explain(error, server, f"{what} of {tensor.nbytes} B") from error
+                parts[index].append(samples)
+                elapsed[index] += took
+                for role, used in (probe.usage or {}).items():
+                    had = cpu[index].get(role, CpuTime(0, 0))
+                    cpu[index][role] = CpuTime(
+                        had.user_ns + used.user_ns, had.system_ns + used.system_ns
+                    )
+            shuffle(order)
+        return tuple(
+            _size_result(
+                message,
+                tensor,
+                mode,
+                np.concatenate(part),
+                took,
+                used or None,
+                tuple(len(samples) for samples in part),
+            )
+            for message, tensor, part, took, used in zip(
+                checked, tensors, parts, elapsed, cpu, strict=True
+            )
+        )
 
 
 def p2p_latency(
@@ -253,12 +323,14 @@ def p2p_latency(
     _check_choice("mode", mode, transport.MODES)
     _check_choice("rpc", rpc, RPCS)
 
-    def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
-        if rpc == "unary":
-            return _latency_unary(server, tensor, mode, run, probe)
-        return run_async(_latency_stream(server, tensor, mode, run, probe))
+    with _Channels(server.target) as channels:
 
-    results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress)
+        def measure_one(tensor: Tensor, probe: Phase, spec: RunSpec) -> tuple[Samples, int]:
+            if rpc == "unary":
+                return _latency_unary(channels.get(tensor), tensor, mode, spec, probe)
+            return channels.run(_latency_stream(server, tensor, mode, spec, probe))
+
+        results = _measure_each(server, sizes, mode, f"{rpc} echo", measure_one, progress, run)
     method = "Echo" if rpc == "unary" else "EchoStream"
     settings = run_settings(run, method=transport.method(mode, method))
     return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
@@ -266,31 +338,27 @@ def p2p_latency(
 
 # --- bandwidth -----------------------------------------------------------------------------
 def _push_unary(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+    channel: grpc.Channel, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
 ) -> tuple[Samples, int]:
-    channel = connect(server.target)
-    try:
-        call = channel.unary_unary(transport.method(mode, "Push"))
-        timeout = rpc_timeout(tensor.wire_bytes(mode))
-        content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-        expected = tensor.wire_bytes(mode)
-        if mode == "raw":
+    call = channel.unary_unary(transport.method(mode, "Push"))
+    timeout = rpc_timeout(tensor.wire_bytes(mode))
+    content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
+    expected = tensor.wire_bytes(mode)
+    if mode == "raw":
 
-            def op() -> object:
-                return call(content, timeout=timeout)
+        def op() -> object:
+            return call(content, timeout=timeout)
 
-        else:
-            encode = codec.encode_tensor
+    else:
+        encode = codec.encode_tensor
 
-            def op() -> object:
-                return call(encode(content, dtype, shape), timeout=timeout)
+        def op() -> object:
+            return call(encode(content, dtype, shape), timeout=timeout)
 
-        acked, _ = codec.decode_ack(op())  # type: ignore[arg-type]
-        if acked != expected:
-            raise BenchmarkError(f"the server acknowledged {acked} B of a {expected} B push")
-        return measure(op, run, probe)
-    finally:
-        channel.close()
+    acked, _ = codec.decode_ack(op())  # type: ignore[arg-type]
+    if acked != expected:
+        raise BenchmarkError(f"the server acknowledged {acked} B of a {expected} B push")
+    return measure(op, run, probe)
 
 
 async def _push_stream(
@@ -327,7 +395,7 @@ async def _push_stream(
 
 
 def _pull(
-    server: Server,
+    channel: grpc.Channel,
     tensor: Tensor,
     mode: str,
     rpc: str,
@@ -335,37 +403,33 @@ def _pull(
     chunk_bytes: int,
     probe: Phase,
 ) -> tuple[Samples, int]:
-    channel = connect(server.target)
-    try:
-        request = codec.encode_pull_request(tensor.nbytes, tensor.dtype, chunk_bytes)
-        wire = tensor.wire_bytes(mode)
-        timeout = rpc_timeout(wire)
-        protobuf = mode == "protobuf"
-        if rpc == "unary":
-            call = channel.unary_unary(transport.method(mode, "Pull"))
+    request = codec.encode_pull_request(tensor.nbytes, tensor.dtype, chunk_bytes)
+    wire = tensor.wire_bytes(mode)
+    timeout = rpc_timeout(wire)
+    protobuf = mode == "protobuf"
+    if rpc == "unary":
+        call = channel.unary_unary(transport.method(mode, "Pull"))
 
-            def op() -> int:
-                reply: bytes = call(request, timeout=timeout)
-                if protobuf:
-                    return len(codec.decode_tensor(reply).content)
-                return len(reply)
+        def op() -> int:
+            reply: bytes = call(request, timeout=timeout)
+            if protobuf:
+                return len(codec.decode_tensor(reply).content)
+            return len(reply)
 
-        else:
-            stream_call = channel.unary_stream(transport.method(mode, "PullStream"))
+    else:
+        stream_call = channel.unary_stream(transport.method(mode, "PullStream"))
 
-            def op() -> int:
-                replies: Iterator[bytes] = stream_call(request, timeout=timeout)
-                if not protobuf:
-                    return sum(len(piece) for piece in replies)
-                pieces = [codec.chunk_data(piece) for piece in replies]
-                return codec.content_span(pieces[0])[3] if pieces else 0
+        def op() -> int:
+            replies: Iterator[bytes] = stream_call(request, timeout=timeout)
+            if not protobuf:
+                return sum(len(piece) for piece in replies)
+            pieces = [codec.chunk_data(piece) for piece in replies]
+            return codec.content_span(pieces[0])[3] if pieces else 0
 
-        got = op()
-        if got != tensor.nbytes:
-            raise BenchmarkError(f"pulled {got} B of tensor content, asked for {tensor.nbytes} B")
-        return measure(op, run, probe)
-    finally:
-        channel.close()
+    got = op()
+    if got != tensor.nbytes:
+        raise BenchmarkError(f"pulled {got} B of tensor content, asked for {tensor.nbytes} B")
+    return measure(op, run, probe)
 
 
 def check_bandwidth_args(
@@ -406,15 +470,17 @@ def p2p_bandwidth(
     """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s."""
     check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
 
-    def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
-        if direction == "pull":
-            return _pull(server, tensor, mode, rpc, run, chunk_bytes, probe)
-        if rpc == "unary":
-            return _push_unary(server, tensor, mode, run, probe)
-        return run_async(_push_stream(server, tensor, mode, run, chunk_bytes, probe))
+    with _Channels(server.target) as channels:
 
-    what = f"{rpc} {direction}"
-    results = _measure_each(server, sizes, mode, what, measure_one, progress)
+        def measure_one(tensor: Tensor, probe: Phase, spec: RunSpec) -> tuple[Samples, int]:
+            if direction == "pull":
+                return _pull(channels.get(tensor), tensor, mode, rpc, spec, chunk_bytes, probe)
+            if rpc == "unary":
+                return _push_unary(channels.get(tensor), tensor, mode, spec, probe)
+            return channels.run(_push_stream(server, tensor, mode, spec, chunk_bytes, probe))
+
+        what = f"{rpc} {direction}"
+        results = _measure_each(server, sizes, mode, what, measure_one, progress, run)
     extra = bandwidth_extra(direction, mode, rpc, chunk_bytes)
     settings = run_settings(run, **extra)
     return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)

@@ -21,7 +21,7 @@ from pytest_tfgrpc.bench import p2p
 from pytest_tfgrpc.bench.timing import RunSpec, Samples
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, encode_run
 from pytest_tfgrpc.results import CpuTime
-from pytest_tfgrpc.wire.client import BenchmarkError, run_async
+from pytest_tfgrpc.wire.client import BenchmarkError, connect, run_async
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.tensors import Tensor
 
@@ -84,12 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     phase = _StartTogether()
     samples: Samples
     try:
-        if args.direction == "pull":
-            samples, elapsed = p2p._pull(
-                server, tensor, args.mode, args.rpc, run, args.chunk_bytes, phase
-            )
-        elif args.rpc == "unary":
-            samples, elapsed = p2p._push_unary(server, tensor, args.mode, run, phase)
+        if args.rpc == "unary" or args.direction == "pull":
+            with connect(server.target) as channel:
+                if args.direction == "pull":
+                    samples, elapsed = p2p._pull(
+                        channel, tensor, args.mode, args.rpc, run, args.chunk_bytes, phase
+                    )
+                else:
+                    samples, elapsed = p2p._push_unary(channel, tensor, args.mode, run, phase)
         else:
             samples, elapsed = run_async(
                 p2p._push_stream(server, tensor, args.mode, run, args.chunk_bytes, phase)

@@ -15,7 +15,12 @@ __all__ = ["META_CHECKED", "Mismatch", "check_metadata"]
 
 #: Run metadata (``tfgrpc.meta.<key>``) that must agree between baseline and current run;
 #: ``fabric.<name>.<attribute>`` keys are checked too for every fabric both runs used.
-META_CHECKED = ("host", "grpcio", "protobuf", "python", "cpus")
+META_CHECKED = (
+    "host", "kernel", "cpu_model", "cpus", "cpus_usable", "python", "plugin", "grpcio",
+    "protobuf", "numpy", "allocator",
+)  # fmt: skip
+#: Metadata key prefixes checked wherever either run records them: the allocator's settings.
+META_CHECKED_PREFIXES = ("env.MALLOC_", "mallopt.")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ def check_metadata(
 ) -> tuple[Mismatch, ...]:
     """How the current run's setup (``meta`` as in :attr:`Baseline.meta`, and the fabrics it
     measured on) differs from the baseline's: a fabric the baseline never measured, and any of
-    :data:`META_CHECKED` or ``fabric.<name>.*`` (MTU, speed, IPoIB mode) that differs or is
+    :data:`META_CHECKED`, the allocator's settings or ``fabric.<name>.*`` (MTU, speed, IPoIB
+    mode) that differs or is
     recorded by one run only. A baseline without metadata is itself a mismatch (only its
     host, from pytest's ``hostname``, can then be checked): nothing says it comes from the same
     setup. The caller decides what a mismatch costs."""
@@ -53,6 +59,7 @@ def check_metadata(
         keys.update(META_CHECKED)
         # Match by known names: a fabric name may hold dots itself (IPoIB child ib0.8001).
         prefixes = tuple(f"fabric.{name}." for name in fabrics & baseline.fabrics)
+        prefixes += META_CHECKED_PREFIXES
         keys.update(key for key in old_setup.keys() | meta.keys() if key.startswith(prefixes))
     else:
         recorded = "recorded" if set(meta) - {"host"} else _NOT_RECORDED
