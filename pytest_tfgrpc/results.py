@@ -23,6 +23,8 @@ from pytest_tfgrpc.units import size_label
 
 #: Time figures of every point, from its summary (``step_`` before each for sync-SGD steps).
 TIME_FIGURES = ("min", "mean", "p50", "p90", "p99", "p999", "max")
+#: The figures a round of a point reports (:meth:`SizeResult.round_figures`).
+ROUND_FIGURES = ("mean", "p50", "p90", "p99", "p999", "throughput", "throughput_p50")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,10 @@ class SizeResult:
     (RPCs or steps per second over all workers), ``rate_Bps`` (bytes per second over all
     workers), ``per_ps``, ``imbalance`` (the placement's: busiest PS bytes / mean) and
     ``bytes_imbalance`` (the same ratio of the bytes each PS received in a closed loop).
+
+    ``rounds`` holds, when the point was measured in several rounds interleaved in time with
+    the other points (P2P), the sample count of each round, in order: ``samples_ns`` is the
+    rounds one after the other (see :meth:`round_figures`).
     """
 
     size_bytes: int
@@ -130,6 +136,7 @@ class SizeResult:
     per_ps: tuple[PSLoad, ...] = ()
     imbalance: float | None = None
     bytes_imbalance: float | None = None
+    rounds: tuple[int, ...] = ()
 
     @classmethod
     def from_samples(
@@ -214,6 +221,24 @@ class SizeResult:
             out.append(Figure("cpu_user", float(load.cpu.user_ns), where))
             out.append(Figure("cpu_system", float(load.cpu.system_ns), where))
         return tuple(out)
+
+    def round_figures(self, *, rates: bool = True) -> dict[str, tuple[float, ...]]:
+        """Per round (:attr:`rounds`), the figures that replicate: mean, p50, p90, p99, p999
+        (ns) and, with ``rates``, throughput and throughput_p50 (B/s); empty when the point
+        was measured in one round."""
+        if len(self.rounds) < 2:
+            return {}
+        out: dict[str, list[float]] = {}
+        start = 0
+        for count in self.rounds:
+            part = SizeResult.from_samples(
+                self.size_bytes, self.wire_bytes, self.samples_ns[start : start + count], 0
+            )
+            start += count
+            for fig in part.figures(rates=rates):
+                if fig.metric in ROUND_FIGURES:
+                    out.setdefault(fig.metric, []).append(fig.value)
+        return {metric: tuple(values) for metric, values in out.items()}
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
         return find_figure(self.figures(rates=rates), metric)

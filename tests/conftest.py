@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scipy.stats  # noqa: F401  (the gate's t quantiles: numpy.fft et al. load with it)
 
 # The plugin imports its machinery (numpy, grpc) only when a run uses it. pytester's
 # in-process runs unload the modules first imported inside them, and numpy cannot be

@@ -124,7 +124,7 @@ def run(tmp_path: Path, name: str, tests: Mapping[str, Props], **kwargs: object)
 def verdicts_by_metric(
     baseline: Baseline, current: Baseline, **tolerances: float
 ) -> dict[tuple[str, str], Verdict]:
-    tol = {"*": 0.10, **tolerances}
+    tol = {"*": 0.10, "p99": 0.10, **tolerances}  # p99 is gated when named
     comparison = compare_runs(baseline, current, tol)
     return {(v.key.size, v.metric): v for v in comparison.verdicts}
 
@@ -328,7 +328,7 @@ def test_clear_slowdown_with_enough_samples_is_a_regression(tmp_path: Path) -> N
 def test_same_distribution_passes(tmp_path: Path) -> None:
     base = run(tmp_path, "a.xml", {TEST: properties({1024: latencies(2000, 1)})})
     cur = run(tmp_path, "b.xml", {TEST: properties({1024: latencies(2000, 2)})})
-    comparison = compare_runs(base, cur, parse_tolerances("10%"))
+    comparison = compare_runs(base, cur, parse_tolerances("10%, p99:10%"))
     assert [v.outcome for v in comparison.verdicts] == [Outcome.PASS, Outcome.PASS]
     assert not comparison.missing and not comparison.new and not comparison.mismatches
 
@@ -443,15 +443,19 @@ def test_without_sketches_there_is_no_verdict(tmp_path: Path) -> None:
     assert "tfgrpc.p2p_latency.1KiB.sketch" in p50.reason
 
 
-def test_missing_nan_and_zero_figures_are_inconclusive() -> None:
+def test_a_missing_figure_is_inconclusive_a_degenerate_one_invalid() -> None:
     key = Key("t", "lo", "p2p_latency", "1KiB")
     sketch = Sketch.from_samples(latencies(100, 1))
     good = Measurement(key, {"p50": 5.0}, sketch)
-    for figures, reason in [({}, "no p50 figure"), ({"p50": math.nan}, "is nan")]:
-        verdict = compare_figure(Measurement(key, figures, sketch), good, "p50", 0.1)
-        assert verdict.outcome is Outcome.INCONCLUSIVE and reason in verdict.reason
-    zero = compare_figure(Measurement(key, {"p50": 0.0}, sketch), good, "p50", 0.1)
-    assert zero.outcome is Outcome.INCONCLUSIVE and "is 0" in zero.reason
+    missing = compare_figure(Measurement(key, {}, sketch), good, "p50", 0.1)
+    assert missing.outcome is Outcome.INCONCLUSIVE and "no p50 figure" in missing.reason
+    bad_values = [(math.nan, "is nan"), (0.0, "is 0"), (-3.0, "is -3"), (math.inf, "is inf")]
+    for value, reason in bad_values:
+        for old, new in [(Measurement(key, {"p50": value}, sketch), good),
+                         (good, Measurement(key, {"p50": value}, sketch))]:  # fmt: skip
+            verdict = compare_figure(old, new, "p50", 0.1)
+            assert verdict.outcome is Outcome.INVALID, (value, verdict)
+            assert reason in verdict.reason and "not a measurement" in verdict.reason
 
 
 def test_missing_and_new_measurements_are_listed(tmp_path: Path) -> None:
@@ -469,7 +473,7 @@ def test_compare_test_takes_live_properties(tmp_path: Path) -> None:
     live = properties({1024: latencies(2000, 2, 1.3), 2048: latencies(2000, 3)})
     measured = measurements_from_properties(junit_test_id(nodeid), live)
     assert set(measured) == {Key(TEST, "lo", "p2p_latency", s) for s in ("1KiB", "2KiB")}
-    comparison = compare_test(base, junit_test_id(nodeid), live, {"*": 0.1})
+    comparison = compare_test(base, junit_test_id(nodeid), live, {"*": 0.1, "p99": 0.1})
     assert {v.outcome for v in comparison.verdicts} == {Outcome.REGRESSION}
     assert [k.size for k in comparison.new] == ["2KiB"]
     recorded = dict(verdict_properties(comparison))
@@ -570,9 +574,10 @@ def test_parse_tolerances() -> None:
     tolerances = parse_tolerances("p99:12%")
     assert tolerance_for(tolerances, "p99") == 0.12
     assert tolerance_for(tolerances, "p50") == 0.10  # the built-in default
-    defaults = ("p50", "p99", "throughput", "step_p50", "step_p99", "rpc_rate", "step_rate")
-    assert gated_metrics(tolerances) == (*defaults, "imbalance")
-    assert gated_metrics(parse_tolerances("mean:5%"))[:4] == ("mean", "p50", "p99", "throughput")
+    named = ("p50", "p99", "throughput", "step_p50", "step_p99", "rpc_rate", "step_rate")
+    assert gated_metrics(tolerances) == (*named, "imbalance")  # p99 named, the rest default
+    assert gated_metrics(parse_tolerances("mean:5%"))[:3] == ("mean", "p50", "throughput")
+    assert "p99" not in gated_metrics({}) and "p99" in gated_metrics(parse_tolerances("p99:5%"))
 
 
 @pytest.mark.parametrize(
@@ -601,12 +606,14 @@ def test_bad_tolerances_name_the_item(spec: str, message: str) -> None:
 def test_format_comparison_is_an_aligned_table_with_reasons(tmp_path: Path) -> None:
     base = run(tmp_path, "a.xml", {TEST: properties({1024: latencies(2000, 1)})})
     cur = run(tmp_path, "b.xml", {TEST: properties({1024: latencies(2000, 2, 1.3)})})
-    lines = format_comparison(compare_runs(base, cur, {}))
+    lines = format_comparison(compare_runs(base, cur, {"p99": 0.1}))
     header, *rows = lines[:3]
     assert header.split() == [
-        "test", "benchmark", "fabric", "size", "metric", "baseline", "current", "change", "verdict"
+        "test", "benchmark", "fabric", "size", "metric", "baseline", "current", "change",
+        "detectable", "verdict",
     ]  # fmt: skip
     assert all(row.split()[-1] == "REGRESSION" for row in rows)
+    assert all(row.split()[-2].startswith(">=") for row in rows)
     assert len({row.index("1KiB") for row in rows}) == 1
     assert header.index("change") + len("change") == rows[0].index("%") + 1
     assert lines[3].startswith(f"regression: {TEST} on lo: p2p_latency 1KiB p50: +")

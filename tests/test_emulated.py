@@ -371,9 +371,9 @@ def test_the_node_acceptance_suite_rejects_a_slow_node(
     assert outcomes.get("failed", 0) >= 2, new.stdout.str()[-3000:]
     new.stdout.fnmatch_lines(
         [
-            "*test_bandwidth*regressed against baseline*",
+            "*regression: *against baseline*test_bandwidth*",
             "*p2p_bandwidth*4MiB*p50*REGRESSION*",
-            "*test_ps_throughput*regressed against baseline*",
+            "*regression: *against baseline*test_ps_throughput*",
         ]
     )
 

@@ -225,7 +225,7 @@ def test_the_gate_flags_a_sync_sgd_step_50_percent_slower(tmp_path: Path, steps:
     settings = settings_from_options(str(baseline), ["10%"], alpha=None, inconclusive=None,
                                      bad_baseline=None, mismatch=None)  # fmt: skip
     verdict = BaselineGate(settings, {}, ["lo"]).judge(NODEID, _props(slow))
-    assert verdict.failure is not None and "regressed against baseline" in verdict.failure
+    assert verdict.failure is not None and verdict.failure.startswith("regression: ")
     recorded = dict(verdict.properties)
     at = "tfgrpc.sync_sgd_step.hep_cnn"
     assert recorded[f"{at}.step_p50.verdict"] == "regression"

@@ -68,7 +68,7 @@ def test_an_injected_slowdown_fails_the_slowed_test_only(
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*test_perf.py::test_slowed?lo? regressed against baseline*",
+            "*regression: p2p_latency.1KiB.p50 against baseline * in test_perf.py::test_slowed?lo?",
             "*p2p_latency*lo*1KiB*p50*REGRESSION*",
             "*= tfgrpc baseline =*",
             "*regression: test_perf.py::test_slowed?lo? p2p_latency.1KiB.p50 *",

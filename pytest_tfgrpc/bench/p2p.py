@@ -13,12 +13,15 @@ TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import random
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
 from pytest_tfgrpc.bench.partial import keeping_partial
@@ -41,11 +44,14 @@ from pytest_tfgrpc.wire.client import (
 from pytest_tfgrpc.wire.schemes import Payload, payload_message
 from pytest_tfgrpc.wire.tensors import Tensor
 
+_T = TypeVar("_T")
+
 RPCS = ("unary", "stream")
 DIRECTIONS = ("push", "pull")
 
-LATENCY_RUN = RunSpec(iterations=1000, warmup=50, max_seconds=5.0, warmup_seconds=1.0)
-BANDWIDTH_RUN = RunSpec(iterations=50, warmup=3, max_seconds=5.0, warmup_seconds=2.0)
+#: Ten rounds: Google Benchmark's U test wants at least 9 repetitions.
+LATENCY_RUN = RunSpec(iterations=1000, warmup=50, max_seconds=5.0, warmup_seconds=1.0, rounds=10)
+BANDWIDTH_RUN = RunSpec(iterations=50, warmup=3, max_seconds=5.0, warmup_seconds=2.0, rounds=10)
 
 
 def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
@@ -91,6 +97,7 @@ def _size_result(
     samples: Samples,
     elapsed: int,
     cpu: Mapping[str, CpuTime] | None,
+    rounds: tuple[int, ...] = (),
 ) -> SizeResult:
     payload = message if isinstance(message, Payload) else None
     return SizeResult.from_samples(
@@ -101,6 +108,7 @@ def _size_result(
         payload=payload.description if payload else "",
         buffers=payload.sizes if payload else (),
         cpu=cpu,
+        rounds=rounds if len(rounds) > 1 else (),
     )
 
 
@@ -157,10 +165,45 @@ def p2p_result(
     )
 
 
-# --- latency -------------------------------------------------------------------------------
+class _Channels:
+    """One connected channel per tensor, opened at its first round and kept for the others
+    (a reconnect per round would time connection setup into the rounds' warm-up), and one
+    event loop for the stream rounds (:meth:`run`); all closed on the way out. Channels are
+    opened by :func:`~pytest_tfgrpc.wire.client.connect`, under the process's TLS setting,
+    and report ``server``'s death while connecting."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self._open: dict[int, grpc.Channel] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run a round's coroutine on the call's one event loop."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return run_async(coro, self._loop)
+
+    def get(self, tensor: Tensor) -> grpc.Channel:
+        channel = self._open.get(id(tensor))
+        if channel is None:
+            channel = self._open[id(tensor)] = connect(self.server.target, server=self.server)
+        return channel
+
+    def __enter__(self) -> _Channels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._open:
+            self._open.popitem()[1].close()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+
 def deadline(server: Server, run: RunSpec, nbytes: int) -> Deadline:
     """The deadline of every call (or stream) of ``run`` moving ``nbytes`` with ``server``:
-    the run's own bound (warm-up and measured time) and the fabric's speed where known."""
+    the run's own bound (warm-up and measured time) and the fabric's speed where known.
+    ``run`` is the whole call's spec, not one round's: a call may take as long as the run may."""
     bound = run.warmup_seconds + run.time_limit_s
     return call_deadline(nbytes, bound_s=bound, speed_mbps=server.fabric.speed_mbps)
 
@@ -170,37 +213,32 @@ def _wire(tensor: Tensor, mode: str, what: str) -> int:
     return tensor.wire_bytes(mode) * (2 if "echo" in what else 1)
 
 
+# --- latency -------------------------------------------------------------------------------
 def _latency_unary(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+    channel: grpc.Channel, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    channel = connect(server.target, server=server)
-    try:
-        call = channel.unary_unary(transport.method(mode, "Echo"))
-        timeout = deadline(server, run, 2 * tensor.wire_bytes(mode)).seconds
-        if mode == "raw":
-            message = tensor.content
-            _verify_echo(tensor, mode, call(message, timeout=timeout))
+    call = channel.unary_unary(transport.method(mode, "Echo"))
+    if mode == "raw":
+        message = tensor.content
+        _verify_echo(tensor, mode, call(message, timeout=timeout))
 
-            def op() -> object:
-                return call(message, timeout=timeout)
+        def op() -> object:
+            return call(message, timeout=timeout)
 
-        else:
-            content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-            encode, decode = codec.encode_tensor, codec.decode_tensor
-            _verify_echo(tensor, mode, call(encode(content, dtype, shape), timeout=timeout))
+    else:
+        content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
+        encode, decode = codec.encode_tensor, codec.decode_tensor
+        _verify_echo(tensor, mode, call(encode(content, dtype, shape), timeout=timeout))
 
-            def op() -> object:
-                return decode(call(encode(content, dtype, shape), timeout=timeout))
+        def op() -> object:
+            return decode(call(encode(content, dtype, shape), timeout=timeout))
 
-        return measure(op, run, probe)
-    finally:
-        channel.close()
+    return measure(op, run, probe)
 
 
 async def _latency_stream(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    timeout = deadline(server, run, 2 * tensor.wire_bytes(mode)).seconds
     async with _stream(server, transport.method(mode, "EchoStream"), timeout) as stream:
         write, read = stream.write, stream.read
         content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
@@ -224,8 +262,49 @@ async def _latency_stream(
         return await measure_async(op, run, probe)
 
 
-#: Measures one tensor: (samples, elapsed ns), telling the probe when timing starts and ends.
-MeasureOne = Callable[[Tensor, Phase], tuple[Samples, int]]
+#: Measures one tensor for one round: (samples, elapsed ns), telling the probe when timing
+#: starts and ends; the last argument is the deadline of each call, in seconds.
+MeasureOne = Callable[[Tensor, Phase, RunSpec, float], tuple[Samples, int]]
+
+
+class _Sweep:
+    """The samples, time and CPU time of each message, gathered over the rounds."""
+
+    def __init__(self, messages: tuple[Message, ...], mode: str) -> None:
+        self.messages = messages
+        self.mode = mode
+        self.tensors = [_tensor(message) for message in messages]
+        self.parts: list[list[Samples]] = [[] for _ in messages]
+        self.elapsed = [0] * len(messages)
+        self.cpu: list[dict[str, CpuTime]] = [{} for _ in messages]
+
+    def add(self, index: int, samples: Samples, took: int, usage: Mapping[str, CpuTime]) -> None:
+        self.parts[index].append(samples)
+        self.elapsed[index] += took
+        for role, used in usage.items():
+            had = self.cpu[index].get(role, CpuTime(0, 0))
+            self.cpu[index][role] = CpuTime(
+                had.user_ns + used.user_ns, had.system_ns + used.system_ns
+            )
+
+    def results(self) -> tuple[SizeResult, ...]:
+        """A result per message with at least one round measured (all of them once the sweep
+        is done; before a failure, those measured so far)."""
+        return tuple(
+            _size_result(
+                message,
+                tensor,
+                self.mode,
+                np.concatenate(part),
+                took,
+                used or None,
+                tuple(len(samples) for samples in part),
+            )
+            for message, tensor, part, took, used in zip(
+                self.messages, self.tensors, self.parts, self.elapsed, self.cpu, strict=True
+            )
+            if part
+        )
 
 
 def _measure_each(
@@ -238,24 +317,38 @@ def _measure_each(
     progress: Progress | None,
     build: Callable[[tuple[SizeResult, ...]], BenchmarkResult],
 ) -> BenchmarkResult:
-    """Measure every message in turn, with the CPU time of both ends, into ``build``'s
-    result. A failed call is reported as the server's death when that is what happened, in
-    one line; the sizes measured before it travel on the error (:mod:`.partial`)."""
-    checked = _check_messages(messages)
-    results: list[SizeResult] = []
-    with keeping_partial(results, build):
-        for index, message in enumerate(checked, 1):
-            if progress is not None:
-                progress(index, len(checked), _name(message))
-            tensor = _tensor(message)
-            try:
-                with CpuProbe(server.target) as probe:
-                    samples, elapsed = measure_one(tensor, probe)
-            except grpc.RpcError as error:
+    """Measure every message in ``run.round_count`` rounds, each round visiting every message
+    once in a new order (Google Benchmark's random interleaving, seeded), so that drift over
+    the call spreads over all sizes and rounds; with the CPU time of both ends, into
+    ``build``'s result. Every call's deadline comes from the whole ``run``'s bound and the
+    bytes it moves. A failed call is reported as the server's death when that is what
+    happened, in one line; the sizes measured before it (each with the rounds it completed)
+    travel on the error (:mod:`.partial`)."""
+    sweep = _Sweep(_check_messages(messages), mode)
+    count = len(sweep.messages)
+    with contextlib.ExitStack() as stack, keeping_partial(sweep.results, build):
+        # A probe per message, opened when the message is first measured and kept for its
+        # later rounds (its CPU times are read per round).
+        probes: dict[int, CpuProbe] = {}
+        order = list(range(count))
+        shuffle = random.Random(count).shuffle
+        for round_index in range(run.round_count):
+            spec = run.round_spec(round_index)
+            for index in order:
+                tensor = sweep.tensors[index]
+                if progress is not None and round_index == 0:
+                    progress(index + 1, count, _name(sweep.messages[index]))
                 limit = deadline(server, run, _wire(tensor, mode, what))
-                raise explain(error, server, f"{what} of {tensor.nbytes} B", limit) from None
-            results.append(_size_result(message, tensor, mode, samples, elapsed, probe.usage))
-    return build(tuple(results))
+                try:
+                    if index not in probes:
+                        probes[index] = stack.enter_context(CpuProbe(server.target))
+                    probe = probes[index]
+                    samples, took = measure_one(tensor, probe, spec, limit.seconds)
+                except grpc.RpcError as error:
+                    raise explain(error, server, f"{what} of {tensor.nbytes} B", limit) from None
+                sweep.add(index, samples, took, probe.usage or {})
+            shuffle(order)
+    return build(sweep.results())
 
 
 def _builder(
@@ -287,54 +380,59 @@ def p2p_latency(
     """Echo round-trip time of each size or payload (TF-gRPC-P2P-Latency)."""
     _check_choice("mode", mode, transport.MODES)
     _check_choice("rpc", rpc, RPCS)
-
-    def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
-        if rpc == "unary":
-            return _latency_unary(server, tensor, mode, run, probe)
-        return run_async(_latency_stream(server, tensor, mode, run, probe))
-
     method = "Echo" if rpc == "unary" else "EchoStream"
     settings = run_settings(run, method=transport.method(mode, method))
     build = _builder("p2p_latency", label, server, mode, rpc, settings)
-    return _measure_each(server, sizes, mode, f"{rpc} echo", run, measure_one, progress, build)
+
+    with _Channels(server) as channels:
+
+        def measure_one(
+            tensor: Tensor, probe: Phase, spec: RunSpec, timeout: float
+        ) -> tuple[Samples, int]:
+            if rpc == "unary":
+                return _latency_unary(channels.get(tensor), tensor, mode, spec, probe, timeout)
+            return channels.run(_latency_stream(server, tensor, mode, spec, probe, timeout))
+
+        what = f"{rpc} echo"
+        return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)
 
 
 # --- bandwidth -----------------------------------------------------------------------------
 def _push_unary(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase
+    channel: grpc.Channel, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    channel = connect(server.target, server=server)
-    try:
-        call = channel.unary_unary(transport.method(mode, "Push"))
-        timeout = deadline(server, run, tensor.wire_bytes(mode)).seconds
-        content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-        expected = tensor.wire_bytes(mode)
-        if mode == "raw":
+    call = channel.unary_unary(transport.method(mode, "Push"))
+    content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
+    expected = tensor.wire_bytes(mode)
+    if mode == "raw":
 
-            def op() -> object:
-                return call(content, timeout=timeout)
+        def op() -> object:
+            return call(content, timeout=timeout)
 
-        else:
-            encode = codec.encode_tensor
+    else:
+        encode = codec.encode_tensor
 
-            def op() -> object:
-                return call(encode(content, dtype, shape), timeout=timeout)
+        def op() -> object:
+            return call(encode(content, dtype, shape), timeout=timeout)
 
-        acked, _ = codec.decode_ack(op())  # type: ignore[arg-type]
-        if acked != expected:
-            raise BenchmarkError(f"the server acknowledged {acked} B of a {expected} B push")
-        return measure(op, run, probe)
-    finally:
-        channel.close()
+    acked, _ = codec.decode_ack(op())  # type: ignore[arg-type]
+    if acked != expected:
+        raise BenchmarkError(f"the server acknowledged {acked} B of a {expected} B push")
+    return measure(op, run, probe)
 
 
 async def _push_stream(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, chunk_bytes: int, probe: Phase
+    server: Server,
+    tensor: Tensor,
+    mode: str,
+    run: RunSpec,
+    chunk_bytes: int,
+    probe: Phase,
+    timeout: float,
 ) -> tuple[Samples, int]:
     protobuf = mode == "protobuf"
     wire = tensor.wire_bytes(mode)
     content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-    timeout = deadline(server, run, wire).seconds
     metadata = ((transport.MESSAGE_BYTES_KEY, str(wire)),)
     async with _stream(server, transport.method(mode, "PushStream"), timeout, metadata) as stream:
         write, read = stream.write, stream.read
@@ -362,45 +460,40 @@ async def _push_stream(
 
 
 def _pull(
-    server: Server,
+    channel: grpc.Channel,
     tensor: Tensor,
     mode: str,
     rpc: str,
     run: RunSpec,
     chunk_bytes: int,
     probe: Phase,
+    timeout: float,
 ) -> tuple[Samples, int]:
-    channel = connect(server.target, server=server)
-    try:
-        request = codec.encode_pull_request(tensor.nbytes, tensor.dtype, chunk_bytes)
-        wire = tensor.wire_bytes(mode)
-        timeout = deadline(server, run, wire).seconds
-        protobuf = mode == "protobuf"
-        if rpc == "unary":
-            call = channel.unary_unary(transport.method(mode, "Pull"))
+    request = codec.encode_pull_request(tensor.nbytes, tensor.dtype, chunk_bytes)
+    protobuf = mode == "protobuf"
+    if rpc == "unary":
+        call = channel.unary_unary(transport.method(mode, "Pull"))
 
-            def op() -> int:
-                reply: bytes = call(request, timeout=timeout)
-                if protobuf:
-                    return len(codec.decode_tensor(reply).content)
-                return len(reply)
+        def op() -> int:
+            reply: bytes = call(request, timeout=timeout)
+            if protobuf:
+                return len(codec.decode_tensor(reply).content)
+            return len(reply)
 
-        else:
-            stream_call = channel.unary_stream(transport.method(mode, "PullStream"))
+    else:
+        stream_call = channel.unary_stream(transport.method(mode, "PullStream"))
 
-            def op() -> int:
-                replies: Iterator[bytes] = stream_call(request, timeout=timeout)
-                if not protobuf:
-                    return sum(len(piece) for piece in replies)
-                pieces = [codec.chunk_data(piece) for piece in replies]
-                return codec.content_span(pieces[0])[3] if pieces else 0
+        def op() -> int:
+            replies: Iterator[bytes] = stream_call(request, timeout=timeout)
+            if not protobuf:
+                return sum(len(piece) for piece in replies)
+            pieces = [codec.chunk_data(piece) for piece in replies]
+            return codec.content_span(pieces[0])[3] if pieces else 0
 
-        got = op()
-        if got != tensor.nbytes:
-            raise BenchmarkError(f"pulled {got} B of tensor content, asked for {tensor.nbytes} B")
-        return measure(op, run, probe)
-    finally:
-        channel.close()
+    got = op()
+    if got != tensor.nbytes:
+        raise BenchmarkError(f"pulled {got} B of tensor content, asked for {tensor.nbytes} B")
+    return measure(op, run, probe)
 
 
 def check_bandwidth_args(
@@ -440,15 +533,21 @@ def p2p_bandwidth(
 ) -> BenchmarkResult:
     """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s."""
     check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
-
-    def measure_one(tensor: Tensor, probe: Phase) -> tuple[Samples, int]:
-        if direction == "pull":
-            return _pull(server, tensor, mode, rpc, run, chunk_bytes, probe)
-        if rpc == "unary":
-            return _push_unary(server, tensor, mode, run, probe)
-        return run_async(_push_stream(server, tensor, mode, run, chunk_bytes, probe))
-
-    what = f"{rpc} {direction}"
     extra = bandwidth_extra(direction, mode, rpc, chunk_bytes)
     build = _builder("p2p_bandwidth", label, server, mode, rpc, run_settings(run, **extra))
-    return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)
+
+    with _Channels(server) as channels:
+
+        def measure_one(
+            tensor: Tensor, probe: Phase, spec: RunSpec, timeout: float
+        ) -> tuple[Samples, int]:
+            if direction == "pull":
+                channel = channels.get(tensor)
+                return _pull(channel, tensor, mode, rpc, spec, chunk_bytes, probe, timeout)
+            if rpc == "unary":
+                return _push_unary(channels.get(tensor), tensor, mode, spec, probe, timeout)
+            push = _push_stream(server, tensor, mode, spec, chunk_bytes, probe, timeout)
+            return channels.run(push)
+
+        what = f"{rpc} {direction}"
+        return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)

@@ -27,15 +27,18 @@ def first_line(error: BaseException) -> str:
 
 @contextmanager
 def keeping_partial(
-    points: Sequence[SizeResult], build: Callable[[tuple[SizeResult, ...]], R]
+    points: Sequence[SizeResult] | Callable[[], Sequence[SizeResult]],
+    build: Callable[[tuple[SizeResult, ...]], R],
 ) -> Iterator[None]:
     """On an exception inside, attach ``build(points so far)`` to it (if any were measured),
-    its settings marked ``interrupted`` with the cause, and let it propagate."""
+    its settings marked ``interrupted`` with the cause, and let it propagate. ``points`` is
+    the list the sweep appends to, or a function that returns the points measured so far."""
     try:
         yield
     except Exception as error:
-        if points and partial_result(error) is None:
-            result = build(tuple(points))
+        measured = tuple(points() if callable(points) else points)
+        if measured and partial_result(error) is None:
+            result = build(measured)
             settings = MappingProxyType({**result.settings, "interrupted": first_line(error)[:300]})
             setattr(error, _ATTRIBUTE, replace(result, settings=settings))
         raise

@@ -1,8 +1,10 @@
-"""One measurement at a time across pytest-xdist workers.
+"""One measurement at a time on a host: across pytest-xdist workers and across runs.
 
-Workers measuring at once on the same machine share its cores and its network stack, so
-each would measure the other. Tests that start servers or measure hold one lock, a
-``flock`` on a file that all workers of a run share, from their setup to their teardown.
+Processes measuring at once on the same machine share its cores and its network stack, so
+each would measure the other. Tests that start servers or measure hold one lock, a ``flock``
+on a file every pytest-tfgrpc run of the host shares, from their setup to their teardown. The
+holder writes its run id into the file, so that a test that had to wait can say whose
+measurement it waited for (another run's, or only a worker of its own run).
 """
 
 from __future__ import annotations
@@ -10,26 +12,46 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 
+HOST_LOCK_ENV = "TFGRPC_HOST_LOCK"
 
-def lock_path(run_id: str) -> Path:
-    """The lock file shared by every worker of the run ``run_id``."""
-    return Path(tempfile.gettempdir()) / f"pytest-tfgrpc-{run_id}.lock"
+
+def lock_path(run_id: str = "") -> Path:
+    """The lock file every run of this host shares (``$TFGRPC_HOST_LOCK`` to choose another);
+    ``run_id`` is accepted for the old per-run lock's callers and ignored."""
+    del run_id
+    given = os.environ.get(HOST_LOCK_ENV)
+    return Path(given) if given else Path(tempfile.gettempdir()) / "pytest-tfgrpc-host.lock"
 
 
 class MeasurementLock:
-    """An exclusive lock on ``path``, held while a benchmark test runs; re-entrant-free."""
+    """An exclusive lock on ``path``, held while a benchmark test runs; not re-entrant.
 
-    def __init__(self, path: Path) -> None:
+    After entering, ``waited_s`` is how long it waited, and ``waited_for`` the run id the
+    holder had written ("" when it did not wait)."""
+
+    def __init__(self, path: Path, run_id: str = "") -> None:
         self.path = path
+        self.run_id = run_id
+        self.waited_s = 0.0
+        self.waited_for = ""
         self._fd: int | None = None
 
     def __enter__(self) -> MeasurementLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.waited_for = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+                start = time.monotonic()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self.waited_s = time.monotonic() - start
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, self.run_id.encode(), 0)
         except BaseException:
             os.close(fd)
             raise

@@ -21,7 +21,7 @@ from pytest_tfgrpc.bench import p2p
 from pytest_tfgrpc.bench.timing import RunSpec, Samples
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, encode_run
 from pytest_tfgrpc.results import CpuTime
-from pytest_tfgrpc.wire.client import BenchmarkError, run_async
+from pytest_tfgrpc.wire.client import BenchmarkError, connect, run_async
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import files_from_env, load_tls, use_tls
 from pytest_tfgrpc.wire.tensors import Tensor
@@ -85,16 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     tensor = Tensor.random(args.size)
     phase = _StartTogether()
     samples: Samples
+    timeout = p2p.deadline(server, run, tensor.wire_bytes(args.mode)).seconds
+    mode, chunk_bytes = args.mode, args.chunk_bytes
     try:
-        if args.direction == "pull":
-            samples, elapsed = p2p._pull(
-                server, tensor, args.mode, args.rpc, run, args.chunk_bytes, phase
-            )
-        elif args.rpc == "unary":
-            samples, elapsed = p2p._push_unary(server, tensor, args.mode, run, phase)
+        if args.rpc == "unary" or args.direction == "pull":
+            with connect(server.target) as channel:
+                if args.direction == "pull":
+                    samples, elapsed = p2p._pull(
+                        channel, tensor, mode, args.rpc, run, chunk_bytes, phase, timeout
+                    )
+                else:
+                    samples, elapsed = p2p._push_unary(channel, tensor, mode, run, phase, timeout)
         else:
             samples, elapsed = run_async(
-                p2p._push_stream(server, tensor, args.mode, run, args.chunk_bytes, phase)
+                p2p._push_stream(server, tensor, mode, run, chunk_bytes, phase, timeout)
             )
     except (grpc.RpcError, BenchmarkError) as exc:
         print(f"stream worker: {exc}", file=sys.stderr)

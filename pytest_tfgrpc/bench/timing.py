@@ -23,6 +23,10 @@ class RunSpec:
     run): operations are timed for ``duration`` seconds, and ``iterations`` only caps the
     count. Either way the measurement stops at ``max_seconds``, and the warm-up at
     ``warmup_seconds``: every loop is bounded in count and in time.
+
+    ``rounds`` splits the measurement into that many rounds, interleaved in time with the other
+    sizes of the same call (:meth:`round_spec`): the unit of replication the baseline gate tests
+    across, as Google Benchmark's repetitions are.
     """
 
     iterations: int
@@ -30,6 +34,7 @@ class RunSpec:
     max_seconds: float
     warmup_seconds: float
     duration: float | None = None
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -41,6 +46,29 @@ class RunSpec:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if self.duration is not None and not self.duration > 0:
             raise ValueError(f"duration must be positive, not {self.duration}")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds must be a whole number >= 1, not {self.rounds!r}")
+
+    @property
+    def round_count(self) -> int:
+        """The rounds actually measured: :attr:`rounds`, but never more than the operations."""
+        return max(1, min(self.rounds, self.iterations))
+
+    def round_spec(self, index: int) -> RunSpec:
+        """The spec of round ``index`` (from 0) of :attr:`round_count`: the count shared out
+        so that the rounds add up to ``iterations`` exactly, a share of the time; the first
+        round warms up in full, later ones (on a warm channel) briefly."""
+        share = self.round_count
+        if share == 1:
+            return self
+        count, extra = divmod(self.iterations, share)
+        return RunSpec(
+            iterations=count + (1 if index < extra else 0),
+            warmup=self.warmup if index == 0 else min(self.warmup, max(1, self.warmup // share)),
+            max_seconds=self.max_seconds / share,
+            warmup_seconds=self.warmup_seconds if index == 0 else self.warmup_seconds / share,
+            duration=None if self.duration is None else self.duration / share,
+        )
 
     @property
     def time_limit_s(self) -> float:
@@ -62,6 +90,8 @@ class RunSpec:
         }
         if self.duration is not None:
             out["duration_s"] = f"{self.duration:g}"
+        if self.rounds > 1:
+            out["rounds"] = str(self.rounds)
         return out
 
 

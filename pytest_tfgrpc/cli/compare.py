@@ -1,4 +1,7 @@
-"""``tfgrpc-compare OLD.xml NEW.xml``: the baseline gate outside pytest, for CI.
+"""``tfgrpc-compare OLD... NEW.xml``: the baseline gate outside pytest, for CI.
+
+``OLD`` may be one run's JUnit XML or several earlier runs (files, directories of JUnit files,
+results files), oldest first: with >= 3 the gate knows the spread between runs.
 
 Prints the comparison table (see :func:`pytest_tfgrpc.report.compare.format_comparison`) and exits
 0 when nothing regressed, 1 on a regression (or an inconclusive verdict or a setup mismatch,
@@ -13,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pytest_tfgrpc.report.compare import compare_runs, format_comparison
-from pytest_tfgrpc.report.junit import BaselineError, load_baseline
+from pytest_tfgrpc.report.compare import Outcome, compare_runs, format_comparison
+from pytest_tfgrpc.report.junit import BaselineError, load_baseline, load_history
 from pytest_tfgrpc.report.tolerance import DEFAULT_TOLERANCE, ToleranceError, parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA, DEFAULT_RESAMPLES, MAX_RESAMPLES
 
@@ -60,8 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="exit status: 0 no regression, 1 regression (or a failing policy), 2 bad input",
     )
-    parser.add_argument("old", metavar="OLD.xml", help="the baseline run's JUnit XML")
+    parser.add_argument(
+        "old",
+        metavar="OLD",
+        nargs="+",
+        help="the baseline: a run's JUnit XML, or several earlier runs (JUnit files, "
+        "directories of them, --tfgrpc-results files), oldest first",
+    )
     parser.add_argument("new", metavar="NEW.xml", help="the current run's JUnit XML")
+    parser.add_argument(
+        "--missing",
+        choices=("fail", "warn"),
+        default="fail",
+        help="whether a baseline figure the current run lacks fails (default: fail)",
+    )
     parser.add_argument(
         "--max-regression",
         metavar="[METRIC:]PCT",
@@ -112,7 +127,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except ToleranceError as error:
         parser.error(f"--max-regression: {error}")
     try:
-        old = load_baseline(args.old)
+        old = load_history(args.old)
         new = load_baseline(args.new)
     except BaselineError as error:
         print(f"{PROG}: error: {error}", file=stderr)
@@ -125,6 +140,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     failures = []
     if comparison.regressions:
         failures.append(f"{len(comparison.regressions)} regressed")
+    invalid = comparison.with_outcome(Outcome.INVALID)
+    if invalid:
+        failures.append(f"{len(invalid)} invalid (zero, negative, NaN or infinite)")
+    if not comparison.verdicts:
+        failures.append("nothing compared: no figure of the baseline matches the current run")
+    if args.missing == "fail" and comparison.missing:
+        failures.append(f"{len(comparison.missing)} missing (--missing fail)")
     if args.inconclusive == "fail" and comparison.inconclusive:
         failures.append(f"{len(comparison.inconclusive)} inconclusive (--inconclusive fail)")
     if args.mismatch == "fail" and comparison.mismatches:

@@ -30,8 +30,10 @@ ALLOCATOR_HELP = (
     "with every result."
 )
 BASELINE_HELP = (
-    "JUnit XML of an earlier run: every figure of every test and fabric is compared with it, "
-    "and a significant regression beyond the tolerance fails that test"
+    "an earlier run to gate against: its JUnit XML, a directory of runs' JUnit files (sorted "
+    "by name, oldest first) or a --tfgrpc-results file; repeat for several runs. Every figure "
+    "of every test and fabric is compared, and a significant regression beyond the tolerance "
+    "fails that test; with >= 3 runs the gate knows the spread between runs"
 )
 TOLERANCE_HELP = (
     "largest change that is not a regression, per metric or for all: 10%, p99:10%, "
@@ -93,6 +95,11 @@ GATE_POLICIES = {
     "baseline-mismatch": (
         ("fail", "warn"),
         "a baseline from another host, fabric, MTU or grpcio: fail the run or warn (default)",
+    ),
+    "missing": (
+        ("fail", "warn"),
+        "a baseline figure this run did not compare (test renamed, removed or deselected, "
+        "fabric not measured): fail the run (default) or only list it",
     ),
 }
 TLS_OPTIONS = {
@@ -189,7 +196,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ini_default="tuned",
         choices=ALLOCATOR_POLICIES,
     )
-    _add(group, parser, ("--tfgrpc-baseline",), "tfgrpc_baseline", BASELINE_HELP, metavar="FILE")
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-baseline",),
+        "tfgrpc_baseline",
+        BASELINE_HELP,
+        ini_type="args",
+        ini_default=[],
+        action="append",
+        metavar="PATH",
+    )
     _add(
         group,
         parser,

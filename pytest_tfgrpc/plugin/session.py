@@ -4,12 +4,18 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
+import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
-from _pytest.junitxml import xml_key  # pytest's own JUnit writer: suite properties
+
+# pytest's own JUnit writer: suite properties, and how it names a test case
+from _pytest.junitxml import bin_xml_escape, mangle_test_address, xml_key
 
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
@@ -33,6 +39,19 @@ from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, r
 from pytest_tfgrpc.wire.security import TlsError, TlsFiles, load_tls, tls_mode, use_tls
 
 SESSION_NAME = "tfgrpc-session"
+#: The run id's metadata key (``tfgrpc.meta.run_id``), and how xdist workers learn it.
+RUN_ID = "run_id"
+RUN_ID_KEY = "tfgrpc_run_id"
+#: The property of a test that waited for another run's measurement on this host.
+HOST_WAIT = f"{META_PREFIX}host_wait"
+
+
+def new_run_id() -> str:
+    """A run id: UTC start time, host and a random part (``20261130T235500Z-host-1a2b3c4d``)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{stamp}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
 _MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
 
 
@@ -95,21 +114,38 @@ def run_overrides(config: pytest.Config) -> RunOverrides:
     )
 
 
+def junit_name(config: pytest.Config, nodeid: str) -> str:
+    """A test's ``classname.name`` exactly as pytest's JUnit writer names it: its address
+    mangled (path to dots, ``::`` to dots, parameters kept), ``--junit-prefix`` before the
+    classname, the name escaped of characters XML cannot hold. (The node id itself depends on
+    the rootdir, so runs from another rootdir name their tests differently: the gate then
+    says which baseline tests it could not find and what they look like.)"""
+    names = mangle_test_address(nodeid)
+    classnames = names[:-1]
+    prefix = getattr(config.option, "junitprefix", None)
+    if prefix:
+        classnames.insert(0, prefix)
+    name = bin_xml_escape(names[-1])
+    return f"{'.'.join(classnames)}.{name}" if classnames else name
+
+
 def _baseline_gate(
     config: pytest.Config, meta: dict[str, str], fabrics: tuple[Fabric, ...]
 ) -> BaselineGate | None:
-    path = option(config, "tfgrpc_baseline")
-    if not path:
+    given = option(config, "tfgrpc_baseline")
+    if not given:
         return None
+    paths = [given] if isinstance(given, str) else [str(p) for p in given]
     try:
         alpha = option(config, "tfgrpc_alpha")
         settings = settings_from_options(
-            str(path),
+            paths,
             option(config, "tfgrpc_max_regression") or [],
             alpha=float(alpha) if alpha is not None else None,
             inconclusive=option(config, "tfgrpc_inconclusive"),
             bad_baseline=option(config, "tfgrpc_bad_baseline"),
             mismatch=option(config, "tfgrpc_baseline_mismatch"),
+            missing=option(config, "tfgrpc_missing"),
         )
         unprefixed = {k.removeprefix(META_PREFIX): v for k, v in meta.items()}
         return BaselineGate(settings, unprefixed, [f.name for f in fabrics])
@@ -148,11 +184,14 @@ def start(config: pytest.Config) -> RunState:
         "TFGRPC_ALLOCATOR": str(policy),
         **tls.env(),
     }
-    meta = run_metadata(fabrics)
+    meta = run_metadata(fabrics, allocator=str(policy))
     try:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
     except ValueError as exc:
         raise pytest.UsageError(f"pytest_tfgrpc_run_metadata: {exc}") from None
+    workerinput = getattr(config, "workerinput", None)
+    run_id = str(workerinput.get(RUN_ID_KEY, "")) if workerinput else ""
+    meta[f"{META_PREFIX}{RUN_ID}"] = run_id or new_run_id()
     state = RunState(
         fabrics=fabrics,
         options=options,
@@ -168,8 +207,11 @@ def start(config: pytest.Config) -> RunState:
         reporter = SummaryReporter(
             [f.name for f in fabrics],
             state.gate,
-            ResultLog(results_path) if results_path else None,
+            ResultLog(results_path, run_id=meta[f"{META_PREFIX}{RUN_ID}"])
+            if results_path
+            else None,
             str(plot_dir) if plot_dir else None,
+            junit_name=lambda nodeid: junit_name(config, nodeid),
             html_path=str(html_path) if html_path else None,
             meta=state.meta,
         )
@@ -261,13 +303,29 @@ class TfgrpcSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
-        workerinput = getattr(item.config, "workerinput", None)
         uses = _MEASURING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if workerinput is None or not uses:
+        if not uses:
             return (yield)
-        # Under pytest-xdist: set up, measure and tear down one test at a time, run-wide.
-        with MeasurementLock(lock_path(str(workerinput["testrunuid"]))):
+        # Set up, measure and tear down one test at a time on this host: across pytest-xdist
+        # workers and across concurrent runs.
+        run_id = self.state.meta[f"{META_PREFIX}{RUN_ID}"]
+        with MeasurementLock(lock_path(), run_id) as lock:
+            if lock.waited_for and lock.waited_for != run_id and lock.waited_s >= 0.05:
+                # Said in the JUnit XML and at the end of the run (not as a warning, which
+                # -W error would turn into a failure of a test that only waited its turn).
+                item.user_properties.append(
+                    (
+                        HOST_WAIT,
+                        f"waited {lock.waited_s:.1f} s for run {lock.waited_for} to finish "
+                        f"measuring on this host (lock {lock.path})",
+                    )
+                )
             return (yield)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # pytest-xdist: every worker records the controller's run id.
+        node.workerinput[RUN_ID_KEY] = self.state.meta[f"{META_PREFIX}{RUN_ID}"]
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
@@ -279,7 +337,9 @@ class TfgrpcSession:
                 raise death
         gate = self.state.gate
         if gate is not None and any(name.startswith(PREFIX) for name, _ in item.user_properties):
-            verdict = gate.judge(item.nodeid, item.user_properties)
+            verdict = gate.judge(
+                item.nodeid, item.user_properties, junit_name(item.config, item.nodeid)
+            )
             item.user_properties.extend(verdict.properties)
             if verdict.failure is not None:
                 # Fails the call itself, so the regression is a failure in the JUnit XML.

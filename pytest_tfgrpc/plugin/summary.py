@@ -4,20 +4,70 @@ pytest-xdist workers' figures arrive too)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
+from _pytest.junitxml import xml_key
 
-from pytest_tfgrpc.report.gate import BaselineGate
+from pytest_tfgrpc.report.gate import (
+    BaselineGate,
+    compared_count,
+    finish_lines,
+    unmatched_figures,
+)
 from pytest_tfgrpc.report.html import HtmlRun, write_html
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
-from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PREFIX
+from pytest_tfgrpc.report.properties import (
+    LOOPBACK,
+    META_PREFIX,
+    PATH,
+    PREFIX,
+    ROUNDS,
+    parse_rounds,
+)
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.stats.replicates import UNSTABLE_CV, instability
 
 REPORTER_NAME = "tfgrpc-summary"
 
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "error": 2, "failed": 3}
+
+
+def _detection(properties: dict[str, object], verdict: str) -> str:
+    base = verdict.removesuffix(".verdict")
+    try:
+        change = float(str(properties.get(f"{base}.change", "nan")))
+        detectable = float(str(properties.get(f"{base}.detectable", "nan")))
+    except ValueError:
+        return ""
+    moved = f"{change:+.1%}" if math.isfinite(change) else "change n/a"
+    could = f"could detect >= {detectable:.1%}" if math.isfinite(detectable) else "no test ran"
+    return f"{moved}, {could}"
+
+
+def unstable_rounds(nodeid: str, properties: Sequence[tuple[str, object]]) -> list[str]:
+    """A warning per point whose rounds' p50 (or throughput) varies more than pyperf allows
+    (standard deviation above :data:`UNSTABLE_CV` of the mean)."""
+    out = []
+    for name, value in properties:
+        if not str(name).startswith(PREFIX) or not str(name).endswith(f".{ROUNDS}"):
+            continue
+        try:
+            rounds = parse_rounds(str(value))
+        except ValueError:
+            continue
+        for metric in ("p50", "throughput"):
+            cv = instability(rounds.get(metric, ()))
+            if math.isfinite(cv) and cv > UNSTABLE_CV:
+                point = str(name).removeprefix(PREFIX).removesuffix(f".{ROUNDS}")
+                out.append(
+                    f"unstable: {nodeid} {point} {metric} varies {cv:.0%} between rounds "
+                    f"(standard deviation / mean; pyperf warns above {UNSTABLE_CV:.0%}): the "
+                    "machine was busy or the figure is noisy"
+                )
+    return out
 
 
 class SummaryReporter:
@@ -31,10 +81,20 @@ class SummaryReporter:
         gate: BaselineGate | None,
         results: ResultLog | None,
         plot_dir: str | None,
+        junit_name: Callable[[str], str] = str,
         html_path: str | None = None,
         meta: Mapping[str, str] | None = None,
     ) -> None:
         self.fabrics = tuple(fabrics)
+        self.junit_name = junit_name
+        #: JUnit id -> properties of every test that reported, and the deselected tests' ids.
+        self.ran: dict[str, list[tuple[str, object]]] = {}
+        self.deselected: set[str] = set()
+        self.compared = 0
+        self.coverage: list[str] = []
+        self.unstable: list[str] = []
+        self.waits: list[str] = []
+        self.gate_failure: str | None = None
         self.gate = gate
         self.results = results
         self.plot_dir = plot_dir
@@ -60,7 +120,13 @@ class SummaryReporter:
         self._outcomes[report.nodeid] = state
         return state
 
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        self.deselected.update(self.junit_name(item.nodeid) for item in items)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = self.ran.setdefault(self.junit_name(report.nodeid), [])
+        if report.when in ("call", "teardown"):
+            props[:] = list(report.user_properties)
         outcome, duration = self._track(report)
         if report.when != "teardown":
             return
@@ -74,9 +140,16 @@ class SummaryReporter:
                 properties=report.user_properties,
                 worker=getattr(report, "worker_id", None),
             )
+        self.compared += compared_count(report.user_properties)
+        self.waits += [
+            f"tfgrpc: {report.nodeid} {value}"
+            for name, value in report.user_properties
+            if name == f"{META_PREFIX}host_wait"
+        ]
         if not report.user_properties:
             return
         self.figures[report.nodeid] = list(report.user_properties)
+        self.unstable.extend(unstable_rounds(report.nodeid, report.user_properties))
         self.rows.extend(summary_rows(report.nodeid, report.user_properties))
         properties = dict(report.user_properties)
         if PATH in properties:
@@ -85,16 +158,41 @@ class SummaryReporter:
             if not str(name).endswith(".verdict"):
                 continue
             self.verdicts[str(value)] = self.verdicts.get(str(value), 0) + 1
+            figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
             if value not in ("pass", "no baseline"):
                 reason = properties.get(f"{name}_reason", "")
-                figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
                 self.notes.append(f"{value}: {report.nodeid} {figure} {reason}")
+            elif value == "pass":
+                self.notes.append(f"pass: {report.nodeid} {figure} {_detection(properties, name)}")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Before pytest's JUnit writer (it writes in its own sessionfinish): say in the XML
+        # and the exit status what the baseline had that this run did not compare.
+        if self.gate is None or self.gate.baseline is None:
+            return
+        unmatched = unmatched_figures(self.gate.history, self.ran, self.deselected, self.fabrics)
+        self.coverage, self.gate_failure = finish_lines(self.gate, unmatched, self.compared)
+        logxml = session.config.stash.get(xml_key, None)
+        if logxml is not None:
+            logxml.add_global_property(f"{PREFIX}gate.compared", str(self.compared))
+            logxml.add_global_property(f"{PREFIX}gate.not_compared", str(len(unmatched)))
+            for u in unmatched:
+                logxml.add_global_property(f"{PREFIX}gate.not_compared.item", u.describe())
+            if self.gate_failure:
+                logxml.add_global_property(f"{PREFIX}gate.failure", self.gate_failure)
+        if self.gate_failure and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for line in self.waits:
+            terminalreporter.write_line(line, yellow=True)
         if self.rows:
             terminalreporter.write_sep("=", "tfgrpc")  # section() would leave a blank line
             for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
+            for line in self.unstable:
+                terminalreporter.write_line(line, yellow=True)
         loopback = sum(path.startswith(LOOPBACK) for path in self.paths.values())
         if loopback:
             terminalreporter.write_line(
@@ -124,7 +222,11 @@ class SummaryReporter:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.verdicts.items()))
         terminalreporter.write_line(f"figures compared: {counts or 'none'}")
         for note in self.notes:
-            terminalreporter.write_line(note, red=note.startswith("regression"))
+            terminalreporter.write_line(note, red=note.startswith(("regression", "invalid")))
+        for line in self.coverage:
+            terminalreporter.write_line(line, yellow=line.startswith("not compared"))
+        if self.gate_failure:
+            terminalreporter.write_line(f"FAILED {self.gate_failure}", red=True, bold=True)
 
     def _write_html(self, terminalreporter: pytest.TerminalReporter) -> None:
         assert self.html_path is not None

@@ -1,11 +1,16 @@
 """Baseline verdicts: say per figure whether a run regressed against an earlier one, and
 tabulate it.
 
-A comparison of one figure has four outcomes (:class:`Outcome`). A **regression** is a change
+A comparison of one figure has five outcomes (:class:`Outcome`). A **regression** is a change
 for the worse that is both larger than the metric's tolerance and statistically significant at
 level ``alpha``; an **improvement** is the same for the better. A change within the tolerance
 **passes**, significant or not. A change beyond the tolerance that is not significant, or too
-few samples to test at all, is **inconclusive**. How each figure is tested is the registry's
+few samples to test at all, is **inconclusive**. A zero, negative, NaN or infinite figure is
+**invalid**. Every verdict carries the smallest change the test could have detected.
+
+A figure measured in rounds (P2P) is tested across rounds and runs, not samples
+(:func:`~pytest_tfgrpc.stats.replicates.replicate_test`; a baseline may be a history of runs).
+Otherwise how each figure is tested is the registry's
 (:class:`~pytest_tfgrpc.report.metrics.GateTest`), on the sketched samples:
 
 - central figures (``p50``, ``mean``, ``step_p50``, ``step_mean``) and rates (``throughput``,
@@ -27,22 +32,26 @@ testing. The runs are read by :mod:`pytest_tfgrpc.report.junit`, the tolerances 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
+from statistics import NormalDist
+from typing import Any
 
 from pytest_tfgrpc.report.junit import Baseline, Key, Measurement, measurements_from_properties
 from pytest_tfgrpc.report.metrics import GATED, GateTest
-from pytest_tfgrpc.report.properties import PREFIX, SKETCH
+from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
+from pytest_tfgrpc.stats.replicates import invalid_values, replicate_test
 from pytest_tfgrpc.stats.significance import (
     DEFAULT_ALPHA,
     DEFAULT_RESAMPLES,
     bootstrap_quantile_ratio,
     mann_whitney_u_sketches,
 )
+from pytest_tfgrpc.stats.sketch import Sketch
 
 __all__ = [
     "Comparison",
@@ -73,6 +82,8 @@ class Outcome(str, Enum):
     REGRESSION = "regression"
     IMPROVEMENT = "improvement"
     INCONCLUSIVE = "inconclusive"
+    #: A figure that cannot be a measurement: zero, negative, NaN or infinite.
+    INVALID = "invalid"
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,11 @@ class Verdict:
     is ``current / baseline - 1`` (NaN when undefined). ``method`` names the test
     (``mann-whitney-u`` or ``bootstrap``, empty when none ran); ``p_value`` is the U test's,
     ``ci`` the bootstrap interval of the relative change at level ``1 - alpha``. ``reason`` is
-    one line for people.
+    one line for people. ``detectable`` is the smallest relative change (a fraction, either
+    way) this figure's noise would let the test call significant, NaN when no test ran; a
+    regression also needs the change beyond ``tolerance``, so the gate sees changes beyond
+    ``max(tolerance, detectable)`` (:attr:`threshold`). ``runs`` counts the baseline runs
+    the verdict drew on.
     """
 
     key: Key
@@ -101,6 +116,21 @@ class Verdict:
     p_value: float | None = None
     ci: tuple[float, float] | None = None
     alpha: float = DEFAULT_ALPHA
+    detectable: float = math.nan
+    runs: int = 1
+
+    @property
+    def threshold(self) -> float:
+        """The smallest change the gate would flag: the tolerance or, when larger, what the
+        noise lets the test detect (NaN when no test could run)."""
+        return max(self.tolerance, self.detectable) if math.isfinite(self.detectable) else math.nan
+
+    def detection(self) -> str:
+        """``could detect >= 12.3%``, or why it could not detect anything."""
+        if not math.isfinite(self.threshold):
+            return "could detect: nothing (no test ran)"
+        noise = f"noise {self.detectable:.1%}" if self.detectable > self.tolerance else "tolerance"
+        return f"could detect >= {self.threshold:.1%} ({noise})"
 
 
 def _pct(x: float) -> str:
@@ -120,8 +150,21 @@ def compare_figure(
     alpha: float = DEFAULT_ALPHA,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    earlier: Sequence[Measurement] = (),
+    family: int = 1,
 ) -> Verdict:
     """Compare one figure of one test, fabric, label and size between two runs.
+
+    When both runs measured the point in rounds (``Measurement.rounds``), the test is across
+    rounds or runs, not samples (:func:`~pytest_tfgrpc.stats.replicates.replicate_test`):
+    ``earlier`` are older baseline runs' measurements of the same point, whose spread between
+    runs the test then uses (``baseline`` is the most recent). A zero, negative, NaN or
+    infinite figure or round is :attr:`Outcome.INVALID`. ``family`` is how many figures the
+    caller tests together (a test's): the replicate test runs at ``alpha / family``
+    (Bonferroni), so that a run of many figures fails unchanged code no more often than
+    ``alpha`` says. With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
+    baseline runs the spread between runs is unknown and taken as one round's. Without
+    rounds:
 
     The change is taken from the recorded figures; its significance from the sketches, by
     the test the registry names for the metric (see the module docstring). Regression: worse
@@ -146,8 +189,8 @@ def compare_figure(
     ci: tuple[float, float] | None = None
     method = ""
 
-    def verdict(outcome: Outcome, reason: str) -> Verdict:
-        return Verdict(
+    def verdict(outcome: Outcome, reason: str, **found: Any) -> Verdict:
+        made = Verdict(
             key=current.key,
             metric=metric,
             outcome=outcome,
@@ -163,18 +206,32 @@ def compare_figure(
             p_value=p_value,
             ci=ci,
             alpha=alpha,
+            detectable=detectable,
+            runs=1 + len(earlier),
         )
+        return replace(made, **found) if found else made
 
+    detectable = math.nan
     inconclusive = Outcome.INCONCLUSIVE
     for name, value in (("baseline", old), ("current run", new)):
         if value is None:
             return verdict(inconclusive, f"the {name} has no {metric} figure")
-        if not math.isfinite(value):
-            return verdict(inconclusive, f"the {name}'s {metric} is {value}")
-    if not base_value:
-        return verdict(inconclusive, f"the baseline's {metric} is 0: no relative change")
+    for name, m in (("baseline", baseline), ("current run", current)):
+        why = invalid_figure(m, metric)
+        if why:
+            return verdict(Outcome.INVALID, f"the {name}'s {why}: not a measurement")
     worse = -change if gated.higher_is_better else change
     limit = f"{_percent(tolerance)} tolerance"
+    runs = [m.rounds[metric] for m in (*earlier, baseline) if len(m.rounds.get(metric, ())) > 1]
+    if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
+        return _replicated(
+            verdict,
+            current.rounds[metric],
+            runs,
+            gated.higher_is_better,
+            tolerance,
+            alpha / max(family, 1),
+        )
     if gated.gate is GateTest.RATIO:
         # A figure the run fixes (a placement's imbalance): any change is real.
         method = "ratio"
@@ -207,6 +264,7 @@ def compare_figure(
         method, p_value = "mann-whitney-u", test.p_value
         direction = (1 if test.x_larger else -1) if test.p_value < alpha else 0
         evidence = f"Mann-Whitney U p={test.p_value:.2g}"
+        detectable = _sample_detectable(baseline.sketch, current.sketch, alpha)
     else:
         assert gated.quantile is not None  # the registry bootstraps quantiles only
         low, high = bootstrap_quantile_ratio(
@@ -221,6 +279,7 @@ def compare_figure(
         if not (math.isfinite(low) and math.isfinite(high)):
             return verdict(inconclusive, "the bootstrap is undefined (a resampled value of 0)")
         ci = (low - 1.0, high - 1.0)
+        detectable = (high - low) / 2.0
         direction = 1 if low > 1.0 else -1 if high < 1.0 else 0
         evidence = f"bootstrap {1 - alpha:.0%} CI [{_pct(ci[0])}, {_pct(ci[1])}]"
     moved = _pct(change)
@@ -237,6 +296,80 @@ def compare_figure(
         return verdict(inconclusive, f"{moved} is beyond the {limit} but {why} ({evidence})")
     significance = "significant" if direction else "not significant"
     return verdict(Outcome.PASS, f"{moved} is within the {limit} ({significance}: {evidence})")
+
+
+def invalid_figure(measurement: Measurement, metric: str) -> str:
+    """Why ``measurement``'s ``metric`` (its figure, or a round of it) is no measurement:
+    zero, negative, NaN or infinite; "" when it is one. A placement's ``imbalance`` of 0 is
+    as invalid as a latency of 0."""
+    value = measurement.figures.get(metric)
+    if value is not None:
+        why = invalid_values((value,))
+        if why:
+            return f"{metric} is {value:g}" if math.isfinite(value) else f"{metric} is {value}"
+    why = invalid_values(measurement.rounds.get(metric, ()))
+    return f"{metric} per round: {why}" if why else ""
+
+
+def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float:
+    """The smallest median shift the U test would call significant on samples this spread,
+    were they independent (they are not quite: consecutive samples correlate): the normal
+    approximation of the median's standard error from the inter-quartile range of the logs."""
+    spreads = []
+    for sketch in (baseline, current):
+        q1, q3 = sketch.quantile(0.25), sketch.quantile(0.75)
+        if not (q1 > 0 and q3 > 0):
+            return math.nan
+        spreads.append((math.log(q3) - math.log(q1)) / 1.349)
+    se = 1.2533 * math.sqrt(
+        spreads[0] ** 2 / max(baseline.count, 1) + spreads[1] ** 2 / max(current.count, 1)
+    )
+    return math.expm1(NormalDist().inv_cdf(1.0 - alpha / 2.0) * se)
+
+
+def _replicated(
+    verdict: Callable[..., Verdict],
+    current: Sequence[float],
+    runs: Sequence[Sequence[float]],
+    higher_is_better: bool,
+    tolerance: float,
+    alpha: float,
+) -> Verdict:
+    """The verdict of a figure measured in rounds (see :func:`compare_figure`)."""
+    try:
+        test = replicate_test(current, runs, alpha=alpha)
+    except ValueError as error:
+        return verdict(Outcome.INCONCLUSIVE, str(error))
+    found = {
+        "baseline": test.baseline,
+        "current": test.current,
+        "change": test.change,
+        "detectable": test.detectable,
+        "runs": test.runs,
+        "method": test.method,
+        "p_value": test.p_value,
+    }
+    worse = -test.change if higher_is_better else test.change
+    bad = worse > 0
+    limit = f"{_percent(tolerance)} tolerance"
+    seen = f"could detect >= {max(tolerance, test.detectable):.1%}"
+    evidence = f"{test.method}, {test.rounds} rounds, p={test.p_value:.2g}; {seen}"
+    moved = _pct(test.change)
+    significant = test.direction != 0 and (test.direction > 0) == (test.change > 0)
+    if abs(worse) > tolerance and significant:
+        outcome = Outcome.REGRESSION if bad else Outcome.IMPROVEMENT
+        side = "worse" if bad else "better"
+        return verdict(
+            outcome, f"{moved} is {side} than the {limit}, significant ({evidence})", **found
+        )
+    if abs(worse) > tolerance and bad:
+        return verdict(
+            Outcome.INCONCLUSIVE,
+            f"{moved} is beyond the {limit} but within the noise ({evidence})",
+            **found,
+        )
+    what = "within the " + limit if abs(worse) <= tolerance else "better, within the noise"
+    return verdict(Outcome.PASS, f"{moved} is {what} ({evidence})", **found)
 
 
 def _percent(fraction: float) -> str:
@@ -277,6 +410,7 @@ class Comparison:
             Outcome.REGRESSION: "regressed",
             Outcome.IMPROVEMENT: "improved",
             Outcome.INCONCLUSIVE: "inconclusive",
+            Outcome.INVALID: "invalid",
         }
         counts = ", ".join(f"{len(self.with_outcome(o))} {words[o]}" for o in Outcome)
         mismatches = len(self.mismatches)
@@ -287,7 +421,7 @@ class Comparison:
 
 
 def _compare_measurements(
-    old: Mapping[Key, Measurement],
+    history: Sequence[Mapping[Key, Measurement]],
     new: Mapping[Key, Measurement],
     tolerances: Mapping[str, float],
     alpha: float,
@@ -297,8 +431,17 @@ def _compare_measurements(
     verdicts: list[Verdict] = []
     mismatches: list[Mismatch] = []
     metrics = gated_metrics(tolerances)
-    for key in sorted(old.keys() & new.keys(), key=Key.order):
-        base, cur = old[key], new[key]
+    known = set().union(*(run.keys() for run in history)) if history else set()
+    # The figures tested together: a test's, in pytest and in tfgrpc-compare alike.
+    family: dict[str, int] = {}
+    for key in known & new.keys():
+        tested = [
+            m for m in metrics if m in new[key].rounds and GATED[m].gate is not GateTest.RATIO
+        ]
+        family[key.test] = family.get(key.test, 0) + len(tested)
+    for key in sorted(known & new.keys(), key=Key.order):
+        runs = [run[key] for run in history if key in run]
+        base, cur = runs[-1], new[key]
         for attribute in ("rpc", "mode"):
             was, now = getattr(base, attribute), getattr(cur, attribute)
             if was and now and was != now:
@@ -317,13 +460,22 @@ def _compare_measurements(
                     alpha=alpha,
                     resamples=resamples,
                     seed=seed,
+                    earlier=runs[:-1],
+                    family=family.get(key.test, 1),
                 )
             )
     return verdicts, mismatches
 
 
+def _history(baseline: Baseline | Sequence[Baseline]) -> tuple[Baseline, ...]:
+    runs = (baseline,) if isinstance(baseline, Baseline) else tuple(baseline)
+    if not runs:
+        raise ValueError("no baseline run to compare with")
+    return runs
+
+
 def compare_runs(
-    baseline: Baseline,
+    baseline: Baseline | Sequence[Baseline],
     current: Baseline,
     tolerances: Mapping[str, float],
     *,
@@ -331,23 +483,34 @@ def compare_runs(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
 ) -> Comparison:
-    """Compare every figure of every measurement both runs have (see :func:`compare_figure`;
-    the metrics are :func:`gated_metrics`), and list what only one run has and how the setups
-    differ (:func:`check_metadata`, and a label measured with another rpc or mode)."""
+    """Compare every figure of every measurement the current run and a baseline run have (see
+    :func:`compare_figure`; the metrics are :func:`gated_metrics`), and list what only one run
+    has and how the setups differ (:func:`check_metadata`, and a label measured with another
+    rpc or mode). ``baseline`` may be a history of runs, oldest first: each point is compared
+    with every run that measured it, ``missing`` is what the most recent run has and the
+    current run lacks, and the setup is checked against the most recent run."""
+    runs = _history(baseline)
     verdicts, mismatches = _compare_measurements(
-        baseline.measurements, current.measurements, tolerances, alpha, resamples, seed
+        [run.measurements for run in runs],
+        current.measurements,
+        tolerances,
+        alpha,
+        resamples,
+        seed,
     )
-    setup = check_metadata(baseline, current.setup(), current.fabrics)
+    latest = runs[-1]
+    known = set().union(*(run.measurements.keys() for run in runs))
+    setup = check_metadata(latest, current.setup(), current.fabrics)
     return Comparison(
         tuple(verdicts),
-        tuple(sorted(baseline.measurements.keys() - current.measurements.keys(), key=Key.order)),
-        tuple(sorted(current.measurements.keys() - baseline.measurements.keys(), key=Key.order)),
+        tuple(sorted(latest.measurements.keys() - current.measurements.keys(), key=Key.order)),
+        tuple(sorted(current.measurements.keys() - known, key=Key.order)),
         (*setup, *mismatches),
     )
 
 
 def compare_test(
-    baseline: Baseline,
+    baseline: Baseline | Sequence[Baseline],
     test: str,
     properties: Iterable[tuple[str, object]],
     tolerances: Mapping[str, float],
@@ -357,16 +520,21 @@ def compare_test(
     seed: int = 0,
 ) -> Comparison:
     """Compare one finished test, from its properties, with its baseline measurements
-    (``test`` is its JUnit id, :func:`junit_test_id`). ``missing`` lists what the baseline
-    measured for this test and the test no longer did; ``new`` what has no baseline.
-    Setup mismatches are the caller's to check once per run (:func:`check_metadata`)."""
+    (``test`` is its JUnit id, :func:`junit_test_id`; ``baseline`` one run or a history,
+    oldest first). ``missing`` lists what the most recent baseline run measured for this test
+    and the test no longer did; ``new`` what no baseline run has. Setup mismatches are the
+    caller's to check once per run (:func:`check_metadata`)."""
+    runs = _history(baseline)
     current = measurements_from_properties(test, properties)
-    old = baseline.for_test(test)
-    verdicts, mismatches = _compare_measurements(old, current, tolerances, alpha, resamples, seed)
+    history = [run.for_test(test) for run in runs]
+    verdicts, mismatches = _compare_measurements(
+        history, current, tolerances, alpha, resamples, seed
+    )
+    known = set().union(*(h.keys() for h in history))
     return Comparison(
         tuple(verdicts),
-        tuple(sorted(old.keys() - current.keys(), key=Key.order)),
-        tuple(sorted(current.keys() - old.keys(), key=Key.order)),
+        tuple(sorted(history[-1].keys() - current.keys(), key=Key.order)),
+        tuple(sorted(current.keys() - known, key=Key.order)),
         tuple(mismatches),
     )
 
@@ -374,7 +542,9 @@ def compare_test(
 def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
     """JUnit properties of a test's verdicts: ``tfgrpc.<label>.<size>.<metric>.verdict`` (the
     outcome: pass, regression, improvement or inconclusive), ``...<metric>.verdict_reason``
-    (its one-line reason) and ``...<metric>.change`` (current / baseline - 1, when defined);
+    (its one-line reason), ``...<metric>.change`` (current / baseline - 1, when defined) and
+    ``...<metric>.detectable`` (the smallest change the gate could flag, :attr:`Verdict.threshold`,
+    when a test ran);
     and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each measurement the baseline
     lacks."""
     out = []
@@ -383,7 +553,9 @@ def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
         out.append((f"{name}.verdict", v.outcome.value))
         out.append((f"{name}.verdict_reason", v.reason))
         if math.isfinite(v.change):
-            out.append((f"{name}.change", repr(v.change)))
+            out.append((f"{name}.change", fraction_value(v.change)))
+        if math.isfinite(v.threshold):
+            out.append((f"{name}.detectable", fraction_value(v.threshold)))
     for key in comparison.new:
         out.append((f"{PREFIX}{key.label}.{key.size}.verdict", "no baseline"))
     return out
@@ -400,7 +572,8 @@ def format_comparison(comparison: Comparison, *, reasons: bool = True) -> list[s
     verdict), then, with ``reasons``, one line per verdict other than pass saying why, the
     measurements only one run has, and the setup mismatches."""
     header = (
-        "test", "benchmark", "fabric", "size", "metric", "baseline", "current", "change", "verdict"
+        "test", "benchmark", "fabric", "size", "metric", "baseline", "current", "change",
+        "detectable", "verdict",
     )  # fmt: skip
     table = [header]
     for v in comparison.verdicts:
@@ -414,6 +587,7 @@ def format_comparison(comparison: Comparison, *, reasons: bool = True) -> list[s
                 _format_value(v.baseline, v.metric),
                 _format_value(v.current, v.metric),
                 _pct(v.change) if math.isfinite(v.change) else "-",
+                f">={v.threshold:.1%}" if math.isfinite(v.threshold) else "-",
                 v.outcome.value.upper() if v.outcome is Outcome.REGRESSION else v.outcome.value,
             )
         )
@@ -422,8 +596,8 @@ def format_comparison(comparison: Comparison, *, reasons: bool = True) -> list[s
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             cells = [c.ljust(w) for c, w in zip(row[:5], widths[:5], strict=True)]
-            cells += [c.rjust(w) for c, w in zip(row[5:8], widths[5:8], strict=True)]
-            cells.append(row[8])
+            cells += [c.rjust(w) for c, w in zip(row[5:9], widths[5:9], strict=True)]
+            cells.append(row[9])
             lines.append("  ".join(cells).rstrip())
     else:
         lines.append("no figure in common to compare")

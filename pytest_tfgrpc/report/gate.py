@@ -7,14 +7,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_tfgrpc.report.compare import compare_test, format_comparison, verdict_properties
-from pytest_tfgrpc.report.junit import Baseline, BaselineError, junit_test_id, load_baseline
+from pytest_tfgrpc.report.compare import (
+    Outcome,
+    compare_test,
+    format_comparison,
+    verdict_properties,
+)
+from pytest_tfgrpc.report.junit import (
+    Baseline,
+    BaselineError,
+    Key,
+    junit_test_id,
+    load_history,
+    measurements_from_properties,
+)
 from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import parse_tolerances
+from pytest_tfgrpc.stats.replicates import MIN_HISTORY
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
 POLICIES = ("fail", "warn")
+MISSING_POLICIES = ("fail", "warn")
 INCONCLUSIVE_POLICIES = ("fail", "pass")
 
 
@@ -25,31 +39,44 @@ class GateSetupError(ValueError):
 
 @dataclass(frozen=True)
 class GateSettings:
-    """How the gate judges: tolerances per metric, significance level, and policies."""
+    """How the gate judges: the baseline runs (files, directories or results files, oldest
+    first), tolerances per metric, significance level, and policies (``missing``: whether a
+    baseline figure this run did not compare fails the run)."""
 
-    baseline_path: str
+    baseline_paths: tuple[str, ...]
     tolerances: Mapping[str, float]
     alpha: float = DEFAULT_ALPHA
     inconclusive: str = "pass"
     bad_baseline: str = "fail"
     mismatch: str = "warn"
+    missing: str = "fail"
+
+    @property
+    def baseline_path(self) -> str:
+        """The baseline paths as one string, for messages."""
+        return ", ".join(self.baseline_paths)
 
 
 def settings_from_options(
-    baseline_path: str,
+    baseline_path: str | Sequence[str],
     tolerances: Sequence[str],
     *,
     alpha: float | None,
     inconclusive: str | None,
     bad_baseline: str | None,
     mismatch: str | None,
+    missing: str | None = None,
 ) -> GateSettings:
     """Read the gate's options; ValueError naming the bad one."""
     parsed = parse_tolerances(list(tolerances) or ["10%"])
     if alpha is not None and not 0.0 < alpha < 1.0:
         raise ValueError(f"--tfgrpc-alpha {alpha}: a significance level between 0 and 1")
+    if missing is not None and missing not in MISSING_POLICIES:
+        raise ValueError(f"--tfgrpc-missing {missing!r}: one of {', '.join(MISSING_POLICIES)}")
+    paths = (baseline_path,) if isinstance(baseline_path, str) else tuple(baseline_path)
     return GateSettings(
-        baseline_path=baseline_path,
+        baseline_paths=paths,
+        missing=missing or "fail",
         tolerances=parsed,
         alpha=alpha if alpha is not None else DEFAULT_ALPHA,
         inconclusive=inconclusive or "pass",
@@ -78,9 +105,18 @@ class BaselineGate:
         self.settings = settings
         self.warnings: list[str] = []
         self.baseline: Baseline | None = None
+        self.history: tuple[Baseline, ...] = ()
         self.mismatches: tuple[Mismatch, ...] = ()
         try:
-            self.baseline = load_baseline(settings.baseline_path)
+            self.history = load_history(settings.baseline_paths)
+            self.baseline = self.history[-1]
+            if len(self.history) < MIN_HISTORY:
+                self.warnings.append(
+                    f"the baseline holds {len(self.history)} run"
+                    f"{'s' if len(self.history) > 1 else ''}: the spread between runs is "
+                    f"unknown below {MIN_HISTORY} and taken as one round's, so a shift between "
+                    "runs can fail unchanged code; keep a history of runs (a directory)"
+                )
         except BaselineError as exc:
             if settings.bad_baseline == "fail":
                 raise GateSetupError(f"{exc} (--tfgrpc-bad-baseline=fail)") from None
@@ -96,27 +132,140 @@ class BaselineGate:
                 )
             self.warnings.append(f"baseline setup differs: {described}")
 
-    def judge(self, nodeid: str, properties: Sequence[tuple[str, object]]) -> TestVerdict:
-        """Compare one finished test's recorded figures with the baseline's."""
+    def judge(
+        self, nodeid: str, properties: Sequence[tuple[str, object]], test_id: str | None = None
+    ) -> TestVerdict:
+        """Compare one finished test's recorded figures with the baseline's; ``test_id`` is
+        its JUnit name (``classname.name``), derived from ``nodeid`` when not given."""
         if self.baseline is None:
             return TestVerdict(((f"{PREFIX}baseline", "unusable"),), None)
         comparison = compare_test(
-            self.baseline,
-            junit_test_id(nodeid),
+            self.history,
+            test_id or junit_test_id(nodeid),
             properties,
             self.settings.tolerances,
             alpha=self.settings.alpha,
         )
         recorded = tuple(verdict_properties(comparison))
-        failing = list(comparison.regressions)
+        failing = [*comparison.regressions, *comparison.with_outcome(Outcome.INVALID)]
         if self.settings.inconclusive == "fail":
             failing += comparison.inconclusive
         if not failing:
             return TestVerdict(recorded, None)
-        what = "regressed" if comparison.regressions else "was inconclusive"
+        what = (
+            "regression"
+            if comparison.regressions
+            else "invalid figures"
+            if comparison.with_outcome(Outcome.INVALID)
+            else "inconclusive"
+        )
+        figures = ", ".join(f"{v.key.label}.{v.key.size}.{v.metric}" for v in failing)
         table = "\n".join(format_comparison(comparison))
+        # The cause first: pytest's one-line summary cuts long messages from the right.
         headline = (
-            f"{nodeid} {what} against baseline {self.settings.baseline_path} "
-            f"({comparison.summary()})"
+            f"{what}: {figures} against baseline {self.settings.baseline_path} "
+            f"({comparison.summary()}) in {nodeid}"
         )
         return TestVerdict(recorded, f"{headline}\n{table}")
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """A baseline measurement the run did not compare, and why."""
+
+    key: Key
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.key.describe()}: {self.why}"
+
+
+def _looks_like(baseline_test: str, tests: Iterable[str]) -> str:
+    """A test of this run whose name differs from ``baseline_test`` only by leading
+    components (a --junit-prefix, another rootdir, a package moved): the same last two
+    components and parameters."""
+    tail = ".".join(baseline_test.split("[")[0].split(".")[-2:])
+    params = baseline_test.partition("[")[1:]
+    for test in tests:
+        same_tail = ".".join(test.split("[")[0].split(".")[-2:]) == tail
+        if test != baseline_test and test.partition("[")[1:] == params and same_tail:
+            return test
+    return ""
+
+
+def unmatched_figures(
+    history: Sequence[Baseline],
+    ran: Mapping[str, Sequence[tuple[str, object]]],
+    deselected: Iterable[str],
+    fabrics: Iterable[str],
+) -> tuple[Unmatched, ...]:
+    """Every measurement of the most recent baseline run that this run did not compare, with
+    why: its test was deselected, is not in this run (renamed, removed, or named differently:
+    then the look-alike is named), ran on no fabric of this run, ran but recorded no figure
+    (failed or skipped first), or recorded other points. ``ran`` maps each JUnit test id of
+    this run to its recorded properties."""
+    if not history:
+        return ()
+    latest = history[-1]
+    off = set(deselected)
+    run_fabrics = set(fabrics)
+    recorded: dict[str, set[Key]] = {
+        test: set(measurements_from_properties(test, props)) for test, props in ran.items()
+    }
+    out = []
+    for key in sorted(latest.measurements, key=Key.order):
+        if key.test in recorded and key in recorded[key.test]:
+            continue
+        if key.test in off:
+            why = "deselected in this run"
+        elif key.test not in ran:
+            alike = _looks_like(key.test, ran)
+            why = (
+                f"no test of that name in this run; this run's {alike} looks like it: the "
+                "JUnit names differ (another rootdir, --junit-prefix or package?)"
+                if alike
+                else "no test of that name in this run (renamed or removed?)"
+            )
+        elif key.fabric and run_fabrics and key.fabric not in run_fabrics:
+            why = f"fabric {key.fabric} is not measured in this run"
+        elif not recorded[key.test]:
+            why = "the test ran but recorded no figure (it failed or was skipped first)"
+        else:
+            why = "the test did not measure this point in this run"
+        out.append(Unmatched(key, why))
+    return tuple(out)
+
+
+def compared_count(properties: Iterable[tuple[str, object]]) -> int:
+    """How many verdicts (other than ``no baseline``) a test's properties hold."""
+    return sum(
+        1 for name, value in properties if str(name).endswith(".verdict") and value != "no baseline"
+    )
+
+
+def finish_lines(
+    gate: BaselineGate, unmatched: Sequence[Unmatched], compared: int
+) -> tuple[list[str], str | None]:
+    """What the end of a gated run says about coverage, and why it fails (None when it does
+    not): baseline figures not compared fail under ``missing=fail``; a run that compared
+    nothing at all fails under ``bad_baseline=fail``."""
+    if gate.baseline is None:
+        return [], None
+    lines = [f"not compared: {u.describe()}" for u in unmatched]
+    runs = len(gate.history)
+    lines.insert(0, f"baseline runs: {runs}; figures compared: {compared}")
+    failure = None
+    if compared == 0:
+        failure = (
+            f"baseline {gate.settings.baseline_path} matched no figure of this run: nothing was "
+            "gated (--tfgrpc-bad-baseline=fail)"
+        )
+        if gate.settings.bad_baseline != "fail":
+            lines.append(f"WARNING {failure.replace('=fail', '=warn')}")
+            failure = None
+    if unmatched and failure is None and gate.settings.missing == "fail":
+        failure = (
+            f"{len(unmatched)} baseline figure{'s' if len(unmatched) > 1 else ''} not compared "
+            "(--tfgrpc-missing=fail; warn lists them only)"
+        )
+    return lines, failure

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -20,9 +21,11 @@ from pytest_tfgrpc.report.properties import (
     FABRIC,
     META_PREFIX,
     PREFIX,
+    ROUNDS,
     SKETCH,
     current_key,
     parse_figure,
+    parse_rounds,
 )
 from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.units import parse_size
@@ -35,6 +38,7 @@ __all__ = [
     "Measurement",
     "junit_test_id",
     "load_baseline",
+    "load_history",
     "measurements_from_properties",
     "read_junit",
 ]
@@ -71,7 +75,8 @@ class Measurement:
 
     ``figures`` are in base units (ns, B/s; ``samples`` a count), keyed by metric name without
     its unit (``p99``, ``throughput``); ``sketch`` is the sketch of the duration samples, or
-    None when the run recorded none.
+    None when the run recorded none; ``rounds`` the figures of each round of a point measured
+    in rounds (metric -> one value per round, base units), empty otherwise.
     """
 
     key: Key
@@ -79,6 +84,7 @@ class Measurement:
     sketch: Sketch | None = None
     rpc: str = ""
     mode: str = ""
+    rounds: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def samples(self) -> int:
@@ -147,6 +153,7 @@ def measurements_from_properties(
     fabric = next((v for n, v in props if n == FABRIC), "")
     figures: dict[tuple[str, str], dict[str, float]] = {}
     sketches: dict[tuple[str, str], Sketch] = {}
+    rounds: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {}
     how: dict[str, dict[str, str]] = {}
     for name, value in props:
         if not name.startswith(PREFIX) or name.startswith(META_PREFIX):
@@ -158,6 +165,11 @@ def measurements_from_properties(
         elif len(parts) == 3 and parts[2] == SKETCH:
             try:
                 sketches[(parts[0], current_key(parts[1]))] = Sketch.from_string(value)
+            except ValueError as error:
+                raise BaselineError(f"{where}: {error}") from None
+        elif len(parts) == 3 and parts[2] == ROUNDS:
+            try:
+                rounds[(parts[0], parts[1])] = parse_rounds(value)
             except ValueError as error:
                 raise BaselineError(f"{where}: {error}") from None
         elif (at := parse_figure(name)) is not None and not at.scope:
@@ -175,6 +187,7 @@ def measurements_from_properties(
             sketches.get((label, size)),
             how.get(label, {}).get("rpc", ""),
             how.get(label, {}).get("mode", ""),
+            MappingProxyType(rounds.get((label, size), {})),
         )
     return out
 
@@ -206,13 +219,20 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
     from junitparser.xunit2 import JUnitXml
 
     where = f"{what} {os.fspath(path)}"
+    if not os.path.lexists(path):  # lxml says so as an OSError of its own wording
+        raise BaselineError(f"{where} does not exist")
     try:
-        xml = JUnitXml.fromfile(os.fspath(path))
+        xml = JUnitXml.fromfile(os.fspath(path), parse_func=_parse_xml)
     except FileNotFoundError:
         raise BaselineError(f"{where} does not exist") from None
     except OSError as error:
         raise BaselineError(f"{where} cannot be read: {error.strerror or error}") from None
     except SyntaxError as error:  # ElementTree's ParseError (and lxml's) derive from it
+        if _resource_limit(error):
+            raise BaselineError(
+                f"{where} exceeds the XML parser's resource limits (the file is not known to "
+                f"be corrupt): {error}"
+            ) from None
         raise BaselineError(
             f"{where} is not well-formed XML, truncated or corrupt? ({error})"
         ) from None
@@ -233,6 +253,28 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
             test = f"{case.classname}.{case.name}" if case.classname else str(case.name)
             cases.append(JUnitCase(test, tuple(_properties(case))))
     return JUnitRun(os.fspath(path), tuple(cases), tuple(suite_properties), hostname)
+
+
+#: Words of libxml2's messages for a document beyond its limits, not a broken one.
+_LIMIT_WORDS = ("huge", "resource limit", "excessive", "too large", "limit exceeded")
+
+
+def _resource_limit(error: BaseException) -> bool:
+    return any(word in str(error).lower() for word in _LIMIT_WORDS)
+
+
+def _parse_xml(path: str) -> Any:
+    """Parse with the library junitparser itself picked (its ``etree``): lxml, when it is
+    installed, with ``huge_tree`` so that a text node over 10 MB (the output of a test that
+    printed a lot) is read and not rejected as malformed, entities not resolved and no network;
+    else the standard library, which has no such limit."""
+    from junitparser import junitparser as implementation
+
+    etree: Any = getattr(implementation, "etree")  # noqa: B009 (not re-exported)
+    if getattr(etree, "__name__", "").startswith("lxml"):
+        parser = etree.XMLParser(huge_tree=True, resolve_entities=False, no_network=True)
+        return etree.parse(path, parser)
+    return etree.parse(path)
 
 
 def _suites(xml: Any) -> Iterator[Any]:
@@ -279,3 +321,56 @@ def _properties(element: Any) -> list[tuple[str, str]]:
 def _add_meta(meta: dict[str, str], name: str, value: str) -> None:
     if name.startswith(META_PREFIX):
         meta.setdefault(name[len(META_PREFIX) :], value)
+
+
+#: How a results file names the run each record belongs to (see :class:`ResultLog`).
+RUN_FIELD = "run"
+
+
+def _results_history(path: Path) -> list[Baseline]:
+    """The runs of a results file (``--tfgrpc-results``), one :class:`Baseline` per run id in
+    file order (records of a run that recorded no id form one run)."""
+    from pytest_tfgrpc.report.results_file import read_results
+
+    try:
+        records = read_results(path)
+    except OSError as error:
+        raise BaselineError(f"baseline {path} cannot be read: {error.strerror or error}") from None
+    runs: dict[str, dict[Key, Measurement]] = {}
+    for record in records:
+        named = record.get("properties") or {}
+        pairs = [*named.items(), *((n, v) for n, v in record.get("repeated") or [])]
+        test = junit_test_id(str(record.get("test", "")))
+        where = f"baseline {path}"
+        found = measurements_from_properties(test, [(n, str(v)) for n, v in pairs], where)
+        runs.setdefault(str(record.get(RUN_FIELD) or ""), {}).update(found)
+    out = [
+        Baseline(f"{path}#{run or 'run'}", MappingProxyType(found))
+        for run, found in runs.items()
+        if found
+    ]
+    if not out:
+        raise BaselineError(f"baseline {path} holds no tfgrpc figures ({len(records)} records)")
+    return out
+
+
+def load_history(paths: Iterable[str | os.PathLike[str]]) -> tuple[Baseline, ...]:
+    """Earlier runs to gate against, oldest first: each path a JUnit file, a results file
+    (``.jsonl``/``.json``, one run per run id) or a directory (its ``*.xml`` files, by name:
+    name them so that they sort by time, ``run-0001.xml``). Raises :class:`BaselineError`
+    for a path that holds no usable run (:func:`load_baseline`)."""
+    runs: list[Baseline] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix == ".xml" and p.is_file())
+            if not files:
+                raise BaselineError(f"baseline directory {path} holds no *.xml file")
+            runs += [load_baseline(p) for p in files]
+        elif path.suffix in (".jsonl", ".json"):
+            runs += _results_history(path)
+        else:
+            runs.append(load_baseline(path))
+    if not runs:
+        raise BaselineError("no baseline given")
+    return tuple(runs)

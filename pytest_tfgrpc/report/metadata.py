@@ -113,11 +113,26 @@ def fabric_metadata(
     return out
 
 
+def _cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
+    """The CPU's model name as the kernel reports it, else the platform's processor name,
+    else ``unknown``."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                name, colon, value = line.partition(":")
+                if colon and name.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def run_metadata(
     fabrics: Iterable[Fabric],
     *,
     environ: Mapping[str, str] | None = None,
     sys_net: str | os.PathLike[str] = _SYS_NET,
+    allocator: str = "default",
 ) -> dict[str, str]:
     """The metadata of this run on ``fabrics``, as ``{property name: value}``, all strings.
 
@@ -125,13 +140,16 @@ def run_metadata(
     (``MALLOC_*``) and pytest-xdist's ``PYTEST_XDIST_WORKER`` and
     ``PYTEST_XDIST_WORKER_COUNT``. Versions are those of the installed distributions
     (``not installed`` for a missing one); a figure the system does not report is
-    ``unknown``.
+    ``unknown``. ``allocator`` is the run's allocator policy (``--tfgrpc-allocator``).
     """
     env = os.environ if environ is None else environ
     fabrics = tuple(fabrics)
     out = {
         f"{META_PREFIX}host": socket.gethostname(),
         f"{META_PREFIX}platform": platform.platform(),
+        f"{META_PREFIX}kernel": platform.release(),
+        f"{META_PREFIX}cpu_model": _cpu_model(),
+        f"{META_PREFIX}allocator": allocator,
         f"{META_PREFIX}python": platform.python_version(),
         f"{META_PREFIX}cpus": _text(os.cpu_count()),
         f"{META_PREFIX}cpus_usable": _text(_usable_cpus()),

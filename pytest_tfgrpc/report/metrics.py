@@ -247,7 +247,10 @@ def _times(prefix: str, what: str, budget: bool) -> list[Metric]:
         t("mean", None, GateTest.U, False),
         t("p50", 0.5, GateTest.U, True),
         t("p90", 0.9, GateTest.BOOTSTRAP, False),
-        t("p99", 0.99, GateTest.BOOTSTRAP, True),
+        # A P2P p99 is not gated unless a tolerance names it: tested across runs, a round's p99
+        # (the 2nd-largest of ~100 samples) is heavy-tailed on a shared machine, and failed
+        # 2 of 19 unchanged runs in benchmarks/gate_calibration.py where p50 failed none.
+        t("p99", 0.99, GateTest.BOOTSTRAP, prefix == "step_"),
         t("p999", 0.999, GateTest.BOOTSTRAP, False),
         t("max", None, GateTest.NONE, False, _EXTREME),
     ]

@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.model.profiles import profile_key
-from pytest_tfgrpc.report.metrics import METRICS, Metric, is_floor, significant
+from pytest_tfgrpc.report.metrics import METRICS, RATIO, Metric, is_floor, significant
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.sketch import Sketch
 
@@ -45,9 +45,12 @@ __all__ = [
     "current_key",
     "figure_name",
     "figure_value",
+    "format_rounds",
+    "fraction_value",
     "label_property",
     "model_properties",
     "parse_figure",
+    "parse_rounds",
     "point_property",
     "read_figures",
     "result_properties",
@@ -66,6 +69,8 @@ PLACEMENT = f"{PREFIX}placement"
 #: Properties of a whole result label (``tfgrpc.<label>.<field>``), strings, not figures.
 LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology")
 SKETCH = "sketch"
+#: ``tfgrpc.<label>.<key>.rounds``: the point's figures per round (:func:`format_rounds`).
+ROUNDS = "rounds"
 #: The point key of a model prediction (``tfgrpc.<label>.model.*``): no measurement.
 MODEL = "model"
 
@@ -95,6 +100,13 @@ def figure_name(label: str, key: str, metric: str, scope: str = "") -> str:
 def figure_value(metric: str, value: float) -> str:
     """A figure's value (base unit) as its property holds it."""
     return METRICS[metric].unit.property_value(value)
+
+
+def fraction_value(value: float) -> str:
+    """A relative figure (a verdict's ``.change`` or ``.detectable``: ``0.25`` is +25%) as a
+    property holds it, like a ratio figure: significant digits, no float noise
+    (``0.3``, not ``0.30000000000000004``)."""
+    return RATIO.property_value(value)
 
 
 @dataclass(frozen=True)
@@ -246,4 +258,30 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
         # A compact sketch of every sample: what a later run's baseline gate tests against.
         sketch = Sketch.from_samples(point.samples_ns).to_string()
         out.append((point_property(label, key, SKETCH), sketch))
+        rounds = point.round_figures(rates=result.reports_rates)
+        if rounds:
+            out.append((point_property(label, key, ROUNDS), format_rounds(rounds)))
     return out + result.extra_properties()
+
+
+def format_rounds(rounds: Mapping[str, Sequence[float]]) -> str:
+    """Per-round figures as one property value, base units, 6 digits:
+    ``p50=2.77e+05,2.81e+05;p99=...`` (metric ``=`` one value per round, in order)."""
+    return ";".join(
+        f"{metric}={','.join(f'{value:.6g}' for value in values)}"
+        for metric, values in rounds.items()
+    )
+
+
+def parse_rounds(value: str) -> dict[str, tuple[float, ...]]:
+    """Read :func:`format_rounds`' value; ValueError naming what is wrong."""
+    out: dict[str, tuple[float, ...]] = {}
+    for item in filter(None, value.split(";")):
+        metric, equals, numbers = item.partition("=")
+        if not equals or not metric:
+            raise ValueError(f"round figures {item[:40]!r} are not <metric>=<v>,<v>,...")
+        try:
+            out[metric] = tuple(float(x) for x in numbers.split(","))
+        except ValueError:
+            raise ValueError(f"round figures of {metric}: not numbers: {numbers[:40]!r}") from None
+    return out

@@ -100,7 +100,10 @@ class ResultLog:
     new line so that its record is not glued to those remains.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, fsync: bool = True, run_id: str = ""
+    ) -> None:
+        self.run_id = run_id
         self.path = Path(path)
         self._fsync = fsync
         self._fd: int | None = os.open(
@@ -157,6 +160,8 @@ class ResultLog:
             "when": str(when),
             "worker": None if worker is None else str(worker),
         }
+        if self.run_id:
+            record["run"] = self.run_id
         if repeated:
             record["repeated"] = repeated
         self.write_line(record)

@@ -16,7 +16,12 @@ __all__ = ["META_CHECKED", "Mismatch", "check_metadata"]
 
 #: Run metadata (``tfgrpc.meta.<key>``) that must agree between baseline and current run;
 #: ``fabric.<name>.<attribute>`` keys are checked too for every fabric both runs used.
-META_CHECKED = ("host", "grpcio", "protobuf", "python", "cpus")
+META_CHECKED = (
+    "host", "kernel", "cpu_model", "cpus", "cpus_usable", "python", "plugin", "grpcio",
+    "protobuf", "numpy", "allocator",
+)  # fmt: skip
+#: Metadata key prefixes checked wherever either run records them: the allocator's settings.
+META_CHECKED_PREFIXES = ("env.MALLOC_", "mallopt.")
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,12 @@ def check_metadata(
 ) -> tuple[Mismatch, ...]:
     """How the current run's setup (``meta`` as in :attr:`Baseline.meta`, and the fabrics it
     measured on) differs from the baseline's: a fabric the baseline never measured, and any of
-    :data:`META_CHECKED`, ``fabric.<name>.*`` (MTU, speed, IPoIB mode) or ``extra.*`` (added
-    by hooks) that differs or is recorded by one run only. A baseline without metadata is
-    itself a mismatch (only its host, from pytest's ``hostname``, can then be checked): nothing
-    says it comes from the same setup. The caller decides what a mismatch costs."""
+    :data:`META_CHECKED`, the allocator's settings (:data:`META_CHECKED_PREFIXES`),
+    ``fabric.<name>.*`` (MTU, speed, IPoIB mode) or ``extra.*`` (added by
+    ``pytest_tfgrpc_run_metadata`` hooks) that differs or is recorded by one run only. A baseline
+    without metadata is itself a mismatch (only its host, from pytest's ``hostname``, can then be
+    checked): nothing says it comes from the same setup. The caller decides what a mismatch
+    costs."""
     out = []
     fabrics = frozenset(fabrics)
     for fabric in sorted(fabrics - baseline.fabrics):
@@ -54,7 +61,8 @@ def check_metadata(
         keys.update(META_CHECKED)
         # Match by known names: a fabric name may hold dots itself (IPoIB child ib0.8001).
         prefixes = tuple(f"fabric.{name}." for name in fabrics & baseline.fabrics)
-        prefixes += (EXTRA,)  # what pytest_tfgrpc_run_metadata hooks added
+        # The allocator's settings, and what pytest_tfgrpc_run_metadata hooks added.
+        prefixes += (*META_CHECKED_PREFIXES, EXTRA)
         keys.update(key for key in old_setup.keys() | meta.keys() if key.startswith(prefixes))
     else:
         recorded = "recorded" if set(meta) - {"host"} else _NOT_RECORDED

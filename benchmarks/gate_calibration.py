@@ -1,0 +1,258 @@
+"""Calibrate the baseline gate: how often it fails unchanged code, how often it catches a
+real slowdown (the two figures the gate is accepted on).
+
+Runs the small suite in ``benchmarks/gate_suite`` (1 KiB and 64 KiB echo latency, 1 MiB push
+bandwidth) again and again, back to back, at the default gate settings, against a
+``tfgrpc-server`` of its own on loopback (named to the suite by a cluster spec):
+
+1. ``--runs`` (20) runs with no change; run i is gated against runs 1..i-1 (all earlier ones).
+   A failing run is a false failure.
+2. ``--runs`` runs with ``tfgrpc-server --delay`` chosen so that the 1 KiB echo's p50 is
+   ``--slowdown`` (1.5x) the unchanged runs' (the delay is calibrated once, then checked);
+   each is gated against the unchanged runs. A failing run is a detection.
+3. ``--history-runs`` (10) runs slowed by ``--small-slowdown`` (1.2x), each gated against a
+   history of only the last ``--history`` (5) unchanged runs.
+
+Prints the rates and the machine's load (``uptime``) before and after, and writes them to
+``--out`` (default ``benchmarks/results/gate_calibration.txt``). Every pytest run and the
+server are bounded in time; the server is stopped whatever happens.
+
+    .venv/bin/python benchmarks/gate_calibration.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SUITE = HERE / "gate_suite"
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT_S = 300.0
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+class Server:
+    """``tfgrpc-server`` on loopback with a per-call delay, and a cluster spec naming it."""
+
+    def __init__(self, delay_us: float, workdir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "tfgrpc-server"),
+                "--fabric",
+                "lo",
+                "--delay",
+                f"{delay_us:.0f}us",
+                "--exit-on-stdin-eof",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.stop()
+            raise RuntimeError("tfgrpc-server did not start")
+        self.target = json.loads(line)["target"]
+        self.spec = workdir / f"cluster-{self.proc.pid}.json"
+        self.spec.write_text(json.dumps({"cluster": {"ps": [self.target]}}))
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def run_suite(server: Server, junit: Path, baselines: list[Path]) -> tuple[int, str]:
+    """One pytest run of the suite at default gate settings; (exit code, gate lines)."""
+    command = [
+        str(BIN / "pytest"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--tfgrpc-cluster",
+        str(server.spec),
+        "--junitxml",
+        str(junit),
+        *(f"--tfgrpc-baseline={path}" for path in baselines),
+        str(SUITE),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, cwd=HERE
+    )
+    notes = [
+        line
+        for line in done.stdout.splitlines()
+        if line.startswith(("regression:", "invalid:", "FAILED", "not compared", "inconclusive"))
+    ]
+    if done.returncode not in (0, 1):
+        notes.append(f"exit {done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return done.returncode, "\n".join(notes)
+
+
+def p50_1kib(junit: Path) -> float:
+    """The 1 KiB echo's p50 (ns) from a run's JUnit file."""
+    from pytest_tfgrpc.report.junit import load_baseline
+
+    for key, measurement in load_baseline(junit).measurements.items():
+        if key.label == "p2p_latency" and key.size == "1KiB":
+            return measurement.figures["p50"]
+    raise RuntimeError(f"{junit} has no 1 KiB echo")
+
+
+def phase(
+    name: str,
+    runs: int,
+    delay_us: float,
+    workdir: Path,
+    baselines_for: object,
+    log: list[str],
+) -> tuple[list[Path], list[int], list[float]]:
+    """``runs`` runs with ``delay_us``; ``baselines_for(i, files)`` names run i's baselines."""
+    server = Server(delay_us, workdir)
+    files: list[Path] = []
+    codes: list[int] = []
+    p50s: list[float] = []
+    try:
+        for i in range(runs):
+            junit = workdir / f"{name}-{i + 1:03d}.xml"
+            baselines = baselines_for(i, files)  # type: ignore[operator]
+            code, notes = run_suite(server, junit, baselines)
+            files.append(junit)
+            codes.append(code if baselines else -1)
+            p50s.append(p50_1kib(junit))
+            verdict = "not gated" if not baselines else "FAIL" if code else "pass"
+            line = (
+                f"{name} {i + 1:2d}: {verdict:9s} (baseline runs: {len(baselines)}; "
+                f"1KiB p50 {p50s[-1] / 1e3:.0f} us)"
+            )
+            print(line, flush=True)
+            log.append(line)
+            if code and notes:
+                log.extend("    " + note for note in notes.splitlines())
+    finally:
+        server.stop()
+    return files, codes, p50s
+
+
+def _trial_ratio(delay_us: float, workdir: Path, name: str) -> float:
+    """The 1 KiB p50 with ``delay_us`` over the p50 without, from two runs back to back (a
+    pair, so that a shift of the machine's load between trials cancels out)."""
+    p50s = []
+    for delay in (0.0, delay_us):
+        server = Server(delay, workdir)
+        try:
+            junit = workdir / f"{name}-{delay:.0f}.xml"
+            run_suite(server, junit, [])
+            p50s.append(p50_1kib(junit))
+        finally:
+            server.stop()
+    return p50s[1] / p50s[0]
+
+
+def calibrate_delay(target_ratio: float, base_p50: float, workdir: Path) -> tuple[float, float]:
+    """The server delay (us) that makes the 1 KiB p50 ``target_ratio`` times what it is
+    without, and the ratio a paired trial measured with it: from a first guess (the
+    difference to ``base_p50``), up to four paired trials each correcting the delay in
+    proportion; the tried delay nearest the target is returned, never an untried one."""
+    want = (target_ratio - 1.0) * base_p50 / 1e3  # us to add
+    delay, tried = want, []
+    for trial in range(4):
+        ratio = _trial_ratio(delay, workdir, f"trial-{target_ratio}-{trial}")
+        tried.append((abs(ratio - target_ratio), delay, ratio))
+        if abs(ratio - target_ratio) < 0.03:
+            break
+        added = (ratio - 1.0) * base_p50 / 1e3  # us the delay actually added
+        delay = delay * want / added if added > 0 else delay * 2
+    _, delay, ratio = min(tried)
+    return delay, ratio
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--slowdown", type=float, default=1.5)
+    parser.add_argument("--small-slowdown", type=float, default=1.2)
+    parser.add_argument("--history", type=int, default=5)
+    parser.add_argument("--history-runs", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "gate_calibration.txt")
+    parser.add_argument("--keep", type=Path, help="keep every run's JUnit file in this directory")
+    args = parser.parse_args()
+    for name in ("runs", "history", "history_runs"):
+        if getattr(args, name) < 2:
+            parser.error(f"--{name.replace('_', '-')} must be at least 2")
+    if not (args.slowdown > 1 and args.small_slowdown > 1):
+        parser.error("slowdowns are ratios above 1")
+    log = [f"gate calibration, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"]
+    log.append(f"load before: {uptime()}")
+    log.append(f"cpus: {os.cpu_count()}; suite: {SUITE.relative_to(HERE.parent)}")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tfgrpc-calib-") as tmp:
+        workdir = Path(tmp)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            workdir = args.keep
+        unchanged, codes, p50s = phase(
+            "unchanged", args.runs, 0, workdir, lambda i, files: list(files), log
+        )
+        gated = [c for c in codes if c >= 0]
+        false_failures = sum(1 for c in gated if c != 0)
+        base = statistics.median(p50s)
+        delay, trial = calibrate_delay(args.slowdown, base, workdir)
+        log.append(
+            f"delay for {args.slowdown}x: {delay:.0f} us (paired trial: 1KiB p50 ratio {trial:.2f})"
+        )
+        _, slow_codes, slow_p50s = phase(
+            "slowed", args.runs, delay, workdir, lambda i, files: list(unchanged), log
+        )
+        detected = sum(1 for c in slow_codes if c != 0)
+        small_delay, small_trial = calibrate_delay(args.small_slowdown, base, workdir)
+        log.append(
+            f"delay for {args.small_slowdown}x: {small_delay:.0f} us "
+            f"(paired trial: 1KiB p50 ratio {small_trial:.2f})"
+        )
+        history = unchanged[-args.history :]
+        _, small_codes, small_p50s = phase(
+            "small", args.history_runs, small_delay, workdir, lambda i, files: list(history), log
+        )
+        small_detected = sum(1 for c in small_codes if c != 0)
+    minutes = (time.monotonic() - started) / 60
+    achieved = statistics.median(slow_p50s) / base
+    small_achieved = statistics.median(small_p50s) / base
+    summary = [
+        f"false failures: {false_failures} of {len(gated)} gated unchanged runs "
+        f"(run 1 has no baseline; target <= 1 of 20)",
+        f"detected {args.slowdown}x (achieved {achieved:.2f}x on 1KiB p50): {detected} of "
+        f"{len(slow_codes)} runs, against {len(unchanged)} unchanged runs (target >= 19 of 20)",
+        f"detected {args.small_slowdown}x (achieved {small_achieved:.2f}x) with a history of "
+        f"{len(history)} runs: {small_detected} of {len(small_codes)} "
+        f"(target >= 80%)",
+        f"total {minutes:.1f} min",
+        f"load after: {uptime()}",
+    ]
+    log += summary
+    for line in summary:
+        print(line)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(log) + "\n")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The gate across rounds and runs: the replicate test, rounds in the measuring loop and the
+JUnit properties, histories of runs, what a run did not compare, change points, and the JUnit
+reader with lxml and large text nodes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.report.compare import Outcome, compare_figure, compare_runs
+from pytest_tfgrpc.report.gate import unmatched_figures
+from pytest_tfgrpc.report.history import format_trends, trends
+from pytest_tfgrpc.report.junit import (
+    Baseline,
+    BaselineError,
+    Key,
+    Measurement,
+    load_baseline,
+    load_history,
+    read_junit,
+)
+from pytest_tfgrpc.report.properties import format_rounds, parse_rounds, result_properties
+from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.stats.replicates import invalid_values, replicate_test
+
+KEY = Key("t.test_a[lo]", "lo", "p2p_latency", "1KiB")
+
+
+def rounds(level: float, spread: float, seed: int, n: int = 10) -> tuple[float, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(float(v) for v in level * np.exp(rng.normal(0.0, spread, n)))
+
+
+def measurement(values: tuple[float, ...], key: Key = KEY) -> Measurement:
+    return Measurement(key, {"p50": float(np.median(values))}, None, rounds={"p50": values})
+
+
+# --- the replicate test -----------------------------------------------------------------------
+
+
+def test_history_of_runs_uses_the_spread_between_runs() -> None:
+    # Runs whose levels differ by ~8 % while rounds within a run agree to 1 %: a test across
+    # samples or rounds would call a 10 % shift significant; across runs it is not.
+    levels = [300e3 * math.exp(0.08 * z) for z in (-1.0, 0.5, 1.2, -0.7, 0.1, -0.2)]
+    history = [rounds(level, 0.01, seed) for seed, level in enumerate(levels)]
+    shifted = rounds(330e3, 0.01, 99)
+    test = replicate_test(shifted, history, alpha=0.05)
+    assert test.runs == 6 and "across 6 baseline runs" in test.method
+    assert test.direction == 0 and test.detectable > 0.15
+    slowed = replicate_test(rounds(600e3, 0.01, 98), history, alpha=0.05)
+    assert slowed.direction == 1 and slowed.change == pytest.approx(0.99, abs=0.1)
+
+
+def test_few_runs_take_the_spread_of_a_round() -> None:
+    one = [rounds(300e3, 0.05, 1)]
+    test = replicate_test(rounds(310e3, 0.05, 2), one, alpha=0.05)
+    assert test.runs == 1 and "run spread taken as a round's" in test.method
+    # A round's spread (5 %), not its standard error: a 3 % shift is not detectable.
+    assert test.direction == 0 and test.detectable > 0.1
+    assert replicate_test(rounds(450e3, 0.05, 2), one, alpha=0.05).direction == 1
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [((1.0, 0.0, 2.0), "not positive"), ((1.0, -1.0, 2.0), "not positive"),
+     ((1.0, math.nan, 2.0), "nan"), ((1.0, math.inf, 2.0), "inf")],
+)  # fmt: skip
+def test_degenerate_rounds_are_refused(values: tuple[float, ...], why: str) -> None:
+    assert why in invalid_values(values)
+    with pytest.raises(ValueError, match="invalid"):
+        replicate_test(values, [(1.0, 2.0, 3.0)], alpha=0.05)
+    verdict = compare_figure(measurement((1.0, 2.0, 3.0)), measurement(values), "p50", 0.1)
+    assert verdict.outcome is Outcome.INVALID and "not a measurement" in verdict.reason
+
+
+def test_replicate_test_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="rounds"):
+        replicate_test((1.0, 2.0), [(1.0, 2.0, 3.0)], alpha=0.05)
+    with pytest.raises(ValueError, match="no baseline"):
+        replicate_test((1.0, 2.0, 3.0), [], alpha=0.05)
+    with pytest.raises(ValueError, match="alpha"):
+        replicate_test((1.0, 2.0, 3.0), [(1.0, 2.0, 3.0)], alpha=1.0)
+
+
+def test_every_verdict_says_what_it_could_detect() -> None:
+    history = [measurement(rounds(300e3, 0.03, s)) for s in range(5)]
+    verdict = compare_figure(
+        history[-1], measurement(rounds(305e3, 0.03, 9)), "p50", 0.1, earlier=history[:-1]
+    )
+    assert verdict.outcome is Outcome.PASS and verdict.runs == 5
+    assert verdict.threshold == max(0.1, verdict.detectable)
+    assert "could detect >=" in verdict.reason
+    assert verdict.detection().startswith("could detect >=")
+
+
+def test_a_family_of_figures_is_tested_at_a_stricter_level() -> None:
+    history = [measurement(rounds(300e3, 0.03, s)) for s in range(5)]
+    current = measurement(rounds(330e3, 0.03, 9))
+    alone = compare_figure(history[-1], current, "p50", 0.0, earlier=history[:-1])
+    of_ten = compare_figure(history[-1], current, "p50", 0.0, earlier=history[:-1], family=10)
+    assert of_ten.detectable > alone.detectable
+
+
+# --- rounds in the loop and the properties ----------------------------------------------------
+
+
+def test_round_spec_shares_count_and_time() -> None:
+    run = RunSpec(iterations=1000, warmup=50, max_seconds=5.0, warmup_seconds=1.0, rounds=10)
+    first, later = run.round_spec(0), run.round_spec(3)
+    assert (first.iterations, first.warmup, first.max_seconds) == (100, 50, 0.5)
+    assert (later.iterations, later.warmup, later.warmup_seconds) == (100, 5, 0.1)
+    assert RunSpec(10, 0, 1.0, 1.0).round_spec(0) == RunSpec(10, 0, 1.0, 1.0)
+    seven = RunSpec(7, 0, 1.0, 1.0, rounds=10)
+    assert seven.round_count == 7 and [seven.round_spec(i).iterations for i in range(7)] == [1] * 7
+    odd = RunSpec(23, 0, 1.0, 1.0, rounds=10)
+    assert sum(odd.round_spec(i).iterations for i in range(10)) == 23
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rounds"):
+            RunSpec(10, 0, 1.0, 1.0, rounds=bad)  # type: ignore[arg-type]
+
+
+def test_rounds_are_recorded_and_read_back() -> None:
+    samples = np.concatenate([np.full(5, 1000 * (i + 1), dtype=np.int64) for i in range(4)])
+    point = SizeResult.from_samples(1024, 1040, samples, int(samples.sum()), rounds=(5,) * 4)
+    assert point.round_figures(rates=False)["p50"] == (1000.0, 2000.0, 3000.0, 4000.0)
+    result = BenchmarkResult("p2p_latency", "p2p_latency", "lo", "x:1", "raw", "unary", (point,))
+    props = dict(result_properties(result))
+    assert parse_rounds(props["tfgrpc.p2p_latency.1KiB.rounds"])["p50"] == (1e3, 2e3, 3e3, 4e3)
+    assert parse_rounds(format_rounds({"p99": (1.5, 2.25)})) == {"p99": (1.5, 2.25)}
+    for bad in ("p50", "p50=a,b", "=1,2"):
+        with pytest.raises(ValueError, match="round figures"):
+            parse_rounds(bad)
+
+
+# --- histories and what was not compared ------------------------------------------------------
+
+
+def write_run(path: Path, tests: dict[str, dict[str, str]], meta: dict[str, str]) -> Path:
+    cases = "".join(
+        f'<testcase classname="{t.rpartition(".")[0]}" name="{t.rpartition(".")[2]}">'
+        "<properties>"
+        + "".join(f'<property name="{n}" value="{v}"/>' for n, v in props.items())
+        + "</properties></testcase>"
+        for t, props in tests.items()
+    )
+    suite_props = "".join(
+        f'<property name="tfgrpc.meta.{k}" value="{v}"/>' for k, v in meta.items()
+    )
+    path.write_text(
+        f'<?xml version="1.0"?><testsuites><testsuite name="pytest" hostname="h">'
+        f"<properties>{suite_props}</properties>{cases}</testsuite></testsuites>"
+    )
+    return path
+
+
+def props_of(level: float, seed: int) -> dict[str, str]:
+    values = rounds(level, 0.02, seed)
+    return {
+        "tfgrpc.fabric": "lo",
+        "tfgrpc.p2p_latency.1KiB.p50_us": f"{np.median(values) / 1e3:.3f}",
+        "tfgrpc.p2p_latency.1KiB.rounds": format_rounds({"p50": values}),
+    }
+
+
+def test_a_directory_and_a_results_file_are_histories(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i in range(4):
+        write_run(runs / f"run-{i:03d}.xml", {"t.test_a[lo]": props_of(300e3, i)}, {"host": "h"})
+    history = load_history([runs])
+    assert [Path(r.source).name for r in history] == [f"run-{i:03d}.xml" for i in range(4)]
+    new = write_run(tmp_path / "new.xml", {"t.test_a[lo]": props_of(600e3, 9)}, {"host": "h"})
+    current = load_baseline(new)
+    comparison = compare_runs(history, current, {})
+    assert [v.outcome for v in comparison.verdicts] == [Outcome.REGRESSION]
+    assert comparison.verdicts[0].runs == 4
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        "".join(
+            json.dumps({"test": "t.py::test_a[lo]", "run": f"r{i}", "properties": props_of(3e5, i)})
+            + "\n"
+            for i in range(3)
+        )
+    )
+    assert [r.source.rpartition("#")[2] for r in load_history([results])] == ["r0", "r1", "r2"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BaselineError, match="holds no"):
+        load_history([tmp_path / "empty"])
+
+
+def test_every_unmatched_baseline_figure_says_why(tmp_path: Path) -> None:
+    tests = {
+        name: props_of(300e3, 1)
+        for name in ("t.test_kept[lo]", "t.test_renamed[lo]", "t.test_off[lo]",
+                     "t.test_failed[lo]", "ci.t.test_prefixed[lo]")
+    }  # fmt: skip
+    eth = dict(props_of(300e3, 2), **{"tfgrpc.fabric": "eth0"})
+    base = load_baseline(write_run(tmp_path / "b.xml", {**tests, "t.test_eth[eth0]": eth}, {}))
+    keys = {k.test: k for k in base.measurements}
+    base = Baseline(
+        base.source,
+        {**base.measurements, Key("t.test_kept[lo]", "eth0", "p2p_latency", "1KiB"):
+         base.measurements[keys["t.test_kept[lo]"]]},
+    )  # fmt: skip
+    ran = {
+        "t.test_kept[lo]": list(props_of(300e3, 1).items()),
+        "t.test_failed[lo]": [],
+        "t.test_prefixed[lo]": list(props_of(300e3, 1).items()),
+        "t.test_eth[eth0]": [],
+    }
+    why = {
+        (u.key.test, u.key.fabric): u.why
+        for u in unmatched_figures([base], ran, {"t.test_off[lo]"}, ["lo"])
+    }
+    assert "renamed or removed" in why["t.test_renamed[lo]", "lo"]
+    assert why["t.test_off[lo]", "lo"] == "deselected in this run"
+    assert "recorded no figure" in why["t.test_failed[lo]", "lo"]
+    assert "t.test_prefixed[lo] looks like it" in why["ci.t.test_prefixed[lo]", "lo"]
+    assert "fabric eth0 is not measured" in why["t.test_kept[lo]", "eth0"]
+    assert ("t.test_kept[lo]", "lo") not in why
+
+
+def test_trends_find_a_change_point_with_otava(tmp_path: Path) -> None:
+    pytest.importorskip("otava")
+    runs = [
+        load_baseline(
+            write_run(tmp_path / f"r{i}.xml", {"t.a[lo]": props_of(3e5 if i < 8 else 4.5e5, i)}, {})
+        )
+        for i in range(14)
+    ]
+    (trend,) = trends(runs, ["p50"])
+    assert [p.index for p in trend.change_points] == [8]
+    assert trend.change_points[0].change == pytest.approx(0.5, abs=0.05)
+    assert "change point at run 9" in "\n".join(format_trends([trend]))
+    with pytest.raises(ValueError, match="not gated"):
+        trends(runs, ["max"])
+
+
+# --- the JUnit reader -------------------------------------------------------------------------
+
+
+def test_an_11_mb_junit_file_reads_with_lxml(tmp_path: Path) -> None:
+    from junitparser import junitparser as implementation
+
+    pytest.importorskip("lxml")
+    picked = getattr(implementation, "etree")  # noqa: B009 (not re-exported)
+    assert picked.__name__ == "lxml.etree"  # junitparser picked lxml
+    big = "x" * (11 * 1024 * 1024)
+    path = write_run(tmp_path / "big.xml", {"t.test_a[lo]": props_of(3e5, 1)}, {"host": "h"})
+    out = f"</properties><system-out>{big}</system-out></testcase>"
+    path.write_text(path.read_text().replace("</properties></testcase>", out))
+    assert path.stat().st_size > 11 * 1024 * 1024
+    assert [c.test for c in read_junit(path).cases] == ["t.test_a[lo]"]
+    assert load_baseline(path).measurements
+
+
+def test_a_resource_limit_is_not_called_corruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_tfgrpc.report import junit
+
+    path = write_run(tmp_path / "b.xml", {"t.test_a[lo]": props_of(3e5, 1)}, {})
+
+    def limited(_: str) -> None:
+        raise SyntaxError("Resource limit exceeded: Text node too long, try XML_PARSE_HUGE")
+
+    monkeypatch.setattr(junit, "_parse_xml", limited)
+    with pytest.raises(BaselineError, match="resource limits") as error:
+        read_junit(path)
+    assert "corrupt" not in str(error.value).replace("not known to be corrupt", "")
+
+
+def test_unstable_rounds_are_warned_as_pyperf_does() -> None:
+    from pytest_tfgrpc.plugin.summary import unstable_rounds
+    from pytest_tfgrpc.stats.replicates import instability
+
+    assert instability((1.0, 1.0, 1.0)) == 0.0
+    assert math.isnan(instability((1.0,)))
+    steady = format_rounds({"p50": (100.0, 101.0, 99.0)})
+    shaky = format_rounds({"p50": (100.0, 150.0, 60.0), "throughput": (1.0, 1.0, 1.0)})
+    props = [
+        ("tfgrpc.p2p_latency.1KiB.rounds", steady),
+        ("tfgrpc.p2p_latency.64KiB.rounds", shaky),
+        ("tfgrpc.p2p_latency.4KiB.rounds", "not rounds"),
+    ]
+    (line,) = unstable_rounds("t.py::test_a", props)
+    assert line.startswith("unstable: t.py::test_a p2p_latency.64KiB p50 varies 44% between")
