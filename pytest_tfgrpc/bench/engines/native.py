@@ -16,10 +16,12 @@ from pytest_tfgrpc.bench import native_p2p
 from pytest_tfgrpc.bench.engines.base import EngineError, EngineServer
 from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
 from pytest_tfgrpc.bench.streams import StreamsResult
+from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.native_server import start_native_server
 from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
@@ -31,9 +33,10 @@ __all__ = ["NativeEngine"]
 
 
 class NativeEngine(LoopEngine):
-    """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Not native
-    yet: its PS benchmarks run the plugin's Python PS processes and workers, and say so
-    (``engine=grpcio`` in their results)."""
+    """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Its PS
+    benchmarks run the plugin's Python PS processes with C++ workers
+    (``tfgrpc-native-worker``: the workers push to the PS tasks, the PS side is the same as
+    the grpcio engine's); their results say ``engine=native``."""
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
@@ -72,6 +75,22 @@ class NativeEngine(LoopEngine):
     ) -> StreamsResult:
         _check_plaintext()
         return super().p2p_bandwidth_streams(server, sizes, streams=streams, **kw)
+
+    def start_cluster(
+        self,
+        fabric: Fabric,
+        topology: Topology,
+        env: Mapping[str, str] | None,
+        max_tensor_bytes: int | None = None,
+    ) -> PSCluster:
+        """The plugin's Python PS tasks with native workers.
+
+        :raises EngineError: the run uses TLS, which the native workers do not speak.
+        """
+        _check_plaintext()
+        return PSCluster(
+            fabric, topology, env=env, max_tensor_bytes=max_tensor_bytes, workers_engine="native"
+        )
 
 
 def _check_plaintext() -> None:
