@@ -279,43 +279,31 @@ def test_a_bad_streams_marker_fails_the_test_by_name(
     result.stdout.fnmatch_lines(["*test_x*tfgrpc_streams*"])
 
 
+_SERVER_ON_AGENTS = "a native tensor server cannot run through node agents"
+_WORKERS_ON_AGENTS = "the native engine's PS workers cannot run through node agents"
+
+
 @pytest.mark.parametrize(
-    "marker",
+    ("marker", "fixture", "message"),
     [
-        "tfgrpc_engines(server='native')",
-        "tfgrpc_engines('native')",
-        "tfgrpc_engine(engines=['native'])",
+        ("tfgrpc_engines(server='native')", "tensor_server", _SERVER_ON_AGENTS),
+        ("tfgrpc_engines('native')", "tensor_server", _SERVER_ON_AGENTS),
+        ("tfgrpc_engine(engines=['native'])", "tensor_server", _SERVER_ON_AGENTS),
+        ("tfgrpc_engines('native')", "ps_cluster", _WORKERS_ON_AGENTS),
+        ("tfgrpc_engine(engines=['native'])", "ps_cluster", _WORKERS_ON_AGENTS),
     ],
 )
-def test_a_native_server_is_not_started_through_agents(
-    pytester: pytest.Pytester, marker: str
+def test_native_processes_are_not_started_through_agents(
+    pytester: pytest.Pytester, marker: str, fixture: str, message: str
 ) -> None:
-    # Agents run only the Python tensor server: the test fails before any agent is dialled
+    # Agents run only the plugin's Python roles: the test fails before any agent is dialled
     # (the address given listens nowhere), rather than measuring the grpcio engine instead.
     pytester.makepyfile(
-        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it(tensor_server):\n    pass\n"
+        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it({fixture}):\n    pass\n"
     )
     result = pytester.runpytest_subprocess("--tfgrpc-agents=127.0.0.1:9", "-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*a native tensor server cannot run through node agents*"])
-    assert "INTERNALERROR" not in result.stdout.str()
-
-
-@pytest.mark.parametrize(
-    "marker", ["tfgrpc_engines('native')", "tfgrpc_engines('grpcio', 'native')"]
-)
-def test_native_ps_workers_are_not_started_through_agents(
-    pytester: pytest.Pytester, marker: str
-) -> None:
-    # Agents run only the plugin's Python roles: the native engine's PS test fails before any
-    # agent is dialled (the address given listens nowhere), not with Python workers instead.
-    pytester.makepyfile(
-        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it(ps_cluster):\n    pass\n"
-    )
-    result = pytester.runpytest_subprocess("--tfgrpc-agents=127.0.0.1:9", "-p", "no:cacheprovider")
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("errors", 0) >= 1
-    result.stdout.fnmatch_lines(["*the native engine's PS workers cannot run through node agents*"])
+    result.stdout.fnmatch_lines([f"*{message}*"])
     assert "INTERNALERROR" not in result.stdout.str()
 
 

@@ -16,12 +16,10 @@ from pytest_tfgrpc.bench import native_p2p
 from pytest_tfgrpc.bench.engines.base import EngineError, EngineServer
 from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
 from pytest_tfgrpc.bench.streams import StreamsResult
-from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.native_server import start_native_server
 from pytest_tfgrpc.servers.processes import ServerProcess
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
@@ -40,6 +38,8 @@ class NativeEngine(LoopEngine):
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
+    # PSCluster refuses native workers under TLS and through agents, naming the cause.
+    workers: ClassVar[str] = "native"
 
     def unavailable(self) -> str | None:
         """Why it cannot run: not built for this plugin version and source (the message names
@@ -75,22 +75,6 @@ class NativeEngine(LoopEngine):
     ) -> StreamsResult:
         _check_plaintext()
         return super().p2p_bandwidth_streams(server, sizes, streams=streams, **kw)
-
-    def start_cluster(
-        self,
-        fabric: Fabric,
-        topology: Topology,
-        env: Mapping[str, str] | None,
-        max_tensor_bytes: int | None = None,
-    ) -> PSCluster:
-        """The plugin's Python PS tasks with native workers.
-
-        :raises EngineError: the run uses TLS, which the native workers do not speak.
-        """
-        _check_plaintext()
-        return PSCluster(
-            fabric, topology, env=env, max_tensor_bytes=max_tensor_bytes, workers_engine="native"
-        )
 
 
 def _check_plaintext() -> None:
