@@ -279,30 +279,36 @@ def test_a_bad_streams_marker_fails_the_test_by_name(
     result.stdout.fnmatch_lines(["*test_x*tfgrpc_streams*"])
 
 
+_SERVER_ON_AGENTS = "a native tensor server cannot run through node agents"
+_WORKERS_ON_AGENTS = "the native engine's PS workers cannot run through node agents"
+
+
 @pytest.mark.parametrize(
-    "marker",
+    ("marker", "fixture", "message"),
     [
-        "tfgrpc_engines(server='native')",
-        "tfgrpc_engines('native')",
-        "tfgrpc_engine(engines=['native'])",
+        ("tfgrpc_engines(server='native')", "tensor_server", _SERVER_ON_AGENTS),
+        ("tfgrpc_engines('native')", "tensor_server", _SERVER_ON_AGENTS),
+        ("tfgrpc_engine(engines=['native'])", "tensor_server", _SERVER_ON_AGENTS),
+        ("tfgrpc_engines('native')", "ps_cluster", _WORKERS_ON_AGENTS),
+        ("tfgrpc_engine(engines=['native'])", "ps_cluster", _WORKERS_ON_AGENTS),
     ],
 )
-def test_a_native_server_is_not_started_through_agents(
-    pytester: pytest.Pytester, marker: str
+def test_native_processes_are_not_started_through_agents(
+    pytester: pytest.Pytester, marker: str, fixture: str, message: str
 ) -> None:
-    # Agents run only the Python tensor server: the test fails before any agent is dialled
+    # Agents run only the plugin's Python roles: the test fails before any agent is dialled
     # (the address given listens nowhere), rather than measuring the grpcio engine instead.
     pytester.makepyfile(
-        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it(tensor_server):\n    pass\n"
+        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it({fixture}):\n    pass\n"
     )
     result = pytester.runpytest_subprocess("--tfgrpc-agents=127.0.0.1:9", "-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*a native tensor server cannot run through node agents*"])
+    result.stdout.fnmatch_lines([f"*{message}*"])
     assert "INTERNALERROR" not in result.stdout.str()
 
 
 @pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
-def test_ps_tests_under_the_native_engine_run_the_python_ps_and_say_so(
+def test_ps_tests_under_the_native_engine_run_native_workers_and_say_so(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(native.CACHE_ENV, CACHE)
@@ -313,10 +319,15 @@ import pytest
 @pytest.mark.tfgrpc_engines("native")
 def test_ps(tfgrpc, ps_cluster, tfgrpc_engine):
     assert tfgrpc_engine.name == "native"
-    result = tfgrpc.ps_throughput(ps_cluster, ["4KiB"], iterations=5, warmup=1)
-    assert result.settings["engine"] == "grpcio"
-    step = tfgrpc.sync_sgd_step(ps_cluster, "resnet50", iterations=2, warmup=1)
-    assert step.settings["engine"] == "grpcio"
+    assert {w.engine for w in ps_cluster.workers} == {"native"}
+    for mode in ("raw", "protobuf"):
+        result = tfgrpc.ps_throughput(
+            ps_cluster, ["4KiB"], mode=mode, iterations=5, warmup=1, label=f"ps_{mode}"
+        )
+        assert result.settings["engine"] == "native"
+        assert [load.bytes_in for load in result.sizes[0].per_ps] == [4096 * 5]
+    step = tfgrpc.sync_sgd_step(ps_cluster, "resnet50", iterations=2, warmup=1, check=True)
+    assert step.settings["engine"] == "native"
 """
     )
     pytester.makeconftest("")

@@ -259,8 +259,8 @@ class Driver:
 
     def _engine_result(self, result: R, engine: Engine | None = None) -> R:
         """``result`` with the engine that measured it (and the engine's settings) recorded:
-        the engine the result names, if it names one (the native engine's PS benchmarks are
-        the grpcio engine's), else the engine that was asked."""
+        the engine the result names, if it names one (a PS benchmark names its workers'
+        engine), else the engine that was asked."""
         engine = engine or self.engine
         settings = {**engine.settings(), "engine": engine.name, **result.settings}
         return replace(result, settings=MappingProxyType(settings))

@@ -32,6 +32,7 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, Topology, placed_on
 from pytest_tfgrpc.model.profiles import Profile
+from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 from pytest_tfgrpc.servers.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
@@ -163,7 +164,9 @@ def ps_throughput(
     """
     if mode not in transport.MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(transport.MODES)}")
-    settings = run_settings(run, method=method("Throughput", raw=mode == "raw"))
+    settings = run_settings(
+        run, **_engine_settings(cluster), method=method("Throughput", raw=mode == "raw")
+    )
 
     def build(points: tuple[SizeResult, ...]) -> PSResult:
         return throughput_result(cluster, payload, mode, label, points, settings)
@@ -218,6 +221,15 @@ def ps_throughput(
                 )
             )
     return build(tuple(points))
+
+
+def _engine_settings(cluster: PSCluster) -> dict[str, str]:
+    """The engine whose workers measured on ``cluster``: ``grpcio`` (Python workers) or
+    ``native`` (C++ workers, with their gRPC C++ version as ``grpc_cpp``)."""
+    engine = getattr(cluster, "workers_engine", "grpcio")
+    if engine == "native":
+        return {"engine": engine, "grpc_cpp": binaries().grpc_version}
+    return {"engine": engine}
 
 
 def throughput_result(
@@ -373,6 +385,7 @@ def sync_sgd_step(
         placement=placement,
         settings=run_settings(
             run,
+            **_engine_settings(cluster),
             profile=profile.key,
             learning_rate=f"{learning_rate:g}",
             chunk_bytes=str(chunk_bytes),

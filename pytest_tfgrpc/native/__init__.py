@@ -35,6 +35,7 @@ APT_PACKAGES = (
     "libgrpc++-dev",
     "protobuf-compiler-grpc",
     "libprotobuf-dev",
+    "nlohmann-json3-dev",
     "cmake",
     "g++",
     "pkg-config",
@@ -42,6 +43,7 @@ APT_PACKAGES = (
 
 SERVER_NAME = "tfgrpc-native-server"
 CLIENT_NAME = "tfgrpc-native-client"
+WORKER_NAME = "tfgrpc-native-worker"
 
 #: Overrides where built engines are kept (default: ``$XDG_CACHE_HOME/pytest-tfgrpc/native``).
 CACHE_ENV = "TFGRPC_NATIVE_CACHE"
@@ -57,6 +59,7 @@ class NativeBinaries:
 
     server: Path
     client: Path
+    worker: Path
     grpc_version: str
     source_hash: str
 
@@ -105,14 +108,14 @@ def binaries() -> NativeBinaries:
     """The built engine, or :class:`NativeNotBuilt` saying the one command that builds it."""
     where = build_dir()
     info_path = where / "build.json"
-    server, client = where / SERVER_NAME, where / CLIENT_NAME
-    if not (info_path.is_file() and os.access(server, os.X_OK) and os.access(client, os.X_OK)):
+    server, client, worker = where / SERVER_NAME, where / CLIENT_NAME, where / WORKER_NAME
+    if not (info_path.is_file() and all(os.access(p, os.X_OK) for p in (server, client, worker))):
         raise NativeNotBuilt(
             f"the native engine is not built for pytest-tfgrpc {plugin_version()} "
             f"(sources {source_hash()}, looked in {where}): {how_to_build()}"
         )
     info = json.loads(info_path.read_text())
-    return NativeBinaries(server, client, str(info.get("grpc_version", "")), source_hash())
+    return NativeBinaries(server, client, worker, str(info.get("grpc_version", "")), source_hash())
 
 
 def unavailable_reason() -> str | None:

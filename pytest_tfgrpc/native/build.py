@@ -19,6 +19,7 @@ from pytest_tfgrpc.native import (
     CLIENT_NAME,
     SERVER_NAME,
     SOURCE_DIR,
+    WORKER_NAME,
     NativeNotBuilt,
     binaries,
     build_dir,
@@ -84,7 +85,7 @@ def build(*, force: bool = False, quiet: bool = True, jobs: int = 2) -> Path:
             quiet,
         )
         _run(["cmake", "--build", str(work / "cmake"), "-j", str(jobs)], work, quiet)
-        for name in (SERVER_NAME, CLIENT_NAME):
+        for name in (SERVER_NAME, CLIENT_NAME, WORKER_NAME):
             shutil.copy2(work / "cmake" / name, out / name)
         info = {"grpc_version": grpc_version, "source": str(SOURCE_DIR)}
         (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -293,14 +293,15 @@ def placed_tensor_server(
 
 
 def cluster_launchers(
-    request: pytest.FixtureRequest, fabric: Fabric, topology: Topology
+    request: pytest.FixtureRequest, fabric: Fabric, topology: Topology, engine: str = "grpcio"
 ) -> ClusterPlacement:
     """With agents, where each PS and worker of ``topology`` runs (keyword arguments of
     :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster`); otherwise ``{}``, all here.
 
     PS ``i`` runs on the ``i``-th PS agent (cyclically), worker ``j`` on the worker agents
     after those the PS tasks took when both come from one pool, so that P + W agents give
-    every process a host of its own. Records placement and path.
+    every process a host of its own. Records placement and path. The native ``engine``'s
+    workers do not run on agents: that fails the test before any agent is dialled.
     """
     agents = _agents_of(request.config)
     if agents is None:
@@ -308,6 +309,12 @@ def cluster_launchers(
                 " not crossed)")  # fmt: skip
         return {}
     _fail_without(agents)
+    if engine == "native":
+        pytest.fail(
+            "ps_cluster: the native engine's PS workers cannot run through node agents (they "
+            "run only the plugin's Python roles); drop --tfgrpc-agents or the engine",
+            pytrace=False,
+        )
     try:
         ps_agents = agents.reachable(agents.ps, fabric)
         worker_agents = agents.reachable(agents.workers, fabric)

@@ -173,7 +173,7 @@ def ps_cluster(
         need = max(*by_ps, MAX_SWEEP_BYTES)
     elif specs.messages is not None and specs.messages.sizes:
         need = max(specs.messages.sizes)
-    placed = cluster_launchers(request, fabric, topology)
+    placed = cluster_launchers(request, fabric, topology, tfgrpc_engine.name)
     if placed and not isinstance(tfgrpc_engine, LoopEngine):
         pytest.fail(
             f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: node agents run only the "
@@ -182,8 +182,14 @@ def ps_cluster(
         )
     try:
         if placed:
+            # The native engine's workers run here only: PSCluster refuses them on agents.
             cluster: EngineCluster = PSCluster(
-                fabric, topology, env=session.server_env, max_tensor_bytes=need, **placed
+                fabric,
+                topology,
+                env=session.server_env,
+                max_tensor_bytes=need,
+                workers_engine="native" if tfgrpc_engine.name == "native" else "grpcio",
+                **placed,
             )
         elif isinstance(tfgrpc_engine, LoopEngine):
             cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env, need)

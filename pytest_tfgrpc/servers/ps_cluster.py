@@ -21,6 +21,7 @@ from typing import Any, Protocol, overload
 import grpc
 
 from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.native import ENGINES, binaries
 from pytest_tfgrpc.servers import jobs as protocol
 from pytest_tfgrpc.servers.jobs import JobMessage, Message, Reply
 from pytest_tfgrpc.servers.parameter_server import method
@@ -37,7 +38,7 @@ from pytest_tfgrpc.servers.processes import (
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
-from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
 
@@ -70,15 +71,27 @@ class WorkerProcess(ChildProcess):
     per line, on its stdin and stdout."""
 
     def __init__(
-        self, index: int, *, env: Mapping[str, str] | None = None, launcher: Launcher = LOCAL
+        self,
+        index: int,
+        *,
+        env: Mapping[str, str] | None = None,
+        launcher: Launcher = LOCAL,
+        engine: str = "grpcio",
     ) -> None:
+        argv = (
+            [str(binaries().worker)]
+            if engine == "native"
+            else [sys.executable, "-m", "pytest_tfgrpc.servers.worker"]
+        )
         super().__init__(
-            [sys.executable, "-m", "pytest_tfgrpc.servers.worker"],
-            name=f"PS worker {index}" + _on(launcher),
+            argv,
+            name=f"{'native ' if engine == 'native' else ''}PS worker {index}" + _on(launcher),
             env=env,
             launcher=launcher,
         )
         self.index = index
+        #: What the worker is: ``grpcio`` (servers/worker.py) or ``native`` (C++).
+        self.engine = engine
         self._buffer = b""
 
     def fileno(self) -> int:
@@ -121,6 +134,23 @@ def _on(launcher: Launcher) -> str:
     return "" if launcher is LOCAL else f" on host {launcher.host}"
 
 
+def _check_workers_engine(engine: str, launchers: Sequence[Launcher]) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"workers_engine={engine!r}: expected one of {', '.join(ENGINES)}")
+    if engine != "native":
+        return
+    if any(launcher is not LOCAL for launcher in launchers):
+        raise ClusterError(
+            "native PS workers cannot run through node agents (an agent starts only the "
+            "plugin's Python roles): use the grpcio engine for a PS cluster on agents"
+        )
+    if tls_mode() != "off":
+        raise ClusterError(
+            "native PS workers speak plaintext only, and this run uses TLS "
+            f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
+        )
+
+
 def live_workers() -> tuple[WorkerProcess, ...]:
     """Worker processes started here and not yet stopped."""
     return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
@@ -133,6 +163,12 @@ class PSCluster:
     (``.target``, ``.pid``), ``workers`` the worker handles (``.pid``). PS tasks refuse
     tensor messages over ``max_tensor_bytes`` (None: the largest gRPC carries), and take jobs
     only from this handle (a token of its own).
+
+    ``workers_engine="native"`` starts the native engine's C++ workers
+    (``tfgrpc-native-worker``, same protocol and PS calls) instead of Python ones: plaintext
+    only, on this host only. Raises :class:`ClusterError` for native workers under TLS or
+    through node agents, :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built,
+    ValueError for an engine that is neither.
     """
 
     def __init__(
@@ -145,8 +181,12 @@ class PSCluster:
         ps_launchers: Sequence[Launcher] = (LOCAL,),
         worker_launchers: Sequence[Launcher] = (LOCAL,),
         max_tensor_bytes: int | None = None,
+        workers_engine: str = "grpcio",
     ) -> None:
+        _check_workers_engine(workers_engine, worker_launchers)
         self.fabric = fabric
+        #: The workers' engine: ``grpcio`` (Python workers) or ``native`` (C++ workers).
+        self.workers_engine = workers_engine
         self.topology = topology
         #: The largest tensor message a PS takes, if a limit below gRPC's was set.
         self.max_tensor_bytes = max_tensor_bytes
@@ -160,7 +200,12 @@ class PSCluster:
         try:
             # Workers first: their interpreters start while the PS servers come up.
             self.workers = tuple(
-                WorkerProcess(i, env=env, launcher=worker_launchers[i % len(worker_launchers)])
+                WorkerProcess(
+                    i,
+                    env=env,
+                    launcher=worker_launchers[i % len(worker_launchers)],
+                    engine=workers_engine,
+                )
                 for i in range(topology.workers)
             )
             threads = str(max(16, 2 * topology.workers + 4))  # a blocked pull holds a thread

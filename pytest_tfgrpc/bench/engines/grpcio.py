@@ -31,10 +31,13 @@ class LoopEngine(Engine):
     """An engine whose P2P benchmarks are a module's loops (``p2p_latency``,
     ``p2p_bandwidth``), whose parallel streams are
     :func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams` under its name, and whose PS
-    benchmarks run on the plugin's Python PS processes and workers (:class:`PSCluster`; their
-    results record ``engine=grpcio``): the plugin's grpcio and native engines."""
+    benchmarks run on the plugin's Python PS processes with workers of :attr:`workers`
+    (:class:`PSCluster`; their results record that engine): the plugin's grpcio and native
+    engines."""
 
     loops: ClassVar[ModuleType]
+    #: The engine of the PS workers :meth:`start_cluster` starts: ``grpcio`` or ``native``.
+    workers: ClassVar[str] = "grpcio"
 
     @abstractmethod
     def start_server(
@@ -68,9 +71,15 @@ class LoopEngine(Engine):
         env: Mapping[str, str] | None,
         max_tensor_bytes: int | None = None,
     ) -> PSCluster:
-        """The plugin's PS tasks and workers; the PS tasks refuse tensor messages over
-        ``max_tensor_bytes`` (None: the largest gRPC carries)."""
-        return PSCluster(fabric, topology, env=env, max_tensor_bytes=max_tensor_bytes)
+        """The plugin's PS tasks and workers (of :attr:`workers`); the PS tasks refuse tensor
+        messages over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
+        return PSCluster(
+            fabric,
+            topology,
+            env=env,
+            max_tensor_bytes=max_tensor_bytes,
+            workers_engine=self.workers,
+        )
 
     def ps_throughput(
         self, cluster: EngineCluster, payload: Any, *, profile: Any = None, **kw: Any

@@ -31,12 +31,15 @@ __all__ = ["NativeEngine"]
 
 
 class NativeEngine(LoopEngine):
-    """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Not native
-    yet: its PS benchmarks run the plugin's Python PS processes and workers, and say so
-    (``engine=grpcio`` in their results)."""
+    """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Its PS
+    benchmarks run the plugin's Python PS processes with C++ workers
+    (``tfgrpc-native-worker``: the workers push to the PS tasks, the PS side is the same as
+    the grpcio engine's); their results say ``engine=native``."""
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
+    # PSCluster refuses native workers under TLS and through agents, naming the cause.
+    workers: ClassVar[str] = "native"
 
     def unavailable(self) -> str | None:
         """Why it cannot run: not built for this plugin version and source (the message names

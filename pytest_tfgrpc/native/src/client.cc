@@ -31,6 +31,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "call.h"
 #include "wire.h"
 
 namespace tfgrpc {
@@ -58,45 +59,6 @@ struct Settings {
   int streams = 1;
 };
 
-// A failed or wrong call: the message says what and why.
-struct CallError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-const char* code_name(grpc::StatusCode code) {
-  static const char* names[] = {"OK",
-                                "CANCELLED",
-                                "UNKNOWN",
-                                "INVALID_ARGUMENT",
-                                "DEADLINE_EXCEEDED",
-                                "NOT_FOUND",
-                                "ALREADY_EXISTS",
-                                "PERMISSION_DENIED",
-                                "RESOURCE_EXHAUSTED",
-                                "FAILED_PRECONDITION",
-                                "ABORTED",
-                                "OUT_OF_RANGE",
-                                "UNIMPLEMENTED",
-                                "INTERNAL",
-                                "UNAVAILABLE",
-                                "DATA_LOSS",
-                                "UNAUTHENTICATED"};
-  int index = static_cast<int>(code);
-  return index >= 0 && index <= 16 ? names[index] : "UNKNOWN";
-}
-
-void check(const grpc::Status& status, const std::string& what) {
-  if (!status.ok()) {
-    throw CallError(what + " failed: " + code_name(status.error_code()) + ": " +
-                    status.error_message());
-  }
-}
-
-void set_deadline(ClientContext* context, double seconds) {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
-}
-
 std::shared_ptr<grpc::Channel> connect(const std::string& target, int stream) {
   grpc::ChannelArguments args;
   common_arguments(&args);
@@ -109,27 +71,6 @@ std::shared_ptr<grpc::Channel> connect(const std::string& target, int stream) {
     throw CallError("no connection to " + target + " within 10 s");
   }
   return channel;
-}
-
-// Tensor content, seeded pseudo-random so nothing on the path can compress it.
-Slice make_content(int64_t nbytes) {
-  std::string out(static_cast<size_t>(nbytes), '\0');
-  uint64_t state = 0x9E3779B97F4A7C15ULL;
-  for (size_t i = 0; i < out.size(); i += 8) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    std::memcpy(&out[i], &state, std::min<size_t>(8, out.size() - i));
-  }
-  return Slice(out);
-}
-
-// gRPC keeps a method name's pointer, not a copy: names live in a set for the process.
-const char* interned(const std::string& path) {
-  static std::mutex mutex;
-  static std::set<std::string> names;
-  std::lock_guard<std::mutex> lock(mutex);
-  return names.insert(path).first->c_str();
 }
 
 ByteBuffer buffer_of(std::vector<Slice> slices) {
