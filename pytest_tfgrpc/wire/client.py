@@ -7,6 +7,7 @@ are the tensor, in protobuf mode they are a TensorProto the benchmark encoded by
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -268,4 +269,29 @@ def explain(
         )
     if code is grpc.StatusCode.UNAVAILABLE and looks_like_tls_failure(details):
         return BenchmarkError(f"{where} failed: TLS handshake failed: {details}")
+    if code is grpc.StatusCode.INTERNAL and details == _CORE_TRANSPORT_ERROR:
+        # gRPC's core gives this when the connection breaks in the middle of a message (a
+        # server killed mid-push): say what happened, not the generic text.
+        if not _accepts_connections(server.target):
+            return BenchmarkError(
+                f"{where} failed: UNAVAILABLE: the connection broke mid-call and "
+                f"{server.target} no longer accepts connections (the server is gone)"
+            )
+        return BenchmarkError(
+            f"{where} failed: INTERNAL: the connection broke mid-call (gRPC gave no cause)"
+        )
     return BenchmarkError(f"{where} failed: {name}: {details}")
+
+
+#: What gRPC's core says of a transport that failed mid-message, and nothing more.
+_CORE_TRANSPORT_ERROR = "Internal error from Core"
+
+
+def _accepts_connections(target: str, timeout: float = 1.0) -> bool:
+    """Whether ``host:port`` (``[v6%zone]:port`` too) accepts a TCP connection now."""
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
