@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,12 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/netns.py as a plain modu
 
 # pytester moves HOME: every run, in-process or not, finds the native engine where it was built.
 os.environ.setdefault(native.CACHE_ENV, str(native.cache_root()))
+
+# A shell's background job starts with Ctrl-C ignored, and Python then installs no handler for
+# it; the tests that interrupt a run need the handler here, and, since a handler is reset by
+# exec, so do the processes they start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ["pytester"]
 
