@@ -216,7 +216,9 @@ def test_the_step_after_a_fit_carries_its_prediction(cluster: PSCluster) -> None
     predicted = float(props[model + "step_us"])
     assert predicted == pytest.approx(prediction.iter_s * 1e6, rel=1e-5)
     error = float(props[model + "error_pct"])
-    assert error == pytest.approx(100 * (predicted - measured) / measured, rel=1e-5)
+    # Both figures are written with 6 significant digits (each off by up to 5e-6 of itself),
+    # so the error recomputed from them may differ by up to ~1e-3 percentage points.
+    assert error == pytest.approx(100 * (predicted - measured) / measured, abs=2e-3)
     assert props[model + "limit"] == prediction.limit
     # The prediction stays out of the terminal summary: one row, the measured step.
     rows = summary_rows("t", result_properties(result))
