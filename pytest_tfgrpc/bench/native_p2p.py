@@ -22,6 +22,7 @@ from pytest_tfgrpc.bench.p2p import (
     RPCS,
     Message,
     Progress,
+    Transfer,
     _check_choice,
     _check_messages,
     _name,
@@ -62,18 +63,11 @@ def _deadline(benchmark: str, rpc: str, wire: int, run: RunSpec) -> float:
 
 
 def run_native(
-    server: Server,
-    message: Message,
-    *,
-    benchmark: str,
-    mode: str,
-    rpc: str,
-    run: RunSpec,
-    direction: str = "push",
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
-    streams: int = 1,
+    server: Server, message: Message, benchmark: str, transfer: Transfer, streams: int = 1
 ) -> NativeRun:
-    """One client run of one message; failures say what failed (or that the server died)."""
+    """One client run of one message (``benchmark``: latency or bandwidth) over ``streams``
+    connections; failures say what failed (or that the server died)."""
+    mode, rpc, run = transfer.mode, transfer.rpc, transfer.run
     nbytes, dtype, raw_wire, protobuf_wire = tensor_of(message)
     wire = raw_wire if mode == "raw" else protobuf_wire
     settings = ClientSettings(
@@ -81,14 +75,14 @@ def run_native(
         benchmark=benchmark,
         mode=mode,
         rpc=rpc,
-        direction=direction,
+        direction=transfer.direction,
         size=nbytes,
         dtype=dtype,
         iterations=run.iterations,
         warmup=run.warmup,
         max_seconds=run.time_limit_s,
         warmup_seconds=run.warmup_seconds,
-        chunk_bytes=chunk_bytes,
+        chunk_bytes=transfer.chunk_bytes,
         deadline_s=_deadline(benchmark, rpc, wire, run),
         streams=streams,
     )
@@ -131,9 +125,9 @@ def native_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
 def _measure_each(
     server: Server,
     sizes: Sequence[Message],
-    mode: str,
+    benchmark: str,
+    transfer: Transfer,
     progress: Progress | None,
-    **kwargs: object,
 ) -> tuple[SizeResult, ...]:
     checked = _check_messages(sizes)
     binaries()  # not built: say so before anything runs
@@ -141,8 +135,8 @@ def _measure_each(
     for index, message in enumerate(checked, 1):
         if progress is not None:
             progress(index, len(checked), _name(message))
-        measured = run_native(server, message, mode=mode, **kwargs)  # type: ignore[arg-type]
-        results.append(size_result(message, mode, measured))
+        measured = run_native(server, message, benchmark, transfer)
+        results.append(size_result(message, transfer.mode, measured))
     return tuple(results)
 
 
@@ -160,7 +154,7 @@ def p2p_latency(
     :func:`pytest_tfgrpc.bench.p2p.p2p_latency`)."""
     _check_choice("mode", mode, transport.MODES)
     _check_choice("rpc", rpc, RPCS)
-    results = _measure_each(server, sizes, mode, progress, benchmark="latency", rpc=rpc, run=run)
+    results = _measure_each(server, sizes, "latency", Transfer(mode, rpc, run), progress)
     method = "Echo" if rpc == "unary" else "EchoStream"
     settings = native_settings(run, method=transport.method(mode, method))
     return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
@@ -181,16 +175,7 @@ def p2p_bandwidth(
     """Tensors moved per second for each size, measured by the native client (see
     :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`)."""
     check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
-    results = _measure_each(
-        server,
-        sizes,
-        mode,
-        progress,
-        benchmark="bandwidth",
-        rpc=rpc,
-        run=run,
-        direction=direction,
-        chunk_bytes=chunk_bytes,
-    )
+    transfer = Transfer(mode, rpc, run, direction, chunk_bytes)
+    results = _measure_each(server, sizes, "bandwidth", transfer, progress)
     settings = native_settings(run, **bandwidth_extra(direction, mode, rpc, chunk_bytes))
     return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -507,6 +508,20 @@ def check_bandwidth_args(
         raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
     if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
         raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How one client run moves one tensor: its encoding (``mode``: raw or protobuf), RPC
+    shape (``rpc``: unary or stream), the loop bounds (``run``), which way (``direction``:
+    push or pull) and a stream's slice size in bytes (``chunk_bytes``). The checked arguments
+    of a P2P call, passed as one value below the public functions."""
+
+    mode: str
+    rpc: str
+    run: RunSpec
+    direction: str = "push"
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES
 
 
 def bandwidth_extra(direction: str, mode: str, rpc: str, chunk_bytes: int) -> dict[str, str]:

@@ -29,6 +29,7 @@ from pytest_tfgrpc.bench.p2p import (
     BANDWIDTH_RUN,
     Message,
     Progress,
+    Transfer,
     _check_messages,
     bandwidth_extra,
     check_bandwidth_args,
@@ -75,18 +76,10 @@ def check_streams(streams: object) -> int:
     return streams
 
 
-def _python_streams(
-    server: Server,
-    size: int,
-    *,
-    mode: str,
-    rpc: str,
-    direction: str,
-    chunk_bytes: int,
-    run: RunSpec,
-    streams: int,
-) -> NativeRun:
+def _python_streams(server: Server, size: int, transfer: Transfer, streams: int) -> NativeRun:
     """N worker processes of :mod:`.stream_worker`, started together; their samples joined."""
+    mode, rpc, direction, run = transfer.mode, transfer.rpc, transfer.direction, transfer.run
+    chunk_bytes = transfer.chunk_bytes
     argv = [sys.executable, "-m", "pytest_tfgrpc.bench.stream_worker"]
     argv += ["--target", server.target, "--fabric", server.fabric.name, "--mode", mode]
     argv += ["--rpc", rpc, "--direction", direction, "--size", str(size)]
@@ -168,6 +161,7 @@ def p2p_bandwidth_streams(
     if any(isinstance(message, Payload) for message in checked):
         raise ValueError("streams=N measures plain tensor sizes; payload schemes use streams=1")
     label = label or "p2p_bandwidth"
+    transfer = Transfer(mode, rpc, run, direction, chunk_bytes)
     aggregate: list[SizeResult] = []
     per_stream: list[list[SizeResult]] = [[] for _ in range(streams)]
     for index, message in enumerate(checked, 1):
@@ -175,28 +169,9 @@ def p2p_bandwidth_streams(
         if progress is not None:
             progress(index, len(checked), f"{message} B x {streams} streams")
         if engine == "native":
-            measured = run_native(
-                server,
-                message,
-                benchmark="bandwidth",
-                mode=mode,
-                rpc=rpc,
-                direction=direction,
-                chunk_bytes=chunk_bytes,
-                run=run,
-                streams=streams,
-            )
+            measured = run_native(server, message, "bandwidth", transfer, streams)
         else:
-            measured = _python_streams(
-                server,
-                message,
-                mode=mode,
-                rpc=rpc,
-                direction=direction,
-                chunk_bytes=chunk_bytes,
-                run=run,
-                streams=streams,
-            )
+            measured = _python_streams(server, message, transfer, streams)
         merged = aggregate_samples(measured.streams)
         aggregate.append(
             SizeResult.from_samples(
