@@ -107,6 +107,7 @@ class Driver:
         self.results: list[BenchmarkResult] = []
 
     def _sizes(self, sizes: Any, call: str) -> tuple[Message, ...]:
+        __tracebackhide__ = True
         if sizes is None:
             if self._messages is None:
                 raise SpecError(
