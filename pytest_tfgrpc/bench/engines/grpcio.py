@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 
 from pytest_tfgrpc.bench import p2p, ps
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError, EngineServer
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
-from pytest_tfgrpc.bench.streams import StreamsResult, p2p_bandwidth_streams
+from pytest_tfgrpc.bench.streams import StreamsResult, check_streams, p2p_bandwidth_streams
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.processes import ServerProcess
@@ -49,20 +50,24 @@ class LoopEngine(Engine):
         """The engine's tensor server on ``fabric``; the plugin's Python server refuses
         tensors over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
 
-    def p2p_latency(self, server: EngineServer, sizes: Sequence[Any], **kw: Any) -> BenchmarkResult:
-        result: BenchmarkResult = self.loops.p2p_latency(server, sizes, **kw)
+    def p2p_latency(
+        self, server: EngineServer, sizes: Sequence[Message], call: LatencyCall
+    ) -> BenchmarkResult:
+        result: BenchmarkResult = self.loops.p2p_latency(server, sizes, call)
         return result
 
     def p2p_bandwidth(
-        self, server: EngineServer, sizes: Sequence[Any], **kw: Any
+        self, server: EngineServer, sizes: Sequence[Message], call: BandwidthCall
     ) -> BenchmarkResult:
-        result: BenchmarkResult = self.loops.p2p_bandwidth(server, sizes, **kw)
+        result: BenchmarkResult = self.loops.p2p_bandwidth(server, sizes, call)
         return result
 
     def p2p_bandwidth_streams(
-        self, server: Server, sizes: Sequence[Any], *, streams: int, **kw: Any
+        self, server: Server, sizes: Sequence[Message], *, streams: int, **options: Any
     ) -> StreamsResult:
-        return p2p_bandwidth_streams(server, sizes, streams=streams, engine=self.name, **kw)
+        check_streams(streams)
+        call = BandwidthCall(**options)
+        return p2p_bandwidth_streams(server, sizes, call, streams=streams, engine=self.name)
 
     def start_cluster(
         self,

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from pytest_tfgrpc.bench import native_p2p
 from pytest_tfgrpc.bench.engines.base import EngineError, EngineServer
 from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.streams import StreamsResult
 from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.results import BenchmarkResult
@@ -60,21 +61,23 @@ class NativeEngine(LoopEngine):
         _check_plaintext()
         return start_native_server(fabric, env=env)
 
-    def p2p_latency(self, server: EngineServer, sizes: Sequence[Any], **kw: Any) -> BenchmarkResult:
-        _check_plaintext()
-        return super().p2p_latency(server, sizes, **kw)
-
-    def p2p_bandwidth(
-        self, server: EngineServer, sizes: Sequence[Any], **kw: Any
+    def p2p_latency(
+        self, server: EngineServer, sizes: Sequence[Message], call: LatencyCall
     ) -> BenchmarkResult:
         _check_plaintext()
-        return super().p2p_bandwidth(server, sizes, **kw)
+        return super().p2p_latency(server, sizes, call)
+
+    def p2p_bandwidth(
+        self, server: EngineServer, sizes: Sequence[Message], call: BandwidthCall
+    ) -> BenchmarkResult:
+        _check_plaintext()
+        return super().p2p_bandwidth(server, sizes, call)
 
     def p2p_bandwidth_streams(
-        self, server: Server, sizes: Sequence[Any], *, streams: int, **kw: Any
+        self, server: Server, sizes: Sequence[Message], *, streams: int, **options: Any
     ) -> StreamsResult:
         _check_plaintext()
-        return super().p2p_bandwidth_streams(server, sizes, streams=streams, **kw)
+        return super().p2p_bandwidth_streams(server, sizes, streams=streams, **options)
 
 
 def _check_plaintext() -> None:

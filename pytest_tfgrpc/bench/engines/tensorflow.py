@@ -35,7 +35,7 @@ from pytest_tfgrpc.bench.engines.base import (
     Measured,
     PSVariable,
 )
-from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
@@ -142,21 +142,16 @@ class TensorFlowEngine(Engine):
                 raise EngineError("engine 'tensorflow' moves tensors of at least 1 byte")
 
     def p2p_latency(
-        self, server: EngineServer, sizes: Sequence[Message], **kw: Any
+        self, server: EngineServer, sizes: Sequence[Message], call: LatencyCall
     ) -> BenchmarkResult:
         self._check_sizes(sizes)
-        return _as_tf(super().p2p_latency(server, sizes, **kw))
+        return _as_tf(super().p2p_latency(server, sizes, call))
 
     def p2p_bandwidth(
-        self,
-        server: EngineServer,
-        sizes: Sequence[Message],
-        *,
-        progress: Progress | None = None,
-        **kw: Any,
+        self, server: EngineServer, sizes: Sequence[Message], call: BandwidthCall
     ) -> BenchmarkResult:
         self._check_sizes(sizes)
-        return _as_tf(super().p2p_bandwidth(server, sizes, progress=progress, **kw))
+        return _as_tf(super().p2p_bandwidth(server, sizes, call))
 
     def ps_throughput(self, cluster: EngineCluster, payload: Any, **kw: Any) -> PSResult:
         if isinstance(payload, Payload):
