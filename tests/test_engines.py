@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -20,6 +20,7 @@ from pytest_tfgrpc.bench.engines import (
     Measured,
     PSVariable,
     ServerGroup,
+    TensorMove,
     ps_variables,
 )
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
@@ -34,6 +35,9 @@ from pytest_tfgrpc.report.setup_check import check_metadata
 from pytest_tfgrpc.servers.tf_cluster import TF_PYTHON_ENV
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabrics
 from pytest_tfgrpc.wire.tensors import Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 RUN = RunSpec(iterations=5, warmup=1, max_seconds=1.0, warmup_seconds=1.0)
 LO = resolve_fabrics(["lo"])[0]
@@ -161,6 +165,25 @@ def test_default_p2p_builds_points_from_the_engines_samples() -> None:
         engine.p2p_bandwidth(server, [1024], BandwidthCall(direction="pull", run=RUN))
     with pytest.raises(ValueError, match="no message sizes"):
         engine.p2p_latency(server, [], LatencyCall(run=RUN))
+
+
+class Pulls(Fake):
+    """Pulls, its keywords typed by the engine interface's ``TensorMove``."""
+
+    def pull(self, server: Any, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        self.seen.append(move)
+        return Measured([1_000] * move["run"].iterations)
+
+
+def test_an_engine_exchange_gets_the_calls_options_as_keywords() -> None:
+    engine = Pulls()
+    server = engine.start_server(LO, None)
+    call = BandwidthCall(mode="protobuf", rpc="unary", direction="pull", chunk_bytes=4096, run=RUN)
+    result = engine.p2p_bandwidth(server, [1024, 64], call)
+    move = {"mode": "protobuf", "rpc": "unary", "chunk_bytes": 4096, "run": RUN}
+    assert engine.seen == [move, move]
+    assert result.settings["direction"] == "pull" and result.settings["chunk_bytes"] == "4096"
+    assert (result.mode, result.rpc, result.label) == ("protobuf", "unary", "p2p_bandwidth")
 
 
 @pytest.mark.parametrize(

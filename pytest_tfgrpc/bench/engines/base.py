@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +51,9 @@ from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.tensors import Tensor
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
 __all__ = [
     "Engine",
     "EngineCluster",
@@ -59,6 +62,7 @@ __all__ = [
     "Measured",
     "PSVariable",
     "ServerGroup",
+    "TensorMove",
     "ps_variables",
 ]
 
@@ -227,6 +231,18 @@ def _flat(name: str, ps: int, nbytes: int) -> PSVariable:
     return PSVariable(name, ps, (nbytes // 4,), "float32")
 
 
+class TensorMove(TypedDict):
+    """The keywords of :meth:`Engine.push` and :meth:`Engine.pull` (README "Writing an
+    engine"): the encoding (``mode``: ``raw`` or ``protobuf``), the RPC shape (``rpc``:
+    ``unary`` or ``stream``), a stream's slice size in bytes (``chunk_bytes``) and the loop's
+    bounds (``run``). An engine may spell them out (``*, mode, rpc, chunk_bytes, run``)."""
+
+    mode: str
+    rpc: str
+    chunk_bytes: int
+    run: RunSpec
+
+
 def _check(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
@@ -273,32 +289,15 @@ class Engine(ABC):
         iterations, seconds); one sample per round trip."""
         raise self._unsupported("echo latency (echo)")
 
-    def push(
-        self,
-        server: EngineServer,
-        tensor: Tensor,
-        *,
-        mode: str,
-        rpc: str,
-        chunk_bytes: int,
-        run: RunSpec,
-    ) -> Measured:
-        """Push ``tensor`` to ``server``; one sample from its first byte to its
+    def push(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        """Push ``tensor`` to ``server`` as ``move`` says (:class:`TensorMove`: ``mode``,
+        ``rpc``, ``chunk_bytes``, ``run``); one sample from its first byte to its
         acknowledgement."""
         raise self._unsupported("push bandwidth (push)")
 
-    def pull(
-        self,
-        server: EngineServer,
-        tensor: Tensor,
-        *,
-        mode: str,
-        rpc: str,
-        chunk_bytes: int,
-        run: RunSpec,
-    ) -> Measured:
-        """Fetch a tensor of ``tensor``'s size and dtype from ``server``; one sample per
-        tensor received."""
+    def pull(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        """Fetch a tensor of ``tensor``'s size and dtype from ``server`` as ``move`` says (as
+        :meth:`push`'s); one sample per tensor received."""
         raise self._unsupported("pull bandwidth (pull)")
 
     def ps_exchange(
@@ -327,10 +326,12 @@ class Engine(ABC):
     ) -> BenchmarkResult:
         """Tensors moved per second for each size, through :meth:`push` or :meth:`pull`."""
         move = self.push if call.direction == "push" else self.pull
-        mode, rpc, chunk_bytes, run = call.mode, call.rpc, call.chunk_bytes, call.run
+        options = TensorMove(
+            mode=call.mode, rpc=call.rpc, chunk_bytes=call.chunk_bytes, run=call.run
+        )
 
         def one(tensor: Tensor) -> Measured:
-            return move(server, tensor, mode=mode, rpc=rpc, chunk_bytes=chunk_bytes, run=run)
+            return move(server, tensor, **options)
 
         extra = {"direction": call.direction, "chunk_bytes": str(call.chunk_bytes)}
         return self._p2p(server, sizes, call, one, extra)

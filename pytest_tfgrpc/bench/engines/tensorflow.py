@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_tfgrpc.bench.engines.base import (
     Engine,
@@ -34,6 +34,7 @@ from pytest_tfgrpc.bench.engines.base import (
     EngineServer,
     Measured,
     PSVariable,
+    TensorMove,
 )
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
@@ -46,6 +47,9 @@ from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import tls_mode
 from pytest_tfgrpc.wire.tensors import Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 __all__ = ["TensorFlowEngine"]
 
@@ -120,11 +124,11 @@ class TensorFlowEngine(Engine):
     ) -> Measured:
         return self._measure(server, "echo", [flat_variable(tensor.nbytes, "echo")], run)
 
-    def push(self, server: EngineServer, tensor: Tensor, **kw: Any) -> Measured:
-        return self._measure(server, "push", [flat_variable(tensor.nbytes, "push")], kw["run"])
+    def push(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        return self._measure(server, "push", [flat_variable(tensor.nbytes, "push")], move["run"])
 
-    def pull(self, server: EngineServer, tensor: Tensor, **kw: Any) -> Measured:
-        return self._measure(server, "pull", [flat_variable(tensor.nbytes, "pull")], kw["run"])
+    def pull(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        return self._measure(server, "pull", [flat_variable(tensor.nbytes, "pull")], move["run"])
 
     def ps_exchange(
         self, cluster: EngineCluster, variables: Sequence[PSVariable], *, mode: str, run: RunSpec
