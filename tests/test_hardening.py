@@ -273,6 +273,8 @@ def test_the_native_client_refuses_a_tls_run(run_uses_tls: None) -> None:
         engine.p2p_bandwidth(server, [4], BandwidthCall())
     with pytest.raises(EngineError, match="plaintext only"):
         engine.p2p_bandwidth_streams(server, [4], streams=2)
+    with pytest.raises(EngineError, match="plaintext only"):  # before it looks for the build
+        engine.start_server(server.fabric, None)
 
 
 def test_the_grpcio_engine_serves_with_the_tests_tensor_limit() -> None:
