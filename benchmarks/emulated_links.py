@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_tfgrpc.bench.p2p import p2p_bandwidth
+from pytest_tfgrpc.bench.p2p import BandwidthCall, p2p_bandwidth
 from pytest_tfgrpc.bench.ps import ps_throughput
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
@@ -72,7 +72,7 @@ def p2p_part(token_file: str, token: str, size: int, seconds: float) -> list[dic
                         )
                         before = fabric.counters(host.name)
                         start = time.monotonic()
-                        result = p2p_bandwidth(server, [size], run=run)
+                        result = p2p_bandwidth(server, [size], BandwidthCall(run=run))
                         wall = time.monotonic() - start
                         after = fabric.counters(host.name)
                     finally:

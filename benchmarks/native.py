@@ -38,7 +38,7 @@ import run as harness
 from run import Budget, Config, Contender, Measurement, Row
 
 from pytest_tfgrpc import native
-from pytest_tfgrpc.bench import RunSpec, native_p2p, p2p
+from pytest_tfgrpc.bench import BandwidthCall, LatencyCall, RunSpec, native_p2p, p2p
 from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
 from pytest_tfgrpc.servers import allocator as tuning
 from pytest_tfgrpc.servers import floor_server as floor
@@ -61,11 +61,11 @@ def engine_contenders(engine: str, server: ServerProcess) -> list[Contender]:
     module = native_p2p if engine == "native" else p2p
 
     def echo(size: int, b: Budget) -> Measurement:
-        result = module.p2p_latency(server, [size], mode="raw", rpc="stream", run=spec(b))
+        result = module.p2p_latency(server, [size], LatencyCall(rpc="stream", run=spec(b)))
         return Measurement(result.sizes[0].samples_ns, size)
 
     def push(size: int, b: Budget) -> Measurement:
-        result = module.p2p_bandwidth(server, [size], mode="raw", rpc="stream", run=spec(b))
+        result = module.p2p_bandwidth(server, [size], BandwidthCall(rpc="stream", run=spec(b)))
         return Measurement(result.sizes[0].samples_ns, size)
 
     return [
@@ -78,7 +78,8 @@ def streams_contender(engine: str, server: ServerProcess, streams: int) -> Conte
     """The aggregate rate of ``streams`` connections: every byte over the common wall time."""
 
     def push(size: int, b: Budget) -> Measurement:
-        both = p2p_bandwidth_streams(server, [size], streams=streams, engine=engine, run=spec(b))
+        call = BandwidthCall(run=spec(b))
+        both = p2p_bandwidth_streams(server, [size], call, streams=streams, engine=engine)
         merged = both.aggregate.sizes[0]
         # One sample of the whole wall time carrying every byte: the aggregate rate.
         wall = np.array([merged.samples_ns.sum()], dtype=np.int64)

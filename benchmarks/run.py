@@ -271,7 +271,13 @@ def bare_contenders(sync: bare_grpc.BareServer, aio: bare_grpc.BareServer) -> li
 # the same rounds. A new RPC shape or mode of pytest_tfgrpc.bench is one more entry here.
 def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
     try:
-        from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency
+        from pytest_tfgrpc.bench import (
+            BandwidthCall,
+            LatencyCall,
+            RunSpec,
+            p2p_bandwidth,
+            p2p_latency,
+        )
         from pytest_tfgrpc.servers.processes import ServerProcess
     except ImportError as exc:
         cfg.notes.append(f"plugin contenders skipped: pytest_tfgrpc.bench not importable ({exc})")
@@ -290,16 +296,15 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
 
     def latency(mode: str, rpc: str) -> Callable[[int, Budget], Measurement]:
         def run(size: int, b: Budget) -> Measurement:
-            result = p2p_latency(server, [size], mode=mode, rpc=rpc, run=spec(b))
+            result = p2p_latency(server, [size], LatencyCall(mode=mode, rpc=rpc, run=spec(b)))
             return Measurement(result.sizes[0].samples_ns, size)
 
         return run
 
     def bandwidth(mode: str, rpc: str, direction: str) -> Callable[[int, Budget], Measurement]:
         def run(size: int, b: Budget) -> Measurement:
-            result = p2p_bandwidth(
-                server, [size], mode=mode, rpc=rpc, direction=direction, run=spec(b)
-            )
+            call = BandwidthCall(mode=mode, rpc=rpc, direction=direction, run=spec(b))
+            result = p2p_bandwidth(server, [size], call)
             return Measurement(result.sizes[0].samples_ns, size)
 
         return run

@@ -5,12 +5,14 @@ metadata and its setup check, and the TensorFlow engine's reason to skip."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
+from pytest_tfgrpc.bench.driver import Driver
 from pytest_tfgrpc.bench.engines import (
     Engine,
     EngineError,
@@ -18,9 +20,12 @@ from pytest_tfgrpc.bench.engines import (
     Measured,
     PSVariable,
     ServerGroup,
+    TensorMove,
     ps_variables,
 )
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
+from pytest_tfgrpc.bench.specs import RunOverrides
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import load_profile
@@ -30,6 +35,9 @@ from pytest_tfgrpc.report.setup_check import check_metadata
 from pytest_tfgrpc.servers.tf_cluster import TF_PYTHON_ENV
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabrics
 from pytest_tfgrpc.wire.tensors import Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 RUN = RunSpec(iterations=5, warmup=1, max_seconds=1.0, warmup_seconds=1.0)
 LO = resolve_fabrics(["lo"])[0]
@@ -142,23 +150,76 @@ def test_measured_timed_uses_the_bounded_loop() -> None:
 def test_default_p2p_builds_points_from_the_engines_samples() -> None:
     engine = Fake()
     server = engine.start_server(LO, None)
-    result = engine.p2p_latency(server, [1024, 128], run=RUN, label="echo")
+    result = engine.p2p_latency(server, [1024, 128], LatencyCall(run=RUN, label="echo"))
     assert result.label == "echo" and result.fabric == "lo" and result.target == server.target
     assert [p.size_bytes for p in result.sizes] == [1024, 128]
     assert [t.nbytes for t in engine.seen] == [1024, 128]
     assert result.sizes[0].summary.p50_ns == 2024 and result.sizes[0].count == 5
     assert result.settings["method"] == "fake" and result.settings["iterations"] == "5"
-    bandwidth = engine.p2p_bandwidth(server, [1 << 20], run=RUN)
+    bandwidth = engine.p2p_bandwidth(server, [1 << 20], BandwidthCall(run=RUN))
     point = bandwidth.sizes[0]
     assert point.elapsed_ns == 4_000_000
     assert point.throughput_Bps == pytest.approx((1 << 20) / 1e-3)  # bytes / mean sample
     assert bandwidth.settings["direction"] == "push"
     with pytest.raises(EngineError, match="engine 'fake' does not measure pull bandwidth"):
-        engine.p2p_bandwidth(server, [1024], direction="pull", run=RUN)
-    with pytest.raises(ValueError, match="rpc='bidi'"):
-        engine.p2p_latency(server, [1024], rpc="bidi", run=RUN)
+        engine.p2p_bandwidth(server, [1024], BandwidthCall(direction="pull", run=RUN))
     with pytest.raises(ValueError, match="no message sizes"):
-        engine.p2p_latency(server, [], run=RUN)
+        engine.p2p_latency(server, [], LatencyCall(run=RUN))
+
+
+class Pulls(Fake):
+    """Pulls, its keywords typed by the engine interface's ``TensorMove``."""
+
+    def pull(self, server: Any, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        self.seen.append(move)
+        return Measured([1_000] * move["run"].iterations)
+
+
+def test_an_engine_exchange_gets_the_calls_options_as_keywords() -> None:
+    engine = Pulls()
+    server = engine.start_server(LO, None)
+    call = BandwidthCall(mode="protobuf", rpc="unary", direction="pull", chunk_bytes=4096, run=RUN)
+    result = engine.p2p_bandwidth(server, [1024, 64], call)
+    move = {"mode": "protobuf", "rpc": "unary", "chunk_bytes": 4096, "run": RUN}
+    assert engine.seen == [move, move]
+    assert result.settings["direction"] == "pull" and result.settings["chunk_bytes"] == "4096"
+    assert (result.mode, result.rpc, result.label) == ("protobuf", "unary", "p2p_bandwidth")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "json"}, "mode='json': expected one of raw, protobuf"),
+        ({"rpc": "bidi"}, "rpc='bidi': expected one of unary, stream"),
+        ({"direction": "sideways"}, "direction='sideways': expected one of push, pull"),
+        ({"chunk_bytes": 63}, "chunk_bytes=63: slices must be at least 64 bytes"),
+    ],
+)
+def test_a_p2p_calls_options_are_refused_by_name_before_anything_is_measured(
+    options: dict[str, Any], message: str
+) -> None:
+    engine = Fake()
+    server = FakeServer(LO)
+    driver = Driver(
+        test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        BandwidthCall(**options)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        driver.p2p_bandwidth(server, [1024], iterations=1, **options)
+    if "mode" in options or "rpc" in options:  # the options latency has
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            LatencyCall(**options)
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            driver.p2p_latency(server, [1024], iterations=1, **options)
+    else:
+        with pytest.raises(TypeError, match=next(iter(options))):
+            LatencyCall(**options)
+    assert engine.seen == [] and driver.results == []
+
+
+def _ignore(name: str, value: str) -> None:
+    pass
 
 
 def test_ps_variables_take_the_profiles_shapes() -> None:

@@ -137,7 +137,7 @@ def test_remote(fabric):
     threading.Timer(1.0, os.kill, (server.pid, signal.SIGKILL)).start()
     run = RunSpec(iterations=10**7, warmup=0, max_seconds=20, warmup_seconds=1)
     try:
-        bench.p2p_bandwidth(Remote(server), [1 << 20], rpc="stream", run=run)
+        bench.p2p_bandwidth(Remote(server), [1 << 20], bench.BandwidthCall(rpc="stream", run=run))
     finally:
         server.stop()
 """
@@ -390,7 +390,7 @@ from pytest_tfgrpc.bench.timing import RunSpec
 @pytest.mark.message_profile(["1KiB"])
 def test_over(tensor_server):
     run = RunSpec(iterations=2, warmup=0, max_seconds=1, warmup_seconds=1)
-    bench.p2p_bandwidth(tensor_server, [4 << 20], rpc="stream", run=run)
+    bench.p2p_bandwidth(tensor_server, [4 << 20], bench.BandwidthCall(rpc="stream", run=run))
 """
 
 GATE_SUITE = """

@@ -4,14 +4,18 @@ reader with lxml and large text nodes."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.cli import history as history_cli
 from pytest_tfgrpc.report.compare import Outcome, compare_figure, compare_runs
 from pytest_tfgrpc.report.gate import unmatched_figures
 from pytest_tfgrpc.report.history import format_trends, trends
@@ -225,20 +229,85 @@ def test_every_unmatched_baseline_figure_says_why(tmp_path: Path) -> None:
     assert ("t.test_kept[lo]", "lo") not in why
 
 
-def test_trends_find_a_change_point_with_otava(tmp_path: Path) -> None:
-    pytest.importorskip("otava")
-    runs = [
-        load_baseline(
-            write_run(tmp_path / f"r{i}.xml", {"t.a[lo]": props_of(3e5 if i < 8 else 4.5e5, i)}, {})
-        )
-        for i in range(14)
+#: Why the change-point tests skip in the dev environment; .ci/run runs them with the extra.
+NEEDS_OTAVA = "needs the history extra (Apache Otava); .ci/run runs these in .venv-history"
+
+
+def write_levels(directory: Path, levels: list[float]) -> list[Path]:
+    """One run per level (p50 of the 1 KiB echo, in ns), oldest first by name."""
+    directory.mkdir(exist_ok=True)
+    return [
+        write_run(directory / f"r{i:02d}.xml", {"t.a[lo]": props_of(level, i)}, {})
+        for i, level in enumerate(levels)
     ]
+
+
+def test_trends_find_a_change_point_with_otava(tmp_path: Path) -> None:
+    pytest.importorskip("otava", reason=NEEDS_OTAVA)
+    runs = [load_baseline(path) for path in write_levels(tmp_path, [3e5] * 8 + [4.5e5] * 6)]
     (trend,) = trends(runs, ["p50"])
     assert [p.index for p in trend.change_points] == [8]
     assert trend.change_points[0].change == pytest.approx(0.5, abs=0.05)
     assert "change point at run 9" in "\n".join(format_trends([trend]))
     with pytest.raises(ValueError, match="not gated"):
         trends(runs, ["max"])
+
+
+def test_the_history_command_shows_trends_and_plots_them(tmp_path: Path) -> None:
+    pytest.importorskip("otava", reason=NEEDS_OTAVA)
+    write_levels(tmp_path / "runs", [3e5] * 8 + [4.5e5] * 6)
+    plots, out = tmp_path / "plots", io.StringIO()
+    assert history_cli.main([str(tmp_path / "runs"), "--plot", str(plots)], out) == 0
+    text = out.getvalue()
+    assert re.search(r"change point at run 9 \(\S*r08\.xml\): \+(49|50)\.\d%", text), text
+    assert "tfgrpc-history: 14 runs, 1 figures, 1 change points" in text
+    (png,) = plots.iterdir()
+    assert f"plot {png}" in text and png.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("levels", "status", "changes"),
+    [
+        ([3e5] * 13 + [4.5e5], 1, 1),  # the last run is 50 % slower: fail
+        ([3e5] * 13 + [2e5], 0, 1),  # faster: a change, not a failure
+        ([3e5] * 8 + [4.5e5] * 6, 0, 1),  # slower, but since run 9: the history's level now
+        ([3e5] * 14, 0, 0),
+    ],
+)
+def test_the_history_command_fails_on_change_only_when_the_last_run_starts_a_worse_level(
+    tmp_path: Path, levels: list[float], status: int, changes: int
+) -> None:
+    pytest.importorskip("otava", reason=NEEDS_OTAVA)
+    write_levels(tmp_path, levels)
+    out = io.StringIO()
+    assert history_cli.main([str(tmp_path), "--fail-on-change"], out) == status, out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert f"tfgrpc-history: 14 runs, 1 figures, {changes} change points" in lines
+    worse = "tfgrpc-history: the last run starts a worse level for 1 figures"
+    assert (worse in lines) == (status == 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{runs}"], "change points need Apache Otava: pip install 'pytest-tfgrpc[history]'"),
+        (["{runs}", "--max-pvalue", "1.5"], "max p-value 1.5: between 0 and 1"),
+        (["{tmp}/nowhere"], "nowhere"),
+    ],
+)
+def test_the_history_command_refuses_in_one_line_what_it_cannot_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    # As without the history extra, whether or not this environment has it.
+    monkeypatch.setitem(sys.modules, "otava", None)
+    monkeypatch.setitem(sys.modules, "otava.analysis", None)
+    runs = tmp_path / "runs"
+    write_levels(runs, [3e5] * 4)
+    out = io.StringIO()
+    argv = [a.format(runs=runs, tmp=tmp_path) for a in args]
+    assert history_cli.main(argv, out) == 2
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith("tfgrpc-history: error: ") and message in line
 
 
 # --- the JUnit reader -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pytest_tfgrpc.bench.engines import Engine, EngineError
 from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
 from pytest_tfgrpc.bench.engines.native import NativeEngine
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
 from pytest_tfgrpc.bench.partial import keeping_partial, partial_result
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.activation import plain_properties, plain_value
@@ -266,11 +267,14 @@ class _NeverDialled:
 
 def test_the_native_client_refuses_a_tls_run(run_uses_tls: None) -> None:
     engine, server = NativeEngine(), _NeverDialled()
-    for measure in (engine.p2p_latency, engine.p2p_bandwidth):
-        with pytest.raises(EngineError, match="plaintext only"):
-            measure(server, [4])
+    with pytest.raises(EngineError, match="plaintext only"):
+        engine.p2p_latency(server, [4], LatencyCall())
+    with pytest.raises(EngineError, match="plaintext only"):
+        engine.p2p_bandwidth(server, [4], BandwidthCall())
     with pytest.raises(EngineError, match="plaintext only"):
         engine.p2p_bandwidth_streams(server, [4], streams=2)
+    with pytest.raises(EngineError, match="plaintext only"):  # before it looks for the build
+        engine.start_server(server.fabric, None)
 
 
 def test_the_grpcio_engine_serves_with_the_tests_tensor_limit() -> None:

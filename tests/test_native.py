@@ -12,6 +12,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from conftest import pid_alive
 from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.driver import Driver
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
 from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native.build import BuildError, build
@@ -170,7 +172,7 @@ def server(request: pytest.FixtureRequest, lo: Fabric) -> Iterator[ServerProcess
         yield handle
 
 
-def _client(server: ServerProcess) -> object:
+def _client(server: ServerProcess) -> ModuleType:
     """The other engine's benchmarks: Python against a native server, native against Python."""
     if server.name.startswith("native"):
         return p2p
@@ -186,7 +188,8 @@ SIZES = [0, 1, 4096, MULTI_CHUNK]
 @pytest.mark.parametrize("mode", ["raw", "protobuf"])
 @pytest.mark.parametrize("rpc", ["unary", "stream"])
 def test_echo_across_engines(server: ServerProcess, mode: str, rpc: str) -> None:
-    result = _client(server).p2p_latency(server, SIZES, mode=mode, rpc=rpc, run=RUN)  # type: ignore[attr-defined]
+    call = LatencyCall(mode=mode, rpc=rpc, run=RUN)
+    result = _client(server).p2p_latency(server, SIZES, call)
     assert [s.size_bytes for s in result.sizes] == SIZES
     assert all(s.count == RUN.iterations and s.summary.min_ns > 0 for s in result.sizes)
     assert result.settings["engine"] in ("grpcio", "native")
@@ -200,9 +203,8 @@ def test_bandwidth_across_engines(
 ) -> None:
     # A raw streamed push cannot announce a 0-byte message: both servers refuse it (below).
     sizes = SIZES[1:] if (mode, rpc, direction) == ("raw", "stream", "push") else SIZES
-    result = _client(server).p2p_bandwidth(  # type: ignore[attr-defined]
-        server, sizes, mode=mode, rpc=rpc, direction=direction, chunk_bytes=64 << 10, run=RUN
-    )
+    call = BandwidthCall(mode=mode, rpc=rpc, direction=direction, chunk_bytes=64 << 10, run=RUN)
+    result = _client(server).p2p_bandwidth(server, sizes, call)
     assert [s.size_bytes for s in result.sizes] == sizes
     for size in result.sizes:
         assert size.count == RUN.iterations
@@ -215,7 +217,7 @@ def test_bandwidth_across_engines(
 def test_both_servers_take_an_empty_raw_stream_push(server: ServerProcess) -> None:
     # A 0-byte tensor is a message like any other, in every mode and on either server.
     client = _client(server)
-    result = client.p2p_bandwidth(server, [0], mode="raw", rpc="stream", run=RUN)  # type: ignore[attr-defined]
+    result = client.p2p_bandwidth(server, [0], BandwidthCall(mode="raw", rpc="stream", run=RUN))
     assert [s.size_bytes for s in result.sizes] == [0]
     assert result.sizes[0].count == RUN.iterations
 
@@ -223,7 +225,7 @@ def test_both_servers_take_an_empty_raw_stream_push(server: ServerProcess) -> No
 @needs_native
 def test_the_native_engine_records_itself(lo: Fabric) -> None:
     with start_tensor_server(lo, engine="native") as handle:
-        result = native_p2p.p2p_bandwidth(handle, [1 << 20], run=RUN)
+        result = native_p2p.p2p_bandwidth(handle, [1 << 20], BandwidthCall(run=RUN))
     assert result.settings["engine"] == "native"
     assert result.settings["grpc_cpp"]
     assert result.settings["method"] == "/tfgrpc.RawTensorService/PushStream"
@@ -253,7 +255,7 @@ def test_a_native_server_death_is_reported_as_such(lo: Fabric) -> None:
     with start_tensor_server(lo, engine="native") as handle:
         os.kill(handle.pid, signal.SIGKILL)
         with pytest.raises(ServerDied, match="SIGKILL"):
-            native_p2p.p2p_latency(handle, [1024], run=RUN)
+            native_p2p.p2p_latency(handle, [1024], LatencyCall(run=RUN))
 
 
 @needs_native
@@ -326,8 +328,9 @@ def test_a_native_server_on_several_threads_serves_concurrent_streams(
     from pytest_tfgrpc.servers.native_server import start_native_server
 
     with start_native_server(lo, threads=threads) as handle:
-        both = p2p_bandwidth_streams(handle, [1 << 20], streams=3, engine="native", run=RUN)
-        latency = native_p2p.p2p_latency(handle, [1024], rpc="stream", run=RUN)
+        call = BandwidthCall(run=RUN)
+        both = p2p_bandwidth_streams(handle, [1 << 20], call, streams=3, engine="native")
+        latency = native_p2p.p2p_latency(handle, [1024], LatencyCall(rpc="stream", run=RUN))
     assert both.aggregate.sizes[0].count == 3 * RUN.iterations
     assert latency.sizes[0].count == RUN.iterations
 

@@ -9,6 +9,7 @@ import pytest
 
 from pytest_tfgrpc import native
 from pytest_tfgrpc.bench.driver import Driver
+from pytest_tfgrpc.bench.p2p import BandwidthCall
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
 from pytest_tfgrpc.bench.streams import (
@@ -115,7 +116,7 @@ def test_streams_record_the_aggregate_and_each_stream(
 def test_payloads_are_not_split_over_streams(server: ServerProcess) -> None:
     payload = generate(payload_spec())
     with pytest.raises(ValueError, match="payload schemes use streams=1"):
-        p2p_bandwidth_streams(server, [1024, payload], streams=2)
+        p2p_bandwidth_streams(server, [1024, payload], BandwidthCall(), streams=2)
 
 
 @pytest.mark.parametrize(

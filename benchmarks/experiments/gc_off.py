@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pytest_tfgrpc.bench import RunSpec, p2p_latency
+from pytest_tfgrpc.bench import LatencyCall, RunSpec, p2p_latency
 from pytest_tfgrpc.servers import allocator as tuning
 from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if off:
                         gc.disable()
                     try:
-                        result = p2p_latency(server, [1024], mode="raw", rpc=rpc, run=RUN)
+                        result = p2p_latency(server, [1024], LatencyCall(rpc=rpc, run=RUN))
                     finally:
                         gc.enable()
                     got.setdefault((rpc, off), []).append(

@@ -49,7 +49,13 @@ sys.path.insert(0, str(HERE.parent))
 
 import bare_grpc  # noqa: E402
 
-from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency  # noqa: E402
+from pytest_tfgrpc.bench import (  # noqa: E402
+    BandwidthCall,
+    LatencyCall,
+    RunSpec,
+    p2p_bandwidth,
+    p2p_latency,
+)
 from pytest_tfgrpc.bench.timing import Samples, measure, measure_async  # noqa: E402
 from pytest_tfgrpc.servers import allocator as tuning  # noqa: E402
 from pytest_tfgrpc.servers.processes import ServerProcess  # noqa: E402
@@ -325,7 +331,8 @@ def lat_case(variant: str, size: int, fn: Callable[[], Samples]) -> Any:
 
 
 def plugin_bw(server: Any, size: int, mode: str, chunk: int, rpc: str = "stream") -> Samples:
-    result = p2p_bandwidth(server, [size], mode=mode, rpc=rpc, chunk_bytes=chunk, run=BW_RUN)
+    call = BandwidthCall(mode=mode, rpc=rpc, chunk_bytes=chunk, run=BW_RUN)
+    result = p2p_bandwidth(server, [size], call)
     return result.sizes[0].samples_ns
 
 
@@ -381,9 +388,8 @@ def group_fresh(
 
         def pull(srv: Any = server, c: Any = changes) -> Samples:
             with Options(c):
-                result = p2p_bandwidth(
-                    srv, [4 * MiB], mode="raw", rpc="unary", direction="pull", run=BW_RUN
-                )
+                call = BandwidthCall(rpc="unary", direction="pull", run=BW_RUN)
+                result = p2p_bandwidth(srv, [4 * MiB], call)
                 return result.sizes[0].samples_ns
 
         def push(srv: Any = server, c: Any = changes) -> Samples:
@@ -502,7 +508,7 @@ def group_latency(
             "unary: p2p_latency raw/unary",
             size,
             lambda: (
-                p2p_latency(server, [size], mode="raw", rpc="unary", run=spec).sizes[0].samples_ns
+                p2p_latency(server, [size], LatencyCall(rpc="unary", run=spec)).sizes[0].samples_ns
             ),
         ),
         lat_case(
@@ -540,7 +546,7 @@ def group_latency(
             "stream: p2p_latency raw/stream",
             size,
             lambda: (
-                p2p_latency(server, [size], mode="raw", rpc="stream", run=spec).sizes[0].samples_ns
+                p2p_latency(server, [size], LatencyCall(rpc="stream", run=spec)).sizes[0].samples_ns
             ),
         ),
     ]

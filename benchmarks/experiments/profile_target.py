@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench import BandwidthCall, LatencyCall, RunSpec, p2p_bandwidth, p2p_latency
 from pytest_tfgrpc.bench import floor as floor_client
 from pytest_tfgrpc.servers import allocator as tuning
 from pytest_tfgrpc.servers import floor_server as floor
@@ -104,7 +104,7 @@ def main() -> int:
         count = 0
         if what in ("unary", "stream"):
             spec = RunSpec(iterations=200_000, warmup=100, max_seconds=seconds, warmup_seconds=1.0)
-            result = p2p_latency(server, [1024], mode="raw", rpc=what, run=spec)
+            result = p2p_latency(server, [1024], LatencyCall(rpc=what, run=spec))
             count = result.sizes[0].count
             p50 = result.sizes[0].summary.p50_ns / 1e3
             print(f"{what} echo 1KiB: {count} round trips, p50 {p50:.1f} us")
@@ -112,7 +112,7 @@ def main() -> int:
             _, mode, size_text = what.split("-")
             size = parse_sizes(size_text)[0]
             spec = RunSpec(iterations=100_000, warmup=2, max_seconds=seconds, warmup_seconds=2.0)
-            result = p2p_bandwidth(server, [size], mode=mode, rpc="stream", run=spec)
+            result = p2p_bandwidth(server, [size], BandwidthCall(mode=mode, run=spec))
             count = result.sizes[0].count
             bw = result.sizes[0].throughput_p50_Bps / 1e9
             print(f"{what}: {count} tensors, {bw:.3f} GB/s at the median")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth
+from pytest_tfgrpc.bench import BandwidthCall, RunSpec, p2p_bandwidth
 from pytest_tfgrpc.servers import allocator as tuning
 from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.wire import codec
@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             codec.encode_tensor_chunks = chunks  # type: ignore[assignment,unused-ignore]
                             codec.encode_tensor = whole  # type: ignore[assignment,unused-ignore]
                         try:
-                            result = p2p_bandwidth(server, [size], mode=mode, rpc=rpc, run=RUN)
+                            call = BandwidthCall(mode=mode, rpc=rpc, run=RUN)
+                            result = p2p_bandwidth(server, [size], call)
                         finally:
                             codec.encode_tensor_chunks = STOCK_CHUNKS  # type: ignore[assignment,unused-ignore]
                             codec.encode_tensor = STOCK_TENSOR  # type: ignore[assignment,unused-ignore]

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default="4MiB,16MiB,64MiB")
     args = p.parse_args(args_in)
 
-    from pytest_tfgrpc.bench import RunSpec, p2p_bandwidth
+    from pytest_tfgrpc.bench import BandwidthCall, RunSpec, p2p_bandwidth
     from pytest_tfgrpc.servers import allocator as tuning
     from pytest_tfgrpc.servers.processes import ServerProcess
     from pytest_tfgrpc.units import parse_sizes
@@ -87,9 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for size in sizes:
                 for mode in ("raw", "protobuf"):
                     for name, srv in (("stock", stock), ("prepared", patched)):
-                        res = p2p_bandwidth(
-                            srv, [size], mode=mode, rpc="stream", direction="pull", run=run
-                        )
+                        call = BandwidthCall(mode=mode, direction="pull", run=run)
+                        res = p2p_bandwidth(srv, [size], call)
                         med = statistics.median(res.sizes[0].samples_ns)
                         figures.setdefault((mode, size, name), []).append(size / med)
             print(f"round {r + 1}/{args.rounds} done", flush=True)

@@ -1,6 +1,13 @@
 """The benchmarks, one module each; this package's names are the benchmark API."""
 
-from pytest_tfgrpc.bench.p2p import BANDWIDTH_RUN, LATENCY_RUN, p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench.p2p import (
+    BANDWIDTH_RUN,
+    LATENCY_RUN,
+    BandwidthCall,
+    LatencyCall,
+    p2p_bandwidth,
+    p2p_latency,
+)
 from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, SYNC_SGD_RUN, ps_throughput, sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 
@@ -9,6 +16,8 @@ __all__ = [
     "LATENCY_RUN",
     "PS_THROUGHPUT_RUN",
     "SYNC_SGD_RUN",
+    "BandwidthCall",
+    "LatencyCall",
     "RunSpec",
     "p2p_bandwidth",
     "p2p_latency",

@@ -19,7 +19,7 @@ from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import transport_floor
-from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Progress, Transfer
 from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
@@ -52,6 +52,7 @@ class RunArgs(TypedDict, total=False):
 
 
 R = TypeVar("R", bound=BenchmarkResult)
+C = TypeVar("C", bound=Transfer)
 
 
 class Driver:
@@ -171,6 +172,7 @@ class Driver:
         return self._p2p(
             measuring,
             measuring.p2p_latency,
+            LatencyCall,
             bench.LATENCY_RUN,
             server,
             sizes,
@@ -197,7 +199,8 @@ class Driver:
     def _p2p(
         self,
         measuring: Engine,
-        benchmark: Callable[..., BenchmarkResult],
+        benchmark: Callable[[Any, tuple[Message, ...], C], BenchmarkResult],
+        kind: type[C],
         default: RunSpec,
         server: Server,
         sizes: Any,
@@ -208,7 +211,8 @@ class Driver:
         streams: int | None = 1,
         **options: Any,
     ) -> BenchmarkResult:
-        """Run a P2P benchmark under the test's settings, record it, and its floor if asked.
+        """Run a P2P benchmark (``benchmark``, taking a call of ``kind`` with ``options``)
+        under the test's settings, record it, and its floor if asked.
 
         ``streams`` > 1 measures that many concurrent connections of ``measuring`` (bandwidth
         only): each stream is recorded as ``<label>_stream<i>`` and the aggregate, returned, as
@@ -216,7 +220,7 @@ class Driver:
         over streams) leaves at one.
         """
         __tracebackhide__ = True
-        call = benchmark.__name__
+        call = kind.benchmark
         count = self._default_streams if streams is None else streams
         try:
             check_streams(count)
@@ -232,22 +236,19 @@ class Driver:
         self._check_server_limit(server, messages, call)
         if streams is None and any(isinstance(message, Payload) for message in messages):
             count = 1  # a run-wide stream count leaves payload schemes on one stream
-        measured = {
-            "run": run,
-            "label": label,
-            "progress": self._progress_of(name, server),
-            **options,
-        }
+        options |= {"run": run, "label": label, "progress": self._progress_of(name, server)}
         try:
             if count > 1:
                 for i in range(count):
                     self._check_label(stream_label(name, i))
-                both = measuring.p2p_bandwidth_streams(server, messages, streams=count, **measured)
+                # An engine's streams take the call's keywords (README "Writing an engine").
+                both = measuring.p2p_bandwidth_streams(server, messages, streams=count, **options)
                 for each in both.streams:
                     self.record(self._engine_result(each, measuring))
                 result = self.record(self._engine_result(both.aggregate, measuring))
             else:
-                result = self._keeping_partial(measuring, benchmark, server, messages, **measured)
+                measure = kind(**options)
+                result = self._keeping_partial(measuring, benchmark, server, messages, measure)
                 result = self.record(self._engine_result(result, measuring))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
@@ -318,6 +319,7 @@ class Driver:
         return self._p2p(
             measuring,
             measuring.p2p_bandwidth,
+            BandwidthCall,
             bench.BANDWIDTH_RUN,
             server,
             sizes,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pytest_tfgrpc.bench.p2p import p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, p2p_bandwidth, p2p_latency
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, HostCosts, LinkFit, fit_from_results
 from pytest_tfgrpc.model.placement import Placement
@@ -446,18 +446,16 @@ def measure_fit(
     """
     start = time.perf_counter()
     server = cluster.ps[0]
-    echoes = p2p_latency(
-        server, LATENCY_SIZES, mode="protobuf", rpc="unary", run=latency_run, label="fit_latency"
-    )
-    pushes = p2p_bandwidth(
-        server,
-        sweep_sizes(placement, chunk_bytes),
+    echo = LatencyCall(mode="protobuf", rpc="unary", run=latency_run, label="fit_latency")
+    echoes = p2p_latency(server, LATENCY_SIZES, echo)
+    push = BandwidthCall(
         mode="protobuf",
         rpc="stream",
         chunk_bytes=chunk_bytes,
         run=bandwidth_run,
         label="fit_bandwidth",
     )
+    pushes = p2p_bandwidth(server, sweep_sizes(placement, chunk_bytes), push)
     link = fit_from_results((echoes, pushes))
     layouts = exchange_layouts(placement, chunk_bytes)
     exchanges = measure_exchanges(

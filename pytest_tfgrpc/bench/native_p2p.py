@@ -1,7 +1,7 @@
 """The point-to-point benchmarks measured by the native (C++) client.
 
-Same benchmarks, calls and result as :mod:`.p2p` (``engine="grpcio"``): the Python side checks
-the arguments, starts ``tfgrpc-native-client`` once per message size with the run settings,
+Same benchmarks, calls and result as :mod:`.p2p` (``engine="grpcio"``): the Python side takes
+the same checked call options, starts ``tfgrpc-native-client`` once per message size with them,
 and reads every sample into :meth:`~pytest_tfgrpc.results.SizeResult.from_samples`, so
 statistics, budgets, the baseline gate and JUnit treat both engines alike. The server may be
 either engine's: the client only speaks the wire protocol.
@@ -14,20 +14,16 @@ message and the content follows it as a second slice of the same gRPC message.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from types import MappingProxyType
 
 from pytest_tfgrpc.bench.p2p import (
-    BANDWIDTH_RUN,
-    LATENCY_RUN,
-    RPCS,
+    BandwidthCall,
+    LatencyCall,
     Message,
-    Progress,
     Transfer,
-    _check_choice,
     _check_messages,
     _name,
-    bandwidth_extra,
-    check_bandwidth_args,
     p2p_result,
 )
 from pytest_tfgrpc.bench.settings import run_settings
@@ -35,7 +31,6 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.native.client import ClientSettings, NativeClientError, NativeRun, run_client
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
 from pytest_tfgrpc.wire.schemes import Payload
@@ -62,12 +57,12 @@ def _deadline(benchmark: str, rpc: str, wire: int, run: RunSpec) -> float:
     return 2 * base + 2 * (run.time_limit_s + run.warmup_seconds) if rpc == "stream" else base
 
 
-def run_native(
-    server: Server, message: Message, benchmark: str, transfer: Transfer, streams: int = 1
-) -> NativeRun:
-    """One client run of one message (``benchmark``: latency or bandwidth) over ``streams``
-    connections; failures say what failed (or that the server died)."""
-    mode, rpc, run = transfer.mode, transfer.rpc, transfer.run
+def run_native(server: Server, message: Message, call: Transfer, streams: int = 1) -> NativeRun:
+    """One client run of one message (an echo for a latency call, a push or a pull for a
+    bandwidth call) over ``streams`` connections; failures say what failed (or that the
+    server died)."""
+    mode, rpc, run = call.mode, call.rpc, call.run
+    benchmark = "bandwidth" if isinstance(call, BandwidthCall) else "latency"
     nbytes, dtype, raw_wire, protobuf_wire = tensor_of(message)
     wire = raw_wire if mode == "raw" else protobuf_wire
     settings = ClientSettings(
@@ -75,17 +70,17 @@ def run_native(
         benchmark=benchmark,
         mode=mode,
         rpc=rpc,
-        direction=transfer.direction,
         size=nbytes,
         dtype=dtype,
         iterations=run.iterations,
         warmup=run.warmup,
         max_seconds=run.time_limit_s,
         warmup_seconds=run.warmup_seconds,
-        chunk_bytes=transfer.chunk_bytes,
         deadline_s=_deadline(benchmark, rpc, wire, run),
         streams=streams,
     )
+    if isinstance(call, BandwidthCall):  # an echo keeps the client's defaults
+        settings = replace(settings, direction=call.direction, chunk_bytes=call.chunk_bytes)
     try:
         measured = run_client(settings)
     except NativeClientError as error:
@@ -122,60 +117,28 @@ def native_settings(run: RunSpec, **extra: str) -> MappingProxyType[str, str]:
     return run_settings(run, engine=ENGINE, grpc_cpp=binaries().grpc_version, **extra)
 
 
-def _measure_each(
-    server: Server,
-    sizes: Sequence[Message],
-    benchmark: str,
-    transfer: Transfer,
-    progress: Progress | None,
-) -> tuple[SizeResult, ...]:
+def _measure_each(server: Server, sizes: Sequence[Message], call: Transfer) -> BenchmarkResult:
+    """Every message of ``sizes`` in a client run of its own, into ``call``'s result."""
     checked = _check_messages(sizes)
     binaries()  # not built: say so before anything runs
     results = []
     for index, message in enumerate(checked, 1):
-        if progress is not None:
-            progress(index, len(checked), _name(message))
-        measured = run_native(server, message, benchmark, transfer)
-        results.append(size_result(message, transfer.mode, measured))
-    return tuple(results)
+        if call.progress is not None:
+            call.progress(index, len(checked), _name(message))
+        measured = run_native(server, message, call)
+        results.append(size_result(message, call.mode, measured))
+    settings = native_settings(call.run, **call.extra_settings())
+    return p2p_result(call, server, results, settings)
 
 
-def p2p_latency(
-    server: Server,
-    sizes: Sequence[Message],
-    *,
-    mode: str = "raw",
-    rpc: str = "unary",
-    run: RunSpec = LATENCY_RUN,
-    label: str | None = None,
-    progress: Progress | None = None,
-) -> BenchmarkResult:
+def p2p_latency(server: Server, sizes: Sequence[Message], call: LatencyCall) -> BenchmarkResult:
     """Echo round-trip time of each size, measured by the native client (see
     :func:`pytest_tfgrpc.bench.p2p.p2p_latency`)."""
-    _check_choice("mode", mode, transport.MODES)
-    _check_choice("rpc", rpc, RPCS)
-    results = _measure_each(server, sizes, "latency", Transfer(mode, rpc, run), progress)
-    method = "Echo" if rpc == "unary" else "EchoStream"
-    settings = native_settings(run, method=transport.method(mode, method))
-    return p2p_result("p2p_latency", server, label, mode, rpc, results, settings)
+    return _measure_each(server, sizes, call)
 
 
-def p2p_bandwidth(
-    server: Server,
-    sizes: Sequence[Message],
-    *,
-    mode: str = "raw",
-    rpc: str = "stream",
-    direction: str = "push",
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
-    run: RunSpec = BANDWIDTH_RUN,
-    label: str | None = None,
-    progress: Progress | None = None,
-) -> BenchmarkResult:
+def p2p_bandwidth(server: Server, sizes: Sequence[Message], call: BandwidthCall) -> BenchmarkResult:
     """Tensors moved per second for each size, measured by the native client (see
     :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`)."""
-    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
-    transfer = Transfer(mode, rpc, run, direction, chunk_bytes)
-    results = _measure_each(server, sizes, "bandwidth", transfer, progress)
-    settings = native_settings(run, **bandwidth_extra(direction, mode, rpc, chunk_bytes))
-    return p2p_result("p2p_bandwidth", server, label, mode, rpc, results, settings)
+    call.check_sizes(sizes)
+    return _measure_each(server, sizes, call)

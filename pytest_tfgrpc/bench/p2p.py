@@ -9,6 +9,10 @@ Both run over one RPC shape: ``rpc="unary"`` (one call per tensor, as TensorFlow
 RecvTensor) or ``rpc="stream"`` (one long-lived stream; large tensors travel in slices of
 ``chunk_bytes``). In ``mode="protobuf"`` every message is encoded and decoded as a
 TensorProto inside the timed region; in ``mode="raw"`` tensor bytes travel as they are.
+
+A call's options are one checked value, a :class:`LatencyCall` or a :class:`BandwidthCall`
+(both :class:`Transfer`), which every P2P client takes: these loops, the native client
+(:mod:`.native_p2p`), parallel streams (:mod:`.streams`) and the engines.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 import numpy as np
@@ -78,6 +83,83 @@ def _check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
 
 #: Told before each message size is measured: (index from 1, count, size or payload name).
 Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transfer(ABC):
+    """The options of one point-to-point call, checked when made: how its tensors travel
+    (``mode``: ``raw`` or ``protobuf``; ``rpc``: ``unary`` or ``stream``), the bounds of its
+    loop (``run``), its result's name (``label``; None: the benchmark's) and what is told
+    before each message is measured (``progress``). Its kinds, :class:`LatencyCall` and
+    :class:`BandwidthCall`, carry their benchmark's defaults.
+
+    :raises ValueError: a value that is not one of its choices, naming the argument
+        (``rpc='bidi': expected one of unary, stream``).
+    """
+
+    #: The benchmark a call of this kind runs, as its result names it.
+    benchmark: ClassVar[str]
+    mode: str = "raw"
+    rpc: str
+    run: RunSpec
+    label: str | None = None
+    progress: Progress | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("mode", self.mode, transport.MODES)
+        _check_choice("rpc", self.rpc, RPCS)
+
+    @abstractmethod
+    def extra_settings(self) -> dict[str, str]:
+        """What a result of this call records beside its run's settings: the gRPC method
+        (and, for bandwidth, the direction and a stream's slice size)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencyCall(Transfer):
+    """The options of :func:`p2p_latency`: one echo per sample, one call per tensor unless
+    ``rpc="stream"``."""
+
+    benchmark: ClassVar[str] = "p2p_latency"
+    rpc: str = "unary"
+    run: RunSpec = LATENCY_RUN
+
+    def extra_settings(self) -> dict[str, str]:
+        method = "Echo" if self.rpc == "unary" else "EchoStream"
+        return {"method": transport.method(self.mode, method)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandwidthCall(Transfer):
+    """The options of :func:`p2p_bandwidth`: which way tensors move (``direction``: ``push``
+    or ``pull``) and a stream's slice size in bytes (``chunk_bytes``, at least 64), one
+    long-lived stream unless ``rpc="unary"``."""
+
+    benchmark: ClassVar[str] = "p2p_bandwidth"
+    rpc: str = "stream"
+    run: RunSpec = BANDWIDTH_RUN
+    direction: str = "push"
+    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice("direction", self.direction, DIRECTIONS)
+        if self.chunk_bytes < 64:
+            raise ValueError(f"chunk_bytes={self.chunk_bytes}: slices must be at least 64 bytes")
+
+    def extra_settings(self) -> dict[str, str]:
+        names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
+        names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
+        method = transport.method(self.mode, names[self.direction, self.rpc])
+        extra = {"direction": self.direction, "method": method}
+        if self.rpc == "stream":
+            extra["chunk_bytes"] = str(self.chunk_bytes)
+        return extra
+
+    def check_sizes(self, sizes: Sequence[Message]) -> None:
+        """Refuse payload schemes for a pull: it fetches tensors by size."""
+        if self.direction == "pull" and any(isinstance(message, Payload) for message in sizes):
+            raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
 
 
 def _name(message: Message) -> str:
@@ -144,23 +226,22 @@ async def _stream(
 
 
 def p2p_result(
-    benchmark: str,
+    call: Transfer,
     server: Server,
-    label: str | None,
-    mode: str,
-    rpc: str,
     sizes: Sequence[SizeResult],
     settings: Mapping[str, str],
+    label: str | None = None,
 ) -> BenchmarkResult:
-    """The result of a point-to-point benchmark against ``server`` (either engine's), in the
-    one result family; ``settings`` are :func:`~pytest_tfgrpc.bench.settings.run_settings`'."""
+    """The result of ``call`` against ``server`` (any engine's), in the one result family,
+    labelled ``label`` (default: the call's label, else its benchmark's name); ``settings``
+    are :func:`~pytest_tfgrpc.bench.settings.run_settings`'."""
     return BenchmarkResult(
-        benchmark=benchmark,
-        label=label or benchmark,
+        benchmark=call.benchmark,
+        label=label or call.label or call.benchmark,
         fabric=server.fabric.name,
         target=server.target,
-        mode=mode,
-        rpc=rpc,
+        mode=call.mode,
+        rpc=call.rpc,
         sizes=tuple(sizes),
         settings=MappingProxyType(dict(settings)),
     )
@@ -311,21 +392,24 @@ class _Sweep:
 def _measure_each(
     server: Server,
     messages: Sequence[Message],
-    mode: str,
+    call: Transfer,
     what: str,
-    run: RunSpec,
     measure_one: MeasureOne,
-    progress: Progress | None,
-    build: Callable[[tuple[SizeResult, ...]], BenchmarkResult],
 ) -> BenchmarkResult:
-    """Measure every message in ``run.round_count`` rounds, each round visiting every message
-    once in a new order (Google Benchmark's random interleaving, seeded), so that drift over
-    the call spreads over all sizes and rounds; with the CPU time of both ends, into
-    ``build``'s result. Every call's deadline comes from the whole ``run``'s bound and the
+    """Measure every message in ``call.run.round_count`` rounds, each round visiting every
+    message once in a new order (Google Benchmark's random interleaving, seeded), so that
+    drift over the call spreads over all sizes and rounds; with the CPU time of both ends,
+    into ``call``'s result. Every call's deadline comes from the whole run's bound and the
     bytes it moves. A failed call is reported as the server's death when that is what
     happened, in one line; the sizes measured before it (each with the rounds it completed)
     travel on the error (:mod:`.partial`)."""
+    run, mode, progress = call.run, call.mode, call.progress
     sweep = _Sweep(_check_messages(messages), mode)
+    settings = run_settings(run, **call.extra_settings())
+
+    def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
+        return p2p_result(call, server, results, settings)
+
     count = len(sweep.messages)
     with contextlib.ExitStack() as stack, keeping_partial(sweep.results, build):
         # A probe per message, opened when the message is first measured and kept for its
@@ -352,38 +436,10 @@ def _measure_each(
     return build(sweep.results())
 
 
-def _builder(
-    benchmark: str,
-    label: str | None,
-    server: Server,
-    mode: str,
-    rpc: str,
-    settings: Mapping[str, str],
-) -> Callable[[tuple[SizeResult, ...]], BenchmarkResult]:
-    """The result of ``benchmark`` for the sizes measured (all, or those before a failure)."""
-
-    def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
-        return p2p_result(benchmark, server, label, mode, rpc, results, settings)
-
-    return build
-
-
-def p2p_latency(
-    server: Server,
-    sizes: Sequence[Message],
-    *,
-    mode: str = "raw",
-    rpc: str = "unary",
-    run: RunSpec = LATENCY_RUN,
-    label: str | None = None,
-    progress: Progress | None = None,
-) -> BenchmarkResult:
-    """Echo round-trip time of each size or payload (TF-gRPC-P2P-Latency)."""
-    _check_choice("mode", mode, transport.MODES)
-    _check_choice("rpc", rpc, RPCS)
-    method = "Echo" if rpc == "unary" else "EchoStream"
-    settings = run_settings(run, method=transport.method(mode, method))
-    build = _builder("p2p_latency", label, server, mode, rpc, settings)
+def p2p_latency(server: Server, sizes: Sequence[Message], call: LatencyCall) -> BenchmarkResult:
+    """Echo round-trip time of each size or payload (TF-gRPC-P2P-Latency), with ``call``'s
+    options."""
+    mode, rpc = call.mode, call.rpc
 
     with _Channels(server) as channels:
 
@@ -394,8 +450,7 @@ def p2p_latency(
                 return _latency_unary(channels.get(tensor), tensor, mode, spec, probe, timeout)
             return channels.run(_latency_stream(server, tensor, mode, spec, probe, timeout))
 
-        what = f"{rpc} echo"
-        return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)
+        return _measure_each(server, sizes, call, f"{rpc} echo", measure_one)
 
 
 # --- bandwidth -----------------------------------------------------------------------------
@@ -497,59 +552,11 @@ def _pull(
     return measure(op, run, probe)
 
 
-def check_bandwidth_args(
-    mode: str, rpc: str, direction: str, chunk_bytes: int, sizes: Sequence[Message]
-) -> None:
-    """The argument checks of :func:`pytest_tfgrpc.bench.p2p.p2p_bandwidth`."""
-    _check_choice("mode", mode, transport.MODES)
-    _check_choice("rpc", rpc, RPCS)
-    _check_choice("direction", direction, DIRECTIONS)
-    if chunk_bytes < 64:
-        raise ValueError(f"chunk_bytes={chunk_bytes}: slices must be at least 64 bytes")
-    if direction == "pull" and any(isinstance(message, Payload) for message in sizes):
-        raise ValueError("a pull fetches tensors by size; payload schemes are pushed")
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """How one client run moves one tensor: its encoding (``mode``: raw or protobuf), RPC
-    shape (``rpc``: unary or stream), the loop bounds (``run``), which way (``direction``:
-    push or pull) and a stream's slice size in bytes (``chunk_bytes``). The checked arguments
-    of a P2P call, passed as one value below the public functions."""
-
-    mode: str
-    rpc: str
-    run: RunSpec
-    direction: str = "push"
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES
-
-
-def bandwidth_extra(direction: str, mode: str, rpc: str, chunk_bytes: int) -> dict[str, str]:
-    """The settings a bandwidth result records beside the run's (as the Python engine)."""
-    names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
-    names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
-    extra = {"direction": direction, "method": transport.method(mode, names[direction, rpc])}
-    if rpc == "stream":
-        extra["chunk_bytes"] = str(chunk_bytes)
-    return extra
-
-
-def p2p_bandwidth(
-    server: Server,
-    sizes: Sequence[Message],
-    *,
-    mode: str = "raw",
-    rpc: str = "stream",
-    direction: str = "push",
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
-    run: RunSpec = BANDWIDTH_RUN,
-    label: str | None = None,
-    progress: Progress | None = None,
-) -> BenchmarkResult:
-    """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s."""
-    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
-    extra = bandwidth_extra(direction, mode, rpc, chunk_bytes)
-    build = _builder("p2p_bandwidth", label, server, mode, rpc, run_settings(run, **extra))
+def p2p_bandwidth(server: Server, sizes: Sequence[Message], call: BandwidthCall) -> BenchmarkResult:
+    """Tensors moved per second for each size (TF-gRPC-P2P-Bandwidth), in bytes/s, with
+    ``call``'s options."""
+    call.check_sizes(sizes)
+    mode, rpc, direction, chunk_bytes = call.mode, call.rpc, call.direction, call.chunk_bytes
 
     with _Channels(server) as channels:
 
@@ -564,5 +571,4 @@ def p2p_bandwidth(
             push = _push_stream(server, tensor, mode, spec, chunk_bytes, probe, timeout)
             return channels.run(push)
 
-        what = f"{rpc} {direction}"
-        return _measure_each(server, sizes, mode, what, run, measure_one, progress, build)
+        return _measure_each(server, sizes, call, f"{rpc} {direction}", measure_one)

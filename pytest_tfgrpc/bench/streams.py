@@ -25,22 +25,12 @@ import numpy as np
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
 from pytest_tfgrpc.bench.native_p2p import native_settings, run_native, size_result
-from pytest_tfgrpc.bench.p2p import (
-    BANDWIDTH_RUN,
-    Message,
-    Progress,
-    Transfer,
-    _check_messages,
-    bandwidth_extra,
-    check_bandwidth_args,
-    p2p_result,
-)
+from pytest_tfgrpc.bench.p2p import BandwidthCall, Message, _check_messages, p2p_result
 from pytest_tfgrpc.bench.settings import run_settings
-from pytest_tfgrpc.bench.timing import RunSpec, Samples
+from pytest_tfgrpc.bench.timing import Samples
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
 from pytest_tfgrpc.report.metrics import stream_label
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
-from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import current_tls
@@ -76,10 +66,10 @@ def check_streams(streams: object) -> int:
     return streams
 
 
-def _python_streams(server: Server, size: int, transfer: Transfer, streams: int) -> NativeRun:
+def _python_streams(server: Server, size: int, call: BandwidthCall, streams: int) -> NativeRun:
     """N worker processes of :mod:`.stream_worker`, started together; their samples joined."""
-    mode, rpc, direction, run = transfer.mode, transfer.rpc, transfer.direction, transfer.run
-    chunk_bytes = transfer.chunk_bytes
+    mode, rpc, direction, run = call.mode, call.rpc, call.direction, call.run
+    chunk_bytes = call.chunk_bytes
     argv = [sys.executable, "-m", "pytest_tfgrpc.bench.stream_worker"]
     argv += ["--target", server.target, "--fabric", server.fabric.name, "--mode", mode]
     argv += ["--rpc", rpc, "--direction", direction, "--size", str(size)]
@@ -139,29 +129,25 @@ def _python_streams(server: Server, size: int, transfer: Transfer, streams: int)
 def p2p_bandwidth_streams(
     server: Server,
     sizes: Sequence[Message],
+    call: BandwidthCall,
     *,
     streams: int,
     engine: str = "grpcio",
-    mode: str = "raw",
-    rpc: str = "stream",
-    direction: str = "push",
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
-    run: RunSpec = BANDWIDTH_RUN,
-    label: str | None = None,
-    progress: Progress | None = None,
 ) -> StreamsResult:
-    """Bandwidth of ``streams`` concurrent connections per size: aggregate and per stream.
+    """Bandwidth of ``streams`` concurrent connections of ``engine``'s client (``grpcio`` or
+    ``native``) per size, with ``call``'s options: the aggregate, labelled as the call, and
+    each stream.
 
     Raises ValueError for bad arguments (payload schemes are not split over streams),
     :class:`~pytest_tfgrpc.wire.client.BenchmarkError` when a stream fails.
     """
     check_streams(streams)
-    check_bandwidth_args(mode, rpc, direction, chunk_bytes, sizes)
+    call.check_sizes(sizes)
     checked = _check_messages(sizes)
     if any(isinstance(message, Payload) for message in checked):
         raise ValueError("streams=N measures plain tensor sizes; payload schemes use streams=1")
-    label = label or "p2p_bandwidth"
-    transfer = Transfer(mode, rpc, run, direction, chunk_bytes)
+    label = call.label or call.benchmark
+    mode, run, progress = call.mode, call.run, call.progress
     aggregate: list[SizeResult] = []
     per_stream: list[list[SizeResult]] = [[] for _ in range(streams)]
     for index, message in enumerate(checked, 1):
@@ -169,9 +155,9 @@ def p2p_bandwidth_streams(
         if progress is not None:
             progress(index, len(checked), f"{message} B x {streams} streams")
         if engine == "native":
-            measured = run_native(server, message, "bandwidth", transfer, streams)
+            measured = run_native(server, message, call, streams)
         else:
-            measured = _python_streams(server, message, transfer, streams)
+            measured = _python_streams(server, message, call, streams)
         merged = aggregate_samples(measured.streams)
         aggregate.append(
             SizeResult.from_samples(
@@ -180,22 +166,14 @@ def p2p_bandwidth_streams(
         )
         for i in range(streams):
             per_stream[i].append(size_result(message, mode, measured, i))
-    extra = bandwidth_extra(direction, mode, rpc, chunk_bytes) | {"streams": str(streams)}
+    extra = call.extra_settings() | {"streams": str(streams)}
     settings = native_settings(run, **extra) if engine == "native" else run_settings(run, **extra)
 
     return StreamsResult(
-        p2p_result(
-            "p2p_bandwidth", server, label, mode, rpc, aggregate, {**settings, "aggregate": "yes"}
-        ),
+        p2p_result(call, server, aggregate, {**settings, "aggregate": "yes"}),
         tuple(
             p2p_result(
-                "p2p_bandwidth",
-                server,
-                stream_label(label, i),
-                mode,
-                rpc,
-                results,
-                {**settings, "stream": str(i)},
+                call, server, results, {**settings, "stream": str(i)}, stream_label(label, i)
             )
             for i, results in enumerate(per_stream)
         ),

@@ -6,47 +6,28 @@ through the ``pytest_tfgrpc_add_engines`` hook, as a conftest or another package
 theirs: one path, no special case.
 """
 
-from pytest_tfgrpc.bench.engines.base import (
-    Engine,
-    EngineCluster,
-    EngineError,
-    EngineServer,
-    Measured,
-    PSVariable,
-    ServerGroup,
-    ps_variables,
-)
+# The interface's names are listed once, in base.__all__; this package is them and the registry.
+from pytest_tfgrpc.bench.engines import base
+from pytest_tfgrpc.bench.engines.base import *  # noqa: F403
 from pytest_tfgrpc.bench.engines.registry import EngineFactory, EngineRegistry
 
-__all__ = [
-    "Engine",
-    "EngineCluster",
-    "EngineError",
-    "EngineFactory",
-    "EngineRegistry",
-    "EngineServer",
-    "Measured",
-    "PSVariable",
-    "ServerGroup",
-    "builtin_engines",
-    "ps_variables",
-]
+__all__ = [*base.__all__, "EngineFactory", "EngineRegistry", "builtin_engines"]
 
 
 def builtin_engines(registry: EngineRegistry) -> None:
     """Register the plugin's own engines, each built (and its library imported) on first use."""
 
-    def grpcio() -> Engine:
+    def grpcio() -> base.Engine:
         from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
 
         return GrpcioEngine()
 
-    def native() -> Engine:
+    def native() -> base.Engine:
         from pytest_tfgrpc.bench.engines.native import NativeEngine
 
         return NativeEngine()
 
-    def tensorflow() -> Engine:
+    def tensorflow() -> base.Engine:
         from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
 
         return TensorFlowEngine()

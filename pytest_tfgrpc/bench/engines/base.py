@@ -17,8 +17,10 @@ sample in nanoseconds) for one message size or one PS exchange:
 The benchmark-level methods (:meth:`Engine.p2p_latency`, :meth:`Engine.p2p_bandwidth`,
 :meth:`Engine.ps_throughput`) are built from those and return the plugin's
 :class:`~pytest_tfgrpc.results.BenchmarkResult`; an engine with its own loops (the grpcio
-engine) overrides them instead. Nothing here imports pytest: engines are registered through the
-plugin's hooks (``pytest_tfgrpc_add_engines``) into an
+engine) overrides them instead. The P2P ones take the call's checked options as one value
+(:class:`~pytest_tfgrpc.bench.p2p.LatencyCall`,
+:class:`~pytest_tfgrpc.bench.p2p.BandwidthCall`). Nothing here imports pytest: engines are
+registered through the plugin's hooks (``pytest_tfgrpc_add_engines``) into an
 :class:`~pytest_tfgrpc.bench.engines.registry.EngineRegistry`.
 """
 
@@ -29,19 +31,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from pytest_tfgrpc.bench.p2p import (
-    BANDWIDTH_RUN,
-    DIRECTIONS,
-    LATENCY_RUN,
-    RPCS,
-    Message,
-    Progress,
-)
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Transfer, p2p_result
 from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, PSResult, throughput_result
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.streams import StreamsResult
@@ -56,6 +51,9 @@ from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.tensors import Tensor
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
 __all__ = [
     "Engine",
     "EngineCluster",
@@ -64,6 +62,7 @@ __all__ = [
     "Measured",
     "PSVariable",
     "ServerGroup",
+    "TensorMove",
     "ps_variables",
 ]
 
@@ -232,6 +231,18 @@ def _flat(name: str, ps: int, nbytes: int) -> PSVariable:
     return PSVariable(name, ps, (nbytes // 4,), "float32")
 
 
+class TensorMove(TypedDict):
+    """The keywords of :meth:`Engine.push` and :meth:`Engine.pull` (README "Writing an
+    engine"): the encoding (``mode``: ``raw`` or ``protobuf``), the RPC shape (``rpc``:
+    ``unary`` or ``stream``), a stream's slice size in bytes (``chunk_bytes``) and the loop's
+    bounds (``run``). An engine may spell them out (``*, mode, rpc, chunk_bytes, run``)."""
+
+    mode: str
+    rpc: str
+    chunk_bytes: int
+    run: RunSpec
+
+
 def _check(name: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
@@ -278,32 +289,15 @@ class Engine(ABC):
         iterations, seconds); one sample per round trip."""
         raise self._unsupported("echo latency (echo)")
 
-    def push(
-        self,
-        server: EngineServer,
-        tensor: Tensor,
-        *,
-        mode: str,
-        rpc: str,
-        chunk_bytes: int,
-        run: RunSpec,
-    ) -> Measured:
-        """Push ``tensor`` to ``server``; one sample from its first byte to its
+    def push(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        """Push ``tensor`` to ``server`` as ``move`` says (:class:`TensorMove`: ``mode``,
+        ``rpc``, ``chunk_bytes``, ``run``); one sample from its first byte to its
         acknowledgement."""
         raise self._unsupported("push bandwidth (push)")
 
-    def pull(
-        self,
-        server: EngineServer,
-        tensor: Tensor,
-        *,
-        mode: str,
-        rpc: str,
-        chunk_bytes: int,
-        run: RunSpec,
-    ) -> Measured:
-        """Fetch a tensor of ``tensor``'s size and dtype from ``server``; one sample per
-        tensor received."""
+    def pull(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        """Fetch a tensor of ``tensor``'s size and dtype from ``server`` as ``move`` says (as
+        :meth:`push`'s); one sample per tensor received."""
         raise self._unsupported("pull bandwidth (pull)")
 
     def ps_exchange(
@@ -318,70 +312,44 @@ class Engine(ABC):
 
     # --- benchmark level: what the driver calls --------------------------------------------
     def p2p_latency(
-        self,
-        server: EngineServer,
-        sizes: Sequence[Message],
-        *,
-        mode: str = "raw",
-        rpc: str = "unary",
-        run: RunSpec = LATENCY_RUN,
-        label: str | None = None,
-        progress: Progress | None = None,
+        self, server: EngineServer, sizes: Sequence[Message], call: LatencyCall
     ) -> BenchmarkResult:
         """Echo round-trip time of each size, through :meth:`echo`."""
-        _check("mode", mode, transport.MODES)
-        _check("rpc", rpc, RPCS)
 
         def one(tensor: Tensor) -> Measured:
-            return self.echo(server, tensor, mode=mode, rpc=rpc, run=run)
+            return self.echo(server, tensor, mode=call.mode, rpc=call.rpc, run=call.run)
 
-        return self._p2p("p2p_latency", server, sizes, mode, rpc, run, label, progress, one, {})
+        return self._p2p(server, sizes, call, one, {})
 
     def p2p_bandwidth(
-        self,
-        server: EngineServer,
-        sizes: Sequence[Message],
-        *,
-        mode: str = "raw",
-        rpc: str = "stream",
-        direction: str = "push",
-        chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
-        run: RunSpec = BANDWIDTH_RUN,
-        label: str | None = None,
-        progress: Progress | None = None,
+        self, server: EngineServer, sizes: Sequence[Message], call: BandwidthCall
     ) -> BenchmarkResult:
         """Tensors moved per second for each size, through :meth:`push` or :meth:`pull`."""
-        _check("mode", mode, transport.MODES)
-        _check("rpc", rpc, RPCS)
-        _check("direction", direction, DIRECTIONS)
-        move = self.push if direction == "push" else self.pull
+        move = self.push if call.direction == "push" else self.pull
+        options = TensorMove(
+            mode=call.mode, rpc=call.rpc, chunk_bytes=call.chunk_bytes, run=call.run
+        )
 
         def one(tensor: Tensor) -> Measured:
-            return move(server, tensor, mode=mode, rpc=rpc, chunk_bytes=chunk_bytes, run=run)
+            return move(server, tensor, **options)
 
-        extra = {"direction": direction, "chunk_bytes": str(chunk_bytes)}
-        return self._p2p(
-            "p2p_bandwidth", server, sizes, mode, rpc, run, label, progress, one, extra
-        )
+        extra = {"direction": call.direction, "chunk_bytes": str(call.chunk_bytes)}
+        return self._p2p(server, sizes, call, one, extra)
 
     def p2p_bandwidth_streams(
         self, server: Server, sizes: Sequence[Message], *, streams: int, **options: Any
     ) -> StreamsResult:
         """``streams`` concurrent connections per size (``p2p_bandwidth(..., streams=N)``;
-        ``options`` as :meth:`p2p_bandwidth`'s): the aggregate and each stream. Not measured
-        unless the engine overrides it (the plugin's grpcio and native engines do)."""
+        ``options`` are a :class:`~pytest_tfgrpc.bench.p2p.BandwidthCall`'s keywords): the
+        aggregate and each stream. Not measured unless the engine overrides it (the plugin's
+        grpcio and native engines do)."""
         raise self._unsupported("parallel streams (p2p_bandwidth_streams)")
 
     def _p2p(
         self,
-        benchmark: str,
         server: EngineServer,
         sizes: Sequence[Message],
-        mode: str,
-        rpc: str,
-        run: RunSpec,
-        label: str | None,
-        progress: Progress | None,
+        call: Transfer,
         one: _MeasureTensor,
         extra: Mapping[str, str],
     ) -> BenchmarkResult:
@@ -392,21 +360,15 @@ class Engine(ABC):
         for index, message in enumerate(sizes, 1):
             payload = message if isinstance(message, Payload) else None
             name = payload.description if payload else size_label(int(message))  # type: ignore[arg-type]
-            if progress is not None:
-                progress(index, len(sizes), name)
+            if call.progress is not None:
+                call.progress(index, len(sizes), name)
             tensor = Tensor.random(payload.total_bytes if payload else int(message))  # type: ignore[arg-type]
             measured = one(tensor)
             settings.update(measured.settings)
-            points.append(self._point(measured, tensor.nbytes, f"{benchmark} of {name}", payload))
-        return BenchmarkResult(
-            benchmark=benchmark,
-            label=label or benchmark,
-            fabric=server.fabric.name,
-            target=server.target,
-            mode=mode,
-            rpc=rpc,
-            sizes=tuple(points),
-            settings=run_settings(run, engine=self.name, **settings),
+            what = f"{call.benchmark} of {name}"
+            points.append(self._point(measured, tensor.nbytes, what, payload))
+        return p2p_result(
+            call, server, points, run_settings(call.run, engine=self.name, **settings)
         )
 
     def _point(

@@ -8,17 +8,18 @@ schemes, which the per-exchange interface does not need to know about.
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, ClassVar
 
 from pytest_tfgrpc.bench import p2p, ps
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError, EngineServer
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
-from pytest_tfgrpc.bench.streams import StreamsResult, p2p_bandwidth_streams
+from pytest_tfgrpc.bench.streams import StreamsResult, check_streams, p2p_bandwidth_streams
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.native_server import start_tensor_server
 from pytest_tfgrpc.servers.processes import ServerProcess
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.client import Server
@@ -28,41 +29,60 @@ __all__ = ["GrpcioEngine", "LoopEngine"]
 
 
 class LoopEngine(Engine):
-    """An engine whose P2P benchmarks are a module's loops (``p2p_latency``,
-    ``p2p_bandwidth``), whose parallel streams are
-    :func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams` under its name, and whose PS
-    benchmarks run on the plugin's Python PS processes with workers of :attr:`workers`
-    (:class:`PSCluster`; their results record that engine): the plugin's grpcio and native
-    engines."""
+    """An engine of the plugin's own processes, of one :attr:`implementation`: its tensor
+    server, the client loops of :attr:`loops` (``p2p_latency``, ``p2p_bandwidth``), its
+    parallel streams (:func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams`) and the
+    workers of its PS benchmarks, which run on the plugin's Python PS tasks
+    (:class:`PSCluster`; their results record the workers' engine). The grpcio and native
+    engines; a subclass sets those two attributes, and :meth:`check_usable` if the run's
+    settings can rule it out."""
 
     loops: ClassVar[ModuleType]
-    #: The engine of the PS workers :meth:`start_cluster` starts: ``grpcio`` or ``native``.
-    workers: ClassVar[str] = "grpcio"
+    #: What its tensor server, stream clients and PS workers are: ``grpcio`` (Python) or
+    #: ``native`` (C++), as :data:`pytest_tfgrpc.native.ENGINES` names them.
+    implementation: ClassVar[str] = "grpcio"
 
-    @abstractmethod
+    def check_usable(self) -> None:
+        """Raise :class:`EngineError` if this run's settings rule the engine out; called
+        before it starts a tensor server or measures. Nothing rules this one out."""
+
     def start_server(
-        self,
-        fabric: Fabric,
-        env: Mapping[str, str] | None,
-        max_tensor_bytes: int | None = None,
+        self, fabric: Fabric, env: Mapping[str, str] | None, max_tensor_bytes: int | None = None
     ) -> ServerProcess:
-        """The engine's tensor server on ``fabric``; the plugin's Python server refuses
-        tensors over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
+        """The engine's tensor server on ``fabric`` (:func:`start_tensor_server`). The Python
+        server refuses tensors over ``max_tensor_bytes`` (None: the largest gRPC carries); the
+        C++ server keeps gRPC's own message limit.
 
-    def p2p_latency(self, server: EngineServer, sizes: Sequence[Any], **kw: Any) -> BenchmarkResult:
-        result: BenchmarkResult = self.loops.p2p_latency(server, sizes, **kw)
+        :raises EngineError: :meth:`check_usable`'s.
+        """
+        self.check_usable()
+        return start_tensor_server(
+            fabric, engine=self.implementation, env=env, max_tensor_bytes=max_tensor_bytes
+        )
+
+    def p2p_latency(
+        self, server: EngineServer, sizes: Sequence[Message], call: LatencyCall
+    ) -> BenchmarkResult:
+        self.check_usable()
+        result: BenchmarkResult = self.loops.p2p_latency(server, sizes, call)
         return result
 
     def p2p_bandwidth(
-        self, server: EngineServer, sizes: Sequence[Any], **kw: Any
+        self, server: EngineServer, sizes: Sequence[Message], call: BandwidthCall
     ) -> BenchmarkResult:
-        result: BenchmarkResult = self.loops.p2p_bandwidth(server, sizes, **kw)
+        self.check_usable()
+        result: BenchmarkResult = self.loops.p2p_bandwidth(server, sizes, call)
         return result
 
     def p2p_bandwidth_streams(
-        self, server: Server, sizes: Sequence[Any], *, streams: int, **kw: Any
+        self, server: Server, sizes: Sequence[Message], *, streams: int, **options: Any
     ) -> StreamsResult:
-        return p2p_bandwidth_streams(server, sizes, streams=streams, engine=self.name, **kw)
+        self.check_usable()
+        check_streams(streams)
+        call = BandwidthCall(**options)
+        return p2p_bandwidth_streams(
+            server, sizes, call, streams=streams, engine=self.implementation
+        )
 
     def start_cluster(
         self,
@@ -71,14 +91,14 @@ class LoopEngine(Engine):
         env: Mapping[str, str] | None,
         max_tensor_bytes: int | None = None,
     ) -> PSCluster:
-        """The plugin's PS tasks and workers (of :attr:`workers`); the PS tasks refuse tensor
-        messages over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
+        """The plugin's PS tasks and workers (of :attr:`implementation`); the PS tasks refuse
+        tensor messages over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
         return PSCluster(
             fabric,
             topology,
             env=env,
             max_tensor_bytes=max_tensor_bytes,
-            workers_engine=self.workers,
+            workers_engine=self.implementation,
         )
 
     def ps_throughput(
@@ -92,17 +112,8 @@ class LoopEngine(Engine):
 
 
 class GrpcioEngine(LoopEngine):
-    """The plugin's Python gRPC service and PS processes (the default engine)."""
+    """The plugin's Python gRPC service (``tfgrpc-server``) and PS processes (the default
+    engine)."""
 
     name = "grpcio"
     loops: ClassVar[ModuleType] = p2p
-
-    def start_server(
-        self,
-        fabric: Fabric,
-        env: Mapping[str, str] | None,
-        max_tensor_bytes: int | None = None,
-    ) -> ServerProcess:
-        """``tfgrpc-server`` on ``fabric``, refusing tensors over ``max_tensor_bytes`` (None:
-        the largest gRPC carries)."""
-        return ServerProcess.start(fabric, env=env, max_tensor_bytes=max_tensor_bytes)

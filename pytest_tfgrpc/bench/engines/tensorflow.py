@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_tfgrpc.bench.engines.base import (
     Engine,
@@ -34,8 +34,9 @@ from pytest_tfgrpc.bench.engines.base import (
     EngineServer,
     Measured,
     PSVariable,
+    TensorMove,
 )
-from pytest_tfgrpc.bench.p2p import Message, Progress
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
@@ -46,6 +47,9 @@ from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import tls_mode
 from pytest_tfgrpc.wire.tensors import Tensor
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 __all__ = ["TensorFlowEngine"]
 
@@ -120,11 +124,11 @@ class TensorFlowEngine(Engine):
     ) -> Measured:
         return self._measure(server, "echo", [flat_variable(tensor.nbytes, "echo")], run)
 
-    def push(self, server: EngineServer, tensor: Tensor, **kw: Any) -> Measured:
-        return self._measure(server, "push", [flat_variable(tensor.nbytes, "push")], kw["run"])
+    def push(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        return self._measure(server, "push", [flat_variable(tensor.nbytes, "push")], move["run"])
 
-    def pull(self, server: EngineServer, tensor: Tensor, **kw: Any) -> Measured:
-        return self._measure(server, "pull", [flat_variable(tensor.nbytes, "pull")], kw["run"])
+    def pull(self, server: EngineServer, tensor: Tensor, **move: Unpack[TensorMove]) -> Measured:
+        return self._measure(server, "pull", [flat_variable(tensor.nbytes, "pull")], move["run"])
 
     def ps_exchange(
         self, cluster: EngineCluster, variables: Sequence[PSVariable], *, mode: str, run: RunSpec
@@ -142,21 +146,16 @@ class TensorFlowEngine(Engine):
                 raise EngineError("engine 'tensorflow' moves tensors of at least 1 byte")
 
     def p2p_latency(
-        self, server: EngineServer, sizes: Sequence[Message], **kw: Any
+        self, server: EngineServer, sizes: Sequence[Message], call: LatencyCall
     ) -> BenchmarkResult:
         self._check_sizes(sizes)
-        return _as_tf(super().p2p_latency(server, sizes, **kw))
+        return _as_tf(super().p2p_latency(server, sizes, call))
 
     def p2p_bandwidth(
-        self,
-        server: EngineServer,
-        sizes: Sequence[Message],
-        *,
-        progress: Progress | None = None,
-        **kw: Any,
+        self, server: EngineServer, sizes: Sequence[Message], call: BandwidthCall
     ) -> BenchmarkResult:
         self._check_sizes(sizes)
-        return _as_tf(super().p2p_bandwidth(server, sizes, progress=progress, **kw))
+        return _as_tf(super().p2p_bandwidth(server, sizes, call))
 
     def ps_throughput(self, cluster: EngineCluster, payload: Any, **kw: Any) -> PSResult:
         if isinstance(payload, Payload):
