@@ -42,6 +42,16 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
+def server_cpus() -> list[str]:
+    """``--cpus`` for the suite's server: the server side of the placement the runs measure
+    under at default settings (``--tfgrpc-cpus=auto``), as the tensor_server fixture would
+    pin a server it started itself."""
+    from pytest_tfgrpc.servers.cpus import format_cpu_list, resolve_placement
+
+    placement = resolve_placement("auto")
+    return [] if placement is None else ["--cpus", format_cpu_list(placement.server)]
+
+
 class Server:
     """``tfgrpc-server`` on loopback with a per-call delay, and a cluster spec naming it."""
 
@@ -53,6 +63,7 @@ class Server:
                 "lo",
                 "--delay",
                 f"{delay_us:.0f}us",
+                *server_cpus(),
                 "--exit-on-stdin-eof",
             ],
             stdin=subprocess.PIPE,
