@@ -36,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 SUITE = HERE / "gate_suite"
 BIN = Path(sys.executable).parent
 RUN_TIMEOUT_S = 300.0
+#: The code of a run that ended without a gate verdict (exit status other than 0 or 1).
+BROKEN = -2
 
 
 def uptime() -> str:
@@ -144,6 +146,14 @@ def phase(
             junit = workdir / f"{name}-{i + 1:03d}.xml"
             baselines = baselines_for(i, files)  # type: ignore[operator]
             code, notes = run_suite(server, junit, baselines)
+            if code not in (0, 1) or not junit.exists():
+                # Not a verdict of the gate: said, kept out of the baselines and the rates.
+                line = f"{name} {i + 1:2d}: BROKEN    (exit {code}; not counted)"
+                print(line, flush=True)
+                log.append(line)
+                log.extend("    " + note for note in notes.splitlines())
+                codes.append(BROKEN)
+                continue
             files.append(junit)
             codes.append(code if baselines else -1)
             p50s.append(p50_1kib(junit))
@@ -161,32 +171,37 @@ def phase(
     return files, codes, p50s
 
 
-def _trial_ratio(delay_us: float, workdir: Path, name: str) -> float:
-    """The 1 KiB p50 with ``delay_us`` over the p50 without, from two runs back to back (a
-    pair, so that a shift of the machine's load between trials cancels out)."""
-    p50s = []
-    for delay in (0.0, delay_us):
-        server = Server(delay, workdir)
-        try:
-            junit = workdir / f"{name}-{delay:.0f}.xml"
-            run_suite(server, junit, [])
-            p50s.append(p50_1kib(junit))
-        finally:
-            server.stop()
-    return p50s[1] / p50s[0]
+def _trial_ratio(delay_us: float, workdir: Path, name: str, pairs: int = 3) -> float:
+    """The 1 KiB p50 with ``delay_us`` over the p50 without: the median ratio of ``pairs``
+    pairs of runs, each pair back to back (so that a shift of the machine's load between
+    pairs cancels out, and one disturbed pair does not decide)."""
+    ratios = []
+    for pair in range(pairs):
+        p50s = []
+        for delay in (0.0, delay_us):
+            server = Server(delay, workdir)
+            try:
+                junit = workdir / f"{name}-{pair}-{delay:.0f}.xml"
+                run_suite(server, junit, [])
+                p50s.append(p50_1kib(junit))
+            finally:
+                server.stop()
+        ratios.append(p50s[1] / p50s[0])
+    return statistics.median(ratios)
 
 
 def calibrate_delay(target_ratio: float, base_p50: float, workdir: Path) -> tuple[float, float]:
     """The server delay (us) that makes the 1 KiB p50 ``target_ratio`` times what it is
-    without, and the ratio a paired trial measured with it: from a first guess (the
-    difference to ``base_p50``), up to four paired trials each correcting the delay in
-    proportion; the tried delay nearest the target is returned, never an untried one."""
+    without, and the ratio trials measured with it: from a first guess (the difference to
+    ``base_p50``), up to four trials (each the median of three pairs of runs) each
+    correcting the delay in proportion; the tried delay nearest the target is returned,
+    never an untried one."""
     want = (target_ratio - 1.0) * base_p50 / 1e3  # us to add
     delay, tried = want, []
     for trial in range(4):
         ratio = _trial_ratio(delay, workdir, f"trial-{target_ratio}-{trial}")
         tried.append((abs(ratio - target_ratio), delay, ratio))
-        if abs(ratio - target_ratio) < 0.03:
+        if abs(ratio - target_ratio) < 0.02:
             break
         added = (ratio - 1.0) * base_p50 / 1e3  # us the delay actually added
         delay = delay * want / added if added > 0 else delay * 2
@@ -211,7 +226,10 @@ def main() -> int:
         parser.error("slowdowns are ratios above 1")
     log = [f"gate calibration, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"]
     log.append(f"load before: {uptime()}")
-    log.append(f"cpus: {os.cpu_count()}; suite: {SUITE.relative_to(HERE.parent)}")
+    log.append(
+        f"cpus: {os.cpu_count()}; suite: {SUITE.relative_to(HERE.parent)}; "
+        f"server {' '.join(server_cpus()) or 'unpinned'} (client: --tfgrpc-cpus=auto)"
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfgrpc-calib-") as tmp:
         workdir = Path(tmp)
@@ -231,6 +249,8 @@ def main() -> int:
         _, slow_codes, slow_p50s = phase(
             "slowed", args.runs, delay, workdir, lambda i, files: list(unchanged), log
         )
+        broken = codes.count(BROKEN) + slow_codes.count(BROKEN)
+        slow_codes = [c for c in slow_codes if c != BROKEN]
         detected = sum(1 for c in slow_codes if c != 0)
         small_delay, small_trial = calibrate_delay(args.small_slowdown, base, workdir)
         log.append(
@@ -241,6 +261,8 @@ def main() -> int:
         _, small_codes, small_p50s = phase(
             "small", args.history_runs, small_delay, workdir, lambda i, files: list(history), log
         )
+        broken += small_codes.count(BROKEN)
+        small_codes = [c for c in small_codes if c != BROKEN]
         small_detected = sum(1 for c in small_codes if c != 0)
     minutes = (time.monotonic() - started) / 60
     achieved = statistics.median(slow_p50s) / base
@@ -253,6 +275,7 @@ def main() -> int:
         f"detected {args.small_slowdown}x (achieved {small_achieved:.2f}x) with a history of "
         f"{len(history)} runs: {small_detected} of {len(small_codes)} "
         f"(target >= 80%)",
+        f"broken runs (ended without a verdict, not counted above): {broken}",
         f"total {minutes:.1f} min",
         f"load after: {uptime()}",
     ]
