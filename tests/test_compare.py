@@ -678,3 +678,20 @@ def test_cli_reads_comma_separated_and_repeated_tolerances(tmp_path: Path) -> No
     old, new = _files(tmp_path, 1.05)
     args: Sequence[str] = [old, new, "--max-regression", "p50:2%,p99:50%", "--max-regression", "1%"]
     assert main(args) == 1
+
+
+@pytest.mark.parametrize(("runs", "warned"), [(1, True), (2, True), (3, False), (4, False)])
+def test_cli_says_when_the_history_is_too_short_to_know_the_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runs: int, warned: bool
+) -> None:
+    olds = [
+        str(write_junit(tmp_path / f"old{i}.xml", {TEST: properties({1024: latencies(200, i)})}))
+        for i in range(runs)
+    ]
+    _, new = _files(tmp_path, 1.0, n=200)
+    assert main([*olds, new]) == 0
+    err = capsys.readouterr().err
+    expected = f"tfgrpc-compare: warning: the baseline holds {runs} run"
+    assert (expected in err) is warned
+    if warned:
+        assert "the spread between runs is unknown below 3" in err

@@ -31,6 +31,7 @@ from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_br
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.servers.cpus import measuring_cpus, placement_setting
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
@@ -237,26 +238,32 @@ class Driver:
         if streams is None and any(isinstance(message, Payload) for message in messages):
             count = 1  # a run-wide stream count leaves payload schemes on one stream
         options |= {"run": run, "label": label, "progress": self._progress_of(name, server)}
+        if count > 1:
+            for i in range(count):
+                self._check_label(stream_label(name, i))
         try:
-            if count > 1:
-                for i in range(count):
-                    self._check_label(stream_label(name, i))
-                # An engine's streams take the call's keywords (README "Writing an engine").
-                both = measuring.p2p_bandwidth_streams(server, messages, streams=count, **options)
-                for each in both.streams:
-                    self.record(self._engine_result(each, measuring))
-                result = self.record(self._engine_result(both.aggregate, measuring))
-            else:
-                measure = kind(**options)
-                result = self._keeping_partial(measuring, benchmark, server, messages, measure)
-                result = self.record(self._engine_result(result, measuring))
+            with measuring_cpus():
+                if count > 1:
+                    # An engine's streams take the call's keywords (README "Writing an engine").
+                    both = measuring.p2p_bandwidth_streams(
+                        server, messages, streams=count, **options
+                    )
+                    for each in both.streams:
+                        self.record(_placed(self._engine_result(each, measuring)))
+                    result = self.record(_placed(self._engine_result(both.aggregate, measuring)))
+                else:
+                    measure = kind(**options)
+                    result = self._keeping_partial(
+                        measuring, benchmark, server, messages, measure, placed=True
+                    )
+                    result = self.record(_placed(self._engine_result(result, measuring)))
+                if floor_launcher is not None:
+                    floor_result = transport_floor(
+                        server.fabric, result, run, env=self._server_env, launcher=floor_launcher
+                    )
+                    self.record(_placed(floor_result))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
-        if floor_launcher is not None:
-            floor_result = transport_floor(
-                server.fabric, result, run, env=self._server_env, launcher=floor_launcher
-            )
-            self.record(floor_result)
         return result
 
     def _engine_result(self, result: R, engine: Engine | None = None) -> R:
@@ -266,7 +273,6 @@ class Driver:
         engine = engine or self.engine
         settings = {**engine.settings(), "engine": engine.name, **result.settings}
         return replace(result, settings=MappingProxyType(settings))
-        return result
 
     @staticmethod
     def _floor_launcher(server: Server) -> Launcher:
@@ -434,11 +440,17 @@ class Driver:
             )
 
     def _keeping_partial(
-        self, engine: Engine, benchmark: Callable[..., R], *args: Any, **kwargs: Any
+        self,
+        engine: Engine,
+        benchmark: Callable[..., R],
+        *args: Any,
+        placed: bool = False,
+        **kwargs: Any,
     ) -> R:
         """``benchmark(*args, **kwargs)``, measuring with ``engine``; if it fails after
         measuring some sizes, those are recorded on the test before the failure goes on (JUnit
-        and the results file keep them, their settings marked ``interrupted``)."""
+        and the results file keep them, their settings marked ``interrupted``; ``placed``:
+        with the CPU placement, a P2P benchmark's)."""
         __tracebackhide__ = True
         try:
             return benchmark(*args, **kwargs)
@@ -447,7 +459,8 @@ class Driver:
             if partial is not None and partial.label not in self._labels:
                 # The failure that interrupted the sweep is the one to report, not a budget.
                 with contextlib.suppress(BudgetExceeded):
-                    self.record(self._engine_result(partial, engine))
+                    partial = self._engine_result(partial, engine)
+                    self.record(_placed(partial) if placed else partial)
             raise
 
     def _check_label(self, label: str) -> None:
@@ -481,3 +494,8 @@ class Driver:
                 checked = len(self._budget.limits) * len(result.sizes)
                 raise BudgetExceeded(format_breaches(result, breaches, checked))
         return result
+
+
+def _placed(result: R) -> R:
+    """``result`` with the CPU placement its P2P figures were measured under recorded."""
+    return replace(result, settings=MappingProxyType({**result.settings, **placement_setting()}))

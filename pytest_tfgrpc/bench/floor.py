@@ -24,6 +24,7 @@ from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec, Samples, measure
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.servers.cpus import pin_server
 from pytest_tfgrpc.servers.floor_server import (
     ACK_BYTE,
     HEADER,
@@ -237,6 +238,8 @@ def transport_floor(
     host = launcher.address or host
     sizes = []
     with FloorServer.start(host, env=env, launcher=launcher) as server:
+        if launcher is LOCAL:  # the same CPUs as the measured server (--tfgrpc-cpus)
+            pin_server(server.pid)
         for size in result.sizes:
             samples = timed(host, server.port, size.size_bytes, run)
             sizes.append(

@@ -16,7 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pytest_tfgrpc.report.compare import Outcome, compare_runs, format_comparison
+from pytest_tfgrpc.report.compare import (
+    Outcome,
+    compare_runs,
+    format_comparison,
+    short_history_warning,
+)
 from pytest_tfgrpc.report.junit import BaselineError, load_baseline, load_history
 from pytest_tfgrpc.report.tolerance import DEFAULT_TOLERANCE, ToleranceError, parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA, DEFAULT_RESAMPLES, MAX_RESAMPLES
@@ -135,6 +140,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     comparison = compare_runs(
         old, new, tolerances, alpha=args.alpha, resamples=args.resamples, seed=args.seed
     )
+    short = short_history_warning(len(old))
+    if short:
+        print(f"{PROG}: warning: {short}", file=stderr)
     for line in format_comparison(comparison):
         print(line, file=stdout)
     failures = []

@@ -29,6 +29,12 @@ ALLOCATOR_HELP = (
     "MALLOC_TRIM_THRESHOLD_=1GiB unless set); 'default' leaves glibc as it is. Recorded "
     "with every result."
 )
+CPUS_HELP = (
+    "where P2P tests measure on this host: 'auto' (default) pins the measuring client and the "
+    "servers it starts to two disjoint halves of the usable CPUs (split by physical core; "
+    "nothing on one core), 'off' leaves them to the scheduler, CLIENT:SERVER names two CPU "
+    "lists (e.g. 0:1 or 0-3:4-7). Recorded with every result"
+)
 BASELINE_HELP = (
     "an earlier run to gate against: its JUnit XML, a directory of runs' JUnit files (sorted "
     "by name, oldest first) or a --tfgrpc-results file; repeat for several runs. Every figure "
@@ -195,6 +201,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ALLOCATOR_HELP,
         ini_default="tuned",
         choices=ALLOCATOR_POLICIES,
+    )
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-cpus",),
+        "tfgrpc_cpus",
+        CPUS_HELP,
+        ini_default="auto",
+        metavar="auto|off|CLIENT:SERVER",
     )
     _add(
         group,

@@ -32,6 +32,7 @@ from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.servers.allocator import apply_policy
 from pytest_tfgrpc.servers.cluster_spec import ClusterSpec
+from pytest_tfgrpc.servers.cpus import CpuError, placement_setting, resolve_placement, use_placement
 from pytest_tfgrpc.servers.processes import ServerError
 from pytest_tfgrpc.units import UnitError, parse_seconds
 from pytest_tfgrpc.wire.client import BenchmarkError
@@ -177,6 +178,11 @@ def start(config: pytest.Config) -> RunState:
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
     tls = _tls_files(config)
+    cpus = config.getoption("tfgrpc_cpus") or config.getini("tfgrpc_cpus")
+    try:
+        use_placement(resolve_placement(str(cpus)))
+    except CpuError as exc:
+        raise pytest.UsageError(f"--tfgrpc-cpus: {exc}") from None
     # Every process the run starts gets the run's allocator policy (tfgrpc-server applies
     # it as the plugin does) and its TLS setting.
     server_env = {
@@ -185,6 +191,7 @@ def start(config: pytest.Config) -> RunState:
         **tls.env(),
     }
     meta = run_metadata(fabrics, allocator=str(policy))
+    meta.update({f"{META_PREFIX}{k}": v for k, v in placement_setting().items()})
     try:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
     except ValueError as exc:
@@ -254,7 +261,11 @@ def header_lines(config: pytest.Config, state: RunState) -> list[str]:
     fabrics = ", ".join(
         f"{f.name} ({f.address}{f' mtu {f.mtu}' if f.mtu else ''})" for f in state.fabrics
     )
-    lines = [f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}; TLS {tls_mode()}"]
+    placement = placement_setting()["cpu_placement"]
+    lines = [
+        f"tfgrpc: fabrics {fabrics}; grpcio {grpc.__version__}; TLS {tls_mode()}; "
+        f"P2P CPUs {placement}"
+    ]
     if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
         lines.append(
             "tfgrpc: pytest-xdist: tests that measure run one at a time across workers, "

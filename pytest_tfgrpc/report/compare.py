@@ -44,7 +44,7 @@ from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
-from pytest_tfgrpc.stats.replicates import invalid_values, replicate_test
+from pytest_tfgrpc.stats.replicates import MIN_HISTORY, invalid_values, replicate_test
 from pytest_tfgrpc.stats.significance import (
     DEFAULT_ALPHA,
     DEFAULT_RESAMPLES,
@@ -62,8 +62,21 @@ __all__ = [
     "compare_test",
     "format_comparison",
     "min_samples",
+    "short_history_warning",
     "verdict_properties",
 ]
+
+
+def short_history_warning(runs: int) -> str:
+    """What a baseline of ``runs`` runs cannot tell ("" from :data:`MIN_HISTORY` runs on):
+    the spread between runs is then unknown, and verdicts rest on the rounds of one run."""
+    if runs >= MIN_HISTORY:
+        return ""
+    return (
+        f"the baseline holds {runs} run{'s' if runs != 1 else ''}: the spread between runs is "
+        f"unknown below {MIN_HISTORY} and taken as one round's, so a shift between runs can "
+        "fail unchanged code; keep a history of runs (a directory)"
+    )
 
 
 def min_samples(metric: str) -> int:

@@ -11,6 +11,7 @@ from pytest_tfgrpc.report.compare import (
     Outcome,
     compare_test,
     format_comparison,
+    short_history_warning,
     verdict_properties,
 )
 from pytest_tfgrpc.report.junit import (
@@ -24,7 +25,6 @@ from pytest_tfgrpc.report.junit import (
 from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import parse_tolerances
-from pytest_tfgrpc.stats.replicates import MIN_HISTORY
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
 POLICIES = ("fail", "warn")
@@ -110,13 +110,9 @@ class BaselineGate:
         try:
             self.history = load_history(settings.baseline_paths)
             self.baseline = self.history[-1]
-            if len(self.history) < MIN_HISTORY:
-                self.warnings.append(
-                    f"the baseline holds {len(self.history)} run"
-                    f"{'s' if len(self.history) > 1 else ''}: the spread between runs is "
-                    f"unknown below {MIN_HISTORY} and taken as one round's, so a shift between "
-                    "runs can fail unchanged code; keep a history of runs (a directory)"
-                )
+            short = short_history_warning(len(self.history))
+            if short:
+                self.warnings.append(short)
         except BaselineError as exc:
             if settings.bad_baseline == "fail":
                 raise GateSetupError(f"{exc} (--tfgrpc-bad-baseline=fail)") from None

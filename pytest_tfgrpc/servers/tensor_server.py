@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
+from pytest_tfgrpc.servers.cpus import CpuError, parse_cpu_list, pin_process
 from pytest_tfgrpc.servers.parameter_server import ParameterServer
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_size
 from pytest_tfgrpc.wire import channels as transport
@@ -370,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fault injection: hold every tensor-service reply back this long (e.g. 200us)",
     )
     parser.add_argument(
+        "--cpus",
+        metavar="LIST",
+        help="run on these CPUs only (a cpulist, e.g. 1 or 4-7), as the plugin pins the "
+        "servers it starts (--tfgrpc-cpus); default: wherever the scheduler puts it",
+    )
+    parser.add_argument(
         "--allocator",
         choices=ALLOCATOR_POLICIES,
         default=os.environ.get("TFGRPC_ALLOCATOR") or "tuned",
@@ -407,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         fabric = resolve_fabric(args.fabric)
     except FabricError as exc:
         parser.error(str(exc))
+    if args.cpus is not None:
+        # Before the server starts its threads, which inherit the CPUs.
+        try:
+            pin_process(os.getpid(), parse_cpu_list(args.cpus))
+        except (CpuError, OSError) as exc:
+            parser.error(f"--cpus {args.cpus}: {exc}")
     try:
         delay_s = parse_duration_ns(args.delay) / 1e9
     except UnitError as exc:
