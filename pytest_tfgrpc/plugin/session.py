@@ -191,7 +191,6 @@ def start(config: pytest.Config) -> RunState:
         **tls.env(),
     }
     meta = run_metadata(fabrics, allocator=str(policy))
-    meta.update({f"{META_PREFIX}{k}": v for k, v in placement_setting().items()})
     try:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
     except ValueError as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pytest_tfgrpc.report.properties import META_PREFIX
 from pytest_tfgrpc.servers.allocator import allocator_settings
+from pytest_tfgrpc.servers.cpus import placement_setting
 from pytest_tfgrpc.wire.fabric import Fabric
 
 __all__ = [
@@ -140,7 +141,8 @@ def run_metadata(
     (``MALLOC_*``) and pytest-xdist's ``PYTEST_XDIST_WORKER`` and
     ``PYTEST_XDIST_WORKER_COUNT``. Versions are those of the installed distributions
     (``not installed`` for a missing one); a figure the system does not report is
-    ``unknown``. ``allocator`` is the run's allocator policy (``--tfgrpc-allocator``).
+    ``unknown``. ``allocator`` is the run's allocator policy (``--tfgrpc-allocator``);
+    ``cpu_placement`` the CPU placement of P2P tests in force (``--tfgrpc-cpus``).
     """
     env = os.environ if environ is None else environ
     fabrics = tuple(fabrics)
@@ -165,6 +167,8 @@ def run_metadata(
     for key, value in sorted(allocator_settings().items()):
         if key.startswith("mallopt."):
             out[f"{META_PREFIX}{key}"] = value
+    for key, value in placement_setting().items():  # --tfgrpc-cpus, as resolved
+        out[f"{META_PREFIX}{key}"] = value
     worker = env.get("PYTEST_XDIST_WORKER")
     if worker:
         out[f"{META_PREFIX}xdist.worker"] = worker
