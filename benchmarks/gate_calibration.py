@@ -44,13 +44,17 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
+#: ``--tfgrpc-cpus`` of every run (``--cpus``): ``auto`` (the default) or ``off``.
+CPUS = {"placement": "auto"}
+
+
 def server_cpus() -> list[str]:
     """``--cpus`` for the suite's server: the server side of the placement the runs measure
-    under at default settings (``--tfgrpc-cpus=auto``), as the tensor_server fixture would
-    pin a server it started itself."""
+    under (``--tfgrpc-cpus``), as the tensor_server fixture would pin a server it started
+    itself; nothing under ``off``."""
     from pytest_tfgrpc.servers.cpus import format_cpu_list, resolve_placement
 
-    placement = resolve_placement("auto")
+    placement = resolve_placement(CPUS["placement"])
     return [] if placement is None else ["--cpus", format_cpu_list(placement.server)]
 
 
@@ -98,6 +102,7 @@ def run_suite(server: Server, junit: Path, baselines: list[Path]) -> tuple[int, 
         "-q",
         "-p",
         "no:cacheprovider",
+        f"--tfgrpc-cpus={CPUS['placement']}",
         "--tfgrpc-cluster",
         str(server.spec),
         "--junitxml",
@@ -217,17 +222,24 @@ def main() -> int:
     parser.add_argument("--history-runs", type=int, default=10)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gate_calibration.txt")
     parser.add_argument("--keep", type=Path, help="keep every run's JUnit file in this directory")
+    parser.add_argument(
+        "--cpus",
+        choices=("auto", "off"),
+        default="auto",
+        help="--tfgrpc-cpus of every run, and the server pinned to match (default: auto)",
+    )
     args = parser.parse_args()
     for name in ("runs", "history", "history_runs"):
         if getattr(args, name) < 2:
             parser.error(f"--{name.replace('_', '-')} must be at least 2")
     if not (args.slowdown > 1 and args.small_slowdown > 1):
         parser.error("slowdowns are ratios above 1")
+    CPUS["placement"] = args.cpus
     log = [f"gate calibration, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"]
     log.append(f"load before: {uptime()}")
     log.append(
         f"cpus: {os.cpu_count()}; suite: {SUITE.relative_to(HERE.parent)}; "
-        f"server {' '.join(server_cpus()) or 'unpinned'} (client: --tfgrpc-cpus=auto)"
+        f"server {' '.join(server_cpus()) or 'unpinned'} (client: --tfgrpc-cpus={args.cpus})"
     )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfgrpc-calib-") as tmp:
