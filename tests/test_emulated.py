@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def properties(xml: Path) -> dict[str, dict[str, str]]:
 def namespace_pids(netns: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
     return [int(pid) for pid in out.stdout.split()]
+
+
+def joined_pids(netns: str, want: int, timeout: float = 10.0) -> list[int]:
+    """The namespace's pids once ``want`` has joined it (``ip netns exec`` enters it after it
+    starts, so right after Popen it may not be in yet), or as they are after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while want not in (pids := namespace_pids(netns)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pids
 
 
 def needs_root() -> None:
@@ -89,7 +99,7 @@ def test_a_fabric_is_removed_whatever_ends_the_block() -> None:
     with pytest.raises(RuntimeError, match="inside"), emulated_fabric(parse_hosts("a,b")) as made:
         host = made.host("b")
         sleeper = subprocess.Popen(host.command(["sleep", "60"]))
-        assert namespace_pids(host.netns) == [sleeper.pid]
+        assert joined_pids(host.netns, sleeper.pid) == [sleeper.pid]
         raise RuntimeError("inside")
     sleeper.wait(timeout=10)  # killed with its namespace, not left running
     assert not Path(f"/run/netns/{host.netns}").exists()
