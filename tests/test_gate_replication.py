@@ -358,4 +358,10 @@ def test_unstable_rounds_are_warned_as_pyperf_does() -> None:
         ("tfgrpc.p2p_latency.4KiB.rounds", "not rounds"),
     ]
     (line,) = unstable_rounds("t.py::test_a", props)
-    assert line.startswith("unstable: t.py::test_a p2p_latency.64KiB p50 varies 44% between")
+    assert line == "unstable: t.py::test_a p2p_latency.64KiB: p50 44% between rounds (CV)"
+    both = format_rounds({"p50": (100.0, 150.0, 60.0), "throughput": (1.0, 2.0, 1.0)})
+    (line,) = unstable_rounds("t.py::test_b", [("tfgrpc.p2p_bandwidth.1MiB.rounds", both)])
+    assert (
+        line
+        == "unstable: t.py::test_b p2p_bandwidth.1MiB: p50 44%, throughput 43% between rounds (CV)"
+    )

@@ -47,9 +47,18 @@ def _detection(properties: dict[str, object], verdict: str) -> str:
     return f"{moved}, {could}"
 
 
+#: Said once after the ``unstable:`` lines.
+UNSTABLE_LEGEND = (
+    f"unstable: a figure's rounds vary more than pyperf allows (standard deviation / mean above "
+    f"{UNSTABLE_CV:.0%}): the machine was busy or the figure is noisy, and the gate can see "
+    "less of a change in it"
+)
+
+
 def unstable_rounds(nodeid: str, properties: Sequence[tuple[str, object]]) -> list[str]:
-    """A warning per point whose rounds' p50 (or throughput) varies more than pyperf allows
-    (standard deviation above :data:`UNSTABLE_CV` of the mean)."""
+    """One warning per point whose rounds' p50 or throughput varies more than pyperf allows
+    (standard deviation above :data:`UNSTABLE_CV` of the mean), naming each figure that
+    does; :data:`UNSTABLE_LEGEND` says what that means."""
     out = []
     for name, value in properties:
         if not str(name).startswith(PREFIX) or not str(name).endswith(f".{ROUNDS}"):
@@ -58,15 +67,14 @@ def unstable_rounds(nodeid: str, properties: Sequence[tuple[str, object]]) -> li
             rounds = parse_rounds(str(value))
         except ValueError:
             continue
+        varying = []
         for metric in ("p50", "throughput"):
             cv = instability(rounds.get(metric, ()))
             if math.isfinite(cv) and cv > UNSTABLE_CV:
-                point = str(name).removeprefix(PREFIX).removesuffix(f".{ROUNDS}")
-                out.append(
-                    f"unstable: {nodeid} {point} {metric} varies {cv:.0%} between rounds "
-                    f"(standard deviation / mean; pyperf warns above {UNSTABLE_CV:.0%}): the "
-                    "machine was busy or the figure is noisy"
-                )
+                varying.append(f"{metric} {cv:.0%}")
+        if varying:
+            point = str(name).removeprefix(PREFIX).removesuffix(f".{ROUNDS}")
+            out.append(f"unstable: {nodeid} {point}: {', '.join(varying)} between rounds (CV)")
     return out
 
 
@@ -193,6 +201,8 @@ class SummaryReporter:
                 terminalreporter.write_line(line)
             for line in self.unstable:
                 terminalreporter.write_line(line, yellow=True)
+            if self.unstable:
+                terminalreporter.write_line(UNSTABLE_LEGEND, yellow=True)
         loopback = sum(path.startswith(LOOPBACK) for path in self.paths.values())
         if loopback:
             terminalreporter.write_line(

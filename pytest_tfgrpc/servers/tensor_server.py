@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=ALLOCATOR_POLICIES,
         default=os.environ.get("TFGRPC_ALLOCATOR") or "tuned",
         help="glibc allocator policy, as the plugin applies to the servers it starts: 'tuned' "
-        "(default; large-message memory stays on the heap) or 'default' (default: "
-        "$TFGRPC_ALLOCATOR, how a run hands its policy over). Reported by Status.",
+        "(large-message memory stays on the heap) or 'default' (glibc left alone). Default: "
+        "$TFGRPC_ALLOCATOR (how a run hands its policy over), else 'tuned'. Reported by Status.",
     )
     parser.add_argument(
         "--max-tensor-bytes",
