@@ -192,6 +192,68 @@ def test_malformed_markers_lead_with_the_cause_and_blame_the_argument(
     assert "tfgrpc.p2p_latency.4B.p50_us" in properties(xml)["test_fine[lo]"]
 
 
+@pytest.mark.parametrize(
+    ("marker", "meant"),
+    [
+        ('budjet(p99="1ns")', "budget"),
+        ('message_profil(["4B"])', "message_profile"),
+        ("ps_toplogy(ps=2)", "ps_topology"),
+        ("tfgrpc_runs(iterations=5)", "tfgrpc_run"),
+        ('tfgrpc_engine_("grpcio")', "tfgrpc_engines"),
+    ],
+)
+def test_a_misspelled_marker_fails_its_test_naming_the_one_meant(
+    pytester: pytest.Pytester,
+    quick: tuple[str, ...],
+    marker: str,
+    meant: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pytest ignores an unknown marker with a warning: a misspelled budget would pass unchecked.
+    monkeypatch.setenv("COLUMNS", "400")
+    pytester.makepyfile(
+        test_m=f"""
+        import pytest
+
+        @pytest.mark.message_profile(["4B"])
+        @pytest.mark.{marker}
+        def test_marked(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+
+        @pytest.mark.message_profile(["4B"])
+        @pytest.mark.slow_path  # not close to a tfgrpc marker: pytest's warning only
+        def test_fine(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    result = pytester.runpytest(*quick)
+    result.assert_outcomes(passed=1, errors=1)
+    name = marker.split("(")[0]
+    result.stdout.fnmatch_lines(
+        [
+            f"ERROR test_m.py::test_marked[[]lo[]] - Failed: unknown marker @pytest.mark.{name}:"
+            f" did you mean @pytest.mark.{meant}? *"
+        ]
+    )
+
+
+def test_a_registered_marker_close_to_ours_is_left_alone(
+    pytester: pytest.Pytester, quick: tuple[str, ...]
+) -> None:
+    pytester.makeini("[pytest]\nmarkers =\n    budgets: the project's own marker\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.budgets
+        @pytest.mark.message_profile(["4B"])
+        def test_own(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server)
+        """
+    )
+    pytester.runpytest(*quick).assert_outcomes(passed=1)
+
+
 def test_a_server_killed_mid_test_fails_that_test_only(
     pytester: pytest.Pytester, quick: tuple[str, ...]
 ) -> None:

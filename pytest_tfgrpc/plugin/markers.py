@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,6 +18,7 @@ from pytest_tfgrpc.bench.specs import (
     topology_spec,
 )
 from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.plugin.options import DEPRECATED_MARKERS, MARKERS
 from pytest_tfgrpc.report.budget import Budget
 
 
@@ -64,14 +66,40 @@ def item_specs(item: pytest.Item) -> ItemSpecs:
     return specs
 
 
+_SUGGESTED = sorted(set(MARKERS) - DEPRECATED_MARKERS)
+
+
+def misspelled_marker(item: pytest.Item) -> str:
+    """Why one of ``item``'s markers looks like a misspelled tfgrpc marker ("" when none
+    does): a marker no plugin or ini file registered whose name is close to one of ours.
+    pytest only warns of an unknown marker and ignores it, so a misspelled ``budget`` would
+    let every figure pass unchecked."""
+    registered = {
+        line.split(":", 1)[0].split("(", 1)[0].strip() for line in item.config.getini("markers")
+    }
+    for mark in item.iter_markers():
+        if mark.name in registered:
+            continue
+        close = difflib.get_close_matches(mark.name, _SUGGESTED, n=1, cutoff=0.75)
+        if close:
+            return (
+                f"unknown marker @pytest.mark.{mark.name}: did you mean "
+                f"@pytest.mark.{close[0]}? (pytest ignores an unknown marker, so what it "
+                "declares would not apply)"
+            )
+    return ""
+
+
 def check_markers(item: pytest.Item) -> None:
-    """Fail ``item`` at setup when one of its markers is malformed. The message leads with the
-    cause (the marker, the argument, the value): pytest's one-line summary already names the
-    test, and would cut a cause that came after the test's id."""
-    try:
-        item_specs(item)
-    except SpecError as exc:
-        problem = str(exc)
-    else:
-        return
+    """Fail ``item`` at setup when one of its markers is malformed or a misspelled tfgrpc
+    marker. The message leads with the cause (the marker, the argument, the value): pytest's
+    one-line summary already names the test, and would cut a cause after the test's id."""
+    problem = misspelled_marker(item)
+    if not problem:
+        try:
+            item_specs(item)
+        except SpecError as exc:
+            problem = str(exc)
+        else:
+            return
     pytest.fail(problem, pytrace=False)

@@ -118,6 +118,8 @@ TLS_OPTIONS = {
 #: The short form of --tfgrpc-fabric, added unless the project defines its own.
 SHORT_FABRIC = "--fabric"
 _yielded_key = pytest.StashKey[bool]()
+#: Markers kept for old suites only: never suggested for a misspelled name.
+DEPRECATED_MARKERS = frozenset({"tfgrpc_engine"})
 #: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
 MARKERS = {
     "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
