@@ -63,6 +63,49 @@ MOVES: dict[str, str] = {
 }
 
 
+#: Old modules whose names went to more homes than :data:`MOVES` names: their old path is a
+#: module that forwards each name to the first home that has it (``pytest_tfgrpc.compare``
+#: held the JUnit reader, the tolerances and the significance tests too).
+SPLIT: dict[str, tuple[str, ...]] = {
+    "compare": ("report.junit", "report.tolerance", "report.setup_check", "stats.significance"),
+    "floor": ("bench.floor",),
+    "topology": ("bench.specs",),
+    "report": ("report.properties",),
+}
+
+
+def homes(old: str) -> tuple[str, ...]:
+    """Every module (full name) where names of old module ``old`` now live, main home first."""
+    return tuple(f"{PACKAGE}.{home}" for home in (MOVES[old], *SPLIT.get(old, ())))
+
+
+def _lookup(where: str, modules: Sequence[str], name: str) -> Any:
+    for home in modules:
+        module = importlib.import_module(home)
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"module {where!r} has no attribute {name!r}")
+
+
+class _SplitModule(ModuleType):
+    """An old module path whose names now live in several modules (:data:`SPLIT`)."""
+
+    def __init__(self, name: str, modules: Sequence[str]) -> None:
+        super().__init__(name, f"Deprecated: the names of {name}, now in {', '.join(modules)}.")
+        self._homes = tuple(modules)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        return _lookup(self.__name__, self._homes, name)
+
+    def __dir__(self) -> list[str]:
+        names = set(super().__dir__())
+        for home in self._homes:
+            names.update(n for n in dir(importlib.import_module(home)) if not n.startswith("_"))
+        return sorted(names)
+
+
 def new_name(fullname: str) -> str | None:
     """The module that old path ``fullname`` now names, or None if it is not an old path.
     Old names that are now a subpackage's own name are not paths of this kind."""
@@ -92,6 +135,10 @@ class _AliasLoader:
         self.new = new
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
+        short = self.old.removeprefix(PACKAGE + ".")
+        if short in SPLIT:
+            _warn(self.old, ", ".join(homes(short)))
+            return _SplitModule(self.old, homes(short))
         _warn(self.old, self.new)
         module = importlib.import_module(self.new)
         self._real_spec = module.__spec__
@@ -99,7 +146,8 @@ class _AliasLoader:
 
     def exec_module(self, module: ModuleType) -> None:
         # The import system set __spec__ to the alias's: give the module its own back.
-        module.__spec__ = self._real_spec
+        if not isinstance(module, _SplitModule):
+            module.__spec__ = self._real_spec
 
     def get_code(self, fullname: str) -> CodeType | None:
         """For ``python -m OLD``: the code of the new module, run as ``__main__``."""
@@ -138,21 +186,17 @@ def install() -> None:
 def forwarding_getattr(package: str) -> Callable[[str], Any]:
     """A module ``__getattr__`` for subpackage ``package`` whose name an old module had: an
     old name looked up on it comes from the old module's new home, with a warning."""
-    short = package.removeprefix(PACKAGE + ".")
-    target = f"{PACKAGE}.{MOVES[short]}"
+    modules = homes(package.removeprefix(PACKAGE + "."))
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         if importlib.util.find_spec(f"{package}.{name}") is not None:  # a submodule
             return importlib.import_module(f"{package}.{name}")
-        module = importlib.import_module(target)
-        try:
-            value = getattr(module, name)
-        except AttributeError:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        value = _lookup(package, modules, name)
+        home = next(m for m in modules if hasattr(importlib.import_module(m), name))
         warnings.warn(
-            f"{package}.{name} is deprecated: it moved to {target}.{name}; import it from there",
+            f"{package}.{name} is deprecated: it moved to {home}.{name}; import it from there",
             DeprecationWarning,
             stacklevel=2,
         )

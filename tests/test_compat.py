@@ -10,11 +10,11 @@ import sys
 import pytest
 
 import pytest_tfgrpc
-from pytest_tfgrpc._compat import MOVES, new_name
+from pytest_tfgrpc._compat import MOVES, SPLIT, new_name
 
 #: Old modules whose name is now a subpackage's: the subpackage forwards their names.
 SHADOWED = {old for old, new in MOVES.items() if new.split(".")[0] == old}
-ALIASED = sorted(set(MOVES) - SHADOWED)
+ALIASED = sorted(set(MOVES) - SHADOWED - set(SPLIT))
 
 
 def test_every_public_name_resolves() -> None:
@@ -79,6 +79,39 @@ def test_names_of_an_old_module_now_a_subpackage_are_forwarded(old: str) -> None
         assert getattr(package, public[0]) is getattr(moved, public[0])
     with pytest.raises(AttributeError, match="nonesuch"):
         _ = package.nonesuch
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "home"),
+    [
+        ("compare", "load_baseline", "report.junit"),
+        ("compare", "BaselineError", "report.junit"),
+        ("compare", "junit_test_id", "report.junit"),
+        ("compare", "parse_tolerances", "report.tolerance"),
+        ("compare", "META_CHECKED", "report.setup_check"),
+        ("compare", "mann_whitney_u", "stats.significance"),
+        ("compare", "compare_runs", "report.compare"),
+        ("floor", "FloorClient", "bench.floor"),
+        ("floor", "tcp_pingpong", "bench.floor"),
+        ("floor", "FloorServer", "servers.floor_server"),
+        ("topology", "topology_spec", "bench.specs"),
+        ("report", "result_properties", "report.properties"),
+    ],
+)
+def test_names_of_a_split_old_module_are_found_in_each_new_home(
+    old: str, name: str, home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old_path = f"pytest_tfgrpc.{old}"
+    if old not in SHADOWED:
+        monkeypatch.delitem(sys.modules, old_path, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old_path}"):
+        module = importlib.import_module(old_path)
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(f"pytest_tfgrpc.{home}"), name)
+    if old not in SHADOWED:
+        assert name in dir(module)
+    with pytest.raises(AttributeError, match="nonesuch"):
+        _ = module.nonesuch
 
 
 def test_old_names_that_are_not_old_paths() -> None:
