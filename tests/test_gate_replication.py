@@ -110,6 +110,71 @@ def test_a_family_of_figures_is_tested_at_a_stricter_level() -> None:
     assert of_ten.detectable > alone.detectable
 
 
+PS_KEY = Key("t.test_ps[lo]", "lo", "ps_throughput", "1MiB")
+
+
+def ps_run(throughput: float, step: float) -> Measurement:
+    """A PS measurement as PS benchmarks record it: figures, a sketch, no rounds."""
+    return Measurement(PS_KEY, {"throughput": throughput, "step_p50": step}, None)
+
+
+@pytest.mark.parametrize("k", [3, 5, 10])
+def test_figures_without_rounds_are_tested_across_runs_from_three_on(k: int) -> None:
+    # PS throughput drifts ~8 % between runs: unchanged drift passes, a halving fails.
+    rng = np.random.default_rng(k)
+    levels = 1e9 * np.exp(rng.normal(0, 0.08, k))
+    history = [ps_run(float(level), 2e6) for level in levels]
+    typical = float(np.exp(np.mean(np.log(levels))))
+    # Three runs (t with 2 degrees of freedom, a spread guessed from 3 values) see only very
+    # large changes: this history's halving is inconclusive (said, with what could be
+    # detected); from five runs on it is a regression.
+    halved = Outcome.INCONCLUSIVE if k == 3 else Outcome.REGRESSION
+    for current, outcome in ((typical * 0.95, Outcome.PASS), (typical / 2, halved)):
+        verdict = compare_figure(
+            history[-1], ps_run(current, 2e6), "throughput", 0.1, earlier=history[:-1]
+        )
+        assert verdict.outcome is outcome, verdict.reason
+        assert f"across {k} baseline runs' figures (no rounds)" in verdict.reason
+        assert verdict.runs == k and verdict.detectable > 0.1  # the runs' spread, not 0
+
+
+def test_a_drift_between_runs_that_fails_a_sample_test_passes_across_runs() -> None:
+    # The new user's case: +13.8 % on a PS figure with p=5e-24 on samples, from run drift.
+    from pytest_tfgrpc.stats.replicates import run_test
+
+    values = [1.00e9, 1.12e9, 0.93e9, 1.05e9]
+    test = run_test(1.00e9 / 1.138, values, alpha=0.05)
+    assert test.direction == 0 and test.p_value > 0.05
+    assert run_test(0.4e9, values, alpha=0.05).direction == -1
+
+
+def test_fewer_than_three_runs_without_rounds_keep_the_sample_test() -> None:
+    history = [ps_run(1e9, 2e6), ps_run(1.05e9, 2e6)]
+    verdict = compare_figure(
+        history[-1], ps_run(0.5e9, 2e6), "throughput", 0.1, earlier=history[:-1]
+    )
+    assert "no rounds" not in verdict.reason  # no sketch here: inconclusive, saying why
+    assert verdict.outcome is Outcome.INCONCLUSIVE and "sketch" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("values", "current", "match"),
+    [
+        ([1.0, 2.0], 1.0, "a test across runs needs 3"),
+        ([1.0, 2.0, 0.0], 1.0, "baseline runs' figure is invalid"),
+        ([1.0, 2.0, 3.0], math.nan, "current run's figure is invalid"),
+        ([1.0, 2.0, math.inf], 1.0, "invalid: a value is inf"),
+    ],
+)
+def test_run_test_refuses_what_is_no_history(
+    values: list[float], current: float, match: str
+) -> None:
+    from pytest_tfgrpc.stats.replicates import run_test
+
+    with pytest.raises(ValueError, match=match):
+        run_test(current, values, alpha=0.05)
+
+
 # --- rounds in the loop and the properties ----------------------------------------------------
 
 

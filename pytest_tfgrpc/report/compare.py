@@ -44,7 +44,13 @@ from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
-from pytest_tfgrpc.stats.replicates import MIN_HISTORY, invalid_values, replicate_test
+from pytest_tfgrpc.stats.replicates import (
+    MIN_HISTORY,
+    ReplicateTest,
+    invalid_values,
+    replicate_test,
+    run_test,
+)
 from pytest_tfgrpc.stats.significance import (
     DEFAULT_ALPHA,
     DEFAULT_RESAMPLES,
@@ -239,8 +245,18 @@ def compare_figure(
     if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
         return _replicated(
             verdict,
-            current.rounds[metric],
-            runs,
+            lambda a: replicate_test(current.rounds[metric], runs, alpha=a),
+            gated.higher_is_better,
+            tolerance,
+            alpha / max(family, 1),
+        )
+    history = [_figure(m, metric) for m in (*earlier, baseline)]
+    if gated.gate is not GateTest.RATIO and _across_runs(history):
+        # No rounds, but runs enough to know their spread: the run is the replicate.
+        values = [value for value in history if value is not None]
+        return _replicated(
+            verdict,
+            lambda a: run_test(cur_value, values, alpha=a),
             gated.higher_is_better,
             tolerance,
             alpha / max(family, 1),
@@ -340,17 +356,23 @@ def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float
     return math.expm1(NormalDist().inv_cdf(1.0 - alpha / 2.0) * se)
 
 
+def _across_runs(history: Sequence[float | None]) -> bool:
+    """Whether a figure without rounds is tested across runs: every baseline run has it, and
+    there are :data:`MIN_HISTORY` of them or more."""
+    return len(history) >= MIN_HISTORY and all(value is not None for value in history)
+
+
 def _replicated(
     verdict: Callable[..., Verdict],
-    current: Sequence[float],
-    runs: Sequence[Sequence[float]],
+    tested: Callable[[float], ReplicateTest],
     higher_is_better: bool,
     tolerance: float,
     alpha: float,
 ) -> Verdict:
-    """The verdict of a figure measured in rounds (see :func:`compare_figure`)."""
+    """The verdict of a figure tested across rounds or runs (see :func:`compare_figure`):
+    ``tested(alpha)`` runs the test."""
     try:
-        test = replicate_test(current, runs, alpha=alpha)
+        test = tested(alpha)
     except ValueError as error:
         return verdict(Outcome.INCONCLUSIVE, str(error))
     found = {
@@ -366,7 +388,8 @@ def _replicated(
     bad = worse > 0
     limit = f"{_percent(tolerance)} tolerance"
     seen = f"could detect >= {max(tolerance, test.detectable):.1%}"
-    evidence = f"{test.method}, {test.rounds} rounds, p={test.p_value:.2g}; {seen}"
+    rounds = f", {test.rounds} rounds" if test.rounds > 1 else ""
+    evidence = f"{test.method}{rounds}, p={test.p_value:.2g}; {seen}"
     moved = _pct(test.change)
     significant = test.direction != 0 and (test.direction > 0) == (test.change > 0)
     if abs(worse) > tolerance and significant:
@@ -448,8 +471,12 @@ def _compare_measurements(
     # The figures tested together: a test's, in pytest and in tfgrpc-compare alike.
     family: dict[str, int] = {}
     for key in known & new.keys():
+        runs = [run[key] for run in history if key in run]
         tested = [
-            m for m in metrics if m in new[key].rounds and GATED[m].gate is not GateTest.RATIO
+            m
+            for m in metrics
+            if GATED[m].gate is not GateTest.RATIO
+            and (m in new[key].rounds or _across_runs([_figure(r, m) for r in runs]))
         ]
         family[key.test] = family.get(key.test, 0) + len(tested)
     for key in sorted(known & new.keys(), key=Key.order):
