@@ -262,6 +262,47 @@ def test_a_directory_and_a_results_file_are_histories(tmp_path: Path) -> None:
         load_history([tmp_path / "empty"])
 
 
+def test_a_run_given_twice_counts_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i in range(3):
+        meta = {"host": "h", "run_id": f"id{i}"}
+        write_run(runs / f"run-{i}.xml", {"t.test_a[lo]": props_of(300e3, i)}, meta)
+    (runs / "z-latest.xml").symlink_to(runs / "run-2.xml")  # a link beside its target
+    copy = tmp_path / "copy-of-run-1.xml"  # another file, the same run id
+    copy.write_bytes((runs / "run-1.xml").read_bytes())
+    untagged = write_run(tmp_path / "untagged.xml", {"t.test_a[lo]": props_of(3e5, 7)}, {})
+    skipped: list[str] = []
+    history = load_history([runs, runs / "run-0.xml", copy, untagged, untagged], skipped=skipped)
+    assert [Path(r.source).name for r in history] == [
+        "run-0.xml", "run-1.xml", "run-2.xml", "untagged.xml"
+    ]  # fmt: skip
+    assert len(skipped) == 4
+    assert any("z-latest.xml is the run" in note and "run-2.xml" in note for note in skipped)
+    assert any(note.startswith(str(copy)) for note in skipped)
+    # A results file's runs are told apart by their run ids, and match a JUnit file's.
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        "".join(
+            json.dumps({"test": "t.py::test_a[lo]", "run": run, "properties": props_of(3e5, 1)})
+            + "\n"
+            for run in ("id0", "id5", "id5")
+        )
+    )
+    skipped.clear()
+    again = load_history([runs / "run-0.xml", results], skipped=skipped)
+    assert [r.source.rpartition("#")[2] for r in again] == [str(runs / "run-0.xml"), "id5"]
+    assert len(skipped) == 1 and "#id0" in skipped[0]
+    # tfgrpc-compare says so, and counts the run once.
+    new = write_run(tmp_path / "new.xml", {"t.test_a[lo]": props_of(300e3, 9)}, {"host": "h"})
+    from pytest_tfgrpc.cli.compare import main
+
+    main([str(runs / "run-0.xml")] * 3 + [str(new)])
+    err = capsys.readouterr().err
+    assert err.count("counted once") == 2
+    assert "the baseline holds 1 run:" in err
+
+
 def test_every_unmatched_baseline_figure_says_why(tmp_path: Path) -> None:
     tests = {
         name: props_of(300e3, 1)

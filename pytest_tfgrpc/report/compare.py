@@ -80,8 +80,9 @@ def short_history_warning(runs: int) -> str:
         return ""
     return (
         f"the baseline holds {runs} run{'s' if runs != 1 else ''}: the spread between runs is "
-        f"unknown below {MIN_HISTORY} and taken as one round's, so a shift between runs can "
-        "fail unchanged code; keep a history of runs (a directory)"
+        f"unknown below {MIN_HISTORY} and taken as one round's (figures without rounds are "
+        "tested on samples), so a shift between runs can fail unchanged code; keep a history "
+        "of 5 or more runs (a directory of their JUnit files): 3 see only large changes"
     )
 
 
