@@ -113,9 +113,9 @@ def test_a_family_of_figures_is_tested_at_a_stricter_level() -> None:
 PS_KEY = Key("t.test_ps[lo]", "lo", "ps_throughput", "1MiB")
 
 
-def ps_run(throughput: float, step: float) -> Measurement:
-    """A PS measurement as PS benchmarks record it: figures, a sketch, no rounds."""
-    return Measurement(PS_KEY, {"throughput": throughput, "step_p50": step}, None)
+def ps_run(throughput: float, step: float, key: Key = PS_KEY) -> Measurement:
+    """A PS measurement as PS benchmarks record it: figures, no rounds (no sketch here)."""
+    return Measurement(key, {"throughput": throughput, "step_p50": step}, None)
 
 
 @pytest.mark.parametrize("k", [3, 5, 10])
@@ -155,6 +155,34 @@ def test_fewer_than_three_runs_without_rounds_keep_the_sample_test() -> None:
     )
     assert "no rounds" not in verdict.reason  # no sketch here: inconclusive, saying why
     assert verdict.outcome is Outcome.INCONCLUSIVE and "sketch" in verdict.reason
+
+
+def test_runs_that_agree_by_chance_do_not_claim_more_precision_than_the_machine_has() -> None:
+    # Three runs of one figure agree to the digit; the machine's other figures move ~10 %
+    # between runs: a +15 % shift of the first is within that, not "certain".
+    lucky, other = PS_KEY, PS_KEY._replace(size="4MiB")
+    levels = (1.0, 1.12, 0.9, 1.05)
+    history = [
+        Baseline(
+            f"run-{i}",
+            {lucky: ps_run(1e9, 2e6), other: ps_run(level * 1e9, 2e6 / level, other)},
+        )
+        for i, level in enumerate(levels)
+    ]
+    current = Baseline("new", {lucky: ps_run(1e9 / 1.15, 2e6), other: ps_run(1e9, 2e6, other)})
+    verdicts = {(v.key.size, v.metric): v for v in compare_runs(history, current, {}).verdicts}
+    shifted = verdicts[("1MiB", "throughput")]
+    assert shifted.outcome is Outcome.INCONCLUSIVE, shifted.reason
+    assert shifted.detectable > 0.15
+    # Alone (no other figure to learn the machine's drift from), the same shift is certain.
+    alone = compare_figure(
+        history[-1].measurements[lucky],
+        current.measurements[lucky],
+        "throughput",
+        0.1,
+        earlier=[h.measurements[lucky] for h in history[:-1]],
+    )
+    assert alone.outcome is Outcome.REGRESSION
 
 
 @pytest.mark.parametrize(

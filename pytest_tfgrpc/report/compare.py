@@ -38,6 +38,8 @@ from enum import Enum
 from statistics import NormalDist
 from typing import Any
 
+import numpy as np
+
 from pytest_tfgrpc.report.junit import Baseline, Key, Measurement, measurements_from_properties
 from pytest_tfgrpc.report.metrics import GATED, GateTest
 from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
@@ -49,6 +51,7 @@ from pytest_tfgrpc.stats.replicates import (
     ReplicateTest,
     invalid_values,
     replicate_test,
+    run_spread,
     run_test,
 )
 from pytest_tfgrpc.stats.significance import (
@@ -172,6 +175,7 @@ def compare_figure(
     seed: int = 0,
     earlier: Sequence[Measurement] = (),
     family: int = 1,
+    spread_floor: float = 0.0,
 ) -> Verdict:
     """Compare one figure of one test, fabric, label and size between two runs.
 
@@ -182,7 +186,9 @@ def compare_figure(
     infinite figure or round is :attr:`Outcome.INVALID`. ``family`` is how many figures the
     caller tests together (a test's): the replicate test runs at ``alpha / family``
     (Bonferroni), so that a run of many figures fails unchanged code no more often than
-    ``alpha`` says. With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
+    ``alpha`` says. A figure without rounds is tested across >= 3 runs, its spread between
+    runs never taken below ``spread_floor`` (the caller's typical spread of such figures).
+    With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
     baseline runs the spread between runs is unknown and taken as one round's. Without
     rounds:
 
@@ -257,7 +263,7 @@ def compare_figure(
         values = [value for value in history if value is not None]
         return _replicated(
             verdict,
-            lambda a: run_test(cur_value, values, alpha=a),
+            lambda a: run_test(cur_value, values, alpha=a, min_spread=spread_floor),
             gated.higher_is_better,
             tolerance,
             alpha / max(family, 1),
@@ -480,6 +486,7 @@ def _compare_measurements(
             and (m in new[key].rounds or _across_runs([_figure(r, m) for r in runs]))
         ]
         family[key.test] = family.get(key.test, 0) + len(tested)
+    floor = _typical_run_spread(history, known & new.keys(), metrics)
     for key in sorted(known & new.keys(), key=Key.order):
         runs = [run[key] for run in history if key in run]
         base, cur = runs[-1], new[key]
@@ -503,9 +510,31 @@ def _compare_measurements(
                     seed=seed,
                     earlier=runs[:-1],
                     family=family.get(key.test, 1),
+                    spread_floor=floor,
                 )
             )
     return verdicts, mismatches
+
+
+def _typical_run_spread(
+    history: Sequence[Mapping[Key, Measurement]], keys: Iterable[Key], metrics: Iterable[str]
+) -> float:
+    """The median spread between runs (log scale) of the figures tested across runs: the
+    floor of each one's spread. One figure's three runs may agree by chance; the machine's
+    drift between runs is shared by all its figures, so their median is the better guess of
+    how much any of them moves (0 when no figure is tested across runs)."""
+    spreads = []
+    for key in keys:
+        runs = [run[key] for run in history if key in run]
+        for metric in metrics:
+            if GATED[metric].gate is GateTest.RATIO or any(metric in r.rounds for r in runs):
+                continue
+            values = [_figure(r, metric) for r in runs]
+            if _across_runs(values):
+                spread = run_spread([v for v in values if v is not None])
+                if math.isfinite(spread):
+                    spreads.append(spread)
+    return float(np.median(spreads)) if spreads else 0.0
 
 
 def _history(baseline: Baseline | Sequence[Baseline]) -> tuple[Baseline, ...]:

@@ -41,6 +41,7 @@ __all__ = [
     "instability",
     "invalid_values",
     "replicate_test",
+    "run_spread",
     "run_test",
 ]
 
@@ -181,13 +182,29 @@ def _prediction_test(
     )
 
 
-def run_test(current: float, baseline_values: Sequence[float], *, alpha: float) -> ReplicateTest:
+def run_spread(values: Sequence[float]) -> float:
+    """The spread between runs of one figure: the standard deviation of its logs (NaN for
+    fewer than 2 values or a value that is not a positive finite number)."""
+    if len(values) < 2 or invalid_values(values):
+        return math.nan
+    return float(np.std(_logs(values), ddof=1))
+
+
+def run_test(
+    current: float,
+    baseline_values: Sequence[float],
+    *,
+    alpha: float,
+    min_spread: float = 0.0,
+) -> ReplicateTest:
     """Test one run's figure ``current`` against the same figure of earlier runs
     (``baseline_values``, oldest first; at least :data:`MIN_HISTORY`), for a figure measured
     without rounds (PS throughput, sync-SGD steps, an engine's own loops): the run is the
     replicate. The spread between runs is the baseline values' (on a log scale), and the
     current value is tested against their mean with a Student t prediction interval
-    (``k - 1`` degrees of freedom), as :func:`replicate_test` does with rounds. Raises
+    (``k - 1`` degrees of freedom), as :func:`replicate_test` does with rounds. The spread
+    is never taken below ``min_spread`` (a log-scale standard deviation): three runs that
+    happen to agree would otherwise claim a precision the machine does not have. Raises
     ValueError for fewer than :data:`MIN_HISTORY` values, a value that is not a positive
     finite number, or ``alpha`` outside (0, 1)."""
 
@@ -203,7 +220,7 @@ def run_test(current: float, baseline_values: Sequence[float], *, alpha: float) 
             raise ValueError(f"the {name}' figure is invalid: {why}".replace("run'", "run's"))
     logs = _logs(baseline_values)
     k = len(logs)
-    se = float(np.std(logs, ddof=1)) * math.sqrt(1.0 + 1.0 / k)
+    se = max(float(np.std(logs, ddof=1)), min_spread) * math.sqrt(1.0 + 1.0 / k)
     method = f"t-test across {k} baseline runs' figures (no rounds)"
     return _prediction_test(
         float(np.mean(logs)), math.log(current), se, k - 1.0, alpha, runs=k, rounds=1, method=method
