@@ -25,7 +25,7 @@ from pytest_tfgrpc.bench.engines import (
 )
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
-from pytest_tfgrpc.bench.specs import RunOverrides
+from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import load_profile
@@ -192,7 +192,8 @@ def test_an_engine_exchange_gets_the_calls_options_as_keywords() -> None:
         ({"mode": "json"}, "mode='json': expected one of raw, protobuf"),
         ({"rpc": "bidi"}, "rpc='bidi': expected one of unary, stream"),
         ({"direction": "sideways"}, "direction='sideways': expected one of push, pull"),
-        ({"chunk_bytes": 63}, "chunk_bytes=63: slices must be at least 64 bytes"),
+        ({"chunk_bytes": 63}, "chunk_bytes=63: slices must be at least 64 bytes and at most "),
+        ({"chunk_bytes": 10**12}, "chunk_bytes=1000000000000: slices must be at least 64 "),
     ],
 )
 def test_a_p2p_calls_options_are_refused_by_name_before_anything_is_measured(
@@ -203,19 +204,57 @@ def test_a_p2p_calls_options_are_refused_by_name_before_anything_is_measured(
     driver = Driver(
         test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
     )
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         BandwidthCall(**options)
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    # Through the driver: the test and the call named first, then the argument.
+    called = f"^t: p2p_bandwidth\\(\\) argument {re.escape(message)}"
+    with pytest.raises(SpecError, match=called):
         driver.p2p_bandwidth(server, [1024], iterations=1, **options)
     if "mode" in options or "rpc" in options:  # the options latency has
-        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
             LatencyCall(**options)
-        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        with pytest.raises(SpecError, match=called.replace("bandwidth", "latency")):
             driver.p2p_latency(server, [1024], iterations=1, **options)
     else:
         with pytest.raises(TypeError, match=next(iter(options))):
             LatencyCall(**options)
     assert engine.seen == [] and driver.results == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"chunk_bytes": 1500.5}, "chunk_bytes=1500.5: "),
+        ({"chunk_bytes": "lots"}, "chunk_bytes='lots': "),
+        ({"chunk_bytes": 4096, "rpc": "unary"}, "chunk_bytes=4096: slices are what rpc='stream'"),
+        ({"chunk_bytes": -5}, "chunk_bytes=-5: "),
+    ],
+)
+def test_chunk_bytes_the_driver_cannot_use_is_refused_naming_test_and_call(
+    options: dict[str, Any], message: str
+) -> None:
+    engine = Fake()
+    driver = Driver(
+        test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
+    )
+    with pytest.raises(SpecError, match=f"^t: p2p_bandwidth\\(\\) argument {re.escape(message)}"):
+        driver.p2p_bandwidth(FakeServer(LO), [1024], iterations=1, **options)
+    assert engine.seen == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"chunk_bytes": "1MiB"}, "chunk_bytes='1MiB': expected a whole number of bytes"),
+        ({"chunk_bytes": True}, "chunk_bytes=True: expected a whole number of bytes"),
+        ({"run": None}, "run=None: expected a RunSpec"),
+    ],
+)
+def test_a_call_spec_refuses_values_of_the_wrong_type(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        BandwidthCall(**options)
 
 
 def _ignore(name: str, value: str) -> None:

@@ -110,6 +110,99 @@ def test_a_family_of_figures_is_tested_at_a_stricter_level() -> None:
     assert of_ten.detectable > alone.detectable
 
 
+PS_KEY = Key("t.test_ps[lo]", "lo", "ps_throughput", "1MiB")
+
+
+def ps_run(throughput: float, step: float, key: Key = PS_KEY) -> Measurement:
+    """A PS measurement as PS benchmarks record it: figures, no rounds (no sketch here)."""
+    return Measurement(key, {"throughput": throughput, "step_p50": step}, None)
+
+
+@pytest.mark.parametrize("k", [3, 5, 10])
+def test_figures_without_rounds_are_tested_across_runs_from_three_on(k: int) -> None:
+    # PS throughput drifts ~8 % between runs: unchanged drift passes, a halving fails.
+    rng = np.random.default_rng(k)
+    levels = 1e9 * np.exp(rng.normal(0, 0.08, k))
+    history = [ps_run(float(level), 2e6) for level in levels]
+    typical = float(np.exp(np.mean(np.log(levels))))
+    # Three runs (t with 2 degrees of freedom, a spread guessed from 3 values) see only very
+    # large changes: this history's halving is inconclusive (said, with what could be
+    # detected); from five runs on it is a regression.
+    halved = Outcome.INCONCLUSIVE if k == 3 else Outcome.REGRESSION
+    for current, outcome in ((typical * 0.95, Outcome.PASS), (typical / 2, halved)):
+        verdict = compare_figure(
+            history[-1], ps_run(current, 2e6), "throughput", 0.1, earlier=history[:-1]
+        )
+        assert verdict.outcome is outcome, verdict.reason
+        assert f"across {k} baseline runs' figures (no rounds)" in verdict.reason
+        assert verdict.runs == k and verdict.detectable > 0.1  # the runs' spread, not 0
+
+
+def test_a_drift_between_runs_that_fails_a_sample_test_passes_across_runs() -> None:
+    # The new user's case: +13.8 % on a PS figure with p=5e-24 on samples, from run drift.
+    from pytest_tfgrpc.stats.replicates import run_test
+
+    values = [1.00e9, 1.12e9, 0.93e9, 1.05e9]
+    test = run_test(1.00e9 / 1.138, values, alpha=0.05)
+    assert test.direction == 0 and test.p_value > 0.05
+    assert run_test(0.4e9, values, alpha=0.05).direction == -1
+
+
+def test_fewer_than_three_runs_without_rounds_keep_the_sample_test() -> None:
+    history = [ps_run(1e9, 2e6), ps_run(1.05e9, 2e6)]
+    verdict = compare_figure(
+        history[-1], ps_run(0.5e9, 2e6), "throughput", 0.1, earlier=history[:-1]
+    )
+    assert "no rounds" not in verdict.reason  # no sketch here: inconclusive, saying why
+    assert verdict.outcome is Outcome.INCONCLUSIVE and "sketch" in verdict.reason
+
+
+def test_runs_that_agree_by_chance_do_not_claim_more_precision_than_the_machine_has() -> None:
+    # Three runs of one figure agree to the digit; the machine's other figures move ~10 %
+    # between runs: a +15 % shift of the first is within that, not "certain".
+    lucky, other = PS_KEY, PS_KEY._replace(size="4MiB")
+    levels = (1.0, 1.12, 0.9, 1.05)
+    history = [
+        Baseline(
+            f"run-{i}",
+            {lucky: ps_run(1e9, 2e6), other: ps_run(level * 1e9, 2e6 / level, other)},
+        )
+        for i, level in enumerate(levels)
+    ]
+    current = Baseline("new", {lucky: ps_run(1e9 / 1.15, 2e6), other: ps_run(1e9, 2e6, other)})
+    verdicts = {(v.key.size, v.metric): v for v in compare_runs(history, current, {}).verdicts}
+    shifted = verdicts[("1MiB", "throughput")]
+    assert shifted.outcome is Outcome.INCONCLUSIVE, shifted.reason
+    assert shifted.detectable > 0.15
+    # Alone (no other figure to learn the machine's drift from), the same shift is certain.
+    alone = compare_figure(
+        history[-1].measurements[lucky],
+        current.measurements[lucky],
+        "throughput",
+        0.1,
+        earlier=[h.measurements[lucky] for h in history[:-1]],
+    )
+    assert alone.outcome is Outcome.REGRESSION
+
+
+@pytest.mark.parametrize(
+    ("values", "current", "match"),
+    [
+        ([1.0, 2.0], 1.0, "a test across runs needs 3"),
+        ([1.0, 2.0, 0.0], 1.0, "baseline runs' figure is invalid"),
+        ([1.0, 2.0, 3.0], math.nan, "current run's figure is invalid"),
+        ([1.0, 2.0, math.inf], 1.0, "invalid: a value is inf"),
+    ],
+)
+def test_run_test_refuses_what_is_no_history(
+    values: list[float], current: float, match: str
+) -> None:
+    from pytest_tfgrpc.stats.replicates import run_test
+
+    with pytest.raises(ValueError, match=match):
+        run_test(current, values, alpha=0.05)
+
+
 # --- rounds in the loop and the properties ----------------------------------------------------
 
 
@@ -195,6 +288,47 @@ def test_a_directory_and_a_results_file_are_histories(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(BaselineError, match="holds no"):
         load_history([tmp_path / "empty"])
+
+
+def test_a_run_given_twice_counts_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for i in range(3):
+        meta = {"host": "h", "run_id": f"id{i}"}
+        write_run(runs / f"run-{i}.xml", {"t.test_a[lo]": props_of(300e3, i)}, meta)
+    (runs / "z-latest.xml").symlink_to(runs / "run-2.xml")  # a link beside its target
+    copy = tmp_path / "copy-of-run-1.xml"  # another file, the same run id
+    copy.write_bytes((runs / "run-1.xml").read_bytes())
+    untagged = write_run(tmp_path / "untagged.xml", {"t.test_a[lo]": props_of(3e5, 7)}, {})
+    skipped: list[str] = []
+    history = load_history([runs, runs / "run-0.xml", copy, untagged, untagged], skipped=skipped)
+    assert [Path(r.source).name for r in history] == [
+        "run-0.xml", "run-1.xml", "run-2.xml", "untagged.xml"
+    ]  # fmt: skip
+    assert len(skipped) == 4
+    assert any("z-latest.xml is the run" in note and "run-2.xml" in note for note in skipped)
+    assert any(note.startswith(str(copy)) for note in skipped)
+    # A results file's runs are told apart by their run ids, and match a JUnit file's.
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        "".join(
+            json.dumps({"test": "t.py::test_a[lo]", "run": run, "properties": props_of(3e5, 1)})
+            + "\n"
+            for run in ("id0", "id5", "id5")
+        )
+    )
+    skipped.clear()
+    again = load_history([runs / "run-0.xml", results], skipped=skipped)
+    assert [r.source.rpartition("#")[2] for r in again] == [str(runs / "run-0.xml"), "id5"]
+    assert len(skipped) == 1 and "#id0" in skipped[0]
+    # tfgrpc-compare says so, and counts the run once.
+    new = write_run(tmp_path / "new.xml", {"t.test_a[lo]": props_of(300e3, 9)}, {"host": "h"})
+    from pytest_tfgrpc.cli.compare import main
+
+    main([str(runs / "run-0.xml")] * 3 + [str(new)])
+    err = capsys.readouterr().err
+    assert err.count("counted once") == 2
+    assert "the baseline holds 1 run:" in err
 
 
 def test_every_unmatched_baseline_figure_says_why(tmp_path: Path) -> None:

@@ -268,6 +268,30 @@ def test_the_readme_ci_recipe(pytester: pytest.Pytester) -> None:
     slowed.stdout.fnmatch_lines(["*regression: test_perf.py::test_echo?lo? p2p_latency.1KiB.p50*"])
 
 
+PS_SUITE = """
+import pytest
+
+@pytest.mark.ps_topology(ps=1, workers=1)
+@pytest.mark.message_profile(["64KiB"])
+def test_ps(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster, iterations=60, warmup=5)
+"""
+
+
+def test_ps_figures_are_gated_across_runs_not_samples(pytester: pytest.Pytester) -> None:
+    """PS figures have no rounds: against a history of >= 3 runs the run is the replicate, so
+    drift between runs (which a test across samples calls significant) does not fail."""
+    pytester.makepyfile(test_ps=PS_SUITE)
+    for i in range(3):
+        pytester.runpytest(f"--junitxml=main-runs/run-{i}.xml").assert_outcomes(passed=1)
+    pr = pytester.runpytest("--junitxml=pr.xml", "--tfgrpc-baseline=main-runs", "-rA")
+    assert pr.ret == pytest.ExitCode.OK, pr.stdout.str()[-3000:]
+    reasons = cases_properties(pytester.path / "pr.xml")
+    throughput = reasons["tfgrpc.ps_throughput.64KiB.throughput.verdict_reason"]
+    assert "t-test across 3 baseline runs' figures (no rounds)" in throughput
+    assert "Mann-Whitney" not in throughput
+
+
 NATIVE_SUITE = """
 import pytest
 

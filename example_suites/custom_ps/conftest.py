@@ -62,7 +62,3 @@ class MyPSEngine(Engine):
 
 def pytest_tfgrpc_add_engines(registry):
     registry.add(MyPSEngine())
-
-
-def pytest_tfgrpc_run_metadata(config):
-    return {"my_ps": "example-1.0"}  # e.g. the commit under test: checked by the gate

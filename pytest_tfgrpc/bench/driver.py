@@ -34,7 +34,7 @@ from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.servers.cpus import measuring_cpus, placement_setting
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.units import UnitError, format_duration, parse_sizes
+from pytest_tfgrpc.units import UnitError, format_duration, parse_size, parse_sizes
 from pytest_tfgrpc.wire import channels as transport
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
@@ -238,6 +238,10 @@ class Driver:
         if streams is None and any(isinstance(message, Payload) for message in messages):
             count = 1  # a run-wide stream count leaves payload schemes on one stream
         options |= {"run": run, "label": label, "progress": self._progress_of(name, server)}
+        try:
+            measure = kind(**options)  # checked here, before anything is measured
+        except (ValueError, TypeError) as exc:
+            raise SpecError(f"{self._test}: {call}() argument {exc}") from None
         if count > 1:
             for i in range(count):
                 self._check_label(stream_label(name, i))
@@ -252,7 +256,6 @@ class Driver:
                         self.record(_placed(self._engine_result(each, measuring)))
                     result = self.record(_placed(self._engine_result(both.aggregate, measuring)))
                 else:
-                    measure = kind(**options)
                     result = self._keeping_partial(
                         measuring, benchmark, server, messages, measure, placed=True
                     )
@@ -315,11 +318,16 @@ class Driver:
         __tracebackhide__ = True
         extra: dict[str, Any] = {}
         if chunk_bytes is not None:
+            if rpc == "unary":
+                raise SpecError(
+                    f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: "
+                    "slices are what rpc='stream' sends; rpc='unary' sends each tensor whole"
+                )
             try:
-                extra["chunk_bytes"] = parse_sizes(chunk_bytes)[0]
+                extra["chunk_bytes"] = parse_size(chunk_bytes)
             except UnitError as exc:
                 raise SpecError(
-                    f"p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
+                    f"{self._test}: p2p_bandwidth() argument chunk_bytes={chunk_bytes!r}: {exc}"
                 ) from None
         measuring = self._measuring(engine, "p2p_bandwidth")
         return self._p2p(

@@ -108,6 +108,8 @@ class Transfer(ABC):
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, transport.MODES)
         _check_choice("rpc", self.rpc, RPCS)
+        if not isinstance(self.run, RunSpec):
+            raise ValueError(f"run={self.run!r}: expected a RunSpec (bench.timing)")
 
     @abstractmethod
     def extra_settings(self) -> dict[str, str]:
@@ -144,8 +146,14 @@ class BandwidthCall(Transfer):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice("direction", self.direction, DIRECTIONS)
-        if self.chunk_bytes < 64:
-            raise ValueError(f"chunk_bytes={self.chunk_bytes}: slices must be at least 64 bytes")
+        chunk = self.chunk_bytes
+        if isinstance(chunk, bool) or not isinstance(chunk, int):
+            raise ValueError(f"chunk_bytes={chunk!r}: expected a whole number of bytes")
+        if not 64 <= chunk <= transport.MAX_TENSOR_BYTES:
+            raise ValueError(
+                f"chunk_bytes={chunk}: slices must be at least 64 bytes and at most "
+                f"{transport.MAX_TENSOR_BYTES} (one gRPC message)"
+            )
 
     def extra_settings(self) -> dict[str, str]:
         names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}

@@ -132,7 +132,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except ToleranceError as error:
         parser.error(f"--max-regression: {error}")
     try:
-        old = load_history(args.old)
+        duplicates: list[str] = []
+        old = load_history(args.old, skipped=duplicates)
         new = load_baseline(args.new)
     except BaselineError as error:
         print(f"{PROG}: error: {error}", file=stderr)
@@ -140,6 +141,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     comparison = compare_runs(
         old, new, tolerances, alpha=args.alpha, resamples=args.resamples, seed=args.seed
     )
+    for note in duplicates:
+        print(f"{PROG}: warning: {note}: counted once", file=stderr)
     short = short_history_warning(len(old))
     if short:
         print(f"{PROG}: warning: {short}", file=stderr)

@@ -38,13 +38,22 @@ from enum import Enum
 from statistics import NormalDist
 from typing import Any
 
+import numpy as np
+
 from pytest_tfgrpc.report.junit import Baseline, Key, Measurement, measurements_from_properties
 from pytest_tfgrpc.report.metrics import GATED, GateTest
 from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
-from pytest_tfgrpc.stats.replicates import MIN_HISTORY, invalid_values, replicate_test
+from pytest_tfgrpc.stats.replicates import (
+    MIN_HISTORY,
+    ReplicateTest,
+    invalid_values,
+    replicate_test,
+    run_spread,
+    run_test,
+)
 from pytest_tfgrpc.stats.significance import (
     DEFAULT_ALPHA,
     DEFAULT_RESAMPLES,
@@ -74,8 +83,9 @@ def short_history_warning(runs: int) -> str:
         return ""
     return (
         f"the baseline holds {runs} run{'s' if runs != 1 else ''}: the spread between runs is "
-        f"unknown below {MIN_HISTORY} and taken as one round's, so a shift between runs can "
-        "fail unchanged code; keep a history of runs (a directory)"
+        f"unknown below {MIN_HISTORY} and taken as one round's (figures without rounds are "
+        "tested on samples), so a shift between runs can fail unchanged code; keep a history "
+        "of 5 or more runs (a directory of their JUnit files): 3 see only large changes"
     )
 
 
@@ -165,6 +175,7 @@ def compare_figure(
     seed: int = 0,
     earlier: Sequence[Measurement] = (),
     family: int = 1,
+    spread_floor: float = 0.0,
 ) -> Verdict:
     """Compare one figure of one test, fabric, label and size between two runs.
 
@@ -175,7 +186,9 @@ def compare_figure(
     infinite figure or round is :attr:`Outcome.INVALID`. ``family`` is how many figures the
     caller tests together (a test's): the replicate test runs at ``alpha / family``
     (Bonferroni), so that a run of many figures fails unchanged code no more often than
-    ``alpha`` says. With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
+    ``alpha`` says. A figure without rounds is tested across >= 3 runs, its spread between
+    runs never taken below ``spread_floor`` (the caller's typical spread of such figures).
+    With fewer than :data:`~pytest_tfgrpc.stats.replicates.MIN_HISTORY`
     baseline runs the spread between runs is unknown and taken as one round's. Without
     rounds:
 
@@ -239,8 +252,18 @@ def compare_figure(
     if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
         return _replicated(
             verdict,
-            current.rounds[metric],
-            runs,
+            lambda a: replicate_test(current.rounds[metric], runs, alpha=a),
+            gated.higher_is_better,
+            tolerance,
+            alpha / max(family, 1),
+        )
+    history = [_figure(m, metric) for m in (*earlier, baseline)]
+    if gated.gate is not GateTest.RATIO and _across_runs(history):
+        # No rounds, but runs enough to know their spread: the run is the replicate.
+        values = [value for value in history if value is not None]
+        return _replicated(
+            verdict,
+            lambda a: run_test(cur_value, values, alpha=a, min_spread=spread_floor),
             gated.higher_is_better,
             tolerance,
             alpha / max(family, 1),
@@ -340,17 +363,23 @@ def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float
     return math.expm1(NormalDist().inv_cdf(1.0 - alpha / 2.0) * se)
 
 
+def _across_runs(history: Sequence[float | None]) -> bool:
+    """Whether a figure without rounds is tested across runs: every baseline run has it, and
+    there are :data:`MIN_HISTORY` of them or more."""
+    return len(history) >= MIN_HISTORY and all(value is not None for value in history)
+
+
 def _replicated(
     verdict: Callable[..., Verdict],
-    current: Sequence[float],
-    runs: Sequence[Sequence[float]],
+    tested: Callable[[float], ReplicateTest],
     higher_is_better: bool,
     tolerance: float,
     alpha: float,
 ) -> Verdict:
-    """The verdict of a figure measured in rounds (see :func:`compare_figure`)."""
+    """The verdict of a figure tested across rounds or runs (see :func:`compare_figure`):
+    ``tested(alpha)`` runs the test."""
     try:
-        test = replicate_test(current, runs, alpha=alpha)
+        test = tested(alpha)
     except ValueError as error:
         return verdict(Outcome.INCONCLUSIVE, str(error))
     found = {
@@ -366,7 +395,8 @@ def _replicated(
     bad = worse > 0
     limit = f"{_percent(tolerance)} tolerance"
     seen = f"could detect >= {max(tolerance, test.detectable):.1%}"
-    evidence = f"{test.method}, {test.rounds} rounds, p={test.p_value:.2g}; {seen}"
+    rounds = f", {test.rounds} rounds" if test.rounds > 1 else ""
+    evidence = f"{test.method}{rounds}, p={test.p_value:.2g}; {seen}"
     moved = _pct(test.change)
     significant = test.direction != 0 and (test.direction > 0) == (test.change > 0)
     if abs(worse) > tolerance and significant:
@@ -448,10 +478,15 @@ def _compare_measurements(
     # The figures tested together: a test's, in pytest and in tfgrpc-compare alike.
     family: dict[str, int] = {}
     for key in known & new.keys():
+        runs = [run[key] for run in history if key in run]
         tested = [
-            m for m in metrics if m in new[key].rounds and GATED[m].gate is not GateTest.RATIO
+            m
+            for m in metrics
+            if GATED[m].gate is not GateTest.RATIO
+            and (m in new[key].rounds or _across_runs([_figure(r, m) for r in runs]))
         ]
         family[key.test] = family.get(key.test, 0) + len(tested)
+    floor = _typical_run_spread(history, known & new.keys(), metrics)
     for key in sorted(known & new.keys(), key=Key.order):
         runs = [run[key] for run in history if key in run]
         base, cur = runs[-1], new[key]
@@ -475,9 +510,31 @@ def _compare_measurements(
                     seed=seed,
                     earlier=runs[:-1],
                     family=family.get(key.test, 1),
+                    spread_floor=floor,
                 )
             )
     return verdicts, mismatches
+
+
+def _typical_run_spread(
+    history: Sequence[Mapping[Key, Measurement]], keys: Iterable[Key], metrics: Iterable[str]
+) -> float:
+    """The median spread between runs (log scale) of the figures tested across runs: the
+    floor of each one's spread. One figure's three runs may agree by chance; the machine's
+    drift between runs is shared by all its figures, so their median is the better guess of
+    how much any of them moves (0 when no figure is tested across runs)."""
+    spreads = []
+    for key in keys:
+        runs = [run[key] for run in history if key in run]
+        for metric in metrics:
+            if GATED[metric].gate is GateTest.RATIO or any(metric in r.rounds for r in runs):
+                continue
+            values = [_figure(r, metric) for r in runs]
+            if _across_runs(values):
+                spread = run_spread([v for v in values if v is not None])
+                if math.isfinite(spread):
+                    spreads.append(spread)
+    return float(np.median(spreads)) if spreads else 0.0
 
 
 def _history(baseline: Baseline | Sequence[Baseline]) -> tuple[Baseline, ...]:

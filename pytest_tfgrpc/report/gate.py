@@ -108,7 +108,9 @@ class BaselineGate:
         self.history: tuple[Baseline, ...] = ()
         self.mismatches: tuple[Mismatch, ...] = ()
         try:
-            self.history = load_history(settings.baseline_paths)
+            duplicates: list[str] = []
+            self.history = load_history(settings.baseline_paths, skipped=duplicates)
+            self.warnings += [f"baseline: {note}: counted once" for note in duplicates]
             self.baseline = self.history[-1]
             short = short_history_warning(len(self.history))
             if short:

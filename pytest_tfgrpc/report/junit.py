@@ -354,23 +354,51 @@ def _results_history(path: Path) -> list[Baseline]:
     return out
 
 
-def load_history(paths: Iterable[str | os.PathLike[str]]) -> tuple[Baseline, ...]:
+def _run_identity(run: Baseline) -> str:
+    """What makes two loaded runs one: the run id the plugin records (in a JUnit file's
+    metadata, or a results file's records), else the file."""
+    file, hash_, part = run.source.partition("#")  # a results file's run: path#run id
+    run_id = run.meta.get("run_id") or (part if part != "run" else "")
+    if run_id:
+        return f"run {run_id}"
+    try:
+        return f"file {Path(file).resolve(strict=True)}{hash_}{part}"
+    except OSError:
+        return f"file {run.source}"
+
+
+def load_history(
+    paths: Iterable[str | os.PathLike[str]], *, skipped: list[str] | None = None
+) -> tuple[Baseline, ...]:
     """Earlier runs to gate against, oldest first: each path a JUnit file, a results file
     (``.jsonl``/``.json``, one run per run id) or a directory (its ``*.xml`` files, by name:
-    name them so that they sort by time, ``run-0001.xml``). Raises :class:`BaselineError`
-    for a path that holds no usable run (:func:`load_baseline`)."""
-    runs: list[Baseline] = []
+    name them so that they sort by time, ``run-0001.xml``). A run given twice (the same run
+    id, or the same file: a path repeated, a ``latest.xml`` link in the directory) counts
+    once, where it first stands; each one left out is described in ``skipped``, if given.
+    Raises :class:`BaselineError` for a path that holds no usable run
+    (:func:`load_baseline`)."""
+    loaded: list[Baseline] = []
     for given in paths:
         path = Path(given)
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix == ".xml" and p.is_file())
             if not files:
                 raise BaselineError(f"baseline directory {path} holds no *.xml file")
-            runs += [load_baseline(p) for p in files]
+            loaded += [load_baseline(p) for p in files]
         elif path.suffix in (".jsonl", ".json"):
-            runs += _results_history(path)
+            loaded += _results_history(path)
         else:
-            runs.append(load_baseline(path))
+            loaded.append(load_baseline(path))
+    runs: list[Baseline] = []
+    seen: dict[str, str] = {}
+    for run in loaded:
+        identity = _run_identity(run)
+        if identity in seen:
+            if skipped is not None:
+                skipped.append(f"{run.source} is the run {seen[identity]} already holds")
+            continue
+        seen[identity] = run.source
+        runs.append(run)
     if not runs:
         raise BaselineError("no baseline given")
     return tuple(runs)

@@ -41,6 +41,8 @@ __all__ = [
     "instability",
     "invalid_values",
     "replicate_test",
+    "run_spread",
+    "run_test",
 ]
 
 #: pyperf's rule: a standard deviation above 10 % of the mean "may be unstable".
@@ -113,7 +115,6 @@ def replicate_test(
     docstring says. Raises ValueError when a run has fewer than :data:`MIN_ROUNDS` rounds, a
     value is not a positive finite number (:func:`invalid_values`), there is no baseline run,
     or ``alpha`` is not in (0, 1)."""
-    from scipy import stats
 
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be between 0 and 1 (exclusive), got {alpha!r}")
@@ -137,7 +138,6 @@ def replicate_test(
         se = max(spread, own) * math.sqrt(1.0 + 1.0 / k)
         df = float(k - 1)
         method = f"t-test across {k} baseline runs"
-        shift = cur_value - center
     else:
         # The spread between runs is unknown: assume a run's value varies between runs as
         # much as one round's does (the rounds' pooled spread, not divided by their count).
@@ -146,22 +146,82 @@ def replicate_test(
         pooled = sum(float(np.var(r, ddof=1)) * (len(r) - 1) for r in every) / df
         se = math.sqrt(pooled) * math.sqrt(1.0 + 1.0 / k)
         method = f"t-test, {k} baseline run{'s' if k > 1 else ''}: run spread taken as a round's"
-        shift = cur_value - center
+    return _prediction_test(center, cur_value, se, df, alpha, runs=k, rounds=n, method=method)
+
+
+def _prediction_test(
+    center: float,
+    value: float,
+    se: float,
+    df: float,
+    alpha: float,
+    *,
+    runs: int,
+    rounds: int,
+    method: str,
+) -> ReplicateTest:
+    """``value`` (log scale) against a baseline mean ``center`` (log scale) whose prediction
+    standard error is ``se``, with a two-sided Student t at ``df`` degrees of freedom."""
+    from scipy import stats
+
+    shift = value - center
     critical = float(stats.t.ppf(1.0 - alpha / 2.0, df))
-    if se > 0:
-        t = shift / se
-        p_value = float(2.0 * stats.t.sf(abs(t), df))
-    else:  # identical rounds: any shift at all is certain
-        p_value = 0.0 if shift else 1.0
-    direction = (1 if shift > 0 else -1) if p_value < alpha else 0
+    # Identical replicates (se 0): any shift at all is certain.
+    certain = 0.0 if shift else 1.0
+    p_value = float(2.0 * stats.t.sf(abs(shift / se), df)) if se > 0 else certain
     return ReplicateTest(
         baseline=math.exp(center),
-        current=math.exp(cur_value),
-        change=math.exp(cur_value - center) - 1.0,
+        current=math.exp(value),
+        change=math.expm1(shift),
         detectable=math.expm1(critical * se),
-        direction=direction,
+        direction=(1 if shift > 0 else -1) if p_value < alpha else 0,
         p_value=p_value,
-        runs=k,
-        rounds=n,
+        runs=runs,
+        rounds=rounds,
         method=method,
+    )
+
+
+def run_spread(values: Sequence[float]) -> float:
+    """The spread between runs of one figure: the standard deviation of its logs (NaN for
+    fewer than 2 values or a value that is not a positive finite number)."""
+    if len(values) < 2 or invalid_values(values):
+        return math.nan
+    return float(np.std(_logs(values), ddof=1))
+
+
+def run_test(
+    current: float,
+    baseline_values: Sequence[float],
+    *,
+    alpha: float,
+    min_spread: float = 0.0,
+) -> ReplicateTest:
+    """Test one run's figure ``current`` against the same figure of earlier runs
+    (``baseline_values``, oldest first; at least :data:`MIN_HISTORY`), for a figure measured
+    without rounds (PS throughput, sync-SGD steps, an engine's own loops): the run is the
+    replicate. The spread between runs is the baseline values' (on a log scale), and the
+    current value is tested against their mean with a Student t prediction interval
+    (``k - 1`` degrees of freedom), as :func:`replicate_test` does with rounds. The spread
+    is never taken below ``min_spread`` (a log-scale standard deviation): three runs that
+    happen to agree would otherwise claim a precision the machine does not have. Raises
+    ValueError for fewer than :data:`MIN_HISTORY` values, a value that is not a positive
+    finite number, or ``alpha`` outside (0, 1)."""
+
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be between 0 and 1 (exclusive), got {alpha!r}")
+    if len(baseline_values) < MIN_HISTORY:
+        raise ValueError(
+            f"{len(baseline_values)} baseline runs: a test across runs needs {MIN_HISTORY}"
+        )
+    for name, values in (("current run", [current]), ("baseline runs", baseline_values)):
+        why = invalid_values(values)
+        if why:
+            raise ValueError(f"the {name}' figure is invalid: {why}".replace("run'", "run's"))
+    logs = _logs(baseline_values)
+    k = len(logs)
+    se = max(float(np.std(logs, ddof=1)), min_spread) * math.sqrt(1.0 + 1.0 / k)
+    method = f"t-test across {k} baseline runs' figures (no rounds)"
+    return _prediction_test(
+        float(np.mean(logs)), math.log(current), se, k - 1.0, alpha, runs=k, rounds=1, method=method
     )
