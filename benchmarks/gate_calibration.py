@@ -2,8 +2,9 @@
 real slowdown (the two figures the gate is accepted on).
 
 Runs the small suite in ``benchmarks/gate_suite`` (1 KiB and 64 KiB echo latency, 1 MiB push
-bandwidth) again and again, back to back, at the default gate settings, against a
-``tfgrpc-server`` of its own on loopback (named to the suite by a cluster spec):
+bandwidth) again and again, back to back, at the default gate settings, each run against a
+fresh ``tfgrpc-server`` on loopback (named to the suite by a cluster spec, pinned as the
+plugin pins the servers it starts):
 
 1. ``--runs`` (20) runs with no change; run i is gated against runs 1..i-1 (all earlier ones).
    A failing run is a false failure.
@@ -141,38 +142,39 @@ def phase(
     baselines_for: object,
     log: list[str],
 ) -> tuple[list[Path], list[int], list[float]]:
-    """``runs`` runs with ``delay_us``; ``baselines_for(i, files)`` names run i's baselines."""
-    server = Server(delay_us, workdir)
+    """``runs`` runs with ``delay_us``, each against a server of its own (as a CI job starts
+    its servers afresh); ``baselines_for(i, files)`` names run i's baselines."""
     files: list[Path] = []
     codes: list[int] = []
     p50s: list[float] = []
-    try:
-        for i in range(runs):
-            junit = workdir / f"{name}-{i + 1:03d}.xml"
-            baselines = baselines_for(i, files)  # type: ignore[operator]
+    for i in range(runs):
+        junit = workdir / f"{name}-{i + 1:03d}.xml"
+        baselines = baselines_for(i, files)  # type: ignore[operator]
+        server = Server(delay_us, workdir)
+        try:
             code, notes = run_suite(server, junit, baselines)
-            if code not in (0, 1) or not junit.exists():
-                # Not a verdict of the gate: said, kept out of the baselines and the rates.
-                line = f"{name} {i + 1:2d}: BROKEN    (exit {code}; not counted)"
-                print(line, flush=True)
-                log.append(line)
-                log.extend("    " + note for note in notes.splitlines())
-                codes.append(BROKEN)
-                continue
-            files.append(junit)
-            codes.append(code if baselines else -1)
-            p50s.append(p50_1kib(junit))
-            verdict = "not gated" if not baselines else "FAIL" if code else "pass"
-            line = (
-                f"{name} {i + 1:2d}: {verdict:9s} (baseline runs: {len(baselines)}; "
-                f"1KiB p50 {p50s[-1] / 1e3:.0f} us)"
-            )
+        finally:
+            server.stop()
+        if code not in (0, 1) or not junit.exists():
+            # Not a verdict of the gate: said, kept out of the baselines and the rates.
+            line = f"{name} {i + 1:2d}: BROKEN    (exit {code}; not counted)"
             print(line, flush=True)
             log.append(line)
-            if code and notes:
-                log.extend("    " + note for note in notes.splitlines())
-    finally:
-        server.stop()
+            log.extend("    " + note for note in notes.splitlines())
+            codes.append(BROKEN)
+            continue
+        files.append(junit)
+        codes.append(code if baselines else -1)
+        p50s.append(p50_1kib(junit))
+        verdict = "not gated" if not baselines else "FAIL" if code else "pass"
+        line = (
+            f"{name} {i + 1:2d}: {verdict:9s} (baseline runs: {len(baselines)}; "
+            f"1KiB p50 {p50s[-1] / 1e3:.0f} us)"
+        )
+        print(line, flush=True)
+        log.append(line)
+        if code and notes:
+            log.extend("    " + note for note in notes.splitlines())
     return files, codes, p50s
 
 
