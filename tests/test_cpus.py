@@ -3,6 +3,7 @@ processes, and the plugin end to end (the server's CPUs, the recorded placement,
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -49,11 +50,37 @@ def test_cpu_lists_parse_as_the_kernel_writes_them(text: str, expected: set[int]
 
 @pytest.mark.parametrize(
     ("text", "fault"),
-    [("", "empty"), ("a", "'a' is not"), ("3-1", "'3-1' is not a CPU range"), ("-1", "'-1'")],
+    [
+        ("", "empty"),
+        ("a", "'a' is not"),
+        ("3-1", "'3-1' is not a CPU range"),
+        ("-1", "'-1'"),
+        ("1_0", "'1_0' is not a CPU number"),  # int() would take these
+        ("+1", "'\\+1' is not a CPU number"),
+        ("\uff11", "is not a CPU number"),  # a full-width digit
+    ],
 )
 def test_bad_cpu_lists_name_the_part_at_fault(text: str, fault: str) -> None:
     with pytest.raises(CpuError, match=fault):
         parse_cpu_list(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("0-30000000", "30000000"),
+        ("0-3000000000", "3000000000"),
+        ("65536", "65536"),
+        ("1,70000-70001", "70000"),
+        ("99999999999999999999-1", "99999999999999999999"),
+        ("9" * 5000, "9" * 5000),  # more digits than int() converts
+    ],
+)
+def test_huge_cpu_numbers_are_refused_before_they_are_expanded(text: str, number: str) -> None:
+    with pytest.raises(CpuError, match=f"CPU {number} is above 65535, the largest CPU number"):
+        parse_cpu_list(text)
+    assert len(parse_cpu_list(f"0-{cpus.MAX_CPU}")) == cpus.MAX_CPU + 1
+    assert parse_cpu_list("0001") == {1}
 
 
 def test_format_gives_the_shortest_list() -> None:
@@ -102,14 +129,52 @@ def test_off_and_explicit_lists() -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "recorded"),
+    [
+        ("0:0", "client 0, server 0"),
+        ("0-1:1", "client 0-1, server 1"),
+        ("1:0-1", "client 1, server 0-1"),
+        ("0-1:0-1", "client 0-1, server 0-1"),
+    ],
+)
+def test_explicit_lists_may_overlap_and_the_record_shows_it(value: str, recorded: str) -> None:
+    # One core for both is a legitimate experiment; auto never does it.
+    placed = resolve_placement(value, frozenset({0, 1}))
+    assert placed is not None and placed.describe() == recorded
+
+
+@pytest.mark.parametrize(
+    ("listed", "allowed", "fault"),
+    [
+        ({5}, {0, 1}, r"cannot run on CPU 5: not among the CPUs this process may use \(0-1\)"),
+        ({1, 5}, {0, 1}, r"cannot run on CPU 5: not among"),
+        ({1}, {0}, r"cannot run on CPU 1: not among the CPUs this process may use \(0\)"),
+        ({2, 3, 7}, {0, 1, 4}, r"cannot run on CPUs 2-3,7: .* \(0-1,4\)"),
+    ],
+)
+def test_cpus_outside_the_allowed_ones_are_refused(
+    listed: set[int], allowed: set[int], fault: str
+) -> None:
+    with pytest.raises(CpuError, match=fault):
+        cpus.require_allowed(frozenset(listed), frozenset(allowed))
+    cpus.require_allowed(frozenset(listed) & frozenset(allowed), frozenset(allowed))
+
+
+@pytest.mark.parametrize(
     ("value", "fault"),
     [
         ("0", "'0' is not a placement: auto, off or CLIENT:SERVER"),
         ("0:", "the server CPUs: an empty CPU list"),
         (":1", "the client CPUs: an empty CPU list"),
-        ("0:9", "the server CPUs 9 are not among the CPUs this process may use"),
+        (
+            "0:9",
+            r"the server CPUs: cannot run on CPU 9: not among the CPUs this process may use "
+            r"\(0-1\)",
+        ),
+        ("5-6:1", r"the client CPUs: cannot run on CPUs 5-6: not among .* \(0-1\)"),
         ("x:1", "the client CPUs: 'x' is not a CPU number"),
         ("0:1-0", "the server CPUs: '1-0' is not a CPU range"),
+        ("0-30000000:1", "the client CPUs: '0-30000000': CPU 30000000 is above 65535"),
         ("automatic", "not a placement"),
     ],
 )
@@ -122,45 +187,127 @@ def _cpus_of_thread(tid: int) -> frozenset[int]:
     return frozenset(os.sched_getaffinity(tid))
 
 
-@needs_two_cpus
-def test_measuring_pins_every_thread_and_gives_each_its_cpus_back(
-    placement: CpuPlacement,
-) -> None:
-    started = threading.Event()
-    stop = threading.Event()
-    seen: dict[str, frozenset[int]] = {}
+@pytest.fixture
+def idle_thread() -> Iterator[int]:
+    """A thread of this process that waits (its native id); ended after the test."""
+    started, stop = threading.Event(), threading.Event()
+    tids: list[int] = []
 
     def idle() -> None:
-        seen["tid"] = frozenset({threading.get_native_id()})
+        tids.append(threading.get_native_id())
         started.set()
-        stop.wait(10)
+        stop.wait(30)
 
-    before = threading.Thread(target=idle)
-    before.start()
-    started.wait(10)
-    (tid,) = seen["tid"]
+    thread = threading.Thread(target=idle)
+    thread.start()
     try:
-        with measuring_cpus():
-            assert _cpus_of_thread(0) == placement.client
-            assert _cpus_of_thread(tid) == placement.client  # a thread that was there
-            inside: list[frozenset[int]] = []
-            born = threading.Thread(target=lambda: inside.append(_cpus_of_thread(0)))
-            born.start()
-            born.join(10)
-            assert inside == [placement.client]  # a new thread inherits the pin
-            child = subprocess.run(
-                [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=30,
-            )
-            assert child.stdout.strip() == str(sorted(placement.client))  # and a process
-        assert _cpus_of_thread(0) == ALLOWED
-        assert _cpus_of_thread(tid) == ALLOWED
+        assert started.wait(10)
+        yield tids[0]
     finally:
         stop.set()
-        before.join(10)
+        thread.join(10)
+
+
+@needs_two_cpus
+def test_measuring_pins_every_thread_and_gives_each_its_cpus_back(
+    placement: CpuPlacement, idle_thread: int
+) -> None:
+    with measuring_cpus():
+        assert _cpus_of_thread(0) == placement.client
+        assert _cpus_of_thread(idle_thread) == placement.client  # a thread that was there
+        inside: list[frozenset[int]] = []
+        born = threading.Thread(target=lambda: inside.append(_cpus_of_thread(0)))
+        born.start()
+        born.join(10)
+        assert inside == [placement.client]  # a new thread inherits the pin
+        child = subprocess.run(
+            [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        assert child.stdout.strip() == str(sorted(placement.client))  # and a process
+    assert _cpus_of_thread(0) == ALLOWED
+    assert _cpus_of_thread(idle_thread) == ALLOWED
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("first_out", ["first in", "second in"])
+def test_overlapping_measurements_give_every_thread_its_cpus_back_once_all_end(
+    placement: CpuPlacement, idle_thread: int, first_out: str
+) -> None:
+    # Two P2P calls in threads of one test. The idle thread has CPUs of its own to get back.
+    own = frozenset({max(ALLOWED)})
+    os.sched_setaffinity(idle_thread, own)
+    names = ("first in", "second in")
+    entered = {name: threading.Event() for name in names}
+    leave = {name: threading.Event() for name in names}
+    seen: dict[str, frozenset[int]] = {}
+
+    def measure(name: str) -> None:
+        with measuring_cpus():
+            seen[name] = _cpus_of_thread(0)
+            entered[name].set()
+            leave[name].wait(10)
+
+    threads = {name: threading.Thread(target=measure, args=(name,)) for name in names}
+    try:
+        for name in names:
+            threads[name].start()
+            assert entered[name].wait(10)
+        leave[first_out].set()
+        threads[first_out].join(10)
+        # The other still measures: every thread stays on the client's CPUs.
+        assert _cpus_of_thread(0) == placement.client
+        assert _cpus_of_thread(idle_thread) == placement.client
+    finally:
+        for name in names:
+            leave[name].set()
+            threads[name].join(10)
+    assert seen == {name: placement.client for name in names}
+    assert _cpus_of_thread(0) == ALLOWED
+    assert _cpus_of_thread(idle_thread) == own
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("refused", ["a CPU the host lacks", "the second thread"])
+def test_a_pin_refused_part_way_gives_every_thread_its_cpus_back(
+    monkeypatch: pytest.MonkeyPatch, idle_thread: int, refused: str
+) -> None:
+    own = frozenset({max(ALLOWED)})
+    os.sched_setaffinity(idle_thread, own)
+    first = min(ALLOWED)
+    client = frozenset({first})
+    if refused == "a CPU the host lacks":  # this thread gets CPU first, then the check fails
+        asked = client | {4000}
+        fault = r"cannot run the P2P client \(--tfgrpc-cpus\) on CPU 4000: not among"
+    else:  # as if the idle thread had been moved into a cpuset cgroup
+        asked = client
+        fault = r"cannot run the P2P client \(--tfgrpc-cpus\) on CPU .*: not among .* now"
+        real = os.sched_setaffinity
+
+        def refuse_idle(tid: int, cpus: frozenset[int]) -> None:
+            if tid == idle_thread and cpus == client:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            real(tid, cpus)
+
+        monkeypatch.setattr(os, "sched_setaffinity", refuse_idle)
+    cpus.use_placement(CpuPlacement(client=asked, server=own))
+    try:
+        with pytest.raises(CpuError, match=fault), measuring_cpus():
+            raise AssertionError("measured on CPUs the kernel refused")
+        assert _cpus_of_thread(0) == ALLOWED
+        assert _cpus_of_thread(idle_thread) == own
+        monkeypatch.undo()
+        # Nothing is left counted: the next measurement pins and gives back.
+        cpus.use_placement(CpuPlacement(client=client, server=own))
+        with measuring_cpus():
+            assert _cpus_of_thread(idle_thread) == client
+        assert _cpus_of_thread(0) == ALLOWED
+        assert _cpus_of_thread(idle_thread) == own
+    finally:
+        cpus.use_placement(None)
 
 
 def test_measuring_without_a_placement_changes_nothing() -> None:
@@ -170,28 +317,141 @@ def test_measuring_without_a_placement_changes_nothing() -> None:
     assert cpus.placement_setting() == {"cpu_placement": "unpinned"}
 
 
-@needs_two_cpus
-def test_a_process_is_pinned_thread_by_thread() -> None:
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[str]]:
+    """A process of ours with two threads (a server stand-in), killed after the test."""
     code = (
         "import threading, time, sys\n"
         "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
         "print('ready', flush=True); sys.stdin.read()\n"
     )
-    child = subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        server_cpu = frozenset({max(ALLOWED)})
-        pin_process(child.pid, server_cpu)
-        threads = os.listdir(f"/proc/{child.pid}/task")
-        assert len(threads) >= 2
-        assert all(_cpus_of_thread(int(t)) == server_cpu for t in threads)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
     finally:
-        child.kill()
-        child.wait(10)
+        proc.kill()
+        proc.wait(10)
+
+
+def _cpus_of_threads(pid: int) -> set[frozenset[int]]:
+    return {_cpus_of_thread(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@needs_two_cpus
+def test_a_process_is_pinned_thread_by_thread(child: subprocess.Popen[str]) -> None:
+    server_cpu = frozenset({max(ALLOWED)})
+    pin_process(child.pid, server_cpu)
+    assert len(os.listdir(f"/proc/{child.pid}/task")) >= 2
+    assert _cpus_of_threads(child.pid) == {server_cpu}
+    child.kill()
+    child.wait(10)
     with pytest.raises(ProcessLookupError):
         pin_process(child.pid, frozenset({0}))
+
+
+@pytest.mark.parametrize(
+    ("listed", "fault"),
+    [
+        # The kernel refuses a list of which no CPU is usable (EINVAL, as after a move into a
+        # cpuset cgroup) ...
+        ({4000}, r"cannot run the server on CPU 4000: not among the CPUs it may use now \({}\)"),
+        ({4000, 4001}, r"cannot run the server on CPUs 4000-4001: not among .* now \({}\)"),
+        # ... and keeps only the usable CPUs of one that has some.
+        ({0, 4000}, r"on CPU 4000: .* \(the kernel gave it 0 of 0,4000\)"),
+        ({0, 9, 4000}, r"on CPUs 9,4000: .* \(the kernel gave it 0 of 0,9,4000\)"),
+    ],
+)
+def test_cpus_the_kernel_refuses_are_a_clear_error(
+    child: subprocess.Popen[str], listed: set[int], fault: str
+) -> None:
+    if 0 not in ALLOWED or len(ALLOWED) > 9:
+        pytest.skip("needs CPU 0 and fewer than 10 usable CPUs")
+    before = _cpus_of_threads(child.pid)
+    with pytest.raises(CpuError, match=fault.replace("{}", format_cpu_list(ALLOWED))):
+        pin_process(child.pid, frozenset(listed), who="the server")
+    if 0 not in listed:  # a refusal changes nothing
+        assert _cpus_of_threads(child.pid) == before
+
+
+@pytest.mark.parametrize(
+    ("error", "fault"),
+    [
+        (errno.EPERM, "cannot run process .* on CPU 0: not permitted"),
+        (errno.EFAULT, "cannot run process .* on CPU 0: Bad address"),
+    ],
+)
+def test_other_affinity_refusals_are_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[str], error: int, fault: str
+) -> None:
+    def refuse(tid: int, cpus: object) -> None:
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    with pytest.raises(CpuError, match=fault):
+        pin_process(child.pid, frozenset({0}))
+
+
+@needs_two_cpus
+def test_a_result_records_whether_this_host_pinned_its_server(
+    placement: CpuPlacement, child: subprocess.Popen[str]
+) -> None:
+    client, server = format_cpu_list(placement.client), format_cpu_list(placement.server)
+    elsewhere = f"client {client}, server unpinned (started elsewhere)"
+    assert cpus.result_placement(None) == {
+        "cpu_placement": f"client {client}, server unpinned (no local pid)"
+    }
+    assert cpus.result_placement(child.pid) == {"cpu_placement": elsewhere}
+    assert cpus.pin_server(child.pid)
+    assert _cpus_of_threads(child.pid) == {placement.server}
+    assert cpus.result_placement(child.pid) == {
+        "cpu_placement": f"client {client}, server {server}"
+    }
+    assert cpus.result_placement(child.pid + 1) == {"cpu_placement": elsewhere}
+    cpus.release_server(child.pid)  # stopped: its pid may be another process's next
+    assert cpus.result_placement(child.pid) == {"cpu_placement": elsewhere}
+    # The run's policy is what was asked, whatever each server got.
+    assert cpus.placement_setting() == {"cpu_placement": f"client {client}, server {server}"}
+    cpus.use_placement(None)
+    assert cpus.result_placement(child.pid) == {"cpu_placement": "unpinned"}
+    assert not cpus.pin_server(child.pid)
+
+
+@pytest.mark.parametrize("pid", [None, 0, -1, True, "self", "1", 1.0])
+def test_only_a_process_id_is_pinned(
+    monkeypatch: pytest.MonkeyPatch, placement: CpuPlacement, pid: object
+) -> None:
+    pinned: list[object] = []
+    monkeypatch.setattr(cpus, "pin_process", lambda *args, **kwargs: pinned.append(args))
+    assert not cpus.pin_server(pid)
+    assert pinned == []
+    assert not cpus.server_pinned(pid)
+
+
+@needs_two_cpus
+def test_a_server_that_has_ended_is_not_pinned(
+    placement: CpuPlacement, child: subprocess.Popen[str]
+) -> None:
+    child.kill()
+    child.wait(10)
+    assert not cpus.pin_server(child.pid)
+    assert not cpus.server_pinned(child.pid)
+
+
+def test_a_server_the_kernel_will_not_pin_is_a_clear_error_naming_the_option(
+    child: subprocess.Popen[str],
+) -> None:
+    cpus.use_placement(CpuPlacement(client=frozenset({0}), server=frozenset({4000})))
+    try:
+        with pytest.raises(
+            CpuError, match=r"cannot run the floor server \(--tfgrpc-cpus\) on CPU 4000"
+        ):
+            cpus.pin_server(child.pid, who="the floor server")
+    finally:
+        cpus.use_placement(None)
+    assert not cpus.server_pinned(child.pid)
 
 
 def _allowed_of(pid: int) -> str:
@@ -221,17 +481,54 @@ def test_tfgrpc_server_cpus_option_pins_it() -> None:
         proc.wait(10)
 
 
-@pytest.mark.parametrize("value", ["abc", "0:99", "9999", "", "2-1"])
-def test_tfgrpc_server_refuses_bad_cpus(value: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "fault"),
+    [
+        ("abc", "'abc' is not a CPU number"),
+        ("0:99", "'0:99' is not a CPU number"),
+        ("", "an empty CPU list"),
+        ("2-1", "'2-1' is not a CPU range"),
+        ("0-3000000000", "CPU 3000000000 is above 65535, the largest CPU number accepted"),
+        ("0-30000000", "CPU 30000000 is above 65535"),
+        # CPUs this host lacks, alone or beside one it has, are never silently dropped.
+        ("9999", "cannot run the server on CPU 9999: not among the CPUs this process may use"),
+        (f"{min(ALLOWED)},4000", "cannot run the server on CPU 4000: not among the CPUs"),
+        (f"{min(ALLOWED)},4000-4001", "cannot run the server on CPUs 4000-4001: not among"),
+    ],
+)
+def test_tfgrpc_server_refuses_bad_cpus(value: str, fault: str) -> None:
     done = subprocess.run(
-        [*SERVER, "--cpus", value],
+        [*SERVER, "--cpus", value], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert line.startswith(f"tfgrpc-server: error: --cpus {value}: ")
+    assert fault in line
+    assert "Traceback" not in done.stderr
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("given", ["second", "both"])
+def test_tfgrpc_server_keeps_within_the_cpus_it_was_given(given: str) -> None:
+    # As under `taskset -c <first>`: --cpus may narrow the CPUs it was given, never leave them.
+    first, second = sorted(ALLOWED)[:2]
+    value = str(second) if given == "second" else f"{first}-{second}"
+    start = (
+        f"import os, sys; os.sched_setaffinity(0, {{{first}}}); "
+        "from pytest_tfgrpc.servers.tensor_server import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", start, "--cpus", value],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 2
-    assert f"--cpus {value}:" in done.stderr
+    assert (
+        f"error: --cpus {value}: cannot run the server on CPU {second}: not among the CPUs "
+        f"this process may use ({first})"
+    ) in done.stderr
 
 
 PINNED_TEST = """
