@@ -4,6 +4,7 @@ processes, and the plugin end to end (the server's CPUs, the recorded placement,
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -11,8 +12,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.servers import cpus
 from pytest_tfgrpc.servers.cpus import (
     CpuError,
@@ -23,6 +27,7 @@ from pytest_tfgrpc.servers.cpus import (
     pin_process,
     resolve_placement,
 )
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 SERVER = (sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server")
 ALLOWED = frozenset(os.sched_getaffinity(0))
@@ -531,65 +536,351 @@ def test_tfgrpc_server_keeps_within_the_cpus_it_was_given(given: str) -> None:
     ) in done.stderr
 
 
-PINNED_TEST = """
-import os, pathlib
+#: Prints the CPUs of the tensor server, each result's recorded placement, and each floor
+#: server this host pins.
+PINNED_CONFTEST = """
+import pathlib
+import pytest_tfgrpc.bench.floor as floor
 
-def _allowed(pid):
+def allowed(pid):
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
             return line.split(":", 1)[1].strip()
 
+def show(results):
+    for result in results:
+        print("RECORDED", result.label, result.settings["cpu_placement"])
+
+_pin_server = floor.pin_server
+
+def _watched(pid, **kwargs):
+    pinned = _pin_server(pid, **kwargs)
+    print("FLOOR SERVER", allowed(pid) if pinned else "not pinned")
+    return pinned
+
+floor.pin_server = _watched
+"""
+PINNED_TEST = """
+import os
+from conftest import allowed, show
+
 def test_pinned(tfgrpc, tensor_server):
     before = os.sched_getaffinity(0)
-    result = tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=20, warmup=2)
+    tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=20, warmup=2, floor=True)
     assert os.sched_getaffinity(0) == before  # the client's CPUs are given back
-    print("SERVER", _allowed(tensor_server.pid))
-    print("RECORDED", result.settings["cpu_placement"])
+    print("SERVER", allowed(tensor_server.pid))
+    show(tfgrpc.results)
 """
 
 
 @needs_two_cpus
 def test_plugin_pins_the_server_and_records_the_placement(pytester: pytest.Pytester) -> None:
     first, second = sorted(ALLOWED)[:2]
+    pytester.makeconftest(PINNED_CONFTEST)
     pytester.makepyfile(PINNED_TEST)
     junit = pytester.path / "run.xml"
     result = pytester.runpytest_subprocess(
         "-s", f"--tfgrpc-cpus={first}:{second}", f"--junitxml={junit}"
     )
     result.assert_outcomes(passed=1)
+    placed = f"client {first}, server {second}"
     result.stdout.fnmatch_lines(
-        [f"*P2P CPUs client {first}, server {second}*", f"*SERVER {second}", "RECORDED client *"]
+        [
+            f"*P2P CPUs {placed}*",
+            f"*FLOOR SERVER {second}",
+            f"*SERVER {second}",
+            f"RECORDED p2p_latency {placed}",
+            f"RECORDED p2p_latency_floor {placed}",
+        ]
     )
     xml = junit.read_text()
-    assert f'name="tfgrpc.meta.cpu_placement" value="client {first}, server {second}"' in xml
+    assert f'name="tfgrpc.meta.cpu_placement" value="{placed}"' in xml
 
 
 @needs_two_cpus
 def test_plugin_off_leaves_the_server_unpinned(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(PINNED_CONFTEST)
     pytester.makepyfile(PINNED_TEST)
     result = pytester.runpytest_subprocess("-s", "--tfgrpc-cpus=off")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
-        ["*P2P CPUs unpinned*", f"*SERVER {format_cpu_list(ALLOWED)}", "RECORDED unpinned"]
+        [
+            "*P2P CPUs unpinned*",
+            f"*SERVER {format_cpu_list(ALLOWED)}",
+            "RECORDED p2p_latency unpinned",
+            "RECORDED p2p_latency_floor unpinned",
+        ]
     )
+    assert "FLOOR SERVER" not in result.stdout.str()
+
+
+#: An engine whose server has no .pid (as example_suites/custom_ps's MyPS): the plugin's
+#: tensor server behind a handle that does not tell its process.
+NO_PID_ENGINE = """
+import grpc
+from pytest_tfgrpc import Engine, Measured, ServerProcess
+
+class NoPid:
+    def __init__(self, fabric, env):
+        self.process = ServerProcess.start(fabric, env=env)
+        self.target, self.fabric = self.process.target, fabric
+
+    def died(self, grace=0.5):
+        return self.process.died(grace)
+
+    def stop(self):
+        self.process.stop()
+
+class NoPidEngine(Engine):
+    name = "nopid"
+
+    def start_server(self, fabric, env):
+        return NoPid(fabric, env)
+
+    def echo(self, server, tensor, *, mode, rpc, run):
+        with grpc.insecure_channel(server.target) as channel:
+            call = channel.unary_unary("/tfgrpc.RawTensorService/Echo")
+            return Measured.timed(lambda: call(tensor.content), run)
+
+def pytest_tfgrpc_add_engines(registry):
+    registry.add(NoPidEngine())
+"""
+
+
+@needs_two_cpus
+def test_a_server_this_host_did_not_pin_is_recorded_unpinned(pytester: pytest.Pytester) -> None:
+    first, second = sorted(ALLOWED)[:2]
+    pytester.makeconftest(PINNED_CONFTEST + NO_PID_ENGINE)
+    pytester.makepyfile(
+        """
+        import pytest
+        from conftest import allowed, show
+
+        @pytest.mark.tfgrpc_engines("nopid")
+        def test_no_pid(tfgrpc, tensor_server):
+            tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=20, warmup=2, floor=True)
+            print("SERVER", allowed(tensor_server.process.pid))
+            show(tfgrpc.results)
+        """
+    )
+    junit = pytester.path / "run.xml"
+    result = pytester.runpytest_subprocess(
+        "-s", f"--tfgrpc-cpus={first}:{second}", f"--junitxml={junit}"
+    )
+    result.assert_outcomes(passed=1)
+    unpinned = f"client {first}, server unpinned (no local pid)"
+    result.stdout.fnmatch_lines(
+        [
+            f"*P2P CPUs client {first}, server {second}*",  # what the run asked for
+            f"*SERVER {format_cpu_list(ALLOWED)}",
+            f"RECORDED p2p_latency {unpinned}",
+            f"RECORDED p2p_latency_floor {unpinned}",
+        ]
+    )
+    assert "FLOOR SERVER" not in result.stdout.str()  # like the server it stands beside
+    assert f'name="tfgrpc.meta.cpu_placement" value="client {first}, server {second}"' in (
+        junit.read_text()
+    )
+
+
+@needs_two_cpus
+def test_a_cluster_specs_server_is_recorded_unpinned(pytester: pytest.Pytester) -> None:
+    first, second = sorted(ALLOWED)[:2]
+    server = subprocess.Popen(
+        [*SERVER, "--fabric", "lo", "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        started = json.loads(server.stdout.readline())
+        spec = pytester.path / "cluster.json"
+        spec.write_text(json.dumps({"cluster": {"ps": [started["target"]]}}))
+        pytester.makeconftest(PINNED_CONFTEST)
+        pytester.makepyfile(
+            """
+            from conftest import show
+
+            def test_remote(tfgrpc, tensor_server):
+                assert tensor_server.pid is None
+                tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=20, warmup=2)
+                show(tfgrpc.results)
+            """
+        )
+        result = pytester.runpytest_subprocess(
+            "-s", f"--tfgrpc-cpus={first}:{second}", f"--tfgrpc-cluster={spec}"
+        )
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines(
+            [f"*RECORDED p2p_latency client {first}, server unpinned (no local pid)"]
+        )
+        assert _allowed_of(server.pid) == format_cpu_list(ALLOWED)
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(10)
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("pin", [True, False])
+def test_the_floor_server_is_pinned_only_beside_a_pinned_server(
+    monkeypatch: pytest.MonkeyPatch, placement: CpuPlacement, pin: bool
+) -> None:
+    from pytest_tfgrpc.bench import floor
+
+    seen: list[tuple[int, set[frozenset[int]], bool]] = []
+
+    def watched(pid: int, **kwargs: str) -> bool:
+        pinned = cpus.pin_server(pid, **kwargs)
+        seen.append((pid, _cpus_of_threads(pid), cpus.server_pinned(pid)))
+        return pinned
+
+    monkeypatch.setattr(floor, "pin_server", watched)
+    point = SizeResult.from_samples(64, 64, np.array([1], dtype=np.int64), 1)
+    measured = BenchmarkResult("p2p_latency", "p2p_latency", "lo", "x", "raw", "unary", (point,))
+    run = RunSpec(5, 1, max_seconds=5.0, warmup_seconds=1.0)
+    got = floor.transport_floor(resolve_fabric("lo"), measured, run, pin=pin)
+    assert [size.size_bytes for size in got.sizes] == [64]
+    if pin:
+        ((pid, threads, pinned),) = seen
+        assert threads == {placement.server} and pinned
+        assert not cpus.server_pinned(pid)  # released once the floor server stopped
+    else:
+        assert seen == []
+
+
+#: A placement that goes bad after the run started (as when the pytest process is moved into a
+#: cpuset cgroup without those CPUs): CPU 4000 for the server, then for the client.
+GONE_CPU_TEST = """
+import dataclasses, os, pathlib, threading
+import pytest
+from pytest_tfgrpc.servers import cpus
+
+@pytest.fixture
+def cpu_gone(request, tfgrpc):
+    placed = cpus.current_placement()
+    cpus.use_placement(dataclasses.replace(placed, **{request.param: frozenset({4000})}))
+    yield
+    cpus.use_placement(placed)
+
+def threads_cpus():
+    # Every thread's CPUs (those started meanwhile too): this process's CPUs, all of them.
+    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+
+@pytest.mark.parametrize("cpu_gone", ["server"], indirect=True)
+def test_server_cpu_gone(cpu_gone, tensor_server):
+    pass
+
+@pytest.mark.parametrize("cpu_gone", ["client"], indirect=True)
+def test_client_cpu_gone(tfgrpc, tensor_server, cpu_gone):
+    try:
+        tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=20, warmup=2)
+    finally:
+        assert threads_cpus() == {frozenset(ALL)}
+
+def test_after(tfgrpc, tensor_server):
+    # No server of the failed setup is left running, and this process kept its CPUs.
+    children = [
+        int(pid)
+        for task in pathlib.Path("/proc/self/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    servers = [
+        pid for pid in children
+        if b"tensor_server" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert servers == [tensor_server.pid]
+    assert os.sched_getaffinity(0) == ALL
+
+def test_two_calls_in_threads(tfgrpc, tensor_server):
+    errors = []
+
+    def measure(label):
+        try:
+            tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=300, warmup=2, label=label)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=measure, args=(f"t{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert threads_cpus() == {frozenset(ALL)}
+"""
+
+
+@needs_two_cpus
+def test_cpus_refused_mid_run_fail_the_test_clearly_and_leave_nothing_pinned(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(GONE_CPU_TEST.replace("ALL", repr(set(ALLOWED))))
+    result = pytester.runpytest_subprocess("--tfgrpc-cpus=auto")
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_server_cpu_gone*: cannot run the grpcio tensor server (--tfgrpc-cpus) on "
+            "CPU 4000: not among the CPUs it may use now*",
+            "*CpuError: cannot run the P2P client (--tfgrpc-cpus) on CPU 4000: not among the "
+            "CPUs it may use now*",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
 
 
 @pytest.mark.parametrize(
     ("value", "fault"),
     [
-        ("0:999", "the server CPUs 999 are not among"),
+        ("0:999", "the server CPUs: cannot run on CPU 999: not among"),
         ("fast", "'fast' is not a placement"),
         ("0-:1", "the client CPUs: '0-' is not a CPU number"),
+        ("0-30000000:1", "the client CPUs: '0-30000000': CPU 30000000 is above 65535"),
+        ("0:1-4000000000", "the server CPUs: '1-4000000000': CPU 4000000000 is above 65535"),
     ],
 )
-def test_plugin_refuses_a_bad_placement_naming_the_option(
-    pytester: pytest.Pytester, value: str, fault: str
+@pytest.mark.parametrize("source", ["--tfgrpc-cpus", "tfgrpc_cpus (ini)"])
+def test_plugin_refuses_a_bad_placement_naming_where_it_came_from(
+    pytester: pytest.Pytester, value: str, fault: str, source: str
 ) -> None:
-    pytester.makepyfile(PINNED_TEST)
-    result = pytester.runpytest_subprocess(f"--tfgrpc-cpus={value}")
+    pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
+    if source.startswith("--"):
+        result = pytester.runpytest_subprocess(f"--tfgrpc-cpus={value}")
+    else:
+        pytester.makeini(f"[pytest]\ntfgrpc_cpus = {value}\n")
+        result = pytester.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --tfgrpc-cpus: *{fault}*"])
+    result.stderr.fnmatch_lines([f"ERROR: {source}: *{fault}*"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def _header_of(value: str) -> str:
+    placed = resolve_placement(value)
+    return f"*P2P CPUs {placed.describe() if placed else 'unpinned'}"
+
+
+@pytest.mark.parametrize(
+    ("ini", "args", "expected"),
+    [
+        # An empty value is no value, as for the other tfgrpc options.
+        ("tfgrpc_cpus =", (), "auto"),
+        ("tfgrpc_cpus =   ", (), "auto"),
+        (None, ("--tfgrpc-cpus=",), "auto"),
+        (None, ("--tfgrpc-cpus= ",), "auto"),
+        ("tfgrpc_cpus = off", ("--tfgrpc-cpus=",), "off"),  # the ini file's, then
+        ("tfgrpc_cpus = fast", ("--tfgrpc-cpus=off",), "off"),  # the command line wins
+    ],
+)
+def test_an_empty_placement_is_no_placement_given(
+    pytester: pytest.Pytester, ini: str | None, args: tuple[str, ...], expected: str
+) -> None:
+    pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
+    if ini is not None:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([_header_of(expected)])
 
 
 @pytest.mark.parametrize(
