@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -573,16 +574,26 @@ def test_pinned(tfgrpc, tensor_server):
 """
 
 
-@needs_two_cpus
-def test_plugin_pins_the_server_and_records_the_placement(pytester: pytest.Pytester) -> None:
+def _run_placed(
+    pytester: pytest.Pytester, conftest: str, test: str
+) -> tuple[pytest.RunResult, str]:
+    """Run ``test`` (one that passes) with ``--tfgrpc-cpus=<first CPU>:<second CPU>``: its
+    output and its JUnit XML."""
     first, second = sorted(ALLOWED)[:2]
-    pytester.makeconftest(PINNED_CONFTEST)
-    pytester.makepyfile(PINNED_TEST)
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test)
     junit = pytester.path / "run.xml"
     result = pytester.runpytest_subprocess(
         "-s", f"--tfgrpc-cpus={first}:{second}", f"--junitxml={junit}"
     )
     result.assert_outcomes(passed=1)
+    return result, junit.read_text()
+
+
+@needs_two_cpus
+def test_plugin_pins_the_server_and_records_the_placement(pytester: pytest.Pytester) -> None:
+    first, second = sorted(ALLOWED)[:2]
+    result, xml = _run_placed(pytester, PINNED_CONFTEST, PINNED_TEST)
     placed = f"client {first}, server {second}"
     result.stdout.fnmatch_lines(
         [
@@ -593,7 +604,6 @@ def test_plugin_pins_the_server_and_records_the_placement(pytester: pytest.Pytes
             f"RECORDED p2p_latency_floor {placed}",
         ]
     )
-    xml = junit.read_text()
     assert f'name="tfgrpc.meta.cpu_placement" value="{placed}"' in xml
 
 
@@ -650,8 +660,7 @@ def pytest_tfgrpc_add_engines(registry):
 @needs_two_cpus
 def test_a_server_this_host_did_not_pin_is_recorded_unpinned(pytester: pytest.Pytester) -> None:
     first, second = sorted(ALLOWED)[:2]
-    pytester.makeconftest(PINNED_CONFTEST + NO_PID_ENGINE)
-    pytester.makepyfile(
+    test = textwrap.dedent(
         """
         import pytest
         from conftest import allowed, show
@@ -663,11 +672,7 @@ def test_a_server_this_host_did_not_pin_is_recorded_unpinned(pytester: pytest.Py
             show(tfgrpc.results)
         """
     )
-    junit = pytester.path / "run.xml"
-    result = pytester.runpytest_subprocess(
-        "-s", f"--tfgrpc-cpus={first}:{second}", f"--junitxml={junit}"
-    )
-    result.assert_outcomes(passed=1)
+    result, xml = _run_placed(pytester, PINNED_CONFTEST + NO_PID_ENGINE, test)
     unpinned = f"client {first}, server unpinned (no local pid)"
     result.stdout.fnmatch_lines(
         [
@@ -678,9 +683,7 @@ def test_a_server_this_host_did_not_pin_is_recorded_unpinned(pytester: pytest.Py
         ]
     )
     assert "FLOOR SERVER" not in result.stdout.str()  # like the server it stands beside
-    assert f'name="tfgrpc.meta.cpu_placement" value="client {first}, server {second}"' in (
-        junit.read_text()
-    )
+    assert f'name="tfgrpc.meta.cpu_placement" value="client {first}, server {second}"' in xml
 
 
 @needs_two_cpus
