@@ -31,7 +31,7 @@ from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_br
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.cpus import measuring_cpus, placement_setting
+from pytest_tfgrpc.servers.cpus import measuring_cpus, result_placement, server_pinned
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_size, parse_sizes
@@ -253,18 +253,25 @@ class Driver:
                         server, messages, streams=count, **options
                     )
                     for each in both.streams:
-                        self.record(_placed(self._engine_result(each, measuring)))
-                    result = self.record(_placed(self._engine_result(both.aggregate, measuring)))
+                        self.record(_placed(self._engine_result(each, measuring), server))
+                    aggregate = self._engine_result(both.aggregate, measuring)
+                    result = self.record(_placed(aggregate, server))
                 else:
                     result = self._keeping_partial(
-                        measuring, benchmark, server, messages, measure, placed=True
+                        measuring, benchmark, server, messages, measure, placed=server
                     )
-                    result = self.record(_placed(self._engine_result(result, measuring)))
+                    result = self.record(_placed(self._engine_result(result, measuring), server))
                 if floor_launcher is not None:
+                    # The floor server on the measured server's CPUs if that one was pinned.
                     floor_result = transport_floor(
-                        server.fabric, result, run, env=self._server_env, launcher=floor_launcher
+                        server.fabric,
+                        result,
+                        run,
+                        env=self._server_env,
+                        launcher=floor_launcher,
+                        pin=server_pinned(getattr(server, "pid", None)),
                     )
-                    self.record(_placed(floor_result))
+                    self.record(_placed(floor_result, server))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
         return result
@@ -452,13 +459,13 @@ class Driver:
         engine: Engine,
         benchmark: Callable[..., R],
         *args: Any,
-        placed: bool = False,
+        placed: Server | None = None,
         **kwargs: Any,
     ) -> R:
         """``benchmark(*args, **kwargs)``, measuring with ``engine``; if it fails after
         measuring some sizes, those are recorded on the test before the failure goes on (JUnit
         and the results file keep them, their settings marked ``interrupted``; ``placed``:
-        with the CPU placement, a P2P benchmark's)."""
+        the server of a P2P benchmark, to record the CPU placement with)."""
         __tracebackhide__ = True
         try:
             return benchmark(*args, **kwargs)
@@ -468,7 +475,7 @@ class Driver:
                 # The failure that interrupted the sweep is the one to report, not a budget.
                 with contextlib.suppress(BudgetExceeded):
                     partial = self._engine_result(partial, engine)
-                    self.record(_placed(partial) if placed else partial)
+                    self.record(partial if placed is None else _placed(partial, placed))
             raise
 
     def _check_label(self, label: str) -> None:
@@ -504,6 +511,8 @@ class Driver:
         return result
 
 
-def _placed(result: R) -> R:
-    """``result`` with the CPU placement its P2P figures were measured under recorded."""
-    return replace(result, settings=MappingProxyType({**result.settings, **placement_setting()}))
+def _placed(result: R, server: Server) -> R:
+    """``result`` with the CPU placement its P2P figures were measured under recorded: the
+    client's, and whether this host pinned ``server``."""
+    placement = result_placement(getattr(server, "pid", None))
+    return replace(result, settings=MappingProxyType({**result.settings, **placement}))

@@ -24,7 +24,7 @@ from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec, Samples, measure
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.servers.cpus import pin_server
+from pytest_tfgrpc.servers.cpus import pin_server, release_server
 from pytest_tfgrpc.servers.floor_server import (
     ACK_BYTE,
     HEADER,
@@ -223,11 +223,14 @@ def transport_floor(
     *,
     env: Mapping[str, str] | None = None,
     launcher: Launcher = LOCAL,
+    pin: bool = False,
 ) -> BenchmarkResult:
     """Measure the raw-TCP floor of every size of ``result`` on ``fabric``; ``env`` is the
     floor server's environment (the servers' allocator settings, to compare like with like).
     With a node agent's ``launcher`` (the one the measured server ran through), the floor
-    server runs on that host, so the floor is taken between the same two hosts.
+    server runs on that host, so the floor is taken between the same two hosts. ``pin``
+    (when the measured server was pinned, so on this host): the floor server runs on the
+    placement's server CPUs (``--tfgrpc-cpus``) too.
 
     The result is labelled ``<label>_floor``; its ``elapsed_ns`` per size is the sum of its
     samples (the floor's operations run back to back).
@@ -238,20 +241,23 @@ def transport_floor(
     host = launcher.address or host
     sizes = []
     with FloorServer.start(host, env=env, launcher=launcher) as server:
-        if launcher is LOCAL:  # the same CPUs as the measured server (--tfgrpc-cpus)
-            pin_server(server.pid)
-        for size in result.sizes:
-            samples = timed(host, server.port, size.size_bytes, run)
-            sizes.append(
-                SizeResult.from_samples(
-                    size.size_bytes,
-                    size.size_bytes,
-                    samples,
-                    int(samples.sum()),
-                    payload=size.payload,
-                    buffers=size.buffers,
+        pinned = pin and launcher is LOCAL and pin_server(server.pid, who="the floor server")
+        try:
+            for size in result.sizes:
+                samples = timed(host, server.port, size.size_bytes, run)
+                sizes.append(
+                    SizeResult.from_samples(
+                        size.size_bytes,
+                        size.size_bytes,
+                        samples,
+                        int(samples.sum()),
+                        payload=size.payload,
+                        buffers=size.buffers,
+                    )
                 )
-            )
+        finally:
+            if pinned:
+                release_server(server.pid)
         target = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
     return BenchmarkResult(
         benchmark="tcp_floor_latency" if latency else "tcp_floor_bandwidth",

@@ -93,7 +93,7 @@ def tensor_server(
     from pytest_tfgrpc.plugin.engines import engine_for, server_engine_of
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
-    from pytest_tfgrpc.servers.cpus import pin_server
+    from pytest_tfgrpc.servers.cpus import CpuError, pin_server, release_server
     from pytest_tfgrpc.servers.processes import ServerError
 
     fabric = tfgrpc_fabric
@@ -131,15 +131,23 @@ def tensor_server(
             server: EngineServer = engine.start_server(fabric, session.server_env, need)
         else:
             server = engine.start_server(fabric, session.server_env)
-        # On the server side of the run's CPU placement (--tfgrpc-cpus), for its lifetime.
-        pin_server(getattr(server, "pid", None))
     except (EngineError, ServerError) as exc:
         _engine_failed(request.node.nodeid, engine.name, exc)
     started.append(server)
+    # On the server side of the run's CPU placement (--tfgrpc-cpus), for its lifetime, when it
+    # is a local process (.pid); results record whether it was.
+    pid = getattr(server, "pid", None)
+    try:
+        pin_server(pid, who=f"the {engine.name} tensor server")
+    except CpuError as exc:
+        server.stop()
+        started.remove(server)
+        pytest.fail(f"{request.node.nodeid}: {exc}", pytrace=False)
     request.node.stash.setdefault(watched_key, []).append(server)
     try:
         yield server
     finally:
+        release_server(pid)
         server.stop()
         if server in started:
             started.remove(server)

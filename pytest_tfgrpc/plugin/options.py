@@ -30,10 +30,11 @@ ALLOCATOR_HELP = (
     "with every result."
 )
 CPUS_HELP = (
-    "where P2P tests measure on this host: 'auto' (default) pins the measuring client and the "
-    "servers it starts to two disjoint halves of the usable CPUs (split by physical core; "
-    "nothing on one core), 'off' leaves them to the scheduler, CLIENT:SERVER names two CPU "
-    "lists (e.g. 0:1 or 0-3:4-7). Recorded with every result"
+    "where P2P tests measure on this host: 'auto' (default; an empty value counts as none "
+    "given) pins the measuring client and the servers it starts to two disjoint halves of the "
+    "usable CPUs (split by physical core; nothing on one core), 'off' leaves them to the "
+    "scheduler, CLIENT:SERVER names two CPU lists, which may overlap (e.g. 0:1, 0-3:4-7, 0:0). "
+    "Recorded with every result, with whether its server was pinned"
 )
 BASELINE_HELP = (
     "an earlier run to gate against: its JUnit XML, a directory of runs' JUnit files (sorted "

@@ -178,11 +178,11 @@ def start(config: pytest.Config) -> RunState:
     except ValueError as exc:
         raise pytest.UsageError(f"tfgrpc_allocator: {exc}") from None
     tls = _tls_files(config)
-    cpus = config.getoption("tfgrpc_cpus") or config.getini("tfgrpc_cpus")
+    cpus, source = _cpus_option(config)
     try:
-        use_placement(resolve_placement(str(cpus)))
+        use_placement(resolve_placement(cpus))
     except CpuError as exc:
-        raise pytest.UsageError(f"--tfgrpc-cpus: {exc}") from None
+        raise pytest.UsageError(f"{source}: {exc}") from None
     # Every process the run starts gets the run's allocator policy (tfgrpc-server applies
     # it as the plugin does) and its TLS setting.
     server_env = {
@@ -252,6 +252,17 @@ def _write_suite_properties(config: pytest.Config, state: RunState) -> None:
     for name, value in state.meta.items():
         logxml.add_global_property(name, value)
     state.meta_written = True
+
+
+def _cpus_option(config: pytest.Config) -> tuple[str, str]:
+    """The CPU placement asked for and where it came from (for errors): ``--tfgrpc-cpus``,
+    else the ini file's ``tfgrpc_cpus``, else ``auto``. An empty value is no value, as for
+    the other tfgrpc options: an empty ``--tfgrpc-cpus=`` leaves it to the ini file, an empty
+    ``tfgrpc_cpus =`` to ``auto``."""
+    given = str(config.getoption("tfgrpc_cpus") or "").strip()
+    if given:
+        return given, "--tfgrpc-cpus"
+    return str(config.getini("tfgrpc_cpus") or "").strip() or "auto", "tfgrpc_cpus (ini)"
 
 
 def header_lines(config: pytest.Config, state: RunState) -> list[str]:

@@ -142,7 +142,8 @@ def run_metadata(
     ``PYTEST_XDIST_WORKER_COUNT``. Versions are those of the installed distributions
     (``not installed`` for a missing one); a figure the system does not report is
     ``unknown``. ``allocator`` is the run's allocator policy (``--tfgrpc-allocator``);
-    ``cpu_placement`` the CPU placement of P2P tests in force (``--tfgrpc-cpus``).
+    ``cpu_placement`` the CPU placement of P2P tests the run asked for (``--tfgrpc-cpus``; each
+    P2P result records what it got).
     """
     env = os.environ if environ is None else environ
     fabrics = tuple(fabrics)

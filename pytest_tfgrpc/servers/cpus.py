@@ -7,31 +7,39 @@ up to 30 %; with the client on CPU 0 and the server on CPU 1 the rounds' spread 
 ~15 % to ~2 % (benchmarks/results/gate_calibration_notes.md). pyperf pins its workers and
 Google Benchmark's guide to reducing variance says ``taskset``, for the same reason.
 
-The **placement** gives the client and the server disjoint sets of CPUs, split by physical
-core (SMT siblings stay on one side), so that neither waits for the other's core:
+The **placement** names the CPUs of the client and those of the server:
 
-- ``auto`` (the default): the CPUs this process may use, split by core into two halves, the
-  client the lower half; left unpinned when there is only one core.
+- ``auto`` (the default): the CPUs this process may use, split by physical core into two
+  disjoint halves (SMT siblings stay on one side), the client the lower half, so that neither
+  waits for the other's core; left unpinned when there is only one core.
 - ``off``: nothing is pinned.
 - ``CLIENT:SERVER``: two CPU lists in the kernel's cpulist form, e.g. ``0:1`` or ``0-3:4-7``.
+  They may overlap (``0:0`` measures client and server sharing one core, a legitimate
+  experiment); the recorded placement shows both lists as given.
 
 The client is pinned while it measures P2P figures (every thread of the measuring process,
 and so the processes it starts then, such as the native client); servers this host starts
-for P2P tests (tensor server, floor server) are pinned for their lifetime. PS clusters are
-left to the scheduler: their tasks outnumber the cores. The placement is recorded with every
-result (``cpu_placement``) and in the run metadata, so that runs under other placements are
-never compared blindly.
+for P2P tests (tensor server, floor server) are pinned for their lifetime, when this host
+knows their process (a ``.pid`` of a local process). PS clusters are left to the scheduler:
+their tasks outnumber the cores. The run's placement is recorded in the run metadata, and
+each P2P result records what happened to its client and server (``cpu_placement``: ``client
+0, server 1``, or ``client 0, server unpinned (...)`` for a server started elsewhere), so that
+runs under other placements are never compared blindly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "MAX_CPU",
     "CpuError",
     "CpuPlacement",
     "current_placement",
@@ -41,11 +49,19 @@ __all__ = [
     "pin_process",
     "pin_server",
     "placement_setting",
+    "release_server",
+    "require_allowed",
     "resolve_placement",
+    "result_placement",
+    "server_pinned",
     "use_placement",
 ]
 
 _SYS_CPU = Path("/sys/devices/system/cpu")
+#: The largest CPU number a CPU list may name: far above any machine's (Linux's NR_CPUS is at
+#: most 8192), low enough that a list is checked before it is expanded into a set.
+MAX_CPU = 65535
+_CPU_RANGE = re.compile(r"(?P<first>[0-9]+)(?:-(?P<last>[0-9]+))?", re.ASCII)
 
 
 class CpuError(ValueError):
@@ -54,8 +70,9 @@ class CpuError(ValueError):
 
 @dataclass(frozen=True)
 class CpuPlacement:
-    """Disjoint CPU sets (CPU numbers as the kernel counts them) for the measuring client
-    and the servers started on this host."""
+    """CPU sets (CPU numbers as the kernel counts them) for the measuring client and the
+    servers started on this host: disjoint under ``auto``, as given (maybe overlapping) for
+    explicit lists."""
 
     client: frozenset[int]
     server: frozenset[int]
@@ -67,19 +84,26 @@ class CpuPlacement:
 
 def parse_cpu_list(text: str) -> frozenset[int]:
     """The CPUs of a kernel cpulist (``0``, ``0-3,6``, as in ``taskset -c`` and
-    ``/sys/.../cpulist``). Raises :class:`CpuError` naming the part at fault."""
+    ``/sys/.../cpulist``), each from 0 to :data:`MAX_CPU`. Raises :class:`CpuError` naming
+    the part at fault."""
     cpus: set[int] = set()
     if not text.strip():
         raise CpuError("an empty CPU list")
     for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        try:
-            first = int(low)
-            last = int(high) if dash else first
-        except ValueError:
-            raise CpuError(f"{part.strip()!r} is not a CPU number or range (e.g. 0-3)") from None
-        if first < 0 or last < first:
-            raise CpuError(f"{part.strip()!r} is not a CPU range: numbers from 0, low-high")
+        part = part.strip()
+        match = _CPU_RANGE.fullmatch(part)
+        if match is None:
+            raise CpuError(f"{part!r} is not a CPU number or range (e.g. 0-3)")
+        # Bounded before anything is expanded (or a long digit string converted).
+        for number in filter(None, (match["first"], match["last"])):
+            if len(number.lstrip("0")) > len(str(MAX_CPU)) or int(number) > MAX_CPU:
+                raise CpuError(
+                    f"{part!r}: CPU {number} is above {MAX_CPU}, the largest CPU number accepted"
+                )
+        first = int(match["first"])
+        last = int(match["last"] or first)
+        if last < first:
+            raise CpuError(f"{part!r} is not a CPU range: numbers from 0, low-high")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
 
@@ -146,16 +170,33 @@ def resolve_placement(
     for side, text in (("client", client_text), ("server", server_text)):
         try:
             cpus = parse_cpu_list(text)
+            require_allowed(cpus, allowed)
         except CpuError as exc:
             raise CpuError(f"{value!r}: the {side} CPUs: {exc}") from None
-        outside = cpus - allowed
-        if outside:
-            raise CpuError(
-                f"{value!r}: the {side} CPUs {format_cpu_list(outside)} are not among the CPUs "
-                f"this process may use ({format_cpu_list(allowed)})"
-            )
         sides[side] = cpus
     return CpuPlacement(client=sides["client"], server=sides["server"])
+
+
+def _cannot_run(who: str | None, cpus: Iterable[int]) -> str:
+    cpus = sorted(cpus)
+    where = f"CPU {cpus[0]}" if len(cpus) == 1 else f"CPUs {format_cpu_list(cpus)}"
+    return f"cannot run {who} on {where}" if who else f"cannot run on {where}"
+
+
+def require_allowed(
+    cpus: frozenset[int], allowed: frozenset[int] | None = None, *, who: str | None = None
+) -> None:
+    """Raise :class:`CpuError` (``cannot run on CPU 5: not among the CPUs this process may
+    use (0-1)``; ``who``, e.g. ``the server``, after ``run``) unless every CPU of ``cpus``
+    is among ``allowed`` (default: the CPUs this process may use now), so that a CPU list
+    neither names CPUs this host lacks nor leaves the CPUs a ``taskset`` or cpuset gave."""
+    allowed = frozenset(os.sched_getaffinity(0)) if allowed is None else allowed
+    outside = cpus - allowed
+    if outside:
+        raise CpuError(
+            f"{_cannot_run(who, outside)}: not among the CPUs this process may use "
+            f"({format_cpu_list(allowed)})"
+        )
 
 
 def _threads(pid: int) -> list[int]:
@@ -165,18 +206,59 @@ def _threads(pid: int) -> list[int]:
         return []
 
 
-def pin_process(pid: int, cpus: frozenset[int]) -> None:
+def _affinity(tid: int) -> str:
+    try:
+        return format_cpu_list(os.sched_getaffinity(tid))
+    except OSError:
+        return "unknown"
+
+
+def pin_process(pid: int, cpus: frozenset[int], *, who: str | None = None) -> None:
     """Pin every thread of process ``pid`` to ``cpus`` (threads it starts later inherit
-    it). Threads that end meanwhile are skipped; raises ProcessLookupError when the process
-    is gone, PermissionError when it is not ours."""
-    if not _threads(pid):
+    it), and check that the kernel gave each thread all of them.
+
+    Threads that end meanwhile are skipped. Raises ProcessLookupError when the process is
+    gone, and :class:`CpuError` (leading with ``cannot run <who> on CPU n``; ``who``
+    defaults to ``process <pid>``) when the kernel refuses the CPUs or gives fewer: CPUs
+    that do not exist or are offline, outside the process's cpuset (a cgroup it was moved
+    into), or a process that is not ours. Threads pinned before a refusal stay pinned:
+    giving them their CPUs back is the caller's (:func:`measuring_cpus` does).
+    """
+    who = who or f"process {pid}"
+    threads = _threads(pid)
+    if not threads:
         raise ProcessLookupError(f"process {pid} is gone")
-    for tid in _threads(pid):
-        with contextlib.suppress(ProcessLookupError):
+    for tid in threads:
+        try:
             os.sched_setaffinity(tid, cpus)
+            got = frozenset(os.sched_getaffinity(tid))
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+        except OSError as exc:
+            cannot = _cannot_run(who, cpus)
+            if exc.errno == errno.EINVAL:  # no CPU of the list is online and in its cpuset
+                raise CpuError(
+                    f"{cannot}: not among the CPUs it may use now ({_affinity(tid)})"
+                ) from None
+            if exc.errno == errno.EPERM:
+                raise CpuError(f"{cannot}: not permitted (not this user's process)") from None
+            raise CpuError(f"{cannot}: {exc.strerror or exc}") from None
+        if got != cpus:  # the kernel kept only the CPUs it may use
+            raise CpuError(
+                f"{_cannot_run(who, cpus - got)}: not among the CPUs it may use now (the "
+                f"kernel gave it {format_cpu_list(got)} of {format_cpu_list(cpus)})"
+            )
 
 
+# The run's placement, the servers this process pinned (pids) and the measurements under way
+# (threads of one test may measure at once); _lock guards the last two.
 _placement: CpuPlacement | None = None
+_lock = threading.Lock()
+_pinned: set[int] = set()
+_measuring = 0
+_saved: tuple[dict[int, frozenset[int]], frozenset[int]] = ({}, frozenset())
+#: The option whose placement pins, named in errors.
+_OPTION = "--tfgrpc-cpus"
 
 
 def use_placement(placement: CpuPlacement | None) -> None:
@@ -191,38 +273,125 @@ def current_placement() -> CpuPlacement | None:
 
 
 def placement_setting() -> dict[str, str]:
-    """``{"cpu_placement": ...}``: how P2P figures of this process are placed, recorded with
-    each result and in the run metadata."""
+    """``{"cpu_placement": ...}``: the placement the run asked for (``client 0, server 1`` or
+    ``unpinned``), recorded in the run metadata and the header. A result records what
+    happened instead (:func:`result_placement`)."""
     return {"cpu_placement": _placement.describe() if _placement else "unpinned"}
 
 
-def pin_server(pid: int | None) -> None:
-    """Pin a server this host started (``pid``) to the placement's server CPUs; nothing
-    without a placement, for a server started elsewhere (``pid`` None) or one that has
-    already ended (its death is reported by whoever watches it)."""
-    if _placement is not None and pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            pin_process(pid, _placement.server)
+def result_placement(server_pid: int | None) -> dict[str, str]:
+    """``{"cpu_placement": ...}`` of a P2P result measured against the server of process
+    ``server_pid`` (None: no process known here): ``client 0, server 1`` when this process
+    pinned that server (:func:`pin_server`), ``client 0, server unpinned (...)`` when not
+    (a cluster spec's server, one a node agent started, an engine's server without a
+    ``.pid``), ``unpinned`` without a placement. The client is always pinned under one."""
+    placement = _placement
+    if placement is None:
+        return {"cpu_placement": "unpinned"}
+    if server_pinned(server_pid):
+        return {"cpu_placement": placement.describe()}
+    why = "no local pid" if server_pid is None else "started elsewhere"
+    client = format_cpu_list(placement.client)
+    return {"cpu_placement": f"client {client}, server unpinned ({why})"}
+
+
+def pin_server(pid: object, *, who: str = "the server") -> bool:
+    """Pin the server of process ``pid``, which this host started, to the placement's server
+    CPUs for its lifetime, and remember it (:func:`server_pinned`) until
+    :func:`release_server`. Whether it was pinned: not without a placement, for a ``pid``
+    that is no process id (None: a server started elsewhere), or a server that has already
+    ended (its death is reported by whoever watches it). Raises :class:`CpuError` (naming
+    ``who`` and ``--tfgrpc-cpus``) when the kernel refuses the CPUs; the caller stops the
+    server."""
+    placement = _placement
+    if placement is None or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        pin_process(pid, placement.server, who=f"{who} ({_OPTION})")
+    except ProcessLookupError:
+        return False
+    with _lock:
+        _pinned.add(pid)
+    return True
+
+
+def release_server(pid: object) -> None:
+    """Forget that the server of process ``pid`` was pinned (it has stopped, and its pid may
+    be reused)."""
+    with _lock:
+        _pinned.difference_update([pid])
+
+
+def server_pinned(pid: object) -> bool:
+    """Whether :func:`pin_server` pinned process ``pid`` and it has not been released."""
+    with _lock:
+        return pid in _pinned
 
 
 @contextlib.contextmanager
 def measuring_cpus() -> Iterator[None]:
     """Run the block with every thread of this process on the placement's client CPUs, and
     give each thread back the CPUs it had (threads started in the block get the process's
-    CPUs); nothing without a placement."""
-    if _placement is None:
+    CPUs); nothing without a placement.
+
+    Blocks may overlap (P2P calls in threads of one test): the first to enter saves every
+    thread's CPUs and pins, the last to leave gives them back. Raises :class:`CpuError`
+    (naming ``--tfgrpc-cpus``) when the kernel refuses the client CPUs, every thread's CPUs
+    given back first.
+    """
+    placement = _placement
+    if placement is None:
         yield
         return
-    pid = os.getpid()
-    before = {}
-    for tid in _threads(pid):
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            before[tid] = frozenset(os.sched_getaffinity(tid))
-    process_cpus = before.get(pid, frozenset(os.sched_getaffinity(0)))
-    pin_process(pid, _placement.client)
+    _start_measuring(placement.client)
     try:
         yield
     finally:
-        for tid in _threads(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(tid, before.get(tid, process_cpus))
+        _stop_measuring()
+
+
+def _start_measuring(cpus: frozenset[int]) -> None:
+    global _measuring, _saved
+    with _lock:
+        if _measuring == 0:
+            pid = os.getpid()
+            saved: dict[int, frozenset[int]] = {}
+            for tid in _threads(pid):
+                with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    saved[tid] = frozenset(os.sched_getaffinity(tid))
+            process_cpus = saved.get(pid) or frozenset(os.sched_getaffinity(0))
+            try:
+                pin_process(pid, cpus, who=f"the P2P client ({_OPTION})")
+            except BaseException:
+                _restore(saved, process_cpus)
+                raise
+            _saved = (saved, process_cpus)
+        _measuring += 1
+
+
+def _stop_measuring() -> None:
+    global _measuring, _saved
+    with _lock:
+        _measuring -= 1
+        if _measuring == 0:
+            saved, _saved = _saved, ({}, frozenset())
+            _restore(*saved)
+
+
+def _restore(saved: dict[int, frozenset[int]], process_cpus: frozenset[int]) -> None:
+    """Give every thread of this process the CPUs of ``saved`` (a thread started since:
+    ``process_cpus``), all threads tried before a refusal is raised."""
+    refused = []
+    for tid in _threads(os.getpid()):
+        cpus = saved.get(tid, process_cpus)
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            continue
+        except OSError as exc:
+            refused.append(f"thread {tid} its CPUs {format_cpu_list(cpus)} ({exc.strerror})")
+    if refused:
+        raise CpuError(
+            f"cannot give the P2P client back its CPUs ({_OPTION}): {'; '.join(refused)}; "
+            f"it stays on {_affinity(os.getpid())}"
+        )

@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
-from pytest_tfgrpc.servers.cpus import CpuError, parse_cpu_list, pin_process
+from pytest_tfgrpc.servers.cpus import CpuError, parse_cpu_list, pin_process, require_allowed
 from pytest_tfgrpc.servers.parameter_server import ParameterServer
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_size
 from pytest_tfgrpc.wire import channels as transport
@@ -373,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpus",
         metavar="LIST",
-        help="run on these CPUs only (a cpulist, e.g. 1 or 4-7), as the plugin pins the "
-        "servers it starts (--tfgrpc-cpus); default: wherever the scheduler puts it",
+        help="run on these CPUs only (a cpulist, e.g. 1 or 4-7; among the CPUs it may use), as "
+        "the plugin pins the servers it starts (--tfgrpc-cpus); default: wherever the "
+        "scheduler puts it",
     )
     parser.add_argument(
         "--allocator",
@@ -417,8 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus is not None:
         # Before the server starts its threads, which inherit the CPUs.
         try:
-            pin_process(os.getpid(), parse_cpu_list(args.cpus))
-        except (CpuError, OSError) as exc:
+            cpus = parse_cpu_list(args.cpus)
+            # Never CPUs this host lacks, nor outside those a taskset or cpuset gave it.
+            require_allowed(cpus, who="the server")
+            pin_process(os.getpid(), cpus, who="the server")
+        except CpuError as exc:
             parser.error(f"--cpus {args.cpus}: {exc}")
     try:
         delay_s = parse_duration_ns(args.delay) / 1e9
