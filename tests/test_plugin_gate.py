@@ -284,7 +284,12 @@ def test_ps_figures_are_gated_across_runs_not_samples(pytester: pytest.Pytester)
     pytester.makepyfile(test_ps=PS_SUITE)
     for i in range(3):
         pytester.runpytest(f"--junitxml=main-runs/run-{i}.xml").assert_outcomes(passed=1)
-    pr = pytester.runpytest("--junitxml=pr.xml", "--tfgrpc-baseline=main-runs", "-rA")
+    # A generous tolerance: the test is about which test judges the figures; whether drift
+    # passes it is tested on figures with known spreads (test_gate_replication.py), not on
+    # what a loaded machine happens to measure here.
+    pr = pytester.runpytest(
+        "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs", "--tfgrpc-max-regression=200%"
+    )
     assert pr.ret == pytest.ExitCode.OK, pr.stdout.str()[-3000:]
     reasons = cases_properties(pytester.path / "pr.xml")
     throughput = reasons["tfgrpc.ps_throughput.64KiB.throughput.verdict_reason"]
