@@ -904,3 +904,22 @@ def test_a_placement_differing_from_the_baselines_is_a_setup_mismatch(
         mismatch.describe() == f"cpu_placement: baseline {old or '(not recorded)'}, current {new}"
     )
     assert check_metadata(base, meta, ["lo"]) == ()
+
+
+@needs_two_cpus
+def test_a_server_a_suite_started_itself_is_pinned_when_measured_and_no_other_process(
+    placement: CpuPlacement, child: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A suite's own fixture (ServerProcess.start) leaves its server to the scheduler: the
+    # driver pins it before measuring, when it is a child of this process.
+    assert cpus.pin_child_server(child.pid) is True
+    threads = os.listdir(f"/proc/{child.pid}/task")
+    assert all(_cpus_of_thread(int(t)) == placement.server for t in threads)
+    assert cpus.result_placement(child.pid)["cpu_placement"] == placement.describe()
+    cpus.release_server(child.pid)
+    # Never a process that is not ours to place: this process's parent, init, a bad pid.
+    tried: list[object] = []
+    monkeypatch.setattr(cpus, "pin_server", lambda pid, **kw: tried.append(pid) or True)
+    for pid in (os.getppid(), 1, os.getpid(), None, -3, True, 99_999_999):
+        assert cpus.pin_child_server(pid) is False, pid
+    assert tried == []

@@ -262,6 +262,9 @@ def test_the_readme_ci_recipe(pytester: pytest.Pytester) -> None:
         pr = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs")
         assert pr.ret == pytest.ExitCode.OK, pr.stdout.str()[-3000:]
         pr.stdout.fnmatch_lines(["*baseline runs: 5; figures compared: 1*"])
+    if len(os.sched_getaffinity(0)) >= 2:  # the suite's own server is pinned as it is measured
+        settings = cases_properties(pytester.path / "pr.xml")["tfgrpc.p2p_latency.settings"]
+        assert "cpu_placement=client " in settings and "unpinned" not in settings, settings
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "3ms"))
     slowed = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs")
     slowed.assert_outcomes(failed=1)

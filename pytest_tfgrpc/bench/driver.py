@@ -31,7 +31,12 @@ from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_br
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.cpus import measuring_cpus, result_placement, server_pinned
+from pytest_tfgrpc.servers.cpus import (
+    measuring_cpus,
+    pin_child_server,
+    result_placement,
+    server_pinned,
+)
 from pytest_tfgrpc.servers.processes import LOCAL, Launcher
 from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_size, parse_sizes
@@ -247,6 +252,8 @@ class Driver:
                 self._check_label(stream_label(name, i))
         try:
             with measuring_cpus():
+                if getattr(server, "launcher", LOCAL) is LOCAL:
+                    pin_child_server(getattr(server, "pid", None))
                 if count > 1:
                     # An engine's streams take the call's keywords (README "Writing an engine").
                     both = measuring.p2p_bandwidth_streams(

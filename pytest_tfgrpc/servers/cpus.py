@@ -46,6 +46,7 @@ __all__ = [
     "format_cpu_list",
     "measuring_cpus",
     "parse_cpu_list",
+    "pin_child_server",
     "pin_process",
     "pin_server",
     "placement_setting",
@@ -313,6 +314,24 @@ def pin_server(pid: object, *, who: str = "the server") -> bool:
     with _lock:
         _pinned.add(pid)
     return True
+
+
+def pin_child_server(pid: object, *, who: str = "the server") -> bool:
+    """:func:`pin_server` for a server this process started itself without the plugin's
+    fixtures (``ServerProcess.start`` in a suite's own fixture): pinned when ``pid`` is a
+    child process of this one and not pinned yet, so that client and server are never half
+    placed. Whether it is pinned now."""
+    if server_pinned(pid):
+        return True
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:  # /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return False
+    if len(fields) < 2 or fields[1] != str(os.getpid()):
+        return False
+    return pin_server(pid, who=who)
 
 
 def release_server(pid: object) -> None:
