@@ -919,7 +919,12 @@ def test_a_server_a_suite_started_itself_is_pinned_when_measured_and_no_other_pr
     cpus.release_server(child.pid)
     # Never a process that is not ours to place: this process's parent, init, a bad pid.
     tried: list[object] = []
-    monkeypatch.setattr(cpus, "pin_server", lambda pid, **kw: tried.append(pid) or True)
+
+    def recorded(pid: object, **kw: object) -> bool:
+        tried.append(pid)
+        return True
+
+    monkeypatch.setattr(cpus, "pin_server", recorded)
     for pid in (os.getppid(), 1, os.getpid(), None, -3, True, 99_999_999):
         assert cpus.pin_child_server(pid) is False, pid
     assert tried == []
