@@ -284,7 +284,7 @@ def test_ps(tfgrpc, ps_cluster):
 def test_ps_figures_are_gated_across_runs_not_samples(pytester: pytest.Pytester) -> None:
     """PS figures have no rounds: against a history of >= 3 runs the run is the replicate, so
     drift between runs (which a test across samples calls significant) does not fail."""
-    pytester.makepyfile(test_ps=PS_SUITE)
+    pytester.makepyfile(test_gated_ps_suite=PS_SUITE)  # not tests/test_ps.py's module name
     for i in range(3):
         pytester.runpytest(f"--junitxml=main-runs/run-{i}.xml").assert_outcomes(passed=1)
     # A generous tolerance: the test is about which test judges the figures; whether drift
