@@ -185,6 +185,23 @@ def test_runs_that_agree_by_chance_do_not_claim_more_precision_than_the_machine_
     assert alone.outcome is Outcome.REGRESSION
 
 
+def test_the_floor_comes_from_the_whole_history_whatever_test_is_judged() -> None:
+    # The in-pytest gate judges one test at a time: the floor must still be the history's
+    # (every test's figures), the same as tfgrpc-compare uses for the whole run.
+    from pytest_tfgrpc.report.compare import typical_run_spread
+
+    steady, moving = PS_KEY, PS_KEY._replace(test="t.test_other[lo]")
+    levels = (1.0, 1.2, 0.85, 1.1)
+    history = [
+        Baseline(f"run-{i}", {steady: ps_run(1e9, 2e6), moving: ps_run(v * 1e9, 2e6 / v, moving)})
+        for i, v in enumerate(levels)
+    ]
+    spread = float(np.std(np.log(levels), ddof=1))
+    # Four figures tested across runs: two steady (0), two moving by `spread`; the median.
+    assert typical_run_spread(history) == pytest.approx(spread / 2)
+    assert typical_run_spread(history[:2]) == 0.0  # two runs: nothing is tested across runs
+
+
 @pytest.mark.parametrize(
     ("values", "current", "match"),
     [

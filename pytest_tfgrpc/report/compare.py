@@ -72,6 +72,7 @@ __all__ = [
     "format_comparison",
     "min_samples",
     "short_history_warning",
+    "typical_run_spread",
     "verdict_properties",
 ]
 
@@ -470,6 +471,7 @@ def _compare_measurements(
     alpha: float,
     resamples: int,
     seed: int,
+    floor: float,
 ) -> tuple[list[Verdict], list[Mismatch]]:
     verdicts: list[Verdict] = []
     mismatches: list[Mismatch] = []
@@ -486,7 +488,6 @@ def _compare_measurements(
             and (m in new[key].rounds or _across_runs([_figure(r, m) for r in runs]))
         ]
         family[key.test] = family.get(key.test, 0) + len(tested)
-    floor = _typical_run_spread(history, known & new.keys(), metrics)
     for key in sorted(known & new.keys(), key=Key.order):
         runs = [run[key] for run in history if key in run]
         base, cur = runs[-1], new[key]
@@ -516,13 +517,22 @@ def _compare_measurements(
     return verdicts, mismatches
 
 
+def typical_run_spread(
+    baseline: Baseline | Sequence[Baseline], tolerances: Mapping[str, float] | None = None
+) -> float:
+    """The median spread between runs (standard deviation of the logs) of the baseline's
+    figures that are tested across runs (gated, without rounds, in >= 3 of its runs): the
+    floor of each such figure's spread. One figure's three runs may agree by chance; the
+    machine's drift between runs is shared by all its figures, so their median is the better
+    guess of how much any of them moves. 0 when no figure is tested across runs."""
+    runs = [run.measurements for run in _history(baseline)]
+    keys = set().union(*(run.keys() for run in runs))
+    return _typical_run_spread(runs, keys, gated_metrics(tolerances or {}))
+
+
 def _typical_run_spread(
     history: Sequence[Mapping[Key, Measurement]], keys: Iterable[Key], metrics: Iterable[str]
 ) -> float:
-    """The median spread between runs (log scale) of the figures tested across runs: the
-    floor of each one's spread. One figure's three runs may agree by chance; the machine's
-    drift between runs is shared by all its figures, so their median is the better guess of
-    how much any of them moves (0 when no figure is tested across runs)."""
     spreads = []
     for key in keys:
         runs = [run[key] for run in history if key in run]
@@ -567,6 +577,7 @@ def compare_runs(
         alpha,
         resamples,
         seed,
+        typical_run_spread(runs, tolerances),
     )
     latest = runs[-1]
     known = set().union(*(run.measurements.keys() for run in runs))
@@ -588,17 +599,21 @@ def compare_test(
     alpha: float = DEFAULT_ALPHA,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    spread_floor: float | None = None,
 ) -> Comparison:
     """Compare one finished test, from its properties, with its baseline measurements
     (``test`` is its JUnit id, :func:`junit_test_id`; ``baseline`` one run or a history,
     oldest first). ``missing`` lists what the most recent baseline run measured for this test
     and the test no longer did; ``new`` what no baseline run has. Setup mismatches are the
-    caller's to check once per run (:func:`check_metadata`)."""
+    caller's to check once per run (:func:`check_metadata`). ``spread_floor`` is the
+    history's :func:`typical_run_spread` (computed when None: pass it when judging many
+    tests against one history)."""
     runs = _history(baseline)
     current = measurements_from_properties(test, properties)
     history = [run.for_test(test) for run in runs]
+    floor = typical_run_spread(runs, tolerances) if spread_floor is None else spread_floor
     verdicts, mismatches = _compare_measurements(
-        history, current, tolerances, alpha, resamples, seed
+        history, current, tolerances, alpha, resamples, seed, floor
     )
     known = set().union(*(h.keys() for h in history))
     return Comparison(

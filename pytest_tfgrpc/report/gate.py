@@ -12,6 +12,7 @@ from pytest_tfgrpc.report.compare import (
     compare_test,
     format_comparison,
     short_history_warning,
+    typical_run_spread,
     verdict_properties,
 )
 from pytest_tfgrpc.report.junit import (
@@ -107,6 +108,7 @@ class BaselineGate:
         self.baseline: Baseline | None = None
         self.history: tuple[Baseline, ...] = ()
         self.mismatches: tuple[Mismatch, ...] = ()
+        self._spread_floor: float | None = None
         try:
             duplicates: list[str] = []
             self.history = load_history(settings.baseline_paths, skipped=duplicates)
@@ -137,12 +139,15 @@ class BaselineGate:
         its JUnit name (``classname.name``), derived from ``nodeid`` when not given."""
         if self.baseline is None:
             return TestVerdict(((f"{PREFIX}baseline", "unusable"),), None)
+        if self._spread_floor is None:  # once per run: it depends on the history only
+            self._spread_floor = typical_run_spread(self.history, self.settings.tolerances)
         comparison = compare_test(
             self.history,
             test_id or junit_test_id(nodeid),
             properties,
             self.settings.tolerances,
             alpha=self.settings.alpha,
+            spread_floor=self._spread_floor,
         )
         recorded = tuple(verdict_properties(comparison))
         failing = [*comparison.regressions, *comparison.with_outcome(Outcome.INVALID)]
