@@ -181,7 +181,14 @@ class LinkFit:
             f"{self.fabric}: alpha {format_duration(self.alpha * 1e9)}, "
             f"bandwidth {format_rate(self.bandwidth_Bps)}"
         )
-        if self.r_squared is not None and self.max_relative_error is not None:
+        sizes = len({size for size, _ in self.points})
+        if self.points and sizes <= 2:
+            # Two parameters through two sizes: the line passes through them, r^2 says nothing.
+            text += (
+                f" (fitted to {len(self.points)} points at {sizes} sizes: an exact fit, "
+                "nothing left to judge it by)"
+            )
+        elif self.r_squared is not None and self.max_relative_error is not None:
             text += (
                 f" (fitted to {len(self.points)} points, r^2 {self.r_squared:.4f}, "
                 f"worst point off by {self.max_relative_error:.1%})"
