@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from pytest_tfgrpc.model.scaling import ClusterTerms, ps_step
 
 PROFILE = "resnet50_tf_cnn"
 TRUTH = ClusterTerms(compute_s=0.25, bandwidth_Bps=1.2e9, alpha_s=50e-6, overlap=0.5, fixed=0.04)
+#: The plugin's sync_sgd_step exchanges without computing: nothing to overlap with.
+EXCHANGE = replace(TRUTH, overlap=0.0, fixed=0.0)
 GRID = [(1, 1), (2, 1), (4, 2), (8, 2), (8, 4), (16, 4), (16, 8), (32, 8)]
 
 
@@ -172,7 +175,8 @@ def test_calibrate_from_sync_sgd_step_results(
 ) -> None:
     cases = {}
     for w, p in GRID:
-        step = ps_step(PROFILE, w, p, TRUTH).step_s
+        # the plugin's steps are the exchange alone, without compute
+        step = ps_step(PROFILE, w, p, EXCHANGE).step_s - TRUTH.compute_s
         cases[f"step_{w}_{p}"] = {
             "tfgrpc.sync_sgd_step.topology": f"{p}ps_{w}workers_round_robin",
             f"tfgrpc.sync_sgd_step.{PROFILE}.p50_us": repr(step * 1e6),
@@ -186,7 +190,12 @@ def test_calibrate_from_sync_sgd_step_results(
         capsys,
     )
     assert code == 0, err
-    assert "calibrated on 8 measured points (step times)" in out
+    assert "calibrated on 8 measured points (sync_sgd_step steps added to --compute)" in out
+    truth = {(w, p): ps_step(PROFILE, w, p, EXCHANGE).efficiency for w, p in GRID}
+    for point in measured.points:
+        assert point.efficiency == pytest.approx(truth[point.workers, point.ps], rel=1e-6)
+    code, _, err = _run(["--profile", PROFILE, "--calibrate", str(path)], capsys)
+    assert code == 1 and "without computing" in err
 
 
 @pytest.mark.parametrize(

@@ -362,7 +362,17 @@ def _sync_steps(
             f"{where} holds no {_SYNC_STEP} medians with a topology "
             f"(tfgrpc.{_SYNC_STEP}.<profile>.p50_us and tfgrpc.{_SYNC_STEP}.topology)"
         )
-    return _efficiencies_from_steps(rows, compute_s, where)
+    if compute_s is None:
+        raise ModelInputError(
+            f"{where}: {_SYNC_STEP} steps exchange tensors without computing; give the "
+            "compute time of one worker's step with --compute"
+        )
+    # The plugin's steps are the exchange alone: a training step would add the compute.
+    points = tuple(
+        MeasuredPoint(workers, ps, compute_s / (compute_s + step), source)
+        for workers, ps, step, source in rows
+    )
+    return ScalingInput(points, compute_s, f"{_SYNC_STEP} steps added to --compute")
 
 
 def read_scaling_points(path: Path, compute_s: float | None = None) -> ScalingInput:
@@ -371,7 +381,9 @@ def read_scaling_points(path: Path, compute_s: float | None = None) -> ScalingIn
     ``step_ms`` or ``step_us`` instead: efficiency ``t_c / step`` with ``t_c`` from
     ``compute_s`` or the one-worker row; ``throughput``: ``x_W / (W x_1)``), or a JUnit XML
     (``.xml``) or results file (``.jsonl``) of runs with ``sync_sgd_step`` results at several
-    worker counts. Lines starting with ``#`` are comments. ModelInputError says what is wrong.
+    worker counts: those steps exchange tensors without computing, so their efficiency is
+    ``t_c / (t_c + step)`` and ``compute_s`` is required. Lines starting with ``#`` are
+    comments. ModelInputError says what is wrong.
     """
     if not path.is_file():
         raise ModelInputError(f"scaling file '{path}' does not exist or is not a file")
