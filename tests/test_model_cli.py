@@ -230,3 +230,32 @@ def test_calibration_warns_of_few_points(
     assert code == 0
     assert "fewer than 4" in err and "could not pin down" in err
     assert "NOT PINNED DOWN" in out
+
+
+def test_a_model_miss_is_shown_in_the_summary(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_step(tfgrpc, record_property):
+            prefix = "tfgrpc.sync_sgd_step.resnet50"
+            record_property(prefix + ".p50_us", "10000")
+            record_property(prefix + ".model.step_us", "3000")
+            record_property(prefix + ".model.error_pct", "-70")
+            record_property(prefix + ".model.links", "PS 0 for all")
+
+        def test_close(tfgrpc, record_property):
+            prefix = "tfgrpc.sync_sgd_step.hep_cnn"
+            record_property(prefix + ".p50_us", "10000")
+            record_property(prefix + ".model.step_us", "9000")
+            record_property(prefix + ".model.error_pct", "-10")
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "tfgrpc: model missed test_a_model_miss_is_shown_in_the_summary.py::test_step "
+            "sync_sgd_step.resnet50: predicted 3 ms, -70% off the measured p50 "
+            "(links: PS 0 for all)"
+        ]
+    )
+    assert "hep_cnn: predicted" not in result.stdout.str()

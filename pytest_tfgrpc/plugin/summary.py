@@ -24,6 +24,7 @@ from pytest_tfgrpc.report.properties import (
     PATH,
     PREFIX,
     ROUNDS,
+    model_misses,
     parse_rounds,
 )
 from pytest_tfgrpc.report.results_file import ResultLog
@@ -102,6 +103,7 @@ class SummaryReporter:
         self.coverage: list[str] = []
         self.unstable: list[str] = []
         self.waits: list[str] = []
+        self.misses: list[str] = []
         self.gate_failure: str | None = None
         self.gate = gate
         self.results = results
@@ -157,6 +159,7 @@ class SummaryReporter:
         if not report.user_properties:
             return
         self.figures[report.nodeid] = list(report.user_properties)
+        self.misses += model_misses(report.nodeid, report.user_properties)
         self.unstable.extend(unstable_rounds(report.nodeid, report.user_properties))
         self.rows.extend(summary_rows(report.nodeid, report.user_properties))
         properties = dict(report.user_properties)
@@ -203,6 +206,8 @@ class SummaryReporter:
                 terminalreporter.write_line(line, yellow=True)
             if self.unstable:
                 terminalreporter.write_line(UNSTABLE_LEGEND, yellow=True)
+        for line in self.misses:
+            terminalreporter.write_line(line, yellow=True)
         loopback = sum(path.startswith(LOOPBACK) for path in self.paths.values())
         if loopback:
             terminalreporter.write_line(

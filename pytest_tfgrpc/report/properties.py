@@ -37,6 +37,7 @@ __all__ = [
     "LABEL_FIELDS",
     "LOOPBACK",
     "META_PREFIX",
+    "MODEL_TOLERANCE",
     "PATH",
     "PLACEMENT",
     "PREFIX",
@@ -48,6 +49,7 @@ __all__ = [
     "format_rounds",
     "fraction_value",
     "label_property",
+    "model_misses",
     "model_properties",
     "parse_figure",
     "parse_rounds",
@@ -217,6 +219,39 @@ def model_properties(
         (point_property(label, key, f"{MODEL}.{name}"), _without_float_noise(value))
         for name, value in figures
     ]
+
+
+#: How far a prediction may miss its measured step before the summary says so: the model's
+#: stated accuracy on this machine (README-model.md).
+MODEL_TOLERANCE = 0.25
+
+
+def model_misses(
+    nodeid: str, properties: Iterable[tuple[str, object]], tolerance: float = MODEL_TOLERANCE
+) -> list[str]:
+    """One line per model prediction of a test (``tfgrpc.<label>.<key>.model.error_pct``)
+    that missed its measured step by more than ``tolerance``: the error, the predicted and
+    measured times and whose links the prediction used (``model.links``)."""
+    found = dict(properties)
+    lines = []
+    suffix = f".{MODEL}.error_pct"
+    for name, value in found.items():
+        if not (name.startswith(PREFIX) and name.endswith(suffix)):
+            continue
+        point = name[len(PREFIX) : -len(suffix)]
+        try:
+            error = float(str(value))
+            predicted = float(str(found.get(f"{PREFIX}{point}.{MODEL}.step_us")))
+        except ValueError:
+            continue
+        if abs(error) <= 100 * tolerance:
+            continue
+        links = found.get(f"{PREFIX}{point}.{MODEL}.links", "PS 0 for all")
+        lines.append(
+            f"tfgrpc: model missed {nodeid} {point}: predicted {predicted / 1e3:.4g} ms, "
+            f"{error:+.0f}% off the measured p50 (links: {links})"
+        )
+    return lines
 
 
 def _without_float_noise(text: str) -> str:
