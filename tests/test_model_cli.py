@@ -259,3 +259,12 @@ def test_a_model_miss_is_shown_in_the_summary(pytester: pytest.Pytester) -> None
         ]
     )
     assert "hep_cnn: predicted" not in result.stdout.str()
+
+
+def test_cluster_options_need_calibrate(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--profile", "hep_cnn", "--alpha", "5us", "--bandwidth", "1GB/s", "--colocated"])
+    assert exit_info.value.code == 2
+    assert "--colocated apply to the cluster-scale model: give --calibrate" in (
+        capsys.readouterr().err
+    )

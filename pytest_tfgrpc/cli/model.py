@@ -856,6 +856,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             out, warnings = _calibrate_mode(args)
         else:
+            only = [
+                option
+                for option, value, default in (
+                    ("--fit", args.fit, ("bandwidth", "overlap", "fixed")),
+                    ("--fixed", args.fixed, 0.0),
+                    ("--straggler", args.straggler, 0.0),
+                    ("--core", args.core, None),
+                    ("--colocated", args.colocated, False),
+                    ("--half-duplex", args.half_duplex, False),
+                    ("--allreduce", args.allreduce, "ring"),
+                )
+                if value != default
+            ]
+            if only:
+                parser.error(
+                    f"{', '.join(only)} apply to the cluster-scale model: give --calibrate"
+                )
             out, warnings = _link_mode(parser, args)
     except (ModelInputError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
