@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.allreduce import ALLREDUCE_RUN, AllReduceResult, allreduce
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 
 if TYPE_CHECKING:
@@ -454,6 +455,65 @@ class Driver:
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(self._engine_result(result))
+
+    def allreduce(
+        self,
+        cluster: PSCluster | EngineCluster,
+        profile: Profile | str | None = None,
+        *,
+        nbytes: int | str | None = None,
+        algorithm: str = "ring",
+        check: bool = False,
+        label: str | None = None,
+        model: bool = True,
+        **run_args: Unpack[RunArgs],
+    ) -> AllReduceResult:
+        """All-reduce among the cluster's workers (no PS): a fused buffer of the profile's
+        bytes (the test's ``message_profile`` by default) or of ``nbytes``, by ``ring`` or
+        ``halving_doubling``; nccl-tests' algbw and busbw beside the step; ``check=True``
+        verifies every sum; ``model=True`` records the model's prediction beside it (see
+        :mod:`pytest_tfgrpc.bench.allreduce`)."""
+        __tracebackhide__ = True
+        if not isinstance(cluster, PSCluster):
+            raise SpecError(
+                f"{self._test}: allreduce() runs on the plugin's own worker processes (engine "
+                f"'grpcio'), not on engine {self.engine.name!r}'s cluster"
+            )
+        run = self._run(ALLREDUCE_RUN, "allreduce", run_args)
+        self._check_label(label or "allreduce")
+        key = None
+        if nbytes is None:
+            if profile is None:
+                if self._messages is None or self._messages.profile is None:
+                    raise SpecError(
+                        "allreduce() needs a model profile or nbytes: pass one or mark the "
+                        "test with @pytest.mark.message_profile('resnet50')"
+                    )
+                profile = self._messages.profile
+            try:
+                loaded = load_profile(profile)
+            except (ValueError, OSError) as exc:
+                raise SpecError(f"allreduce() profile: {exc}") from None
+            size, key = loaded.total_bytes, loaded.key
+        else:
+            try:
+                size = nbytes if isinstance(nbytes, int) else parse_size(nbytes)
+            except UnitError as exc:
+                raise SpecError(f"allreduce() nbytes: {exc}") from None
+        try:
+            result = allreduce(
+                cluster,
+                size,
+                run=run,
+                algorithm=algorithm,
+                check=check,
+                model=model,
+                label=label,
+                key=key,
+            )
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: allreduce(): {exc}") from None
+        return self.record(result)
 
     def _placed(self, profile: Profile, cluster: PSCluster | EngineCluster) -> Placement:
         """``profile`` placed on ``cluster``: the test's placement (made once per test, and

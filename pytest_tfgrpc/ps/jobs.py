@@ -5,9 +5,13 @@ The driver (:class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`, and through it
 (:mod:`pytest_tfgrpc.ps.worker`) both import this module; neither side builds or reads a
 raw dict. One message is one line of JSON on the worker's stdin or stdout:
 
-* driver to worker: a job (:class:`ThroughputJob`, :class:`SyncSGDJob`), then :class:`Go`;
-* worker to driver: :class:`Hello` once it is up, :class:`Ready` when the job is prepared, then
-  a reply (:class:`ThroughputReply`, :class:`SyncSGDReply`) or :class:`WorkerFailed`.
+* driver to worker: a job (:class:`ThroughputJob`, :class:`SyncSGDJob`,
+  :class:`AllReduceJob`), then :class:`Go`; an all-reduce job first waits for
+  :class:`Peers`, every worker's mailbox address;
+* worker to driver: :class:`Hello` once it is up, :class:`Listening` (an all-reduce job's
+  mailbox is up), :class:`Ready` when the job is prepared, then a reply
+  (:class:`ThroughputReply`, :class:`SyncSGDReply`, :class:`AllReduceReply`) or
+  :class:`WorkerFailed`.
 
 Samples travel as base64 of little-endian int64 nanoseconds, 8 bytes a sample (a JSON list
 took up to 20), encoded after the measured phase. :func:`decode` checks every field's type
@@ -28,12 +32,17 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "ALLREDUCE_ALGORITHMS",
     "MODES",
+    "AllReduceJob",
+    "AllReduceReply",
     "Go",
     "Hello",
     "JobMessage",
+    "Listening",
     "Message",
     "MessageError",
+    "Peers",
     "Ready",
     "Reply",
     "SyncSGDJob",
@@ -50,6 +59,8 @@ __all__ = [
 Samples = npt.NDArray[np.int64]
 #: The encodings a throughput job may send its payload in.
 MODES = ("raw", "protobuf")
+#: The all-reduce algorithms a worker runs (the model's names, pytest_tfgrpc.model.scaling).
+ALLREDUCE_ALGORITHMS = ("ring", "halving_doubling")
 _SAMPLE = np.dtype("<i8")
 
 
@@ -203,6 +214,63 @@ class SyncSGDJob:
 
 
 @dataclass(frozen=True)
+class AllReduceJob:
+    """All-reduce a float32 buffer of ``nbytes`` with the other ``workers`` workers, this one
+    being rank ``worker``: start a mailbox on ``bind`` (host), say :class:`Listening`, take
+    :class:`Peers`, then after :class:`Go` run ``warmup`` unmeasured and at most
+    ``iterations`` measured all-reduces, none started after ``seconds``. ``check=True``
+    verifies every measured result against the sum of every rank's known input."""
+
+    kind: ClassVar[str] = "allreduce"
+    worker: int
+    workers: int
+    bind: str
+    nbytes: int
+    algorithm: str
+    warmup: int
+    iterations: int
+    seconds: float
+    check: bool = False
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return ()  # no PS: the peers come with Peers
+
+    def __post_init__(self) -> None:
+        _count("workers", self.workers, 2)
+        if not 0 <= _count("worker", self.worker) < self.workers:
+            raise MessageError(f"worker={self.worker}: a rank in 0..{self.workers - 1}")
+        _text("bind", self.bind)
+        _count("nbytes", self.nbytes, 4 * self.workers)
+        if self.algorithm not in ALLREDUCE_ALGORITHMS:
+            raise MessageError(
+                f"algorithm={self.algorithm!r}: expected one of {', '.join(ALLREDUCE_ALGORITHMS)}"
+            )
+        if self.algorithm == "halving_doubling" and self.workers & (self.workers - 1):
+            raise MessageError(
+                f"halving_doubling needs a power-of-two number of workers, not {self.workers}"
+            )
+        _count("warmup", self.warmup)
+        _count("iterations", self.iterations, 1)
+        _seconds("seconds", self.seconds)
+        _flag("check", self.check)
+
+
+@dataclass(frozen=True)
+class Peers:
+    """Every all-reduce rank's mailbox address, by rank."""
+
+    kind: ClassVar[str] = "peers"
+    addresses: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.addresses:
+            raise MessageError("addresses: expected every rank's host:port")
+        for address in self.addresses:
+            _text("addresses[]", address)
+
+
+@dataclass(frozen=True)
 class Go:
     """The start barrier: ``go=True`` starts a prepared job, ``False`` calls it off."""
 
@@ -232,6 +300,17 @@ class Ready:
     """A worker prepared its job and waits for :class:`Go`."""
 
     kind: ClassVar[str] = "ready"
+
+
+@dataclass(frozen=True)
+class Listening:
+    """An all-reduce job's mailbox is up at ``address`` (host:port)."""
+
+    kind: ClassVar[str] = "listening"
+    address: str
+
+    def __post_init__(self) -> None:
+        _text("address", self.address)
 
 
 @dataclass(frozen=True)
@@ -279,14 +358,52 @@ class SyncSGDReply:
         _cpu(self.cpu_user_ns, self.cpu_system_ns)
 
 
-JobMessage = ThroughputJob | SyncSGDJob
-Reply = ThroughputReply | SyncSGDReply
-Message = ThroughputJob | SyncSGDJob | Go | Hello | Ready | WorkerFailed | Reply
+@dataclass(frozen=True, eq=False)
+class AllReduceReply:
+    """What one rank measured of an :class:`AllReduceJob`: the time of every measured
+    all-reduce, how many it checked, and its CPU times over them."""
+
+    kind: ClassVar[str] = "allreduce_result"
+    samples_ns: Samples = field(repr=False)
+    checked: int
+    cpu_user_ns: int
+    cpu_system_ns: int
+
+    def __post_init__(self) -> None:
+        _count("checked", self.checked)
+        _cpu(self.cpu_user_ns, self.cpu_system_ns)
+
+
+JobMessage = ThroughputJob | SyncSGDJob | AllReduceJob
+Reply = ThroughputReply | SyncSGDReply | AllReduceReply
+Message = (
+    ThroughputJob
+    | SyncSGDJob
+    | AllReduceJob
+    | Peers
+    | Go
+    | Hello
+    | Listening
+    | Ready
+    | WorkerFailed
+    | Reply
+)
 M = TypeVar("M")
 
 _TYPES: dict[str, type[Any]] = {
     cls.kind: cls
-    for cls in (ThroughputJob, SyncSGDJob, Go, Hello, Ready, WorkerFailed, *Reply.__args__)
+    for cls in (
+        ThroughputJob,
+        SyncSGDJob,
+        AllReduceJob,
+        Peers,
+        Go,
+        Hello,
+        Listening,
+        Ready,
+        WorkerFailed,
+        *Reply.__args__,
+    )
 }
 
 
@@ -320,6 +437,7 @@ _DECODERS: Mapping[str, Callable[[object], object]] = {
     "targets": lambda v: _tuples(v, 1),
     "payload_bytes": lambda v: _tuples(v, 1),
     "shards": lambda v: _tuples(v, 3),
+    "addresses": lambda v: _tuples(v, 1),
 }
 
 

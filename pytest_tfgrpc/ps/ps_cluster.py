@@ -417,6 +417,69 @@ class PSCluster:
         replies = self.run(jobs, run.job_timeout_s(barrier_timeout))
         return replies, self.job_stats(list(tasks))
 
+    def allreduce(
+        self,
+        nbytes: int,
+        *,
+        algorithm: str,
+        warmup: int,
+        iterations: int,
+        seconds: float,
+        check: bool,
+    ) -> list[protocol.AllReduceReply]:
+        """All-reduce ``nbytes`` of float32 among every worker of the cluster, the workers
+        talking to each other (no PS): each starts a mailbox on the fabric, learns the
+        others', then after the start barrier runs ``warmup`` and at most ``iterations``
+        measured all-reduces within ``seconds``. Returns every rank's reply.
+
+        Raises ValueError for fewer than two workers, BenchmarkError for workers that cannot
+        run it (native ones), and as :meth:`run` does otherwise."""
+        workers = self.workers
+        if len(workers) < 2:
+            raise ValueError(
+                f"an all-reduce needs at least 2 workers, the cluster has {len(workers)}"
+            )
+        engines = {worker.engine for worker in workers}
+        if engines != {"grpcio"}:
+            raise BenchmarkError(
+                "all-reduce runs in grpcio workers only; this cluster's are "
+                + ", ".join(sorted(engines))
+            )
+        jobs = [
+            protocol.AllReduceJob(
+                worker=rank,
+                workers=len(workers),
+                bind=self.fabric.address,
+                nbytes=nbytes,
+                algorithm=algorithm,
+                warmup=warmup,
+                iterations=iterations,
+                seconds=seconds,
+                check=check,
+            )
+            for rank in range(len(workers))
+        ]
+        deadline = time.monotonic() + 2 * seconds + 60.0
+        for worker, job in zip(workers, jobs, strict=True):
+            worker.send(job)
+        try:
+            listening = self._collect(workers, deadline, "listen", protocol.Listening)
+            peers = protocol.Peers(
+                tuple(m.address for m in listening if isinstance(m, protocol.Listening))
+            )
+            for worker in workers:
+                worker.send(peers)
+            self._collect(workers, deadline, "prepare", protocol.Ready)
+        except Exception:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.send(protocol.Go(False))
+            raise
+        for worker in workers:
+            worker.send(protocol.Go(True))
+        replies = self._collect(workers, deadline, "run", protocol.AllReduceReply)
+        return [r for r in replies if isinstance(r, protocol.AllReduceReply)]
+
     def _collect(
         self,
         workers: Sequence[WorkerProcess],

@@ -36,11 +36,15 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_tfgrpc.ps.jobs import (
+    AllReduceJob,
+    AllReduceReply,
     Go,
     Hello,
     JobMessage,
+    Listening,
     Message,
     MessageError,
+    Peers,
     Ready,
     Reply,
     SyncSGDJob,
@@ -288,7 +292,194 @@ async def _sync_sgd(
     )
 
 
+# --- all-reduce --------------------------------------------------------------------------------
+#: The mailbox method: a raw frame, 16 bytes of header (little-endian uint32 iteration, uint32
+#: step, uint64 element offset) then float32 elements, answered with an empty frame.
+DELIVER = "/tfgrpc.Collective/Deliver"
+_HEADER = np.dtype([("iteration", "<u4"), ("step", "<u4"), ("offset", "<u8")])
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class _Mailbox:
+    """Frames from the peers, by (iteration, step): each rank receives one per step."""
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple[int, int], asyncio.Future[tuple[int, bytes]]] = {}
+
+    def _slot(self, key: tuple[int, int]) -> asyncio.Future[tuple[int, bytes]]:
+        if key not in self._slots:
+            self._slots[key] = asyncio.get_running_loop().create_future()
+        return self._slots[key]
+
+    async def deliver(self, frame: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        header = np.frombuffer(frame[: _HEADER.itemsize], dtype=_HEADER)[0]
+        key = (int(header["iteration"]), int(header["step"]))
+        self._slot(key).set_result((int(header["offset"]), frame[_HEADER.itemsize :]))
+        return b""
+
+    async def take(self, iteration: int, step: int, timeout: float) -> tuple[int, bytes]:
+        key = (iteration, step)
+        try:
+            return await asyncio.wait_for(self._slot(key), timeout)
+        except TimeoutError:
+            raise BenchmarkError(
+                f"no all-reduce frame for iteration {iteration}, step {step} within {timeout:g} s"
+            ) from None
+        finally:
+            self._slots.pop(key, None)
+
+
+def _check_pattern(n: int) -> npt.NDArray[np.float32]:
+    """Rank ``r``'s check input is ``(r + 1) * pattern``: small integers, exact in float32."""
+    return (np.arange(n, dtype=np.int64) % 7 + 1).astype(np.float32)
+
+
+async def _allreduce(job: AllReduceJob, lines: queue.Queue[bytes]) -> AllReduceReply:
+    n, rank, size = job.nbytes // 4, job.worker, job.workers
+    mailbox = _Mailbox()
+    # A frame holds up to half the buffer (halving-doubling's first step) and its header.
+    limit = [("grpc.max_receive_message_length", job.nbytes + 1024)]
+    server = grpc.aio.server(options=limit)
+    handler = grpc.method_handlers_generic_handler(
+        "tfgrpc.Collective",
+        {
+            "Deliver": grpc.unary_unary_rpc_method_handler(
+                mailbox.deliver, request_deserializer=_identity, response_serializer=_identity
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    host = f"[{job.bind}]" if ":" in job.bind else job.bind
+    port = server.add_insecure_port(f"{host}:0")
+    await server.start()
+    channels: dict[int, grpc.aio.Channel] = {}
+    try:
+        _emit(Listening(f"{host}:{port}"))
+        peers = (await _next_message(lines, GO_TIMEOUT_S, Peers)).addresses
+        if len(peers) != size:
+            raise BenchmarkError(f"{len(peers)} peer addresses for {size} ranks")
+        partners = (
+            [(rank + 1) % size]
+            if job.algorithm == "ring"
+            else [rank ^ (1 << k) for k in range(size.bit_length() - 1)]
+        )
+        for partner in partners:
+            channels[partner] = grpc.aio.insecure_channel(peers[partner], options=limit)
+        calls = {
+            partner: channel.unary_unary(
+                DELIVER, request_serializer=_identity, response_deserializer=_identity
+            )
+            for partner, channel in channels.items()
+        }
+        timeout = job.seconds + 30.0
+
+        async def exchange(
+            partner: int, iteration: int, step: int, offset: int, data: npt.NDArray[np.float32]
+        ) -> tuple[int, npt.NDArray[np.float32]]:
+            header = np.array([(iteration, step, offset)], dtype=_HEADER).tobytes()
+            try:
+                _, got = await asyncio.gather(
+                    calls[partner](header + data.tobytes(), timeout=timeout),
+                    mailbox.take(iteration, step, timeout),
+                )
+            except grpc.RpcError as error:
+                what = f"rank {rank}'s all-reduce frame (step {step})"
+                raise BenchmarkError(_describe(error, peers[partner], what)) from None
+            return got[0], np.frombuffer(got[1], dtype=np.float32)
+
+        bounds = [n * i // size for i in range(size + 1)]
+
+        async def ring(buffer: npt.NDArray[np.float32], iteration: int) -> None:
+            right = (rank + 1) % size
+            for step in range(size - 1):  # reduce-scatter
+                send = (rank - step) % size
+                lo, hi = bounds[send], bounds[send + 1]
+                offset, data = await exchange(right, iteration, step, lo, buffer[lo:hi])
+                buffer[offset : offset + data.size] += data
+            for step in range(size - 1):  # all-gather
+                send = (rank + 1 - step) % size
+                lo, hi = bounds[send], bounds[send + 1]
+                offset, data = await exchange(right, iteration, size - 1 + step, lo, buffer[lo:hi])
+                buffer[offset : offset + data.size] = data
+
+        async def halving_doubling(buffer: npt.NDArray[np.float32], iteration: int) -> None:
+            lo, hi, step, distance = 0, n, 0, size // 2
+            while distance >= 1:  # reduce-scatter by recursive halving
+                partner = rank ^ distance
+                mid = (lo + hi) // 2
+                keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))
+                offset, data = await exchange(
+                    partner, iteration, step, give[0], buffer[give[0] : give[1]]
+                )
+                buffer[offset : offset + data.size] += data
+                lo, hi = keep
+                step, distance = step + 1, distance // 2
+            distance = 1
+            while distance < size:  # all-gather by recursive doubling
+                partner = rank ^ distance
+                offset, data = await exchange(partner, iteration, step, lo, buffer[lo:hi])
+                buffer[offset : offset + data.size] = data
+                lo, hi = min(lo, offset), max(hi, offset + data.size)
+                step, distance = step + 1, distance * 2
+
+        run = ring if job.algorithm == "ring" else halving_doubling
+        pattern = _check_pattern(n)
+        start = (
+            pattern * (rank + 1)
+            if job.check
+            else np.random.default_rng(rank).random(n, dtype=np.float32)
+        )
+        expected = pattern * (size * (size + 1) // 2)
+        await _wait_for_go(lines)
+        clock = time.perf_counter_ns
+        samples: list[int] = []
+        checked = 0
+        iteration = 0
+        cpu0: tuple[int, int] | None = None
+        deadline = time.monotonic() + job.seconds
+        while iteration < job.warmup + job.iterations:
+            measured = iteration >= job.warmup
+            if measured and cpu0 is None:
+                cpu0 = _cpu_ns()
+                deadline = time.monotonic() + job.seconds
+            if measured and time.monotonic() >= deadline and samples:
+                break
+            buffer = start.copy()
+            t0 = clock()
+            await run(buffer, iteration)
+            t1 = clock()
+            if measured:
+                samples.append(t1 - t0)
+                if job.check:
+                    if not np.array_equal(buffer, expected):
+                        wrong = int(np.flatnonzero(buffer != expected)[0])
+                        raise BenchmarkError(
+                            f"rank {rank}: all-reduce {iteration} element {wrong} is "
+                            f"{buffer[wrong]!r}, the sum of every rank's input is "
+                            f"{expected[wrong]!r}"
+                        )
+                    checked += 1
+            iteration += 1
+        cpu1 = _cpu_ns()
+        cpu0 = cpu0 or cpu1
+        return AllReduceReply(
+            samples_ns=_packed(samples),
+            checked=checked,
+            cpu_user_ns=cpu1[0] - cpu0[0],
+            cpu_system_ns=cpu1[1] - cpu0[1],
+        )
+    finally:
+        for channel in channels.values():
+            await channel.close()
+        await server.stop(grace=1.0)
+
+
 async def _run(job: JobMessage, lines: queue.Queue[bytes]) -> Reply:
+    if isinstance(job, AllReduceJob):
+        return await _allreduce(job, lines)
     channels: list[grpc.aio.Channel] = []
     try:
         for target in job.targets:
@@ -313,11 +504,13 @@ def main() -> int:
     _emit(Hello(os.getpid()))
     while True:
         try:
-            job: JobMessage | Go = decode(lines.get(), (ThroughputJob, SyncSGDJob, Go))
+            job: JobMessage | Go = decode(
+                lines.get(), (ThroughputJob, SyncSGDJob, AllReduceJob, Go)
+            )
         except MessageError as error:
             _emit(WorkerFailed(f"bad job: {error}"))
             continue
-        if isinstance(job, Go):
+        if isinstance(job, (Go, Peers)):
             continue  # a "go" meant for a job that failed before it was ready
         try:
             reply = asyncio.run(_run(job, lines))
