@@ -179,7 +179,7 @@ def test_calibrate_from_sync_sgd_step_results(
         step = ps_step(PROFILE, w, p, EXCHANGE).step_s - TRUTH.compute_s
         cases[f"step_{w}_{p}"] = {
             "tfgrpc.sync_sgd_step.topology": f"{p}ps_{w}workers_round_robin",
-            f"tfgrpc.sync_sgd_step.{PROFILE}.p50_us": repr(step * 1e6),
+            f"tfgrpc.sync_sgd_step.{PROFILE}.step_p50_us": repr(step * 1e6),
         }
     path = tmp_path / "steps.xml"
     path.write_text(_junit(cases), encoding="utf-8")

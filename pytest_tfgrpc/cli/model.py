@@ -344,7 +344,9 @@ def _sync_steps(
     for name, properties in cases:
         for figure in read_figures(properties.items(), strict=False):
             at = figure.at
-            if at.metric.name != _MEDIAN or at.scope or not at.label.startswith(_SYNC_STEP):
+            if at.metric.name != f"step_{_MEDIAN}" or at.scope:
+                continue
+            if not at.label.startswith(_SYNC_STEP):
                 continue
             topology = _TOPOLOGY.match(str(properties.get(label_property(at.label, "topology"))))
             if topology is None:
@@ -360,7 +362,7 @@ def _sync_steps(
     if not rows:
         raise ModelInputError(
             f"{where} holds no {_SYNC_STEP} medians with a topology "
-            f"(tfgrpc.{_SYNC_STEP}.<profile>.p50_us and tfgrpc.{_SYNC_STEP}.topology)"
+            f"(tfgrpc.{_SYNC_STEP}.<profile>.step_p50_us and tfgrpc.{_SYNC_STEP}.topology)"
         )
     if compute_s is None:
         raise ModelInputError(
