@@ -17,6 +17,7 @@ checked by ``tests/test_layers.py``; each subpackage's docstring says what it ho
 - ``tuning | native | model | wire``: CPU placement and allocator; the C++ engine's build and
   runner; model profiles, placement and the analytic model; what travels on the wire
 - ``results``: the result types
+- ``metrics``: the metric registry: every figure's name, unit, direction and gate test
 - ``stats | units``: statistics of samples; units and their parsing
 """
 

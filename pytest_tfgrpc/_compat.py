@@ -69,7 +69,7 @@ SPLIT: dict[str, tuple[str, ...]] = {
     "compare": ("report.junit", "report.tolerance", "report.setup_check", "stats.significance"),
     "floor": ("bench.floor",),
     "topology": ("bench.specs",),
-    "report": ("report.properties",),
+    "report": ("report.record",),
 }
 
 

@@ -25,12 +25,12 @@ from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
-from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
+from pytest_tfgrpc.report.record import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
 from pytest_tfgrpc.tuning.cpus import (
