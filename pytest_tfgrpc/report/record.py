@@ -277,8 +277,9 @@ class Verdict:
 @dataclass(frozen=True)
 class PSRow:
     """One PS task's load over a point, as recorded: bytes in and out, RPCs served, CPU time
-    (ns); ``slowest`` marks the task that carried the most (bytes in, then CPU): the one that
-    bounds a step."""
+    (ns). ``slowest`` marks the task that held the workers back: the one that served the fewest
+    RPCs in the same measured time (a closed loop, ``ps_throughput``); where all served as many
+    (sync-SGD steps), the one with the most bytes per RPC, the placement's busiest."""
 
     task: str
     bytes_in: float | None
@@ -350,11 +351,21 @@ class Measurement:
             )
         if len(rows) < 2:
             return tuple(rows)
-        slowest = max(range(len(rows)), key=lambda i: (rows[i].bytes_in or 0, rows[i].cpu_ns or 0))
+        slowness = [_slowness(r) for r in rows]
+        slowest = max(range(len(rows)), key=lambda i: slowness[i])
+        if slowness.count(slowness[slowest]) > 1:
+            return tuple(rows)  # no one task stands out
         return tuple(
             PSRow(r.task, r.bytes_in, r.bytes_out, r.rpcs, r.cpu_ns, i == slowest)
             for i, r in enumerate(rows)
         )
+
+
+def _slowness(row: PSRow) -> tuple[float, float]:
+    """Larger for a task that held its workers back more: fewer RPCs, then more bytes each."""
+    rpcs = row.rpcs or 0.0
+    per_rpc = (row.bytes_in or 0.0) + (row.bytes_out or 0.0)
+    return (-rpcs, per_rpc / rpcs if rpcs else 0.0)
 
 
 def _task_order(scope: str) -> int:
