@@ -5,12 +5,11 @@ engines beside each other with their ratio, and each PS task's load with the slo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from html.parser import HTMLParser
 
 import pytest
 from conftest import QUICK
-from netns import VethLink, can_make_links, veth_link
+from netns import VethLink
+from test_record import TableText
 
 CONFTEST = """
 import grpc
@@ -29,9 +28,12 @@ class BareEcho(Engine):
         return ServerProcess.start(fabric, env=env, extra_args=delay)
 
     def echo(self, server, tensor, *, mode, rpc, run):
-        with grpc.insecure_channel(server.target) as channel:
-            call = channel.unary_unary("/tfgrpc.RawTensorService/Echo")
-            return Measured.timed(lambda: call(tensor.content), run)
+        channel = grpc.insecure_channel(server.target)
+        try:
+            echo = channel.unary_unary("/tfgrpc.RawTensorService/Echo")
+            return Measured.timed(lambda: echo(tensor.content), run)
+        finally:
+            channel.close()
 
 
 def pytest_tfgrpc_add_engines(registry):
@@ -51,38 +53,6 @@ def test_echo(tfgrpc, tensor_server):
 def test_ps(tfgrpc, ps_cluster):
     tfgrpc.ps_throughput(ps_cluster)
 """
-
-
-@pytest.fixture
-def link() -> Iterator[VethLink]:
-    ok, reason = can_make_links()
-    if not ok:
-        pytest.skip(reason)
-    with veth_link() as made:
-        yield made
-
-
-class _Page(HTMLParser):
-    """Table headers and cells of the report, as text."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.headers: list[str] = []
-        self.cells: list[str] = []
-        self._in: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("th", "td"):
-            self._in = tag
-            (self.headers if tag == "th" else self.cells).append("")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("th", "td"):
-            self._in = None
-
-    def handle_data(self, data: str) -> None:
-        if self._in is not None:
-            (self.headers if self._in == "th" else self.cells)[-1] += data
 
 
 def test_two_engines_on_two_fabrics_and_ps_tasks_in_the_summary_and_html(
@@ -119,7 +89,7 @@ def test_two_engines_on_two_fabrics_and_ps_tasks_in_the_summary_and_html(
     assert tasks == ["ps0", "ps1", "ps0", "ps1"]
     assert sum(row[-1] == "slowest" for row in loads) == 2
     # the HTML shows the same
-    page = _Page()
+    page = TableText()
     page.feed(html.read_text())
     assert [h for h in page.headers if " on " in h][:6] == [
         "grpcio on lo", f"grpcio on {veth}", "bare on lo", f"bare on {veth}",

@@ -235,7 +235,9 @@ def test_the_summary_puts_fabrics_side_by_side_per_engine_and_engines_beside() -
     assert any(line.startswith("a/b: engine a's") for line in lines[7:])
 
 
-class _Cells(HTMLParser):
+class TableText(HTMLParser):
+    """Table headers and cells of an HTML page, as text."""
+
     def __init__(self) -> None:
         super().__init__()
         self.headers: list[str] = []
@@ -260,7 +262,7 @@ class _Cells(HTMLParser):
 
 def test_the_html_puts_fabrics_side_by_side_per_engine_and_engines_beside() -> None:
     records = {record.test: record for record in _grid()}
-    page = _Cells()
+    page = TableText()
     page.feed(render_html(HtmlRun(records=records, fabrics=["lo", "veth0"])))
     groups = [h for h in page.headers if " on " in h]
     assert groups == [
@@ -304,7 +306,7 @@ def test_ps_rows_show_every_task_with_the_slowest_marked() -> None:
     page = render_html(HtmlRun(records={record.test: record}, fabrics=["lo"]))
     assert "PS load per task" in page
     assert re.search(r'class="slowest">ps1 <small>slowest</small>', page)
-    cells = _Cells()
+    cells = TableText()
     cells.feed(page)
     at = cells.cells.index("ps1 slowest")
     assert cells.cells[at + 1 : at + 4] == ["138MiB", "138MiB", "138"]

@@ -401,6 +401,7 @@ class TestRecord:
 
     ``test`` is the id it was read under (a node id or a JUnit id); ``labels`` the label
     fields of each result; ``measurements`` one per label and point, in recorded order;
+    ``path`` and ``placement`` how its traffic went and where each role ran;
     ``verdicts`` the baseline gate's, ``unjudged`` the points the baseline lacked (``no
     baseline``), ``baseline_unusable`` whether the gate had no baseline; ``meta`` the test's
     own ``tfgrpc.meta.*`` properties by their key (``host_wait``).
@@ -411,10 +412,10 @@ class TestRecord:
     test: str
     fabric: str = ""
     target: str = ""
-    path: str = ""
-    placement: str = ""
     labels: Mapping[str, LabelRecord] = field(default_factory=lambda: MappingProxyType({}))
     measurements: tuple[Measurement, ...] = ()
+    path: str = ""
+    placement: str = ""
     verdicts: tuple[Verdict, ...] = ()
     unjudged: tuple[Key, ...] = ()
     baseline_unusable: bool = False
