@@ -10,6 +10,7 @@ they never disagree about a name or a value. Names and units are declared in
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -39,6 +40,12 @@ class CpuTime:
     @property
     def total_ns(self) -> int:
         return self.user_ns + self.system_ns
+
+
+def process_cpu_ns() -> tuple[int, int]:
+    """This process's user and system CPU time so far (``getrusage``), in nanoseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
 
 
 @dataclass(frozen=True)

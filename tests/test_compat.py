@@ -95,7 +95,7 @@ def test_names_of_an_old_module_now_a_subpackage_are_forwarded(old: str) -> None
         ("floor", "tcp_pingpong", "bench.floor"),
         ("floor", "FloorServer", "roles.floor_server"),
         ("topology", "topology_spec", "bench.specs"),
-        ("report", "result_properties", "report.properties"),
+        ("report", "result_properties", "report.record"),
     ],
 )
 def test_names_of_a_split_old_module_are_found_in_each_new_home(
