@@ -36,7 +36,7 @@ from pytest_tfgrpc.model.analytic import CpuCost, LinkFit, predict_step
 from pytest_tfgrpc.model.placement import Topology, place, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.report.record import read_record, result_properties
 from pytest_tfgrpc.report.summary import summary_rows
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
@@ -221,7 +221,7 @@ def test_the_step_after_a_fit_carries_its_prediction(cluster: PSCluster) -> None
     assert error == pytest.approx(100 * (predicted - measured) / measured, abs=2e-3)
     assert props[model + "limit"] == prediction.limit
     # The prediction stays out of the terminal summary: one row, the measured step.
-    rows = summary_rows("t", result_properties(result))
+    rows = summary_rows(read_record("t", result_properties(result)))
     assert [(r.label, r.size) for r in rows] == [("sgd", point.key)]
     plain = sync_sgd_step(cluster, PROFILE, run=steps, label="plain")
     assert plain.prediction is None

@@ -21,7 +21,7 @@ from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
 from pytest_tfgrpc.ps.jobs import SyncSGDJob
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetError, check, parse_budget
-from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.report.record import result_properties
 from pytest_tfgrpc.roles.parameter_server import apply_update, check_gradient, initial_weights
 from pytest_tfgrpc.roles.processes import ServerDied
 from pytest_tfgrpc.wire._proto import service_pb2

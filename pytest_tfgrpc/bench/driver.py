@@ -25,12 +25,12 @@ from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
 from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
-from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
+from pytest_tfgrpc.report.record import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
 from pytest_tfgrpc.tuning.cpus import (
@@ -266,14 +266,13 @@ class Driver:
                         server, messages, streams=count, **options
                     )
                     for each in both.streams:
-                        self.record(_placed(self._engine_result(each, measuring), server))
-                    aggregate = self._engine_result(both.aggregate, measuring)
-                    result = self.record(_placed(aggregate, server))
+                        self.record(self._engine_result(each, measuring, server))
+                    result = self.record(self._engine_result(both.aggregate, measuring, server))
                 else:
                     result = self._keeping_partial(
                         measuring, benchmark, server, messages, measure, placed=server
                     )
-                    result = self.record(_placed(self._engine_result(result, measuring), server))
+                    result = self.record(self._engine_result(result, measuring, server))
                 if floor_launcher is not None:
                     # The floor server on the measured server's CPUs if that one was pinned.
                     floor_result = transport_floor(
@@ -284,17 +283,23 @@ class Driver:
                         launcher=floor_launcher,
                         pin=server_pinned(getattr(server, "pid", None)),
                     )
-                    self.record(_placed(floor_result, server))
+                    placed = {**floor_result.settings, **_placement(server)}
+                    self.record(replace(floor_result, settings=MappingProxyType(placed)))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
         return result
 
-    def _engine_result(self, result: R, engine: Engine | None = None) -> R:
+    def _engine_result(
+        self, result: R, engine: Engine | None = None, server: Server | None = None
+    ) -> R:
         """``result`` with the engine that measured it (and the engine's settings) recorded:
         the engine the result names, if it names one (a PS benchmark names its workers'
-        engine), else the engine that was asked."""
+        engine), else the engine that was asked; with ``server`` (P2P), the CPU placement it
+        was measured under too. The result is rebuilt once, whatever it adds."""
         engine = engine or self.engine
         settings = {**engine.settings(), "engine": engine.name, **result.settings}
+        if server is not None:
+            settings.update(_placement(server))
         return replace(result, settings=MappingProxyType(settings))
 
     @staticmethod
@@ -502,8 +507,7 @@ class Driver:
             if partial is not None and partial.label not in self._labels:
                 # The failure that interrupted the sweep is the one to report, not a budget.
                 with contextlib.suppress(BudgetExceeded):
-                    partial = self._engine_result(partial, engine)
-                    self.record(partial if placed is None else _placed(partial, placed))
+                    self.record(self._engine_result(partial, engine, placed))
             raise
 
     def _check_label(self, label: str) -> None:
@@ -539,8 +543,7 @@ class Driver:
         return result
 
 
-def _placed(result: R, server: Server) -> R:
-    """``result`` with the CPU placement its P2P figures were measured under recorded: the
-    client's, and whether this host pinned ``server``."""
-    placement = result_placement(getattr(server, "pid", None))
-    return replace(result, settings=MappingProxyType({**result.settings, **placement}))
+def _placement(server: Server) -> dict[str, str]:
+    """The CPU placement P2P figures were measured under: the client's, and whether this host
+    pinned ``server``."""
+    return dict(result_placement(getattr(server, "pid", None)))

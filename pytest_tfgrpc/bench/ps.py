@@ -35,7 +35,6 @@ from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.ps.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 from pytest_tfgrpc.roles.parameter_server import (
     INIT_INDEX,
@@ -83,16 +82,16 @@ class PSResult(BenchmarkResult):
     #: The learning rate of the steps (sync-SGD).
     learning_rate: float = 0.0
 
-    def extra_properties(self) -> list[tuple[str, str]]:
-        """The prediction as ``tfgrpc.<label>.<key>.model.<metric>``, with ``...model.error_pct``
-        against the measured step p50."""
-        out: list[tuple[str, str]] = []
-        for point in self.sizes:
-            if self.prediction is not None and point.step:
-                measured = point.summary.p50_ns / 1e9
-                figures = prediction_figures(self.prediction, measured_s=measured)
-                out += model_properties(self.label, point.label, figures)
-        return out
+    def model_predictions(self) -> Mapping[str, Sequence[tuple[str, str]]]:
+        """The prediction beside each sync-SGD step point, with ``error_pct`` against the
+        measured step p50 (recorded as ``tfgrpc.<label>.<key>.model.<name>``)."""
+        if self.prediction is None:
+            return {}
+        return {
+            point.label: prediction_figures(self.prediction, measured_s=point.summary.p50_ns / 1e9)
+            for point in self.sizes
+            if point.step
+        }
 
 
 def _key(text: str) -> str:

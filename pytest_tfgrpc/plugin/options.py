@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_tfgrpc.report.metrics import BUDGET_METRICS
+from pytest_tfgrpc.metrics import BUDGET_METRICS
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES
 
 FABRIC_HELP = (

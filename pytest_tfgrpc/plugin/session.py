@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 # pytest's own JUnit writer: suite properties, and how it names a test case
-from _pytest.junitxml import bin_xml_escape, mangle_test_address, xml_key
+from _pytest.junitxml import xml_key
 
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
@@ -29,7 +29,7 @@ from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metadata
 from pytest_tfgrpc.report.plot import plot_available
-from pytest_tfgrpc.report.properties import PREFIX
+from pytest_tfgrpc.report.record import has_figures, junit_test_id, read_record
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.roles.processes import ServerError
 from pytest_tfgrpc.tuning.allocator import apply_policy
@@ -121,13 +121,7 @@ def junit_name(config: pytest.Config, nodeid: str) -> str:
     classname, the name escaped of characters XML cannot hold. (The node id itself depends on
     the rootdir, so runs from another rootdir name their tests differently: the gate then
     says which baseline tests it could not find and what they look like.)"""
-    names = mangle_test_address(nodeid)
-    classnames = names[:-1]
-    prefix = getattr(config.option, "junitprefix", None)
-    if prefix:
-        classnames.insert(0, prefix)
-    name = bin_xml_escape(names[-1])
-    return f"{'.'.join(classnames)}.{name}" if classnames else name
+    return junit_test_id(nodeid, getattr(config.option, "junitprefix", None) or "")
 
 
 def _baseline_gate(
@@ -357,10 +351,9 @@ class TfgrpcSession:
             if death is not None:
                 raise death
         gate = self.state.gate
-        if gate is not None and any(name.startswith(PREFIX) for name, _ in item.user_properties):
-            verdict = gate.judge(
-                item.nodeid, item.user_properties, junit_name(item.config, item.nodeid)
-            )
+        if gate is not None and has_figures(item.user_properties):
+            record = read_record(junit_name(item.config, item.nodeid), item.user_properties)
+            verdict = gate.judge(item.nodeid, record)
             item.user_properties.extend(verdict.properties)
             if verdict.failure is not None:
                 # Fails the call itself, so the regression is a failure in the JUnit XML.

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import resource
 import sys
 import threading
 import time
@@ -51,6 +50,7 @@ from pytest_tfgrpc.ps.jobs import (
     decode,
     encode,
 )
+from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.parameter_server import (
     MEASURE,
     NEXT_PHASE_KEY,
@@ -82,11 +82,6 @@ M = TypeVar("M")
 def _emit(message: Message) -> None:
     sys.stdout.buffer.write(encode(message))
     sys.stdout.buffer.flush()
-
-
-def _cpu_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
 
 
 def _lifeline(lines: queue.Queue[bytes]) -> None:
@@ -169,7 +164,7 @@ async def _throughput(
         )
     )
     samples: list[list[int]] = [[] for _ in calls]
-    cpu0 = _cpu_ns()
+    cpu0 = process_cpu_ns()
     start = clock()
     await asyncio.gather(
         *(
@@ -178,7 +173,7 @@ async def _throughput(
         )
     )
     elapsed = clock() - start
-    cpu1 = _cpu_ns()
+    cpu1 = process_cpu_ns()
     return ThroughputReply(
         samples_ns=tuple(_packed(s) for s in samples),
         elapsed_ns=elapsed,
@@ -266,7 +261,7 @@ async def _sync_sgd(
         measured = phase == MEASURE
         bodies = fixed or [gradients(ps, step) for ps in range(len(channels))]
         if measured and cpu0 is None:
-            cpu0 = _cpu_ns()
+            cpu0 = process_cpu_ns()
         t0 = clock()
         phases = await asyncio.gather(
             *(step_on(ps, step, measured, bodies[ps]) for ps in range(len(channels)))
@@ -278,7 +273,7 @@ async def _sync_sgd(
             raise BenchmarkError(f"the chief PS sent no next phase after step {step}")
         phase = phases[0]
         step += 1
-    cpu1 = _cpu_ns()
+    cpu1 = process_cpu_ns()
     cpu0 = cpu0 or cpu1
     return SyncSGDReply(
         samples_ns=_packed(samples),
