@@ -262,7 +262,7 @@ def _exchange(
     ``shard_bytes``: the step's own code at both ends, on the step's own processes."""
     (reply,), (stats,) = cluster.sync_sgd(
         [[(f"fit{i}", 0, shard_bytes) for i in range(shards)]],
-        run,
+        **run.step_bounds(EXCHANGE_BARRIER_S),
         workers=1,
         chunk_bytes=chunk_bytes,
         learning_rate=0.1,

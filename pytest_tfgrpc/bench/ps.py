@@ -328,7 +328,7 @@ def sync_sgd_step(
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
     replies, stats = cluster.sync_sgd(
         [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
-        run,
+        **run.step_bounds(barrier_timeout),
         workers=topology.workers,
         chunk_bytes=chunk_bytes,
         learning_rate=learning_rate,

@@ -16,7 +16,7 @@ import selectors
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, overload
+from typing import Any, overload
 
 import grpc
 
@@ -40,25 +40,6 @@ from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
-
-
-class StepRun(Protocol):
-    """The bounds of a sync-SGD job, as :class:`~pytest_tfgrpc.bench.timing.RunSpec` gives
-    them: warm-up steps and seconds, measured steps and seconds, the job's timeout."""
-
-    @property
-    def warmup(self) -> int: ...
-
-    @property
-    def iterations(self) -> int: ...
-
-    @property
-    def warmup_seconds(self) -> float: ...
-
-    @property
-    def time_limit_s(self) -> float: ...
-
-    def job_timeout_s(self, barrier_s: float = 0.0) -> float: ...
 
 
 class ClusterError(ServerError):
@@ -358,8 +339,12 @@ class PSCluster:
     def sync_sgd(
         self,
         shards: Sequence[Sequence[tuple[str, int, int]]],
-        run: StepRun,
         *,
+        warmup: int,
+        steps: int,
+        warmup_seconds: float,
+        max_seconds: float,
+        timeout_s: float,
         workers: int,
         chunk_bytes: int,
         learning_rate: float,
@@ -370,14 +355,12 @@ class PSCluster:
         """Run one sync-SGD job: PS ``p`` owns ``shards[p]`` (``(tensor, offset, nbytes)``,
         in its order), ``workers`` workers step against PS tasks ``0..len(shards)-1``.
 
-        The PS tasks are configured (``run.warmup`` steps within ``run.warmup_seconds``,
-        then at most ``run.iterations`` within ``run.time_limit_s``, each step's barrier
-        bounded by ``barrier_timeout``); each worker gets a
-        :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob` that allows one step more than that.
-        Returns the workers' replies and what each PS saw, within
-        ``run.job_timeout_s(barrier_timeout)``.
+        The PS tasks are configured (``warmup`` steps within ``warmup_seconds``, then at most
+        ``steps`` within ``max_seconds``, each step's barrier bounded by ``barrier_timeout``);
+        each worker gets a :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob` that allows one step
+        more than that. Returns the workers' replies and what each PS saw, within
+        ``timeout_s``.
         """
-        warmup, steps = run.warmup, run.iterations
         tasks = range(len(shards))
         self.configure(
             [
@@ -393,8 +376,8 @@ class PSCluster:
                     init=init,
                     warmup_steps=warmup,
                     steps=steps,
-                    warmup_seconds=run.warmup_seconds,
-                    max_seconds=run.time_limit_s,
+                    warmup_seconds=warmup_seconds,
+                    max_seconds=max_seconds,
                     barrier_timeout_seconds=barrier_timeout,
                 )
                 for ps in tasks
@@ -414,7 +397,7 @@ class PSCluster:
             )
             for w in range(workers)
         ]
-        replies = self.run(jobs, run.job_timeout_s(barrier_timeout))
+        replies = self.run(jobs, timeout_s)
         return replies, self.job_stats(list(tasks))
 
     def _collect(
