@@ -36,6 +36,7 @@ from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, p2p_bandwidth, p
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, HostCosts, LinkFit, fit_from_results
 from pytest_tfgrpc.model.placement import Placement
+from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.parameter_server import INIT_RANDOM, apply_update
@@ -269,7 +270,7 @@ def _exchange(
         init=INIT_RANDOM,
         barrier_timeout=EXCHANGE_BARRIER_S,
     )
-    samples = reply.samples_ns
+    samples = jobs_samples(reply.samples_ns)
     count = len(samples)
     if count == 0 or stats.measured_steps != count:
         raise BenchmarkError(

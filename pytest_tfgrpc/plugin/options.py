@@ -21,9 +21,9 @@ FABRIC_HELP = (
 RUN_HELP = {
     "iterations": "timed operations per message size (overrides each benchmark's default)",
     "warmup": "untimed warm-up operations per message size",
-    "duration": "time-based runs: measure each message size for S seconds",
     "max_seconds": "stop measuring a message size after S seconds, whatever the count",
     "warmup_seconds": "stop warming up after S seconds, whatever the count",
+    "duration": "time-based runs: measure each message size for S seconds",
 }
 ALLOCATOR_HELP = (
     "glibc allocator policy of the measuring process and its servers: 'tuned' (default) "
