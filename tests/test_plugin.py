@@ -481,7 +481,7 @@ def test_the_run_marker_makes_a_time_based_run(
     ("args", "ini", "message"),
     [
         (("--tfgrpc-iterations=x",), "", "iterations='x' from --tfgrpc-iterations: expected*"),
-        ((), "tfgrpc_max_seconds = 0", "max_seconds='0' from ini tfgrpc_max_seconds: expected*"),
+        ((), "tfgrpc_max_seconds = 0", "max_seconds='0' from ini tfgrpc_max_seconds: *"),
     ],
 )
 def test_a_bad_run_option_is_a_usage_error_naming_its_source(
