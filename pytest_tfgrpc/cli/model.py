@@ -47,15 +47,7 @@ from pytest_tfgrpc.model.scaling import (
     ps_step,
 )
 from pytest_tfgrpc.report.junit import BaselineError, read_junit
-from pytest_tfgrpc.report.properties import (
-    FABRIC,
-    LOOPBACK,
-    META_PREFIX,
-    PATH,
-    figure_name,
-    label_property,
-    read_figures,
-)
+from pytest_tfgrpc.report.record import figure_name, read_record
 from pytest_tfgrpc.report.results_file import read_results
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_rate_Bps, parse_size
 
@@ -78,7 +70,6 @@ class ModelInputError(Exception):
 
 #: The engine of figures whose settings do not name one (runs before engines were recorded).
 _NO_ENGINE = "unrecorded"
-_SETTINGS_ENGINE = re.compile(r"(?:^|;)engine=([^;]+)")
 
 
 @dataclass
@@ -94,29 +85,25 @@ class _Points:
 
 def _add_points(properties: Mapping[str, object], found: _Points) -> None:
     """Add one test's P2P medians to ``found``, under its engine (``engine=`` in the label's
-    ``settings``) and its ``tfgrpc.fabric``. A transport floor's rows (``<label>_floor``, raw
-    TCP) are not the gRPC link and are left out."""
-    fabric = str(properties.get(FABRIC) or _NO_FABRIC)
-    meta_link = properties.get(f"{META_PREFIX}fabric.{fabric}.link_type")
-    over_loopback = (
-        fabric == "lo"
-        or str(properties.get(PATH) or "").startswith(LOOPBACK)
-        or meta_link == "loopback"
-    )
-    for figure in read_figures(properties.items(), strict=False):
-        at = figure.at
-        if at.metric.name != _MEDIAN or at.scope or at.floor:
+    settings) and its fabric. A transport floor's rows (``<label>_floor``, raw TCP) are not
+    the gRPC link and are left out."""
+    record = read_record("", properties.items())
+    fabric = record.fabric or _NO_FABRIC
+    over_loopback = fabric == "lo" or record.loopback
+    for measurement in record.measurements:
+        at = measurement.key
+        median = measurement.figures.get(_MEDIAN)
+        label = record.label(at.label)
+        if median is None or label.floor:
             continue
         try:
-            size = parse_size(at.key)
+            size = parse_size(at.size)
         except UnitError:
             continue
-        seconds = figure.value / 1e9
+        seconds = median / 1e9
         point = link_point(at.label, size, seconds)
         if point is not None and seconds > 0:
-            settings = str(properties.get(label_property(at.label, "settings")) or "")
-            match = _SETTINGS_ENGINE.search(settings)
-            key = (match.group(1) if match else _NO_ENGINE, fabric)
+            key = (label.engine or _NO_ENGINE, fabric)
             found.points.setdefault(key, []).append(point)
             if over_loopback:
                 found.loopback.add(key)
@@ -342,22 +329,17 @@ def _sync_steps(
     """``sync_sgd_step`` medians with their topologies, one point per (workers, ps)."""
     rows: list[tuple[int, int, float, str]] = []
     for name, properties in cases:
-        for figure in read_figures(properties.items(), strict=False):
-            at = figure.at
-            if at.metric.name != f"step_{_MEDIAN}" or at.scope:
+        record = read_record(name, properties.items())
+        for measurement in record.measurements:
+            at = measurement.key
+            median = measurement.figures.get(f"step_{_MEDIAN}")
+            if median is None or not at.label.startswith(_SYNC_STEP):
                 continue
-            if not at.label.startswith(_SYNC_STEP):
-                continue
-            topology = _TOPOLOGY.match(str(properties.get(label_property(at.label, "topology"))))
+            topology = _TOPOLOGY.match(record.label(at.label).topology)
             if topology is None:
                 continue
             rows.append(
-                (
-                    int(topology["workers"]),
-                    int(topology["ps"]),
-                    figure.value / 1e9,
-                    f"{name} {at.label}",
-                )
+                (int(topology["workers"]), int(topology["ps"]), median / 1e9, f"{name} {at.label}")
             )
     if not rows:
         raise ModelInputError(

@@ -3,19 +3,17 @@
 Started by :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster` as ``python -m
 pytest_tfgrpc.ps.worker``.
 Workers are processes, not threads, so that W workers measure the network and the servers,
-not one interpreter's GIL. The parent talks to a worker in the typed messages of
-:mod:`pytest_tfgrpc.ps.jobs`, one per line:
+not one interpreter's GIL. The parent talks to a worker in the messages of
+``protos/tfgrpc/worker.proto``, length-delimited (:mod:`pytest_tfgrpc.ps.jobs`):
 
-1. the worker prints :class:`~pytest_tfgrpc.ps.jobs.Hello` once it is up;
-2. the parent writes a job (:class:`~pytest_tfgrpc.ps.jobs.ThroughputJob` or
-   :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob`); the worker connects to every PS, prepares
-   its tensors and prints :class:`~pytest_tfgrpc.ps.jobs.Ready`;
-3. the parent writes :class:`~pytest_tfgrpc.ps.jobs.Go` to all workers at once (the start
-   barrier); the worker runs the job and prints its reply, samples packed as int64; then it
-   waits for the next job.
+1. the worker writes ``Hello`` once it is up;
+2. the parent writes a job (``ThroughputJob`` or ``SyncSGDJob``); the worker connects to
+   every PS, prepares its tensors and writes ``Ready``;
+3. the parent writes ``Go`` to all workers at once (the start barrier); the worker runs the
+   job and writes its reply, samples as packed int64; then it waits for the next job.
 
-Any failure is printed as :class:`~pytest_tfgrpc.ps.jobs.WorkerFailed`. The worker exits
-when its stdin closes, which is how no worker outlives its parent, however the parent ends.
+Any failure is written as ``WorkerFailed``. The worker exits when its stdin closes, which is
+how no worker outlives its parent, however the parent ends.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import resource
 import sys
 import threading
 import time
@@ -33,28 +30,28 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 import numpy as np
-import numpy.typing as npt
 
 from pytest_tfgrpc.ps.jobs import (
-    AllReduceJob,
-    AllReduceReply,
+    Frames,
+    FromWorker,
     Go,
     Hello,
     JobMessage,
-    Listening,
-    Message,
     MessageError,
-    Peers,
     Ready,
     Reply,
+    Samples,
     SyncSGDJob,
     SyncSGDReply,
     ThroughputJob,
     ThroughputReply,
     WorkerFailed,
-    decode,
-    encode,
+    frame,
+    from_worker,
+    job_of,
+    owned_bytes,
 )
+from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.parameter_server import (
     MEASURE,
     NEXT_PHASE_KEY,
@@ -83,20 +80,24 @@ GO_TIMEOUT_S = 120.0
 M = TypeVar("M")
 
 
-def _emit(message: Message) -> None:
-    sys.stdout.buffer.write(encode(message))
+def _emit(message: FromWorker) -> None:
+    sys.stdout.buffer.write(frame(from_worker(message)))
     sys.stdout.buffer.flush()
 
 
-def _cpu_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
-
-
 def _lifeline(lines: queue.Queue[bytes]) -> None:
-    """Read stdin lines into ``lines``; on EOF the parent is gone or done: exit at once."""
-    for line in sys.stdin.buffer:
-        lines.put(line)
+    """Read the parent's messages from stdin into ``lines`` (each one's bytes); on EOF the
+    parent is gone or done, and on a stream that is not framed nothing more can be read:
+    exit at once."""
+    frames = Frames()
+    while chunk := os.read(0, 1 << 16):
+        frames.feed(chunk)
+        try:
+            while (body := frames.take()) is not None:
+                lines.put(body)
+        except MessageError as error:
+            _emit(WorkerFailed(error=f"bad job stream: {error}"))
+            break
     os._exit(0)
 
 
@@ -106,7 +107,10 @@ async def _next_message(lines: queue.Queue[bytes], timeout: float, expect: type[
         line = await loop.run_in_executor(None, lambda: lines.get(timeout=timeout))
     except queue.Empty:
         raise BenchmarkError(f"no word from the parent within {timeout:g} s") from None
-    return decode(line, expect)
+    message = job_of(line)
+    if not isinstance(message, expect):
+        raise MessageError(f"a {type(message).__name__} where {expect.__name__} was expected")
+    return message
 
 
 def _describe(error: grpc.RpcError, target: str, what: str, timeout: float | None = None) -> str:
@@ -173,7 +177,7 @@ async def _throughput(
         )
     )
     samples: list[list[int]] = [[] for _ in calls]
-    cpu0 = _cpu_ns()
+    cpu0 = process_cpu_ns()
     start = clock()
     await asyncio.gather(
         *(
@@ -182,17 +186,13 @@ async def _throughput(
         )
     )
     elapsed = clock() - start
-    cpu1 = _cpu_ns()
+    cpu1 = process_cpu_ns()
     return ThroughputReply(
-        samples_ns=tuple(_packed(s) for s in samples),
+        samples=[Samples(ns=s) for s in samples],
         elapsed_ns=elapsed,
         cpu_user_ns=cpu1[0] - cpu0[0],
         cpu_system_ns=cpu1[1] - cpu0[1],
     )
-
-
-def _packed(samples: list[int]) -> npt.NDArray[np.int64]:
-    return np.asarray(samples, dtype=np.int64)
 
 
 # --- sync SGD --------------------------------------------------------------------------------
@@ -218,8 +218,8 @@ async def _sync_sgd(
     worker, check, chunk_bytes = job.worker, job.check, job.chunk_bytes
     targets = job.targets
     # Per PS: the (tensor offset, nbytes) of each shard it owns, in the PS's shard order.
-    shards = job.shards
-    owned = job.owned_bytes
+    shards = [[(s.offset, s.nbytes) for s in mine.shards] for mine in job.shards]
+    owned = owned_bytes(job)
     timeout = job.barrier_timeout + rpc_timeout(max(owned, default=0))
     pushes = [ch.stream_unary(method("PushGradients")) for ch in channels]
     pulls = [ch.unary_stream(method("PullWeights")) for ch in channels]
@@ -270,7 +270,7 @@ async def _sync_sgd(
         measured = phase == MEASURE
         bodies = fixed or [gradients(ps, step) for ps in range(len(channels))]
         if measured and cpu0 is None:
-            cpu0 = _cpu_ns()
+            cpu0 = process_cpu_ns()
         t0 = clock()
         phases = await asyncio.gather(
             *(step_on(ps, step, measured, bodies[ps]) for ps in range(len(channels)))
@@ -282,204 +282,17 @@ async def _sync_sgd(
             raise BenchmarkError(f"the chief PS sent no next phase after step {step}")
         phase = phases[0]
         step += 1
-    cpu1 = _cpu_ns()
+    cpu1 = process_cpu_ns()
     cpu0 = cpu0 or cpu1
     return SyncSGDReply(
-        samples_ns=_packed(samples),
+        samples_ns=samples,
         steps=step,
         cpu_user_ns=cpu1[0] - cpu0[0],
         cpu_system_ns=cpu1[1] - cpu0[1],
     )
 
 
-# --- all-reduce --------------------------------------------------------------------------------
-#: The mailbox method: a raw frame, 16 bytes of header (little-endian uint32 iteration, uint32
-#: step, uint64 element offset) then float32 elements, answered with an empty frame.
-DELIVER = "/tfgrpc.Collective/Deliver"
-_HEADER = np.dtype([("iteration", "<u4"), ("step", "<u4"), ("offset", "<u8")])
-
-
-def _identity(data: bytes) -> bytes:
-    return data
-
-
-class _Mailbox:
-    """Frames from the peers, by (iteration, step): each rank receives one per step."""
-
-    def __init__(self) -> None:
-        self._slots: dict[tuple[int, int], asyncio.Future[tuple[int, bytes]]] = {}
-
-    def _slot(self, key: tuple[int, int]) -> asyncio.Future[tuple[int, bytes]]:
-        if key not in self._slots:
-            self._slots[key] = asyncio.get_running_loop().create_future()
-        return self._slots[key]
-
-    async def deliver(self, frame: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        header = np.frombuffer(frame[: _HEADER.itemsize], dtype=_HEADER)[0]
-        key = (int(header["iteration"]), int(header["step"]))
-        self._slot(key).set_result((int(header["offset"]), frame[_HEADER.itemsize :]))
-        return b""
-
-    async def take(self, iteration: int, step: int, timeout: float) -> tuple[int, bytes]:
-        key = (iteration, step)
-        try:
-            return await asyncio.wait_for(self._slot(key), timeout)
-        except TimeoutError:
-            raise BenchmarkError(
-                f"no all-reduce frame for iteration {iteration}, step {step} within {timeout:g} s"
-            ) from None
-        finally:
-            self._slots.pop(key, None)
-
-
-def _check_pattern(n: int) -> npt.NDArray[np.float32]:
-    """Rank ``r``'s check input is ``(r + 1) * pattern``: small integers, exact in float32."""
-    return (np.arange(n, dtype=np.int64) % 7 + 1).astype(np.float32)
-
-
-async def _allreduce(job: AllReduceJob, lines: queue.Queue[bytes]) -> AllReduceReply:
-    n, rank, size = job.nbytes // 4, job.worker, job.workers
-    mailbox = _Mailbox()
-    # A frame holds up to half the buffer (halving-doubling's first step) and its header.
-    limit = [("grpc.max_receive_message_length", job.nbytes + 1024)]
-    server = grpc.aio.server(options=limit)
-    handler = grpc.method_handlers_generic_handler(
-        "tfgrpc.Collective",
-        {
-            "Deliver": grpc.unary_unary_rpc_method_handler(
-                mailbox.deliver, request_deserializer=_identity, response_serializer=_identity
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((handler,))
-    host = f"[{job.bind}]" if ":" in job.bind else job.bind
-    port = server.add_insecure_port(f"{host}:0")
-    await server.start()
-    channels: dict[int, grpc.aio.Channel] = {}
-    try:
-        _emit(Listening(f"{host}:{port}"))
-        peers = (await _next_message(lines, GO_TIMEOUT_S, Peers)).addresses
-        if len(peers) != size:
-            raise BenchmarkError(f"{len(peers)} peer addresses for {size} ranks")
-        partners = (
-            [(rank + 1) % size]
-            if job.algorithm == "ring"
-            else [rank ^ (1 << k) for k in range(size.bit_length() - 1)]
-        )
-        for partner in partners:
-            channels[partner] = grpc.aio.insecure_channel(peers[partner], options=limit)
-        calls = {
-            partner: channel.unary_unary(
-                DELIVER, request_serializer=_identity, response_deserializer=_identity
-            )
-            for partner, channel in channels.items()
-        }
-        timeout = job.seconds + 30.0
-
-        async def exchange(
-            partner: int, iteration: int, step: int, offset: int, data: npt.NDArray[np.float32]
-        ) -> tuple[int, npt.NDArray[np.float32]]:
-            header = np.array([(iteration, step, offset)], dtype=_HEADER).tobytes()
-            try:
-                _, got = await asyncio.gather(
-                    calls[partner](header + data.tobytes(), timeout=timeout),
-                    mailbox.take(iteration, step, timeout),
-                )
-            except grpc.RpcError as error:
-                what = f"rank {rank}'s all-reduce frame (step {step})"
-                raise BenchmarkError(_describe(error, peers[partner], what)) from None
-            return got[0], np.frombuffer(got[1], dtype=np.float32)
-
-        bounds = [n * i // size for i in range(size + 1)]
-
-        async def ring(buffer: npt.NDArray[np.float32], iteration: int) -> None:
-            right = (rank + 1) % size
-            for step in range(size - 1):  # reduce-scatter
-                send = (rank - step) % size
-                lo, hi = bounds[send], bounds[send + 1]
-                offset, data = await exchange(right, iteration, step, lo, buffer[lo:hi])
-                buffer[offset : offset + data.size] += data
-            for step in range(size - 1):  # all-gather
-                send = (rank + 1 - step) % size
-                lo, hi = bounds[send], bounds[send + 1]
-                offset, data = await exchange(right, iteration, size - 1 + step, lo, buffer[lo:hi])
-                buffer[offset : offset + data.size] = data
-
-        async def halving_doubling(buffer: npt.NDArray[np.float32], iteration: int) -> None:
-            lo, hi, step, distance = 0, n, 0, size // 2
-            while distance >= 1:  # reduce-scatter by recursive halving
-                partner = rank ^ distance
-                mid = (lo + hi) // 2
-                keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))
-                offset, data = await exchange(
-                    partner, iteration, step, give[0], buffer[give[0] : give[1]]
-                )
-                buffer[offset : offset + data.size] += data
-                lo, hi = keep
-                step, distance = step + 1, distance // 2
-            distance = 1
-            while distance < size:  # all-gather by recursive doubling
-                partner = rank ^ distance
-                offset, data = await exchange(partner, iteration, step, lo, buffer[lo:hi])
-                buffer[offset : offset + data.size] = data
-                lo, hi = min(lo, offset), max(hi, offset + data.size)
-                step, distance = step + 1, distance * 2
-
-        run = ring if job.algorithm == "ring" else halving_doubling
-        pattern = _check_pattern(n)
-        start = (
-            pattern * (rank + 1)
-            if job.check
-            else np.random.default_rng(rank).random(n, dtype=np.float32)
-        )
-        expected = pattern * (size * (size + 1) // 2)
-        await _wait_for_go(lines)
-        clock = time.perf_counter_ns
-        samples: list[int] = []
-        checked = 0
-        iteration = 0
-        cpu0: tuple[int, int] | None = None
-        deadline = time.monotonic() + job.seconds
-        while iteration < job.warmup + job.iterations:
-            measured = iteration >= job.warmup
-            if measured and cpu0 is None:
-                cpu0 = _cpu_ns()
-                deadline = time.monotonic() + job.seconds
-            if measured and time.monotonic() >= deadline and samples:
-                break
-            buffer = start.copy()
-            t0 = clock()
-            await run(buffer, iteration)
-            t1 = clock()
-            if measured:
-                samples.append(t1 - t0)
-                if job.check:
-                    if not np.array_equal(buffer, expected):
-                        wrong = int(np.flatnonzero(buffer != expected)[0])
-                        raise BenchmarkError(
-                            f"rank {rank}: all-reduce {iteration} element {wrong} is "
-                            f"{buffer[wrong]!r}, the sum of every rank's input is "
-                            f"{expected[wrong]!r}"
-                        )
-                    checked += 1
-            iteration += 1
-        cpu1 = _cpu_ns()
-        cpu0 = cpu0 or cpu1
-        return AllReduceReply(
-            samples_ns=_packed(samples),
-            checked=checked,
-            cpu_user_ns=cpu1[0] - cpu0[0],
-            cpu_system_ns=cpu1[1] - cpu0[1],
-        )
-    finally:
-        for channel in channels.values():
-            await channel.close()
-        await server.stop(grace=1.0)
-
-
 async def _run(job: JobMessage, lines: queue.Queue[bytes]) -> Reply:
-    if isinstance(job, AllReduceJob):
-        return await _allreduce(job, lines)
     channels: list[grpc.aio.Channel] = []
     try:
         for target in job.targets:
@@ -497,25 +310,23 @@ def main() -> int:
     try:
         use_tls(load_tls(files_from_env(), "$TFGRPC_TLS_"))
     except TlsError as error:
-        _emit(WorkerFailed(f"TLS settings: {error}"))
+        _emit(WorkerFailed(error=f"TLS settings: {error}"))
         return 2
     lines: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
-    _emit(Hello(os.getpid()))
+    _emit(Hello(pid=os.getpid()))
     while True:
         try:
-            job: JobMessage | Go = decode(
-                lines.get(), (ThroughputJob, SyncSGDJob, AllReduceJob, Go)
-            )
+            job = job_of(lines.get())
         except MessageError as error:
-            _emit(WorkerFailed(f"bad job: {error}"))
+            _emit(WorkerFailed(error=f"bad job: {error}"))
             continue
-        if isinstance(job, (Go, Peers)):
+        if isinstance(job, Go):
             continue  # a "go" meant for a job that failed before it was ready
         try:
             reply = asyncio.run(_run(job, lines))
         except (BenchmarkError, grpc.RpcError, ValueError) as error:
-            _emit(WorkerFailed(str(error) or type(error).__name__))
+            _emit(WorkerFailed(error=str(error) or type(error).__name__))
         else:
             _emit(reply)
 
