@@ -39,6 +39,7 @@ from pytest_tfgrpc.hosts.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.options import TLS_HELP, option
 from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
+from pytest_tfgrpc.roles.native_server import delay_args
 from pytest_tfgrpc.roles.processes import Launcher, ServerProcess
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
@@ -242,6 +243,7 @@ def placed_tensor_server(
     env: Mapping[str, str] | None,
     engine: str = "grpcio",
     max_tensor_bytes: int | None = None,
+    delay_s: float = 0.0,
 ) -> Iterator[ServerProcess | None]:
     """With agents, a tensor server on the first agent reached through ``fabric`` (stopped
     after the test); otherwise None, and the caller starts it as before. Records the path.
@@ -279,6 +281,7 @@ def placed_tensor_server(
             launcher=client.launcher(),
             name=f"tensor server on host {client.info.host}",
             max_tensor_bytes=max_tensor_bytes,
+            extra_args=delay_args(delay_s),
         )
     except (AgentError, ValueError) as exc:
         pytest.fail(str(exc), pytrace=False)

@@ -110,7 +110,16 @@ def tensor_server(
     # allocate more.
     messages = item_specs(request.node).messages
     need = max(messages.sizes) if messages is not None and messages.sizes else None
-    with placed_tensor_server(request, fabric, session.server_env, engine.name, need) as placed:
+    delay_s = session.server_delay_s
+    if delay_s and not isinstance(engine, LoopEngine):
+        pytest.fail(
+            f"{request.node.nodeid}: --tfgrpc-server-delay: engine {engine.name!r}'s server "
+            "takes no injected delay (only the plugin's own grpcio and native servers do)",
+            pytrace=False,
+        )
+    with placed_tensor_server(
+        request, fabric, session.server_env, engine.name, need, delay_s
+    ) as placed:
         if placed is not None:
             request.node.stash.setdefault(watched_key, []).append(placed)
             yield placed
@@ -128,7 +137,7 @@ def tensor_server(
     started = session.servers
     try:
         if isinstance(engine, LoopEngine):  # the plugin's own servers take the limit
-            server: EngineServer = engine.start_server(fabric, session.server_env, need)
+            server: EngineServer = engine.start_server(fabric, session.server_env, need, delay_s)
         else:
             server = engine.start_server(fabric, session.server_env)
     except (EngineError, ServerError) as exc:

@@ -70,6 +70,7 @@ __all__ = [
     "compare_runs",
     "compare_test",
     "format_comparison",
+    "judge_replicated",
     "min_samples",
     "short_history_warning",
     "typical_run_spread",
@@ -251,7 +252,7 @@ def compare_figure(
     limit = f"{_percent(tolerance)} tolerance"
     runs = [m.rounds[metric] for m in (*earlier, baseline) if len(m.rounds.get(metric, ())) > 1]
     if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
-        return _replicated(
+        return judge_replicated(
             verdict,
             lambda a: replicate_test(current.rounds[metric], runs, alpha=a),
             gated.higher_is_better,
@@ -262,7 +263,7 @@ def compare_figure(
     if gated.gate is not GateTest.RATIO and _across_runs(history):
         # No rounds, but runs enough to know their spread: the run is the replicate.
         values = [value for value in history if value is not None]
-        return _replicated(
+        return judge_replicated(
             verdict,
             lambda a: run_test(cur_value, values, alpha=a, min_spread=spread_floor),
             gated.higher_is_better,
@@ -370,15 +371,16 @@ def _across_runs(history: Sequence[float | None]) -> bool:
     return len(history) >= MIN_HISTORY and all(value is not None for value in history)
 
 
-def _replicated(
+def judge_replicated(
     verdict: Callable[..., Verdict],
     tested: Callable[[float], ReplicateTest],
     higher_is_better: bool,
     tolerance: float,
     alpha: float,
 ) -> Verdict:
-    """The verdict of a figure tested across rounds or runs (see :func:`compare_figure`):
-    ``tested(alpha)`` runs the test."""
+    """The verdict of a figure tested across replicates (rounds, runs, or the pairs of
+    :mod:`pytest_tfgrpc.report.paired`; see :func:`compare_figure`): ``tested(alpha)`` runs
+    the test; ``verdict(outcome, reason, **found)`` makes the Verdict."""
     try:
         test = tested(alpha)
     except ValueError as error:

@@ -47,17 +47,26 @@ class LoopEngine(Engine):
         before it starts a tensor server or measures. Nothing rules this one out."""
 
     def start_server(
-        self, fabric: Fabric, env: Mapping[str, str] | None, max_tensor_bytes: int | None = None
+        self,
+        fabric: Fabric,
+        env: Mapping[str, str] | None,
+        max_tensor_bytes: int | None = None,
+        delay_s: float = 0.0,
     ) -> ServerProcess:
         """The engine's tensor server on ``fabric`` (:func:`start_tensor_server`). The Python
         server refuses tensors over ``max_tensor_bytes`` (None: the largest gRPC carries); the
-        C++ server keeps gRPC's own message limit.
+        C++ server keeps gRPC's own message limit. ``delay_s`` holds every reply back that
+        long (fault injection).
 
         :raises EngineError: :meth:`check_usable`'s.
         """
         self.check_usable()
         return start_tensor_server(
-            fabric, engine=self.implementation, env=env, max_tensor_bytes=max_tensor_bytes
+            fabric,
+            engine=self.implementation,
+            env=env,
+            max_tensor_bytes=max_tensor_bytes,
+            delay_s=delay_s,
         )
 
     def p2p_latency(
