@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pytest_tfgrpc.report.compare import (
     Outcome,
+    blind_history_warnings,
     compare_test,
     format_comparison,
     short_history_warning,
@@ -117,6 +118,9 @@ class BaselineGate:
             short = short_history_warning(len(self.history))
             if short:
                 self.warnings.append(short)
+            self.warnings += blind_history_warnings(
+                self.history, settings.tolerances, alpha=settings.alpha
+            )
         except BaselineError as exc:
             if settings.bad_baseline == "fail":
                 raise GateSetupError(f"{exc} (--tfgrpc-bad-baseline=fail)") from None

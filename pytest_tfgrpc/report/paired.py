@@ -112,7 +112,9 @@ def _figure_verdict(
         if why:
             return verdict(Outcome.INVALID, f"side {side}'s {metric}: {why}: not a measurement")
     broken = len(values) - len(both)
-    lacking = f" ({broken} pair{'s' if broken != 1 else ''} lack it on one side)" if broken else ""
+    lacking = (
+        f" ({broken} pair{'s lack' if broken != 1 else ' lacks'} it on one side)" if broken else ""
+    )
     if gated.gate is GateTest.RATIO:
         # A figure the run fixes (a placement's imbalance): any change is real.
         worse = -change if gated.higher_is_better else change
