@@ -310,3 +310,15 @@ def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
     assert "broken: pair 2: side B ran past --timeout 20 s and was stopped" in out
     assert "broken: pair 3: side B exited 3 (pytest: not a run of tests" in out
     assert code == 0, out
+
+
+def test_a_bad_server_delay_is_a_usage_error_naming_the_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_blind=BLIND_SUITE)
+    result = pytester.runpytest("--tfgrpc-server-delay=11s")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--tfgrpc-server-delay / tfgrpc_server_delay: '11s' is not from 0 to 10 s*"]
+    )
+    pytester.makeini("[pytest]\ntfgrpc_server_delay = soon\n")
+    result = pytester.runpytest()
+    result.stderr.fnmatch_lines(["*tfgrpc_server_delay: invalid value 'soon'*"])

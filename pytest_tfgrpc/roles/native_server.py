@@ -78,15 +78,23 @@ def start_tensor_server(
     engine: str = "grpcio",
     env: Mapping[str, str] | None = None,
     max_tensor_bytes: int | None = None,
+    launcher: Launcher = LOCAL,
     delay_s: float = 0.0,
 ) -> ServerProcess:
     """A tensor server of ``engine`` on ``fabric``: the Python one, refusing tensors over
     ``max_tensor_bytes`` (None: gRPC's largest), or the native one (gRPC's own limit).
-    ``delay_s`` holds every reply back that long (fault injection, ``--delay``)."""
+    ``launcher``: where it runs (this host, or an agent's host, which runs only the Python
+    one). ``delay_s`` holds every reply back that long (fault injection, ``--delay``)."""
+    name = None if launcher is LOCAL else f"tensor server on host {launcher.host}"
     if check_engine(engine) == "native":
-        return start_native_server(fabric, env=env, delay_s=delay_s)
+        return start_native_server(fabric, env=env, launcher=launcher, name=name, delay_s=delay_s)
     return ServerProcess.start(
-        fabric, env=env, max_tensor_bytes=max_tensor_bytes, extra_args=delay_args(delay_s)
+        fabric,
+        env=env,
+        max_tensor_bytes=max_tensor_bytes,
+        launcher=launcher,
+        name=name,
+        extra_args=delay_args(delay_s),
     )
 
 
