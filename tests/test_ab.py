@@ -322,3 +322,45 @@ def test_a_bad_server_delay_is_a_usage_error_naming_the_option(pytester: pytest.
     pytester.makeini("[pytest]\ntfgrpc_server_delay = soon\n")
     result = pytester.runpytest()
     result.stderr.fnmatch_lines(["*tfgrpc_server_delay: invalid value 'soon'*"])
+
+
+# --- two servers side by side in one test -------------------------------------------------
+
+IN_TEST = """
+import pytest
+from pytest_tfgrpc import ServerProcess
+from pytest_tfgrpc.report.paired import PairedRegression
+
+@pytest.fixture
+def slow_server(fabric):
+    server = ServerProcess.start(fabric, extra_args=["--delay", "{delay}"])
+    yield server
+    server.stop()
+
+@pytest.mark.message_profile(["1KiB", "4KiB"])
+def test_b_against_a(tfgrpc, tensor_server, slow_server):
+    found = tfgrpc.p2p_latency_ab(tensor_server, slow_server, iterations=60, warmup=5)
+    assert [v.key.size for v in found.comparison.verdicts] == ["1KiB", "4KiB"]
+    assert len(found.a.sizes[0].rounds) == 10
+"""
+
+
+def test_two_servers_interleaved_in_one_test_gate_b_against_a(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_ab_servers=IN_TEST.format(delay="0ns"))
+    passed = pytester.runpytest("--junitxml=same.xml", "--tfgrpc-cpus=off")
+    passed.assert_outcomes(passed=1)
+    xml = (pytester.path / "same.xml").read_text()
+    for label in ("p2p_latency_a", "p2p_latency_b"):
+        assert f'name="tfgrpc.{label}.1KiB.p50_us"' in xml
+        assert f'name="tfgrpc.{label}.1KiB.rounds"' in xml
+    assert 'name="tfgrpc.p2p_latency_ab.4KiB.p50.verdict"' in xml
+    pytester.makepyfile(test_ab_servers=IN_TEST.format(delay="3ms"))
+    failed = pytester.runpytest("--tfgrpc-cpus=off")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(
+        [
+            "*PairedRegression: regression: server B (*) against server A (*): p2p_latency "
+            "1KiB.p50, 4KiB.p50*",
+            "*p2p_latency_ab  lo      1KiB  p50 * REGRESSION",
+        ]
+    )

@@ -581,3 +581,59 @@ def p2p_bandwidth(server: Server, sizes: Sequence[Message], call: BandwidthCall)
             return channels.run(push)
 
         return _measure_each(server, sizes, call, f"{rpc} {direction}", measure_one)
+
+
+# --- two servers, side by side ---------------------------------------------------------------
+def p2p_latency_pair(
+    servers: tuple[Server, Server], sizes: Sequence[Message], call: LatencyCall, *, seed: int = 0
+) -> tuple[BenchmarkResult, BenchmarkResult]:
+    """Echo latency of two servers, A and B, interleaved size by size: every round visits
+    every message (in a new seeded order each round, as :func:`p2p_latency`), and measures
+    each message on both servers one right after the other, which first decided by a seeded
+    coin. Round ``r`` of a message on A and on B are then a pair that shared the machine's
+    state (:mod:`pytest_tfgrpc.stats.paired`). Returns A's result and B's, both with their
+    rounds; a failed call raises as :func:`p2p_latency` does, naming the server."""
+    mode, rpc, run, progress = call.mode, call.rpc, call.run, call.progress
+    messages = _check_messages(sizes)
+    sweeps = (_Sweep(messages, mode), _Sweep(messages, mode))
+    settings = run_settings(run, **call.extra_settings())
+    coin = random.Random(seed)
+    count = len(messages)
+    with contextlib.ExitStack() as stack:
+        channels = [stack.enter_context(_Channels(server)) for server in servers]
+        probes: dict[tuple[int, int], CpuProbe] = {}
+        order = list(range(count))
+        shuffle = random.Random(count).shuffle
+        for round_index in range(run.round_count):
+            spec = run.round_spec(round_index)
+            for index in order:
+                if progress is not None and round_index == 0:
+                    progress(index + 1, count, _name(messages[index]))
+                sides = [0, 1] if coin.random() < 0.5 else [1, 0]
+                for side in sides:
+                    server, sweep, open_channels = servers[side], sweeps[side], channels[side]
+                    tensor = sweep.tensors[index]
+                    limit = deadline(server, run, _wire(tensor, mode, "unary echo"))
+                    try:
+                        if (side, index) not in probes:
+                            probe = stack.enter_context(CpuProbe(server.target))
+                            probes[(side, index)] = probe
+                        probe = probes[(side, index)]
+                        if rpc == "unary":
+                            samples, took = _latency_unary(
+                                open_channels.get(tensor), tensor, mode, spec, probe, limit.seconds
+                            )
+                        else:
+                            samples, took = open_channels.run(
+                                _latency_stream(server, tensor, mode, spec, probe, limit.seconds)
+                            )
+                    except grpc.RpcError as error:
+                        what = f"{rpc} echo of {tensor.nbytes} B"
+                        raise explain(error, server, what, limit) from None
+                    sweep.add(index, samples, took, probe.usage or {})
+            shuffle(order)
+    a, b = (
+        p2p_result(call, server, sweep.results(), settings)
+        for server, sweep in zip(servers, sweeps, strict=True)
+    )
+    return a, b

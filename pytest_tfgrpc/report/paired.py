@@ -28,7 +28,7 @@ from pytest_tfgrpc.stats.paired import MIN_PAIRS, PairedTest, paired_test
 from pytest_tfgrpc.stats.replicates import ReplicateTest, invalid_values
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
-__all__ = ["Pair", "compare_pairs", "pair_value"]
+__all__ = ["Pair", "PairedRegression", "compare_pairs", "pair_value", "paired_verdict"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _as_replicate(test: PairedTest) -> ReplicateTest:
     )
 
 
-def _figure_verdict(
+def paired_verdict(
     key: Key,
     metric: str,
     values: Sequence[tuple[float | None, float | None]],
@@ -70,8 +70,9 @@ def _figure_verdict(
     alpha: float,
     family: int,
 ) -> Verdict:
-    """The verdict of one figure of one point over the pairs (``values``: A's and B's value
-    of each pair, None where that run lacks it)."""
+    """The verdict of one figure (``metric``) of one point (``key``) over the pairs:
+    ``values`` holds A's and B's value of each pair (base units; None where that side lacks
+    it), judged as :func:`compare_pairs` judges, at ``alpha / family``. A is the baseline."""
     gated = GATED[metric]
     both = [(a, b) for a, b in values if a is not None and b is not None]
     a_values = [a for a, _ in both]
@@ -134,6 +135,11 @@ def _figure_verdict(
     )
     made = judge_replicated(verdict, tested, gated.higher_is_better, tolerance, alpha / family)
     return replace(made, reason=made.reason + lacking) if lacking else made
+
+
+class PairedRegression(AssertionError):
+    """B regressed against A in a test's own paired measurement (``Driver.p2p_latency_ab``);
+    the message is the cause, then the gate's table."""
 
 
 def compare_pairs(
@@ -199,7 +205,7 @@ def compare_pairs(
                 for a, b in runs
             ]
             verdicts.append(
-                _figure_verdict(
+                paired_verdict(
                     key,
                     metric,
                     values,
