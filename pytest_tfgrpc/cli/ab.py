@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         "a-01.log, b-01.xml, ...",
     )
     add_gate_options(parser)
-    parser.add_argument("--junitxml", metavar="FILE", help="write the verdicts as JUnit XML")
+    parser.add_argument(
+        "--junitxml", "--junit-xml", metavar="FILE", help="write the verdicts as JUnit XML"
+    )
     parser.add_argument(
         "--results", metavar="FILE", help="append the verdicts to a results file (JSON lines)"
     )
