@@ -364,3 +364,49 @@ def test_two_servers_interleaved_in_one_test_gate_b_against_a(pytester: pytest.P
             "*p2p_latency_ab  lo      1KiB  p50 * REGRESSION",
         ]
     )
+
+
+SLOW_FOURTH = """
+import os, subprocess, sys, time
+count = int(open("calls").read()) if os.path.exists("calls") else 0
+open("calls", "w").write(str(count + 1))
+if count == 3:
+    open("waiting", "w").close()
+    time.sleep(600)  # until Ctrl-C
+sys.exit(subprocess.call(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    import signal
+    import subprocess
+    import time
+
+    suite = pytester.makepyfile(test_perf=BLIND_SUITE)
+    wrapper = pytester.makepyfile(slow=SLOW_FOURTH)
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest_tfgrpc.cli.ab",
+        *("--pairs", "4", "--max-regression", "50%", "--dir", "runs"),
+        *(
+            "--a",
+            pytest_command(suite),
+            "--b",
+            f"{sys.executable} {wrapper} {pytest_command(suite)}",
+        ),
+    ]
+    proc = subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (pytester.path / "waiting").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert "tfgrpc-ab: 3 of 4 pairs usable, 0 broken, interrupted after pair 3" in out
+    assert "test_perf.test_a[lo]  p2p_latency  lo      1KiB  p50" in out
+    assert "FAILED: interrupted (Ctrl-C): the pairs measured so far are reported" in out
+    assert not (pytester.path / "runs" / "b-04.xml").exists()
