@@ -339,7 +339,11 @@ def slow_server(fabric):
 
 @pytest.mark.message_profile(["1KiB", "4KiB"])
 def test_b_against_a(tfgrpc, tensor_server, slow_server):
-    found = tfgrpc.p2p_latency_ab(tensor_server, slow_server, iterations=60, warmup=5)
+    # Two processes on a loaded machine differ by where the scheduler puts them: 50% keeps
+    # the unchanged pair from failing on that; the 3 ms delay is 10x the echo.
+    found = tfgrpc.p2p_latency_ab(
+        tensor_server, slow_server, iterations=60, warmup=5, max_regression="50%"
+    )
     assert [v.key.size for v in found.comparison.verdicts] == ["1KiB", "4KiB"]
     assert len(found.a.sizes[0].rounds) == 10
 """

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -164,8 +164,8 @@ def _stop(process: subprocess.Popen[bytes], first: int) -> None:
 
 
 def _run_side(side: _Side, junit: Path, log: Path, timeout: float) -> tuple[Baseline | None, str]:
-    """Run one side once; its run, or None and why it is unusable. Ctrl-C stops the side
-    and propagates."""
+    """Run one side once; its run, or None and why it is unusable (with a run: a note, or
+    ""). Ctrl-C stops the side and propagates."""
     junit.unlink(missing_ok=True)
     argv = [*side.argv, f"--junitxml={junit}"]
     with open(log, "wb") as output:
@@ -186,9 +186,11 @@ def _run_side(side: _Side, junit: Path, log: Path, timeout: float) -> tuple[Base
     if code not in _USABLE_EXITS:
         return None, f"exited {code} (pytest: not a run of tests; output: {log})"
     try:
-        return load_baseline(junit), ""
+        run = load_baseline(junit)
     except BaselineError as error:
         return None, f"left no usable JUnit: {error} (output: {log})"
+    note = f"exited {code}: some tests failed; its figures are used (output: {log})"
+    return run, note if code else ""
 
 
 @dataclass
@@ -196,6 +198,7 @@ class _Progress:
     pairs: list[Pair]
     broken: list[Broken]
     sources: list[tuple[Path, Path]]
+    notes: list[str] = field(default_factory=list)
     interrupted: bool = False
 
 
@@ -222,6 +225,8 @@ def _run_pairs(
                 if run is None:
                     done.broken.append(Broken(index, name, why))
                     break
+                if why:
+                    done.notes.append(f"pair {index}: side {name} {why}")
                 got[name] = run
             state = "broken" if len(got) < 2 else "ok"
             print(f"{PROG}: pair {index}/{total}: {', '.join(took)}: {state}", file=out, flush=True)
@@ -240,6 +245,8 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
         print(line, file=out)
     for broken in done.broken:
         print(f"broken: {broken.describe()}", file=out)
+    for note in done.notes:
+        print(f"note: {note}", file=out)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -260,7 +267,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(f"--{name.lower()} {command!r}: {error}")
         if not words:
             parser.error(f"--{name.lower()}: an empty command")
-        if any(w == "--junitxml" or w.startswith("--junitxml=") for w in words):
+        if any(w.split("=")[0] in ("--junitxml", "--junit-xml") for w in words):
             parser.error(f"--{name.lower()}: leave --junitxml out: {PROG} adds its own per run")
         sides[name] = _Side(name, words)
     if args.pairs < MIN_PAIRS:
@@ -298,10 +305,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     failures = gate_failures(
         comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
     )
-    if done.broken:
-        failures_note = f"{len(done.broken)} broken pair{'s' if len(done.broken) > 1 else ''}"
-    else:
-        failures_note = ""
     _report(comparison, done, stdout)
     run = AbRun(
         comparison=comparison,
@@ -324,9 +327,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_BAD_INPUT
     if done.interrupted:
         failures.append("interrupted (Ctrl-C): the pairs measured so far are reported")
-    notes = "; ".join(n for n in (failures_note,) if n)
+    lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
-    print(f"{PROG}: {comparison.summary()}{'; ' + notes if notes else ''}: {verdict}", file=stdout)
+    print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)
     if comparison.regressions or (failures and not done.interrupted):
         return EXIT_REGRESSION
     return EXIT_BAD_INPUT if done.interrupted else EXIT_OK
