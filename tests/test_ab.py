@@ -18,9 +18,10 @@ from conftest import QUICK
 from scipy import stats
 
 from pytest_tfgrpc.cli.ab import main as ab_main
-from pytest_tfgrpc.report.compare import Outcome, blind_history_warnings, format_comparison
-from pytest_tfgrpc.report.junit import Baseline, Key, Measurement
+from pytest_tfgrpc.report.compare import blind_history_warnings, format_comparison
+from pytest_tfgrpc.report.junit import Baseline
 from pytest_tfgrpc.report.paired import Pair, compare_pairs
+from pytest_tfgrpc.report.record import Key, Measurement, Outcome
 from pytest_tfgrpc.stats.paired import MIN_PAIRS, paired_test, signed_rank_floor
 
 META = MappingProxyType({"host": "node1", "grpcio": "1.85.3", "cpus": "2"})

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_tfgrpc.report import html
-from pytest_tfgrpc.report.compare import Comparison, Outcome, verdict_properties
+from pytest_tfgrpc.report.compare import Comparison
 from pytest_tfgrpc.report.junit import read_junit
-from pytest_tfgrpc.report.properties import PREFIX
+from pytest_tfgrpc.report.record import PREFIX, Outcome, read_record, verdict_properties
 from pytest_tfgrpc.report.results_file import ResultLog, atomic_write
 
 __all__ = ["AbRun", "write_html", "write_junit", "write_results"]
@@ -65,11 +65,12 @@ class AbRun:
             if kept:
                 out[case.test] = kept
         for test in sorted({v.key.test for v in self.comparison.verdicts}):
-            judged = Comparison(
-                tuple(v for v in self.comparison.verdicts if v.key.test == test),
-                new=tuple(k for k in self.comparison.new if k.test == test),
+            out.setdefault(test, []).extend(
+                verdict_properties(
+                    [v for v in self.comparison.verdicts if v.key.test == test],
+                    [k for k in self.comparison.new if k.test == test],
+                )
             )
-            out.setdefault(test, []).extend(verdict_properties(judged))
         return out
 
     def outcome(self, test: str) -> str:
@@ -132,7 +133,7 @@ def write_html(run: AbRun, path: str | os.PathLike[str], notes: Sequence[str] = 
     tests = run.tests()
     return html.write_html(
         html.HtmlRun(
-            figures=tests,
+            records={test: read_record(test, props) for test, props in tests.items()},
             outcomes={test: run.outcome(test) for test in tests},
             notes=[*notes, *(f"broken: {b}" for b in run.broken)],
             meta=dict(run.run_properties()),

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from pytest_tfgrpc.report.compare import Comparison, Outcome, Verdict, judge_replicated
-from pytest_tfgrpc.report.junit import Baseline, Key, Measurement
-from pytest_tfgrpc.report.metrics import GATED, GateTest
+from pytest_tfgrpc.metrics import GATED, GateTest
+from pytest_tfgrpc.report.compare import Comparison, judge_replicated
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.record import Key, Measurement, Outcome, Verdict
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats.paired import MIN_PAIRS, PairedTest, paired_test
