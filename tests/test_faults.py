@@ -420,6 +420,84 @@ TF_CONFIGS = {
 }
 
 
+# --- I25: issue 25's suites ----------------------------------------------------------------------
+#: Fails on its first attempt, passes on the next (a flaky test pytest-rerunfailures reruns).
+FLAKY = """
+import pathlib
+import pytest
+
+@pytest.mark.message_profile(["4B"])
+def test_flaky(tfgrpc, tensor_server):
+    mark = pathlib.Path("attempts")
+    attempt = int(mark.read_text()) if mark.exists() else 0
+    mark.write_text(str(attempt + 1))
+    tfgrpc.p2p_latency(tensor_server)
+    assert attempt >= {fail_first}
+
+@pytest.fixture
+def shaky():
+    mark = pathlib.Path("setups")
+    attempt = int(mark.read_text()) if mark.exists() else 0
+    mark.write_text(str(attempt + 1))
+    assert attempt >= {fail_first}
+
+def test_shaky_setup(tfgrpc, tensor_server, shaky):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+#: Every way pytest marks an expected failure, each beside a measured figure.
+XFAILS = """
+import pytest
+
+@pytest.mark.xfail(reason="known")
+def test_xfail(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+    assert False
+
+@pytest.mark.xfail(reason="fixed since")
+def test_xpass(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+@pytest.mark.xfail(strict=True, reason="must fail")
+def test_xpass_strict(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+@pytest.mark.xfail(run=False, reason="not run")
+def test_xfail_not_run(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_xfail_inside(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+    pytest.xfail("decided at run time")
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+#: Another plugin that names outcomes its own way (in every phase).
+INVENTED_OUTCOME = """
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if "{phase}" in (call.when, "all") and "invented" in item.name:
+        report.outcome = "{word}"
+"""
+
+INVENTED_SUITE = """
+def test_invented(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+
 # --- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -1126,6 +1204,86 @@ def test_no_client_cert():
         needs=("pytest_benchmark",),
         outcomes={"passed": 1},
     ),
+    # --- I25.outcomes: outcomes other plugins report --------------------------------------------
+    *(
+        Case(
+            f"rerun-{name}",
+            "I25.outcomes",
+            FLAKY.replace("{fail_first}", str(fail_first)),
+            args=(*QUICK, "--reruns", str(reruns), "--tfgrpc-results={tmp}/results.jsonl"),
+            needs=("pytest_rerunfailures",),
+            ret=ret,
+            lines=lines,
+            junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            results=3,
+        )
+        for name, fail_first, reruns, ret, lines in (
+            ("then-pass", 1, 1, 0, ("*3 passed, 2 rerun*",)),
+            ("always-fails", 9, 2, 1, ("*1 failed, 1 passed, 1 error, 4 rerun*",)),
+            ("exhausted", 3, 1, 1, ("*rerun*",)),
+        )
+    ),
+    Case(
+        "xfail-variants",
+        "I25.outcomes",
+        XFAILS,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
+        ret=1,
+        lines=("*1 failed, 1 passed, 3 xfailed, 1 xpassed*", "*tfgrpc: HTML report*"),
+        junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+        results=6,
+    ),
+    *(
+        Case(
+            f"invented-outcome-{phase}-{word}",
+            "I25.outcomes",
+            INVENTED_SUITE,
+            files={"conftest.py": INVENTED_OUTCOME.replace("{phase}", phase).replace(
+                "{word}", word)},
+            args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
+            ret=None,
+            lines=("*tfgrpc: HTML report*",),
+            junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            results=2,
+        )
+        for phase, word in (("call", "flaky"), ("setup", "quarantined"), ("all", "<b>&x")
+                            , ("teardown", ""))
+    ),
+    # --- I25.full-disk: every output the plugin writes, on a full filesystem -----------------------
+    *(
+        Case(
+            f"full-disk-{name}",
+            "I25.full-disk",
+            XFAILS.split("@pytest.mark.xfail(reason=")[0] + "\n" + INVENTED_SUITE,
+            args=(*QUICK, *args),
+            ret=0,
+            lines=(*lines, *(("*tfgrpc: HTML report*",) if "html" not in name else ())),
+            junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            outcomes={"passed": 2},
+        )
+        for name, args, lines in (
+            (
+                "results",
+                ("--tfgrpc-results={full_dir}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
+                ("tfgrpc: results file */results.jsonl: cannot append *: No space left*",),
+            ),
+            (
+                "html",
+                ("--tfgrpc-html={full_dir}/r.html", "--tfgrpc-results={tmp}/results.jsonl"),
+                ("tfgrpc: no HTML report: cannot write */r.html: No space left*",),
+            ),
+            (
+                "plots",
+                ("--tfgrpc-plot={full_dir}/plots", "--tfgrpc-html={tmp}/r.html"),
+                ("tfgrpc: no plots: cannot write into */plots: No space left*",),
+            ),
+            (
+                "results-dev-full",
+                ("--tfgrpc-results=/dev/full", "--tfgrpc-html={tmp}/r.html"),
+                ("tfgrpc: results file /dev/full: cannot append *: No space left*",),
+            ),
+        )
+    ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(
         "oversize-and-unauthenticated-refused",
@@ -1195,6 +1353,8 @@ class World:
     def _make(self, name: str) -> dict[str, str]:
         if name in ("ca", "cert", "key", "other_ca", "other_cert", "other_key"):
             return _certificates(self.tmp)
+        if name == "full_dir":
+            return {name: self._full_dir()}
         if name == "closed_port":
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
@@ -1213,6 +1373,25 @@ class World:
         if name.startswith("veth_"):
             return {name: self._link(name)}
         raise KeyError(f"no placeholder {name!r}")
+
+    def _full_dir(self) -> str:
+        """A directory on a small tmpfs filled to its last block (needs root)."""
+        if os.geteuid() != 0:
+            pytest.skip("needs root (a small tmpfs)")
+        mount = self.tmp / "full"
+        mount.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tfgrpc-full", str(mount)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+        self.stack.callback(subprocess.run, ["umount", "-l", str(mount)], check=False)
+        with contextlib.suppress(OSError), open(mount / "filler", "wb") as filler:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        return str(mount)
 
     def _remote_over_slow_link(self) -> dict[str, str]:
         """A tensor server in a namespace behind a 1 Mbit/s veth link (traffic to an address
