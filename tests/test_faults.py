@@ -1238,18 +1238,23 @@ def test_no_client_cert():
             f"invented-outcome-{phase}-{word}",
             "I25.outcomes",
             INVENTED_SUITE,
-            files={"conftest.py": INVENTED_OUTCOME.replace("{phase}", phase).replace(
-                "{word}", word)},
+            files={
+                "conftest.py": INVENTED_OUTCOME.replace("{phase}", phase).replace("{word}", word)
+            },
             args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
             ret=None,
             lines=("*tfgrpc: HTML report*",),
             junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
             results=2,
         )
-        for phase, word in (("call", "flaky"), ("setup", "quarantined"), ("all", "<b>&x")
-                            , ("teardown", ""))
+        for phase, word in (
+            ("call", "flaky"),
+            ("setup", "quarantined"),
+            ("all", "<b>&x"),
+            ("teardown", ""),
+        )
     ),
-    # --- I25.full-disk: every output the plugin writes, on a full filesystem -----------------------
+    # --- I25.full-disk: every output the plugin writes, on a full filesystem ------------------
     *(
         Case(
             f"full-disk-{name}",
