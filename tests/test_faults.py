@@ -530,6 +530,10 @@ class Case:
     #: replace each (old, new) pair of ``baseline_edit`` in it.
     baseline_args: tuple[str, ...] | None = None
     baseline_edit: tuple[tuple[str, str], ...] = ()
+    #: How many baseline runs: ``base.xml``, then ``base1.xml``, ... (a history).
+    baseline_runs: int = 1
+    #: The module ``command`` runs (``python -m``) instead of ``tfgrpc-server --fabric lo``.
+    cli: str = ""
     needs: tuple[str, ...] = ()
     ret: int | None = 0
     lines: tuple[str, ...] = ()
@@ -1107,6 +1111,26 @@ def test_no_client_cert():
         seconds=20,  # workers get the signal too, not only the controller
         junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
     ),
+    *(
+        Case(
+            f"sighup-mid-session{suffix}",
+            "I25.signals",
+            SLOW,
+            args=(*QUICK, *extra, "--tfgrpc-results={tmp}/results.jsonl"),
+            sigterm_after=2,
+            kill_signal=signal.SIGHUP,
+            needs=needs,
+            ret=None,
+            lines=("*SIGHUP received*",),
+            junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            results=2,
+            seconds=seconds,
+        )
+        for suffix, extra, needs, seconds in (
+            ("", (), (), 60),
+            ("-xdist", ("-n", "2"), ("xdist",), 30),
+        )
+    ),
     Case(
         "sigkill-leaves-no-stale-junit",
         "E22/I13.signals",
@@ -1287,6 +1311,25 @@ def test_no_client_cert():
                 ("--tfgrpc-results=/dev/full", "--tfgrpc-html={tmp}/r.html"),
                 ("tfgrpc: results file /dev/full: cannot append *: No space left*",),
             ),
+        )
+    ),
+    # --- I25.history: a history too short to show a change ----------------------------------
+    *(
+        Case(
+            f"history-too-short-{name}",
+            "I25.messages",
+            LATENCY,
+            baseline_args=QUICK,
+            baseline_runs=runs,
+            cli="pytest_tfgrpc.cli.history",
+            command=command,
+            needs=("otava",),
+            lines=(f"*{count} runs are too short a history*at least 3 runs*",),
+        )
+        for name, runs, command, count in (
+            ("one-run", 1, ("{tmp}/base.xml",), 1),
+            ("two-runs", 2, ("{tmp}/base.xml", "{tmp}/base1.xml"), 2),
+            ("one-run-twice", 1, ("{tmp}/base.xml", "{tmp}/base.xml"), 1),
         )
     ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
@@ -1490,18 +1533,21 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:
         (tmp / "test_case.py").write_text(world.fill(case.suite))
-        base = tmp / "base.xml"
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
-             *case.baseline_args, str(tmp / "test_case.py")],
-            cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
-        )  # fmt: skip
-        text = base.read_text()
-        for old, new in case.baseline_edit:
-            assert old in text, f"{old!r} not in the baseline"
-            text = text.replace(old, new)
-        base.write_text(text)
-    if case.command:
+        for run in range(case.baseline_runs):
+            base = tmp / f"base{run or ''}.xml"
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
+                 *case.baseline_args, str(tmp / "test_case.py")],
+                cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
+            )  # fmt: skip
+            text = base.read_text()
+            for old, new in case.baseline_edit:
+                assert old in text, f"{old!r} not in the baseline"
+                text = text.replace(old, new)
+            base.write_text(text)
+    if case.command and case.cli:
+        argv = [sys.executable, "-m", case.cli, *(world.fill(a) for a in case.command)]
+    elif case.command:
         argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--fabric", "lo"]
         argv += [world.fill(a) for a in case.command]
     else:
