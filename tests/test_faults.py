@@ -498,6 +498,56 @@ def test_after(tfgrpc, tensor_server):
 """
 
 
+#: An agent (its token in its environment, as a Kubernetes Secret gives it) and a driver.
+AGENT_SECRETS = """
+import json, math, os, subprocess, sys
+import grpc
+import pytest
+from pytest_tfgrpc.hosts.agent_client import AgentClient
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+
+TOKEN = os.environ["TFGRPC_AGENT_TOKEN"]
+
+@pytest.fixture(scope="module")
+def agent():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", "lo", "--port", "0",
+         "--exit-on-stdin-eof"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    yield json.loads(proc.stdout.readline())["target"]
+    proc.stdin.close()
+    proc.wait(10)
+
+def environ(pid):
+    with open(f"/proc/{{pid}}/environ", "rb") as f:
+        return dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
+
+@pytest.mark.parametrize("lease", [{leases}])
+def test_lease_refused(agent, lease):
+    with grpc.insecure_channel(agent) as channel:
+        stub = agent_pb2_grpc.NodeAgentStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Heartbeat(agent_pb2.LeaseRequest(driver="d", lease_s=lease), timeout=10,
+                           metadata=(("authorization", "Bearer " + TOKEN),))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "a lease is a finite number of seconds" in info.value.details()
+        reply = stub.Heartbeat(agent_pb2.LeaseRequest(driver="d", lease_s=5.0), timeout=10,
+                               metadata=(("authorization", "Bearer " + TOKEN),))
+        assert reply.lease_s == 5.0
+
+def test_no_child_gets_the_agent_token(agent, tensor_server, fabric):
+    assert b"TFGRPC_AGENT_TOKEN" not in environ(tensor_server.pid)
+    with AgentClient(agent, TOKEN) as client, open(os.devnull, "wb") as sink:
+        role = client.run("tensor_server", dict(), dict(), sink, name="role")
+        try:
+            role.stdout.readline()
+            assert b"TFGRPC_AGENT_TOKEN" not in environ(role.pid)
+        finally:
+            role.stdin.close()
+            role.wait(10)
+"""
+
+
 # --- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -532,6 +582,8 @@ class Case:
     baseline_edit: tuple[tuple[str, str], ...] = ()
     #: How many baseline runs: ``base.xml``, then ``base1.xml``, ... (a history).
     baseline_runs: int = 1
+    #: Modes of ``files`` (name -> mode), set after writing them.
+    modes: Mapping[str, int] = field(default_factory=dict)
     #: The module ``command`` runs (``python -m``) instead of ``tfgrpc-server --fabric lo``.
     cli: str = ""
     needs: tuple[str, ...] = ()
@@ -1332,6 +1384,53 @@ def test_no_client_cert():
             ("one-run-twice", 1, ("{tmp}/base.xml", "{tmp}/base.xml"), 1),
         )
     ),
+    # --- I25.secrets: token files, tokens in children, leases ---------------------------------
+    *(
+        Case(
+            f"agent-token-file-mode-{mode:o}",
+            "I25.secrets",
+            files={"token": "s" * 32 + "\n"},
+            modes={"token": mode},
+            cli="pytest_tfgrpc.hosts.agent",
+            command=("--fabric", "lo", "--port", "0", "--token-file", "{tmp}/token"),
+            ret=2,
+            lines=(
+                f"*token file */token is readable or writable by others (mode 0{mode:o}): "
+                "run chmod 600 */token*",
+            ),
+            seconds=30,
+        )
+        for mode in (0o644, 0o604, 0o666, 0o622)
+    ),
+    *(
+        Case(
+            f"driver-token-file-mode-{mode:o}",
+            "I25.secrets",
+            LATENCY,
+            files={"token": "s" * 32 + "\n"},
+            modes={"token": mode},
+            args=(
+                *QUICK,
+                "--tfgrpc-agents=127.0.0.1:{closed_port}",
+                "--tfgrpc-agent-token-file={tmp}/token",
+            ),
+            ret=None,
+            lines=("*token file */token is readable or writable by others*chmod 600*",),
+            seconds=60,
+        )
+        for mode in (0o644, 0o606)
+    ),
+    Case(
+        "agent-secrets-and-leases",
+        "I25.secrets",
+        AGENT_SECRETS.replace(
+            "{leases}", "math.nan, math.inf, -math.inf, -1.0, 0.0, 0.5, 121.0, 1e300, 5e-324"
+        ),
+        args=QUICK,
+        env={"TFGRPC_AGENT_TOKEN": "k" * 32},
+        outcomes={"passed": 10},
+        seconds=120,
+    ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(
         "oversize-and-unauthenticated-refused",
@@ -1527,6 +1626,8 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     results = tmp / "results.jsonl"
     for name, text in case.files.items():
         (tmp / name).write_text(world.fill(text))
+        if name in case.modes:
+            (tmp / name).chmod(case.modes[name])
     tag = uuid.uuid4().hex
     env = {**os.environ, **case.env, "TFGRPC_FAULT": tag}
     env.pop("PYTEST_XDIST_WORKER", None)
