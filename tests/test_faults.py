@@ -582,6 +582,11 @@ class Case:
     baseline_edit: tuple[tuple[str, str], ...] = ()
     #: How many baseline runs: ``base.xml``, then ``base1.xml``, ... (a history).
     baseline_runs: int = 1
+    #: What a stranger left at ``{tmp}/planted.lock`` first: ``link`` (to ``victim``),
+    #: ``dangling`` (a link to nothing yet), ``fifo``, ``dir``, ``chown`` (a file of uid 12345).
+    plant: str = ""
+    #: ``files`` whose text must be the same after the run (a victim of a planted link).
+    unchanged: tuple[str, ...] = ()
     #: Modes of ``files`` (name -> mode), set after writing them.
     modes: Mapping[str, int] = field(default_factory=dict)
     #: The module ``command`` runs (``python -m``) instead of ``tfgrpc-server --fabric lo``.
@@ -1431,6 +1436,60 @@ def test_no_client_cert():
         outcomes={"passed": 10},
         seconds=120,
     ),
+    # --- I25.shared-paths: the measurement lock where others could reach it -------------------
+    *(
+        Case(
+            f"host-lock-{name}",
+            "I25.shared-paths",
+            LATENCY,
+            files={"victim": "root's file\n"},
+            args=QUICK,
+            env={"TFGRPC_HOST_LOCK": "{tmp}/planted.lock"},
+            plant=plant,
+            unchanged=("victim",),
+            ret=1,
+            lines=(line,),
+            seconds=60,
+        )
+        for name, plant, line in (
+            ("symlink", "link", "*planted.lock is a symbolic link: refusing*"),
+            ("dangling-symlink", "dangling", "*planted.lock is a symbolic link: refusing*"),
+            ("fifo", "fifo", "*planted.lock is not a regular file*"),
+            ("directory", "dir", "*planted.lock: Is a directory*"),
+            (
+                "other-owner",
+                "chown",
+                "*planted.lock is not a regular file of this user (uid 12345)*",
+            ),
+        )
+    ),
+    *(
+        Case(
+            f"host-lock-held-{wait}s",
+            "I25.shared-paths",
+            LATENCY,
+            args=QUICK,
+            env={"TFGRPC_HOST_LOCK": "{held_lock}", "TFGRPC_HOST_LOCK_WAIT": wait},
+            ret=1,
+            lines=(
+                f"*measurement lock */host.lock is held by run 20990101T000000Z-elsewhere-0000"
+                f" (pid 4242) for more than {wait} s*",
+            ),
+            outcomes={"error": 1},
+            seconds=60,
+        )
+        for wait in ("1", "3")
+    ),
+    Case(
+        "host-lock-wait-not-a-number",
+        "I25.shared-paths",
+        LATENCY,
+        args=QUICK,
+        env={"TFGRPC_HOST_LOCK": "{tmp}/ok.lock", "TFGRPC_HOST_LOCK_WAIT": "nan"},
+        ret=1,
+        lines=("*TFGRPC_HOST_LOCK_WAIT='nan': a positive number of seconds*",),
+        seconds=60,
+    ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(
         "oversize-and-unauthenticated-refused",
@@ -1500,6 +1559,8 @@ class World:
     def _make(self, name: str) -> dict[str, str]:
         if name in ("ca", "cert", "key", "other_ca", "other_cert", "other_key"):
             return _certificates(self.tmp)
+        if name == "held_lock":
+            return {name: self._held_lock()}
         if name == "full_dir":
             return {name: self._full_dir()}
         if name == "closed_port":
@@ -1520,6 +1581,27 @@ class World:
         if name.startswith("veth_"):
             return {name: self._link(name)}
         raise KeyError(f"no placeholder {name!r}")
+
+    def _held_lock(self) -> str:
+        """A lock file (in a private directory) whose flock another process holds through
+        a read-only handle, naming a run that is not the test's."""
+        import fcntl
+
+        private = self.tmp / "locks"
+        private.mkdir(mode=0o700)
+        path = private / "host.lock"
+        path.write_text("20990101T000000Z-elsewhere-0000 pid 4242")
+        path.chmod(0o600)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1]); "
+             "fcntl.flock(f, fcntl.LOCK_EX); print(flush=True); sys.stdin.read()", str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline() == b"\n"
+        self.stack.callback(holder.wait, 10)
+        self.stack.callback(holder.stdin.close)  # type: ignore[union-attr]
+        del fcntl
+        return str(path)
 
     def _full_dir(self) -> str:
         """A directory on a small tmpfs filled to its last block (needs root)."""
@@ -1628,8 +1710,9 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
         (tmp / name).write_text(world.fill(text))
         if name in case.modes:
             (tmp / name).chmod(case.modes[name])
+    _plant(case.plant, tmp)
     tag = uuid.uuid4().hex
-    env = {**os.environ, **case.env, "TFGRPC_FAULT": tag}
+    env = {**os.environ, **{k: world.fill(v) for k, v in case.env.items()}, "TFGRPC_FAULT": tag}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:
@@ -1679,6 +1762,23 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     seconds = time.monotonic() - start
     _no_process_left(tag, case.id)
     return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
+
+
+def _plant(kind: str, tmp: Path) -> None:
+    planted = tmp / "planted.lock"
+    if kind == "link":
+        planted.symlink_to(tmp / "victim")
+    elif kind == "dangling":
+        planted.symlink_to(tmp / "made-by-the-run")
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    elif kind == "dir":
+        planted.mkdir()
+    elif kind == "chown":
+        if os.geteuid() != 0:
+            pytest.skip("needs root (a file of another user)")
+        planted.write_text("")
+        os.chown(planted, 12345, 12345)
 
 
 def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> None:
@@ -1768,6 +1868,8 @@ def _check(case: Case, world: World, outcome: Outcome) -> str:
             json.loads(line)
     if case.seconds is not None:
         assert outcome.seconds < case.seconds
+    for name in case.unchanged:
+        assert (world.tmp / name).read_text() == world.fill(case.files[name]), f"{name} changed"
     first = next(
         (line for line in text.splitlines() if line.startswith(("E ", "ERROR", "FAILED"))), ""
     )
