@@ -548,6 +548,76 @@ def test_no_child_gets_the_agent_token(agent, tensor_server, fabric):
 """
 
 
+#: Pushes that must not reach a step's sum: a stranger's, a broken stream's, malformed ones.
+BAD_PUSHES = """
+import logging
+import grpc, numpy as np, pytest
+from pytest_tfgrpc.roles.parameter_server import INIT_INDEX, initial_weights, method
+from pytest_tfgrpc.wire._proto import service_pb2 as pb
+
+NBYTES = 64
+logging.getLogger("grpc._channel").disabled = True  # the broken stream is on purpose
+
+def stubs(ps_cluster):
+    channel = ps_cluster.channel(0)
+    configure = channel.unary_unary(method("Configure"),
+        request_serializer=pb.PSJob.SerializeToString,
+        response_deserializer=pb.PSJobStats.FromString)
+    push = channel.stream_unary(method("PushGradients"),
+        request_serializer=pb.WeightChunk.SerializeToString,
+        response_deserializer=pb.Ack.FromString)
+    pull = channel.unary_stream(method("PullWeights"),
+        request_serializer=pb.PullWeightsRequest.SerializeToString,
+        response_deserializer=pb.WeightChunk.FromString)
+    return configure, push, pull
+
+def chunks(pieces, worker=0, step=0):
+    return [pb.WeightChunk(shard=s, offset=o, data=d, step=step, worker=worker)
+            for s, o, d in pieces]
+
+BAD = {{
+    "stranger-4B": [(0, 0, b"\\xff" * 4)],
+    "short": [(0, 0, np.full(8, 1e9, np.float32).tobytes())],
+    "long": [(0, 0, np.ones(17, np.float32).tobytes())],
+    "past-the-shard": [(0, 32, np.ones(16, np.float32).tobytes())],
+    "negative-offset": [(0, -4, np.ones(16, np.float32).tobytes())],
+    "unaligned": [(0, 2, np.ones(16, np.float32).tobytes())],
+    "no-such-shard": [(7, 0, np.ones(16, np.float32).tobytes())],
+    "twice-the-first-half": [(0, 0, np.ones(8, np.float32).tobytes())] * 2
+        + [(0, 32, np.ones(8, np.float32).tobytes())],
+    "wrong-step": "step",
+    "broken-stream": "break",
+}}
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_bad_push_leaves_the_sum_alone(ps_cluster, bad):
+    configure, push, pull = stubs(ps_cluster)
+    job = pb.PSJob(job_id=7, task=0, workers=1, learning_rate=1.0, init=INIT_INDEX, steps=5,
+                   shards=[pb.ShardSpec(tensor="w", offset=0, nbytes=NBYTES)],
+                   barrier_timeout_seconds=10, max_seconds=60, warmup_seconds=1)
+    configure(job, timeout=10, metadata=ps_cluster._credentials)
+    case = BAD[bad]
+    if case == "break":
+        def stream():
+            yield chunks([(0, 0, np.full(8, 1e9, np.float32).tobytes())])[0]
+            raise RuntimeError("the worker died mid-push")
+        requests = stream()
+    elif case == "step":
+        requests = iter(chunks([(0, 0, np.ones(16, np.float32).tobytes())], step=3))
+    else:
+        requests = iter(chunks(case))
+    with pytest.raises(grpc.RpcError) as info:
+        push(requests, timeout=10)
+    details = info.value.details() or ""
+    assert "step 0" not in details and "step 3" not in details, details
+    gradient = (np.arange(16) % 16).astype(np.float32)
+    push(iter(chunks([(0, 0, gradient.tobytes())])), timeout=10)
+    got = b"".join(c.data for c in pull(pb.PullWeightsRequest(step=0), timeout=10))
+    expected = initial_weights(0, NBYTES, INIT_INDEX) - gradient
+    assert np.array_equal(np.frombuffer(got, np.float32), expected)
+"""
+
+
 # --- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -1489,6 +1559,15 @@ def test_no_client_cert():
         ret=1,
         lines=("*TFGRPC_HOST_LOCK_WAIT='nan': a positive number of seconds*",),
         seconds=60,
+    ),
+    # --- I25.data-plane: a push is checked whole before it touches the sum --------------------
+    Case(
+        "bad-pushes-leave-the-sum-alone",
+        "I25.data-plane",
+        BAD_PUSHES,
+        args=QUICK,
+        outcomes={"passed": 10},
+        seconds=180,
     ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(
