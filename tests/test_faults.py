@@ -618,6 +618,35 @@ def test_a_bad_push_leaves_the_sum_alone(ps_cluster, bad):
 """
 
 
+#: Compressed calls (a decompression bomb: 64 MiB of zeros is 65 KiB of gzip) to a server
+#: limited to 1 KiB tensors: refused unread, the server's memory never grows with them.
+COMPRESSED = """
+import grpc, pytest
+from pytest_tfgrpc.wire import codec, grpc_settings
+
+def peak_kib(pid):
+    with open(f"/proc/{{pid}}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
+
+@pytest.mark.message_profile(["1KiB"])
+@pytest.mark.parametrize("mode", ["raw", "protobuf"])
+@pytest.mark.parametrize("algorithm", ["Gzip", "Deflate"])
+@pytest.mark.parametrize("nbytes", [1 << 10, 64 << 20])
+def test_compressed(tfgrpc, tensor_server, mode, algorithm, nbytes):
+    before = peak_kib(tensor_server.pid)
+    compression = getattr(grpc.Compression, algorithm)
+    raw = bytes(nbytes)
+    body = raw if mode == "raw" else codec.encode_tensor(raw, "uint8", (nbytes,))
+    with grpc.insecure_channel(tensor_server.target, compression=compression) as channel:
+        push = channel.unary_unary(grpc_settings.method(mode, "Push"))
+        with pytest.raises(grpc.RpcError) as info:
+            push(body, timeout=20)
+    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED, info.value.details()
+    assert peak_kib(tensor_server.pid) - before < 32 << 10
+    tfgrpc.p2p_latency(tensor_server, ["4B"], label="after")
+"""
+
+
 # --- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -1568,6 +1597,14 @@ def test_no_client_cert():
         args=QUICK,
         outcomes={"passed": 10},
         seconds=180,
+    ),
+    Case(
+        "compressed-calls-refused-unread",
+        "I25.exhaustion",
+        COMPRESSED,
+        args=QUICK,
+        outcomes={"passed": 8},
+        seconds=240,
     ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(

@@ -441,6 +441,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
+            options=grpc_settings.NO_COMPRESSION,
         )
         agent_pb2_grpc.add_NodeAgentServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         address = self.fabric.target(port)
