@@ -149,7 +149,7 @@ def _take_sigterm(config: pytest.Config) -> None:
     global _forward_to_workers
     if threading.current_thread() is not threading.main_thread():
         return
-    taken = {}
+    taken: dict[int, Any] = {}
     for signum in _ENDING:
         if signal.getsignal(signum) is signal.SIG_DFL:  # someone else's handler: theirs wins
             taken[signum] = signal.signal(signum, _sigterm_as_interrupt)
