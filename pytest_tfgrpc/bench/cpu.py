@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import resource
-
-from pytest_tfgrpc.results import CpuTime
+from pytest_tfgrpc.results import CpuTime, process_cpu_ns
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import open_channel
-
-
-def _client_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
 
 
 class CpuProbe:
@@ -30,7 +23,7 @@ class CpuProbe:
 
     def _read(self) -> tuple[int, int, int, int]:
         status = service_pb2.ServerStatus.FromString(self._status(b"", timeout=10))
-        return (*_client_ns(), status.cpu_user_ns, status.cpu_system_ns)
+        return (*process_cpu_ns(), status.cpu_user_ns, status.cpu_system_ns)
 
     def start(self) -> None:
         self._start = self._read()
