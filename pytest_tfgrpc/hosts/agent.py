@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import hmac
 import json
+import math
 import os
 import queue
 import re
@@ -61,6 +62,7 @@ from pytest_tfgrpc.units import UnitError, parse_duration_ns
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
+from pytest_tfgrpc.wire.security import AGENT_TOKEN_ENV, child_environ, read_secret_file
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 
 __all__ = [
@@ -77,9 +79,11 @@ __all__ = [
 
 #: The port ``tfgrpc-node`` listens on unless told otherwise (unassigned by IANA).
 DEFAULT_PORT = 7461
-TOKEN_ENV = "TFGRPC_AGENT_TOKEN"
+TOKEN_ENV = AGENT_TOKEN_ENV
 #: The longest lease a driver gets; a driver renews well before it ends.
 MAX_LEASE_S = 120.0
+#: The shortest lease a driver gets.
+MIN_LEASE_S = 1.0
 MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
@@ -183,9 +187,8 @@ def role_argv(
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         argv += allowed[name](value)
-    child_env = {
-        k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS and k != JOB_TOKEN_ENV
-    }
+    # No secret of the agent's (its token) reaches a role; a PS gets the job token below.
+    child_env = {k: v for k, v in child_environ().items() if k not in ALLOCATOR_VARS}
     for name, value in env.items():
         if name == JOB_TOKEN_ENV and role == "ps" and _JOB_TOKEN.fullmatch(value):
             child_env[name] = value  # the driver's job-control token for its PS task
@@ -203,13 +206,12 @@ def role_argv(
 def read_token(path: str | None, environ: Mapping[str, str]) -> str:
     """The shared token: the first line of ``path`` if given, else ``TFGRPC_AGENT_TOKEN``.
 
-    ValueError when there is none or it is shorter than 16 characters.
+    ValueError when there is none or it is shorter than 16 characters;
+    :class:`~pytest_tfgrpc.wire.security.SecretFileError` (a ValueError) when others could
+    read or change the file (with the ``chmod`` to run).
     """
     if path:
-        try:
-            token = Path(path).read_text().strip().splitlines()[0:1]
-        except OSError as exc:
-            raise ValueError(f"token file {path}: {exc.strerror or exc}") from None
+        token = read_secret_file(path, "token file").strip().splitlines()[0:1]
         text = token[0].strip() if token else ""
         where = f"token file {path}"
     else:
@@ -291,7 +293,13 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
 
     def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:
         driver = self._driver(request.driver, context)
-        lease_s = min(max(request.lease_s, 1.0), MAX_LEASE_S)
+        lease_s = float(request.lease_s)
+        if not math.isfinite(lease_s) or not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"lease_s={lease_s!r}: a lease is a finite number of seconds from "
+                f"{MIN_LEASE_S:g} to {MAX_LEASE_S:g}",
+            )
         with self._lock:
             lease = self._leases.setdefault(driver, _Lease(0.0))
             lease.expires = time.monotonic() + lease_s
@@ -433,6 +441,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
+            options=grpc_settings.NO_COMPRESSION,
         )
         agent_pb2_grpc.add_NodeAgentServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         address = self.fabric.target(port)

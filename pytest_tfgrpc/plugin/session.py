@@ -18,7 +18,7 @@ import pytest
 from _pytest.junitxml import xml_key
 
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
-from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
+from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_layer
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
@@ -54,6 +54,10 @@ def new_run_id() -> str:
 
 
 _MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
+
+
+#: Why a measuring test could not take the host measurement lock.
+_lock_refused_key = pytest.StashKey[str]()
 
 
 @dataclass
@@ -333,7 +337,11 @@ class TfgrpcSession:
         if not hasattr(session.config, "workerinput"):
             _write_suite_properties(session.config, self.state)
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        refused = item.stash.get(_lock_refused_key, None)
+        if refused is not None:
+            pytest.fail(refused, pytrace=False)
         check_markers(item)
 
     @pytest.hookimpl(wrapper=True)
@@ -344,7 +352,14 @@ class TfgrpcSession:
         # Set up, measure and tear down one test at a time on this host: across pytest-xdist
         # workers and across concurrent runs.
         run_id = self.state.meta[f"{META_PREFIX}{RUN_ID}"]
-        with MeasurementLock(lock_path(), run_id) as lock:
+        try:
+            lock = MeasurementLock(lock_path(), run_id, wait_s=lock_wait_s())
+            lock.__enter__()
+        except (OSError, ValueError) as exc:
+            # a lock in a place others control, or held too long: the test fails, saying so
+            item.stash[_lock_refused_key] = f"tfgrpc: {exc}"
+            return (yield)
+        try:
             if lock.waited_for and lock.waited_for != run_id and lock.waited_s >= 0.05:
                 # Said in the JUnit XML and at the end of the run (not as a warning, which
                 # -W error would turn into a failure of a test that only waited its turn).
@@ -356,6 +371,8 @@ class TfgrpcSession:
                     )
                 )
             return (yield)
+        finally:
+            lock.__exit__(None, None, None)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
