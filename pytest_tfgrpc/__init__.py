@@ -2,8 +2,7 @@
 
 The names in :data:`__all__` are the public API, imported lazily: ``import pytest_tfgrpc``
 (done by pytest at start-up through the plugin entry point) stays cheap and pulls in neither
-numpy nor grpc. Old module paths (``pytest_tfgrpc.budget``, ...) keep working with a
-:class:`DeprecationWarning`; see :mod:`pytest_tfgrpc._compat`.
+numpy nor grpc.
 
 The subpackages are layered, top first; a layer imports only the layers below it, and layers on
 one line (``a | b``) import nothing of each other (import-linter's contract in ``pyproject.toml``,
@@ -28,15 +27,12 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_tfgrpc import _compat
-
-_compat.install()
-
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver as Driver
     from pytest_tfgrpc.bench.engines.base import Engine as Engine
     from pytest_tfgrpc.bench.engines.base import EngineError as EngineError
     from pytest_tfgrpc.bench.engines.base import Measured as Measured
+    from pytest_tfgrpc.bench.engines.base import Provision as Provision
     from pytest_tfgrpc.bench.engines.base import PSVariable as PSVariable
     from pytest_tfgrpc.bench.engines.registry import EngineRegistry as EngineRegistry
     from pytest_tfgrpc.bench.ps import AggregateError as AggregateError
@@ -109,8 +105,6 @@ def __getattr__(name: str) -> Any:
             value = "0.0.0"
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _compat.MOVES:  # pytest_tfgrpc.budget without importing it: an old path
-        value = importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
