@@ -35,7 +35,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = ["pytester"]
 
 #: Run options that keep pytester runs short; measured figures stay real.
-QUICK = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3", "--tfgrpc-max-time=2")
+QUICK = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3", "--tfgrpc-max-seconds=2")
 
 
 def pid_alive(pid: int) -> bool:

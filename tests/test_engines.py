@@ -25,7 +25,7 @@ from pytest_tfgrpc.bench.engines import (
 )
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
-from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
+from pytest_tfgrpc.bench.specs import SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import load_profile
@@ -203,7 +203,7 @@ def test_a_p2p_calls_options_are_refused_by_name_before_anything_is_measured(
     engine = Fake()
     server = FakeServer(LO)
     driver = Driver(
-        test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
+        test="t", messages=None, budget=None, record=_ignore, engine=engine
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         BandwidthCall(**options)
@@ -236,7 +236,7 @@ def test_chunk_bytes_the_driver_cannot_use_is_refused_naming_test_and_call(
 ) -> None:
     engine = Fake()
     driver = Driver(
-        test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
+        test="t", messages=None, budget=None, record=_ignore, engine=engine
     )
     with pytest.raises(SpecError, match=f"^t: p2p_bandwidth\\(\\) argument {re.escape(message)}"):
         driver.p2p_bandwidth(FakeServer(LO), [1024], iterations=1, **options)

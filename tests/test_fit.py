@@ -247,7 +247,7 @@ def test_plain(tfgrpc, ps_cluster):
 def test_the_fixture_records_the_prediction_in_junit(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE)
     xml = pytester.path / "perf.xml"
-    fast = ("--tfgrpc-iterations=3", "--tfgrpc-warmup=1", "--tfgrpc-max-time=5")
+    fast = ("--tfgrpc-iterations=3", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=5")
     result = pytester.runpytest(*fast, f"--junitxml={xml}")
     result.assert_outcomes(passed=2)
     props = {
@@ -272,7 +272,7 @@ def test_a_step_is_placed_once_and_the_model_takes_that_placement(
 ) -> None:
     # The driver places the profile; the benchmark, the fit and the model use that placement.
     from pytest_tfgrpc.bench.driver import Driver
-    from pytest_tfgrpc.bench.specs import RunOverrides
+    from pytest_tfgrpc.bench.specs import run_layer
     from pytest_tfgrpc.model import placement, profiles
 
     placed: list[object] = []
@@ -298,7 +298,11 @@ def test_a_step_is_placed_once_and_the_model_takes_that_placement(
         test="t",
         messages=None,
         budget=None,
-        options=RunOverrides(iterations=2, warmup=1, max_seconds=5.0, warmup_seconds=5.0),
+        run=[
+            run_layer(
+                "test", {"iterations": 2, "warmup": 1, "max_seconds": 5.0, "warmup_seconds": 5.0}
+            )
+        ],
         record=lambda name, value: None,
     )
     result = driver.sync_sgd_step(cluster, PROFILE, model=True)

@@ -26,7 +26,6 @@ from pytest_tfgrpc.report.tolerance import parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
 MISSING_POLICIES = ("fail", "warn")
-INCONCLUSIVE_POLICIES = ("fail", "pass")
 
 
 class GateSetupError(ValueError):
