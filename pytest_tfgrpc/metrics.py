@@ -7,6 +7,9 @@ how the baseline gate tests it (:class:`GateTest`). Budgets, the JUnit writer an
 (:mod:`pytest_tfgrpc.report.record`), the terminal summary, plots, the gate,
 ``tfgrpc-compare`` and ``tfgrpc-model`` all look figures up here, so that none of them can know
 a name, a unit or a direction the others do not.
+
+Layer: below ``results`` (a figure's name is a :class:`Metric`), above ``stats`` and
+``units``; may import only ``units``.
 """
 
 from __future__ import annotations
