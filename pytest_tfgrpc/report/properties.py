@@ -71,6 +71,9 @@ LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology")
 SKETCH = "sketch"
 #: ``tfgrpc.<label>.<key>.rounds``: the point's figures per round (:func:`format_rounds`).
 ROUNDS = "rounds"
+#: ``tfgrpc.<label>.<key>.limit``: what bounded the point, with the figures the rule used
+#: (:meth:`~pytest_tfgrpc.results.Limit.describe`, rule in :mod:`.limits`).
+LIMIT = "limit"
 #: The point key of a model prediction (``tfgrpc.<label>.model.*``): no measurement.
 MODEL = "model"
 
@@ -258,6 +261,8 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
         # A compact sketch of every sample: what a later run's baseline gate tests against.
         sketch = Sketch.from_samples(point.samples_ns).to_string()
         out.append((point_property(label, key, SKETCH), sketch))
+        if point.limit is not None:
+            out.append((point_property(label, key, LIMIT), point.limit.describe()))
         rounds = point.round_figures(rates=result.reports_rates)
         if rounds:
             out.append((point_property(label, key, ROUNDS), format_rounds(rounds)))

@@ -1,0 +1,326 @@
+"""Transport telemetry of a measured point: read when each timed loop starts and ends.
+
+A :class:`TransportProbe` is a :class:`~pytest_tfgrpc.bench.timing.Phase`: it reads the
+kernel's state of the server's connections (:mod:`pytest_tfgrpc.wire.telemetry`) on this host
+and, for a server an agent started, on the server's host through the agent, when a measured
+window starts and when it ends, and sums the windows into a
+:class:`~pytest_tfgrpc.results.Transport`. It never reads inside a timed loop. A probe that
+cannot read (no netlink, an agent without telemetry) records nothing rather than failing the
+measurement: telemetry explains figures, it is not one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from pytest_tfgrpc.bench.timing import Phase
+from pytest_tfgrpc.report.limits import name_limit
+from pytest_tfgrpc.results import SizeResult, Transport
+from pytest_tfgrpc.units import format_duration
+from pytest_tfgrpc.wire.client import Server
+from pytest_tfgrpc.wire.telemetry import (
+    LinkState,
+    Reading,
+    TcpState,
+    TelemetryError,
+    TelemetryReader,
+    split_target,
+)
+
+__all__ = [
+    "RemoteRead",
+    "TransportProbe",
+    "Window",
+    "explained",
+    "probe_for",
+    "server_cores",
+    "summarize_windows",
+]
+
+#: Reads the server's side on its host: (address, port) -> a Reading there.
+RemoteRead = Callable[[str, int], Reading]
+
+
+@dataclass
+class Window:
+    """The readings that open and close one measured window, per side (``local``, a host)."""
+
+    start: dict[str, Reading] = field(default_factory=dict)
+    end: dict[str, Reading] = field(default_factory=dict)
+
+
+def _delta_sockets(start: Reading, end: Reading) -> list[tuple[TcpState, int, int, int, int, int]]:
+    """Per socket open at the window's end: (its state, retransmits, data segments, bytes
+    sent, bytes acked, bytes received) over the window; a socket opened meanwhile counts from
+    zero."""
+    before = {state.key: state for state in start.sockets}
+    out = []
+    for state in end.sockets:
+        was = before.get(state.key)
+        out.append(
+            (
+                state,
+                state.retransmits - (was.retransmits if was else 0),
+                state.data_segs_out - (was.data_segs_out if was else 0),
+                state.bytes_sent - (was.bytes_sent if was else 0),
+                state.bytes_acked - (was.bytes_acked if was else 0),
+                state.bytes_received - (was.bytes_received if was else 0),
+            )
+        )
+    return out
+
+
+def _link_delta(start: LinkState, end: LinkState) -> tuple[int, int, int, int]:
+    return (
+        end.rx_bytes + end.tx_bytes - start.rx_bytes - start.tx_bytes,
+        end.drops - start.drops,
+        end.errors - start.errors,
+        end.qdisc_drops - start.qdisc_drops,
+    )
+
+
+def summarize_windows(
+    windows: Sequence[Window], named_rate_Bps: float | None = None
+) -> Transport | None:
+    """The windows' telemetry as one :class:`Transport` (None when no window was read).
+
+    Counts are summed over windows and sides; the sender's RTT, RTT variance, cwnd and
+    delivery rate are taken at each window's end from the socket that sent the most in it.
+    The nominal rate is the lowest of ``named_rate_Bps`` and the links' own (tbf rate, else
+    reported speed)."""
+    complete = [w for w in windows if w.start and set(w.start) == set(w.end)]
+    if not complete:
+        return None
+    retransmits = segs = sent = acked = 0
+    link_bytes = drops = errors = qdrops = 0
+    links_read = False
+    rtt: list[float] = []
+    rttvar: list[float] = []
+    cwnd: list[float] = []
+    rate: list[float] = []
+    nominal: list[tuple[float, str]] = []
+    if named_rate_Bps:
+        nominal.append((named_rate_Bps, "named"))
+    connections = 0
+    for window in complete:
+        deltas = [
+            (side, delta)
+            for side, start in window.start.items()
+            for delta in _delta_sockets(start, window.end[side])
+        ]
+        # The measured connections carry the window's traffic; another channel to the same
+        # server (the CPU probe's two Status calls) carries a few hundred bytes.
+        busiest = max((out + got for _, (_, _, _, out, _, got) in deltas), default=0)
+        measured = [(side, d) for side, d in deltas if (d[3] + d[5]) * 10 >= busiest > 0]
+        best: tuple[int, TcpState] | None = None
+        clients: set[tuple[str, str]] = set()
+        servers: set[tuple[str, str]] = set()
+        for _, (state, re, seg, out, ack, _) in measured:
+            (servers if state.server_side else clients).add(state.key)
+            retransmits, segs = retransmits + re, segs + seg
+            sent, acked = sent + out, acked + ack
+            if best is None or out > best[0]:
+                best = (out, state)
+        connections = max(connections, len(clients) or len(servers))
+        for side, start in window.start.items():
+            end = window.end[side]
+            if start.link is not None and end.link is not None:
+                links_read = True
+                b, d, e, q = _link_delta(start.link, end.link)
+                link_bytes, drops, errors = link_bytes + b, drops + d, errors + e
+                qdrops += q
+                if end.link.nominal_Bps:
+                    what = "tbf" if end.link.tbf_rate_Bps else "speed"
+                    nominal.append((end.link.nominal_Bps, f"{what} of {end.link.interface}@{side}"))
+        if best is not None and best[0] > 0:
+            state = best[1]
+            rtt.append(state.rtt_us * 1e3)
+            rttvar.append(state.rttvar_us * 1e3)
+            cwnd.append(float(state.cwnd))
+            rate.append(float(state.delivery_rate_Bps))
+    lowest = min(nominal) if nominal else None
+    sides = sorted({side for window in complete for side in window.start})
+    return Transport(
+        connections=connections,
+        retransmits=retransmits,
+        data_segs_out=segs,
+        bytes_sent=sent,
+        bytes_acked=acked,
+        rtt_ns=tuple(rtt),
+        rttvar_ns=tuple(rttvar),
+        cwnd=tuple(cwnd),
+        delivery_rate_Bps=tuple(rate),
+        link_bytes=link_bytes if links_read else None,
+        link_drops=drops if links_read else None,
+        link_errors=errors if links_read else None,
+        qdisc_drops=qdrops if links_read else None,
+        nominal_Bps=lowest[0] if lowest else None,
+        nominal_source=lowest[1] if lowest else "",
+        sides=tuple(sides),
+    )
+
+
+class TransportProbe:
+    """Reads the telemetry of ``target``'s connections at each window's start and end.
+
+    ``interface`` is this host's fabric (its link counters are read too); ``remote`` reads the
+    server's host (None: the server is on this host, or nothing can read its host). Wrap a
+    CPU probe with :meth:`around`: the telemetry is read outside the CPU probe's window, so
+    that reading it never counts in the CPU figures (the CPU probe's own small calls are told
+    apart from the measured connections by the bytes they carry).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        interface: str | None,
+        *,
+        remote: RemoteRead | None = None,
+        remote_name: str = "server",
+        named_rate_Bps: float | None = None,
+    ) -> None:
+        self.windows: list[Window] = []
+        self.errors: list[str] = []
+        self._named = named_rate_Bps
+        self._remote = remote
+        self._remote_name = remote_name
+        self._reader: TelemetryReader | None = None
+        self._first: Reading | None = None
+        self._started_ns = 0
+        self._address, self._port = "", 0
+        try:
+            self._address, self._port = split_target(target)
+            self._reader = TelemetryReader(interface)
+        except (TelemetryError, OSError) as exc:
+            self.errors.append(str(exc))
+
+    def _read(self) -> dict[str, Reading]:
+        out: dict[str, Reading] = {}
+        if self._reader is None or not self._port:
+            return out
+        try:
+            out["local"] = self._reader.read(self._address, self._port)
+            if self._remote is not None:
+                out[self._remote_name] = self._remote(self._address, self._port)
+        except (TelemetryError, OSError) as exc:
+            self.errors.append(str(exc))
+            return {}
+        return out
+
+    def start(self) -> None:
+        readings = self._read()
+        self.windows.append(Window(start=readings))
+        if self._first is None and readings:
+            self._first = readings.get("local")
+            self._started_ns = time.monotonic_ns()
+
+    def stop(self) -> None:
+        if self.windows and not self.windows[-1].end:
+            self.windows[-1].end = self._read()
+
+    def around(self, inner: Phase) -> Phase:
+        """A phase that starts this probe then ``inner``, and stops them in reverse."""
+        return _Nested(self, inner)
+
+    def transport(self) -> Transport | None:
+        """The telemetry of every complete window so far."""
+        return summarize_windows(self.windows, self._named)
+
+    def last_seen(self) -> str:
+        """What the transport showed since the first window opened, read now (after a
+        failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; empty when
+        nothing was read."""
+        if self._first is None or self._reader is None:
+            return ""
+        try:
+            now = self._reader.read(self._address, self._port)
+        except (TelemetryError, OSError):
+            return ""
+        parts = [f"after {format_duration(time.monotonic_ns() - self._started_ns)}"]
+        closed = Window(start={"local": self._first}, end={"local": now})
+        seen = summarize_windows([closed])
+        if seen is not None and seen.connections:
+            parts.append(f"{seen.retransmits:,} retransmissions")
+            if seen.rtt_ns:
+                parts.append(f"RTT {format_duration(seen.rtt_ns[-1])}")
+        elif self._first.host_retransmits is not None and now.host_retransmits is not None:
+            grown = now.host_retransmits - self._first.host_retransmits
+            parts.append(f"the connection is gone; this host retransmitted {grown:,} segments")
+        if seen is not None and seen.qdisc_drops:
+            parts.append(f"{seen.qdisc_drops:,} qdisc drops")
+        return parts[0] + "; " + ", ".join(parts[1:]) if len(parts) > 1 else ""
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> TransportProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Nested:
+    def __init__(self, outer: TransportProbe, inner: Phase) -> None:
+        self._outer, self._inner = outer, inner
+
+    def start(self) -> None:
+        self._outer.start()
+        self._inner.start()
+
+    def stop(self) -> None:
+        self._inner.stop()
+        self._outer.stop()
+
+
+def affinity(pid: int | None) -> int | None:
+    """How many CPUs ``pid`` may run on (this process for 0), None where it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        return len(os.sched_getaffinity(pid))
+    except OSError:
+        return None
+
+
+def explained(
+    point: SizeResult,
+    transport: Transport | None,
+    *,
+    cores: Mapping[str, int | None],
+    op_bytes: int | None = None,
+) -> SizeResult:
+    """``point`` with its transport telemetry and the limit the rule names
+    (:func:`pytest_tfgrpc.report.limits.name_limit`) from it and the point's CPU figures."""
+    with_tcp = replace(point, transport=transport)
+    return replace(with_tcp, limit=name_limit(with_tcp, cores=cores, op_bytes=op_bytes))
+
+
+def probe_for(server: Server, named_rate_Bps: float | None = None) -> TransportProbe:
+    """A probe of ``server``'s connections: on this host's fabric, and on the server's host
+    where its node agent can read them."""
+    launcher = getattr(server, "launcher", None)
+    remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
+    return TransportProbe(
+        server.target,
+        server.fabric.name,
+        remote=remote,
+        remote_name=str(getattr(launcher, "host", "server")),
+        named_rate_Bps=named_rate_Bps,
+    )
+
+
+def server_cores(server: Server) -> Mapping[str, int | None]:
+    """The CPUs each P2P side may run on: this process's; a local server's (None for one
+    elsewhere: its agent's host decides)."""
+    launcher = getattr(server, "launcher", None)
+    local = launcher is None or getattr(launcher, "host", "local") == "local"
+    return {
+        "client": affinity(0),
+        "server": affinity(getattr(server, "pid", None)) if local else None,
+    }
