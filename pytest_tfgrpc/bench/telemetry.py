@@ -196,6 +196,10 @@ class TransportProbe:
             self._reader = TelemetryReader(interface)
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
+        # What the host looked like before anything was sent: a call that fails (in its
+        # warm-up too) is told what the transport saw since.
+        self._started_ns = time.monotonic_ns()
+        self._first = self._read().get("local")
 
     def _read(self) -> dict[str, Reading]:
         out: dict[str, Reading] = {}
@@ -211,11 +215,7 @@ class TransportProbe:
         return out
 
     def start(self) -> None:
-        readings = self._read()
-        self.windows.append(Window(start=readings))
-        if self._first is None and readings:
-            self._first = readings.get("local")
-            self._started_ns = time.monotonic_ns()
+        self.windows.append(Window(start=self._read()))
 
     def stop(self) -> None:
         if self.windows and not self.windows[-1].end:
@@ -230,7 +230,7 @@ class TransportProbe:
         return summarize_windows(self.windows, self._named)
 
     def last_seen(self) -> str:
-        """What the transport showed since the first window opened, read now (after a
+        """What the transport showed since the probe was made, read now (after a
         failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; empty when
         nothing was read."""
         if self._first is None or self._reader is None:
