@@ -33,14 +33,13 @@ from pytest_tfgrpc.roles.processes import (
     ServerError,
     ServerProcess,
     describe_exit,
-    live_children,
 )
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
 
-__all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
+__all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
 
 
 class StepRun(Protocol):
@@ -149,11 +148,6 @@ def _check_workers_engine(engine: str, launchers: Sequence[Launcher]) -> None:
             "native PS workers speak plaintext only, and this run uses TLS "
             f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
         )
-
-
-def live_workers() -> tuple[WorkerProcess, ...]:
-    """Worker processes started here and not yet stopped."""
-    return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
 
 
 class PSCluster:
