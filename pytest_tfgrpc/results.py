@@ -93,7 +93,9 @@ class Transport:
     they could be read (here, and on a server's host through its node agent).
 
     Counts are sums of each window's change: ``retransmits`` (TCP segments retransmitted,
-    both ends), ``data_segs_out``, ``bytes_sent``, ``bytes_acked`` (of the connections'
+    both ends, for segments lost: less ``spurious_retransmits``, those the receiver reported
+    as duplicates with D-SACK, sent again when an ack was late), ``data_segs_out``,
+    ``bytes_sent``, ``bytes_acked`` (of the connections'
     sockets), ``link_bytes``, ``link_drops``, ``link_errors`` (the fabric interfaces' bytes,
     drops and errors, both directions), ``qdisc_drops`` (their root qdiscs'); None where
     nothing was read. ``rtt_ns``, ``rttvar_ns``, ``cwnd`` and ``delivery_rate_Bps`` are the
@@ -120,6 +122,7 @@ class Transport:
     nominal_Bps: float | None = None
     nominal_source: str = ""
     sides: tuple[str, ...] = ()
+    spurious_retransmits: int = 0
 
     @property
     def retransmits_per_MB(self) -> float:
@@ -165,6 +168,10 @@ def _no_cpu() -> Mapping[str, CpuTime]:
     return MappingProxyType({})
 
 
+def _no_wait() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, eq=False)
 class SizeResult:
     """The samples and figures of one point of a result: a message size, a payload, a placed
@@ -181,6 +188,10 @@ class SizeResult:
     (RPCs or steps per second over all workers), ``rate_Bps`` (bytes per second over all
     workers), ``per_ps``, ``imbalance`` (the placement's: busiest PS bytes / mean) and
     ``bytes_imbalance`` (the same ratio of the bytes each PS received in a closed loop).
+
+    ``transport`` is what the kernel saw of the point's connections (:class:`Transport`),
+    ``cpu_wait`` the time each local side's threads waited on a run queue for a CPU (ns, by
+    role), ``limit`` what bounded the point (:class:`Limit`); None or empty where not read.
 
     ``rounds`` holds, when the point was measured in several rounds interleaved in time with
     the other points (P2P), the sample count of each round, in order: ``samples_ns`` is the
@@ -204,6 +215,7 @@ class SizeResult:
     bytes_imbalance: float | None = None
     rounds: tuple[int, ...] = ()
     transport: Transport | None = None
+    cpu_wait: Mapping[str, int] = field(default_factory=_no_wait)
     limit: Limit | None = None
 
     @classmethod
@@ -280,6 +292,8 @@ class SizeResult:
             scope = role if scoped else ""
             out.append(Figure(f"{metric}_user", float(cpu.user_ns), scope))
             out.append(Figure(f"{metric}_system", float(cpu.system_ns), scope))
+        for role, waited in self.cpu_wait.items():
+            out.append(Figure(f"{role}_cpu_wait", float(waited)))
         out.append(Figure("samples", float(s.count)))
         out.extend(self._transport_figures(rates))
         for load in self.per_ps:
@@ -297,6 +311,7 @@ class SizeResult:
             return []
         out = [
             Figure("retransmits", float(tcp.retransmits)),
+            Figure("spurious_retransmits", float(tcp.spurious_retransmits)),
             Figure("retransmits_per_MB", tcp.retransmits_per_MB),
             Figure("tcp_bytes_sent", float(tcp.bytes_sent)),
             Figure("tcp_bytes_acked", float(tcp.bytes_acked)),

@@ -85,6 +85,8 @@ def test_a_call_that_breaks_says_what_the_transport_saw(
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.re_match_lines(
-        [r".*stream push of 1048576 B .* failed: .*transport: after .*; [\d,]+ retransmissions, "
-         r"RTT .*"]
+        [
+            r".*stream push of 1048576 B .* failed: .*transport: after .*; [\d,]+ retransmissions, "
+            r"RTT .*"
+        ]
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import resource
+from pathlib import Path
 
 from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.wire import grpc_settings
@@ -13,6 +15,24 @@ from pytest_tfgrpc.wire.security import open_channel
 def _client_ns() -> tuple[int, int]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
+
+
+def run_queue_wait_ns(pid: int) -> int | None:
+    """Nanoseconds the threads of process ``pid`` (of this host) have waited on a run queue
+    for a CPU, summed over the threads alive now (the second field of each
+    ``/proc/<pid>/task/<tid>/schedstat``); None where it cannot be read. A side that waited
+    long wanted more CPU than it got: the machine's load, not the side, was short of CPU."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 class CpuProbe:

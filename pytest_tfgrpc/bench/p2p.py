@@ -403,8 +403,11 @@ class _Sweep:
             )
             probe = (telemetry or {}).get(index)
             transport = probe.transport() if probe is not None else None
+            waits = probe.cpu_wait if probe is not None else None
             op_bytes = _wire(tensor, self.mode, "echo" if echo else "")
-            out.append(explained(point, transport, cores=cores or {}, op_bytes=op_bytes))
+            out.append(
+                explained(point, transport, cores=cores or {}, op_bytes=op_bytes, cpu_wait=waits)
+            )
         return tuple(out)
 
 

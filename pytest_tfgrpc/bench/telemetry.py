@@ -15,7 +15,9 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
+from pytest_tfgrpc.bench.cpu import run_queue_wait_ns
 from pytest_tfgrpc.bench.timing import Phase
 from pytest_tfgrpc.report.limits import name_limit
 from pytest_tfgrpc.results import SizeResult, Transport
@@ -52,22 +54,29 @@ class Window:
     end: dict[str, Reading] = field(default_factory=dict)
 
 
-def _delta_sockets(start: Reading, end: Reading) -> list[tuple[TcpState, int, int, int, int, int]]:
-    """Per socket open at the window's end: (its state, retransmits, data segments, bytes
-    sent, bytes acked, bytes received) over the window; a socket opened meanwhile counts from
-    zero."""
+def _delta_sockets(
+    start: Reading, end: Reading
+) -> list[tuple[TcpState, int, int, int, int, int, int]]:
+    """Per socket open at the window's end: (its state, retransmits, spurious retransmits
+    (D-SACKed), data segments, bytes sent, bytes acked, bytes received) over the window; a
+    socket opened meanwhile counts from zero."""
     before = {state.key: state for state in start.sockets}
     out = []
-    for state in end.sockets:
-        was = before.get(state.key)
+    for now in end.sockets:
+        was = before.get(now.key)
+
+        def grown(name: str, now: TcpState = now, was: TcpState | None = was) -> int:
+            return int(getattr(now, name)) - (int(getattr(was, name)) if was else 0)
+
         out.append(
             (
-                state,
-                state.retransmits - (was.retransmits if was else 0),
-                state.data_segs_out - (was.data_segs_out if was else 0),
-                state.bytes_sent - (was.bytes_sent if was else 0),
-                state.bytes_acked - (was.bytes_acked if was else 0),
-                state.bytes_received - (was.bytes_received if was else 0),
+                now,
+                grown("retransmits"),
+                grown("dsack_dups"),
+                grown("data_segs_out"),
+                grown("bytes_sent"),
+                grown("bytes_acked"),
+                grown("bytes_received"),
             )
         )
     return out
@@ -94,7 +103,7 @@ def summarize_windows(
     complete = [w for w in windows if w.start and set(w.start) == set(w.end)]
     if not complete:
         return None
-    retransmits = segs = sent = acked = 0
+    retransmits = spurious = segs = sent = acked = 0
     link_bytes = drops = errors = qdrops = 0
     links_read = False
     rtt: list[float] = []
@@ -113,14 +122,16 @@ def summarize_windows(
         ]
         # The measured connections carry the window's traffic; another channel to the same
         # server (the CPU probe's two Status calls) carries a few hundred bytes.
-        busiest = max((out + got for _, (_, _, _, out, _, got) in deltas), default=0)
-        measured = [(side, d) for side, d in deltas if (d[3] + d[5]) * 10 >= busiest > 0]
+        busiest = max((d[4] + d[6] for _, d in deltas), default=0)
+        measured = [(side, d) for side, d in deltas if (d[4] + d[6]) * 10 >= busiest > 0]
         best: tuple[int, TcpState] | None = None
         clients: set[tuple[str, str]] = set()
         servers: set[tuple[str, str]] = set()
-        for _, (state, re, seg, out, ack, _) in measured:
+        for _, (state, re, dup, seg, out, ack, _) in measured:
             (servers if state.server_side else clients).add(state.key)
-            retransmits, segs = retransmits + re, segs + seg
+            # A retransmission the receiver reported as a duplicate repaired no loss.
+            spurious += min(dup, re)
+            retransmits, segs = retransmits + re - min(dup, re), segs + seg
             sent, acked = sent + out, acked + ack
             if best is None or out > best[0]:
                 best = (out, state)
@@ -146,6 +157,7 @@ def summarize_windows(
     return Transport(
         connections=connections,
         retransmits=retransmits,
+        spurious_retransmits=spurious,
         data_segs_out=segs,
         bytes_sent=sent,
         bytes_acked=acked,
@@ -181,8 +193,13 @@ class TransportProbe:
         remote: RemoteRead | None = None,
         remote_name: str = "server",
         named_rate_Bps: float | None = None,
+        pids: Mapping[str, int] | None = None,
     ) -> None:
         self.windows: list[Window] = []
+        #: Per side (``client``, a local ``server``), the run-queue wait over the windows (ns).
+        self.cpu_wait: dict[str, int] = {}
+        self._pids = dict(pids or {})
+        self._wait_start: dict[str, int] = {}
         self.errors: list[str] = []
         self._named = named_rate_Bps
         self._remote = remote
@@ -214,12 +231,21 @@ class TransportProbe:
             return {}
         return out
 
+    def _waits(self) -> dict[str, int]:
+        waits = {side: run_queue_wait_ns(pid) for side, pid in self._pids.items()}
+        return {side: ns for side, ns in waits.items() if ns is not None}
+
     def start(self) -> None:
         self.windows.append(Window(start=self._read()))
+        self._wait_start = self._waits()
 
     def stop(self) -> None:
         if self.windows and not self.windows[-1].end:
             self.windows[-1].end = self._read()
+            for side, ns in self._waits().items():
+                if side in self._wait_start:
+                    waited = max(ns - self._wait_start[side], 0)
+                    self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
 
     def around(self, inner: Phase) -> Phase:
         """A phase that starts this probe then ``inner``, and stops them in reverse."""
@@ -294,10 +320,12 @@ def explained(
     *,
     cores: Mapping[str, int | None],
     op_bytes: int | None = None,
+    cpu_wait: Mapping[str, int] | None = None,
 ) -> SizeResult:
-    """``point`` with its transport telemetry and the limit the rule names
-    (:func:`pytest_tfgrpc.report.limits.name_limit`) from it and the point's CPU figures."""
-    with_tcp = replace(point, transport=transport)
+    """``point`` with its transport telemetry, its sides' run-queue waits (ns) and the limit
+    the rule names (:func:`pytest_tfgrpc.report.limits.name_limit`) from them and the point's
+    CPU figures."""
+    with_tcp = replace(point, transport=transport, cpu_wait=MappingProxyType(dict(cpu_wait or {})))
     return replace(with_tcp, limit=name_limit(with_tcp, cores=cores, op_bytes=op_bytes))
 
 
@@ -306,13 +334,23 @@ def probe_for(server: Server, named_rate_Bps: float | None = None) -> TransportP
     where its node agent can read them."""
     launcher = getattr(server, "launcher", None)
     remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
+    pids = {"client": os.getpid()}
+    pid = getattr(server, "pid", None)
+    if _is_local(server) and pid:
+        pids["server"] = pid
     return TransportProbe(
         server.target,
         server.fabric.name,
         remote=remote,
         remote_name=str(getattr(launcher, "host", "server")),
         named_rate_Bps=named_rate_Bps,
+        pids=pids,
     )
+
+
+def _is_local(server: Server) -> bool:
+    launcher = getattr(server, "launcher", None)
+    return launcher is None or getattr(launcher, "host", "local") == "local"
 
 
 def server_cores(server: Server) -> Mapping[str, int | None]:

@@ -5,8 +5,10 @@ The rule (the README's "What limited a figure" states it for users), first match
 1. **loss-bound**: TCP retransmitted at least :data:`LOSS_SHARE` of the data segments sent.
 2. **link-bound**: where the path's nominal rate is known, throughput reached at least
    :data:`LINK_SHARE` of it (the ``efficiency`` figure).
-3. **cpu-bound**, naming the side: a side kept at least :data:`CPU_SHARE` of the cores it could
-   use busy over the measured time. The cores a side could use are the CPUs it may run on
+3. **cpu-bound**, naming the side: a side's demand for CPU reached :data:`CPU_SHARE` of the
+   cores it could use over the measured time: its CPU time (``busy``) plus the time its
+   threads waited on a run queue for a CPU (``waited``: another process had the core; read
+   for the processes of this host). The cores a side could use are the CPUs it may run on
    (its affinity, where known), but at most one per measured connection: gRPC handles one
    connection's frames on one thread at a time at each end. Sides are ``client``, ``server``
    (P2P), ``ps<i>`` and ``workers`` (PS benchmarks); the busiest share is named.
@@ -37,21 +39,24 @@ CPU_SHARE = 0.7
 
 def cpu_shares(
     point: SizeResult, cores: Mapping[str, int | None], connections: int
-) -> dict[str, float]:
-    """Each side's CPU time over the point's measured time, as a share of the cores it could
-    use: ``min(cores[side], connections)`` (``cores``: a side's affinity, None or absent where
-    unknown). Sides with CPU figures only; the PS tasks' as ``ps<i>``."""
+) -> dict[str, tuple[float, float]]:
+    """Per side, ``(busy, waited)``: its CPU time, and the time its threads waited on a run
+    queue for a CPU (0 where not read), over the point's measured time, each as a share of the
+    core-time it could use: ``min(cores[side], connections)`` cores (``cores``: a side's
+    affinity, None or absent where unknown). ``waited`` sums over threads, so several threads
+    waiting at once can take it past 1. Sides with CPU figures only; PS tasks as ``ps<i>``."""
     if point.elapsed_ns <= 0:
         return {}
     used = {role: cpu.total_ns for role, cpu in point.cpu.items()}
     used |= {f"ps{load.task}": load.cpu.total_ns for load in point.per_ps}
-    shares: dict[str, float] = {}
+    shares: dict[str, tuple[float, float]] = {}
     for side, ns in used.items():
         usable = max(connections, 1)
         affinity = cores.get(side)
         if affinity:
             usable = min(usable, affinity)
-        shares[side] = ns / point.elapsed_ns / usable
+        span = point.elapsed_ns * usable
+        shares[side] = (ns / span, point.cpu_wait.get(side, 0) / span)
     return shares
 
 
@@ -83,11 +88,15 @@ def name_limit(
         looked.append(("efficiency", efficiency.value))
     if tcp is not None:
         looked.append(("loss_share", tcp.loss_share))
-    cpu_used = tuple(sorted(((f"{side}_cpu_share", s) for side, s in shares.items())))
+    cpu_used: list[tuple[str, float]] = []
+    for side, (busy, waited) in sorted(shares.items()):
+        cpu_used.append((f"{side}_busy", busy))
+        if point.cpu_wait.get(side) is not None:
+            cpu_used.append((f"{side}_waited", waited))
     if shares:
-        side, share = max(shares.items(), key=lambda item: item[1])
-        if share >= CPU_SHARE:
-            return Limit("cpu", side=side, used=cpu_used)
+        side, (busy, waited) = max(shares.items(), key=lambda item: sum(item[1]))
+        if busy + waited >= CPU_SHARE:
+            return Limit("cpu", side=side, used=tuple(cpu_used))
     looked.extend(cpu_used)
     rtt = point.figure("rtt_p50")
     if tcp is not None and rtt is not None:

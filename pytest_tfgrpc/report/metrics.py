@@ -321,12 +321,27 @@ _ALL: list[Metric] = [
     Metric("samples", COUNT, "operations timed", not_gated=_COUNT),
     *_cpu("client_"),
     *_cpu("server_"),
+    *(
+        Metric(f"{who}_cpu_wait", TIME, "time its threads waited for a CPU", not_gated=_CPU)
+        for who in ("client", "server")
+    ),
     *_cpu("", scoped=True),
     Metric("bytes_in", BYTES, "tensor bytes a PS received", not_gated=_TOTAL, scoped=True),
     Metric("bytes_out", BYTES, "tensor bytes a PS sent", not_gated=_TOTAL, scoped=True),
     Metric("rpcs", COUNT, "RPCs a PS served", not_gated=_TOTAL, scoped=True),
     # Transport telemetry (pytest_tfgrpc.wire.telemetry): what the kernel saw meanwhile.
-    Metric("retransmits", COUNT, "TCP segments retransmitted, both ends", not_gated=_TCP),
+    Metric(
+        "retransmits",
+        COUNT,
+        "TCP segments retransmitted for loss, both ends (spurious ones not counted)",
+        not_gated=_TCP,
+    ),
+    Metric(
+        "spurious_retransmits",
+        COUNT,
+        "TCP retransmissions the receiver reported as duplicates (D-SACK): no loss",
+        not_gated=_TCP,
+    ),
     Metric("retransmits_per_MB", RATIO, "TCP segments retransmitted per MB sent", not_gated=_TCP),
     Metric("tcp_bytes_sent", BYTES, "bytes the connections' sockets sent", not_gated=_TCP),
     Metric("tcp_bytes_acked", BYTES, "bytes the connections' sockets had acked", not_gated=_TCP),

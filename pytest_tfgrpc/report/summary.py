@@ -13,7 +13,15 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pytest_tfgrpc.report.properties import FABRIC, PREFIX, SKETCH, point_property, read_figures
+from pytest_tfgrpc.report.properties import (
+    FABRIC,
+    LIMIT,
+    PREFIX,
+    SKETCH,
+    point_property,
+    read_figures,
+)
+from pytest_tfgrpc.report.telemetry_text import summary_cell
 from pytest_tfgrpc.stats.significance import mann_whitney_u_sketches
 from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.units import format_duration, format_rate, parse_size
@@ -49,6 +57,8 @@ class SummaryRow:
     ``improvement``, ``pass``, ``inconclusive``) and ``detectable`` the smallest change the
     gate could have told from noise, when the gate recorded one. ``sketch`` is the sketch of
     the point's samples as recorded (text), for telling fabrics apart beyond noise.
+    ``limit`` is the named limit (``cpu-bound (client)``), ``transport`` what the transport
+    saw that is not nothing (``1,204 retx/GB, 413 qdisc drops``), both empty when not read.
     """
 
     test: str
@@ -63,6 +73,8 @@ class SummaryRow:
     verdict: str | None = None
     detectable: float | None = None
     sketch: str | None = None
+    limit: str = ""
+    transport: str = ""
 
     @property
     def group(self) -> tuple[str, str, str]:
@@ -139,6 +151,8 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
                 verdict=props.get(f"{verdict}.verdict"),
                 detectable=_number(props, f"{verdict}.detectable"),
                 sketch=props.get(point_property(label, size, SKETCH)),
+                limit=props.get(point_property(label, size, LIMIT), "").partition(":")[0],
+                transport=summary_cell(metrics),
             )
         )
     return rows
@@ -222,9 +236,15 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
     change of that figure with the gate's word for it. A legend line under the table says
     how to read the marks."""
     with_change = any(row.change is not None for row in rows)
+    with_limit = any(row.limit for row in rows)
+    with_transport = any(row.transport for row in rows)
     header = ["test", "benchmark", "size", "fabric", "p50", "p99", "throughput", "samples"]
     if with_change:
         header.append("vs baseline")
+    if with_limit:
+        header.append("limit")
+    if with_transport:
+        header.append("transport")
     table = [header]
     marks_column = False
     for key, members in grouped(rows, fabrics):
@@ -240,6 +260,10 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
             ]
             if with_change:
                 line.append(row.baseline_text())
+            if with_limit:
+                line.append(row.limit or "-")
+            if with_transport:
+                line.append(row.transport or "-")
             line.append(marked.get(i, ""))
             table.append(line)
     if marks_column:
@@ -259,6 +283,13 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
             "best/worst: by throughput, else p50, where the fabrics differ beyond noise "
             f"(U test p < {MARK_ALPHA:g}, gap > {MARK_MIN_GAP:.0%})"
         )
+    if with_limit:
+        legend.append(
+            "limit: what bounded the point, by the rule of the README's \"What limited a "
+            'figure" (the figures it used are in the tfgrpc.<label>.<size>.limit property)'
+        )
+    if with_transport:
+        legend.append("transport: TCP retransmissions per GB sent and drops, where not zero")
     if with_change:
         detectable = any(row.detectable is not None for row in rows)
         legend.append(

@@ -57,7 +57,9 @@ class TcpState:
     (segments, ``tcpi_total_retrans``), ``data_segs_out``, ``bytes_sent``, ``bytes_acked``,
     ``bytes_retrans``, ``bytes_received``. ``rtt_us`` and ``rttvar_us`` are the smoothed RTT
     and its mean deviation (microseconds), ``cwnd`` the congestion window (segments),
-    ``delivery_rate_Bps`` the kernel's last delivery-rate sample (bytes/s).
+    ``delivery_rate_Bps`` the kernel's last delivery-rate sample (bytes/s), ``dsack_dups`` the
+    retransmitted segments the receiver reported as duplicates (D-SACK): spurious ones, sent
+    again though never lost (a probe fired while the receiver was slow to ack).
     """
 
     local: str
@@ -73,6 +75,7 @@ class TcpState:
     rttvar_us: int
     cwnd: int
     delivery_rate_Bps: int
+    dsack_dups: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -181,6 +184,7 @@ def _tcp_state(message: Any, server_side: bool) -> TcpState | None:
         rttvar_us=int(info["tcpi_rttvar"]),
         cwnd=int(info["tcpi_snd_cwnd"]),
         delivery_rate_Bps=int(info["tcpi_delivery_rate"]),
+        dsack_dups=int(info.get("tcpi_dsack_dups") or 0),
     )
 
 

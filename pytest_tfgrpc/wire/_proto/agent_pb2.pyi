@@ -142,7 +142,7 @@ class TelemetryRequest(_message.Message):
     def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class TcpSocket(_message.Message):
-    __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps")
+    __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps", "dsack_dups")
     LOCAL_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
     SERVER_SIDE_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class TcpSocket(_message.Message):
     RTTVAR_US_FIELD_NUMBER: _ClassVar[int]
     CWND_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_RATE_BPS_FIELD_NUMBER: _ClassVar[int]
+    DSACK_DUPS_FIELD_NUMBER: _ClassVar[int]
     local: str
     remote: str
     server_side: bool
@@ -169,7 +170,8 @@ class TcpSocket(_message.Message):
     rttvar_us: int
     cwnd: int
     delivery_rate_Bps: int
-    def __init__(self, local: _Optional[str] = ..., remote: _Optional[str] = ..., server_side: _Optional[bool] = ..., retransmits: _Optional[int] = ..., data_segs_out: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_acked: _Optional[int] = ..., bytes_retrans: _Optional[int] = ..., bytes_received: _Optional[int] = ..., rtt_us: _Optional[int] = ..., rttvar_us: _Optional[int] = ..., cwnd: _Optional[int] = ..., delivery_rate_Bps: _Optional[int] = ...) -> None: ...
+    dsack_dups: int
+    def __init__(self, local: _Optional[str] = ..., remote: _Optional[str] = ..., server_side: _Optional[bool] = ..., retransmits: _Optional[int] = ..., data_segs_out: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_acked: _Optional[int] = ..., bytes_retrans: _Optional[int] = ..., bytes_received: _Optional[int] = ..., rtt_us: _Optional[int] = ..., rttvar_us: _Optional[int] = ..., cwnd: _Optional[int] = ..., delivery_rate_Bps: _Optional[int] = ..., dsack_dups: _Optional[int] = ...) -> None: ...
 
 class TelemetryReply(_message.Message):
     __slots__ = ("at_ns", "sockets", "link", "host_retransmits")
