@@ -42,8 +42,8 @@ __all__ = [
     "summarize_windows",
 ]
 
-#: Reads the server's side on its host: (address, port) -> a Reading there.
-RemoteRead = Callable[[str, int], Reading]
+#: Reads the server's side on its host: (address, port, discover) -> a Reading there.
+RemoteRead = Callable[[str, int, bool], Reading]
 
 
 @dataclass
@@ -54,9 +54,12 @@ class Window:
     end: dict[str, Reading] = field(default_factory=dict)
 
 
-def _delta_sockets(
-    start: Reading, end: Reading
-) -> list[tuple[TcpState, int, int, int, int, int, int]]:
+#: One socket's change over a window: (its state at the end, retransmits, D-SACKed ones, data
+#: segments, bytes sent, bytes acked, bytes received).
+_Delta = tuple[TcpState, int, int, int, int, int, int]
+
+
+def _delta_sockets(start: Reading, end: Reading) -> list[_Delta]:
     """Per socket open at the window's end: (its state, retransmits, spurious retransmits
     (D-SACKed), data segments, bytes sent, bytes acked, bytes received) over the window; a
     socket opened meanwhile counts from zero."""
@@ -91,6 +94,24 @@ def _link_delta(start: LinkState, end: LinkState) -> tuple[int, int, int, int]:
     )
 
 
+def _measured(window: Window) -> list[tuple[str, _Delta]]:
+    """The sockets that carried the window's traffic, with their changes: another channel to
+    the same server (the CPU probe's two Status calls) carries a few hundred bytes, the
+    measured connections at least a tenth of the busiest one's."""
+    deltas = [
+        (side, delta)
+        for side, start in window.start.items()
+        if side in window.end
+        for delta in _delta_sockets(start, window.end[side])
+    ]
+    busiest = max((d[4] + d[6] for _, d in deltas), default=0)
+    return [(side, d) for side, d in deltas if (d[4] + d[6]) * 10 >= busiest > 0]
+
+
+def _carriers(window: Window) -> set[tuple[str, str]]:
+    return {delta[0].key for _, delta in _measured(window)}
+
+
 def summarize_windows(
     windows: Sequence[Window], named_rate_Bps: float | None = None
 ) -> Transport | None:
@@ -115,15 +136,7 @@ def summarize_windows(
         nominal.append((named_rate_Bps, "named"))
     connections = 0
     for window in complete:
-        deltas = [
-            (side, delta)
-            for side, start in window.start.items()
-            for delta in _delta_sockets(start, window.end[side])
-        ]
-        # The measured connections carry the window's traffic; another channel to the same
-        # server (the CPU probe's two Status calls) carries a few hundred bytes.
-        busiest = max((d[4] + d[6] for _, d in deltas), default=0)
-        measured = [(side, d) for side, d in deltas if (d[4] + d[6]) * 10 >= busiest > 0]
+        measured = _measured(window)
         best: tuple[int, TcpState] | None = None
         clients: set[tuple[str, str]] = set()
         servers: set[tuple[str, str]] = set()
@@ -199,6 +212,8 @@ class TransportProbe:
         #: Per side (``client``, a local ``server``), the run-queue wait over the windows (ns).
         self.cpu_wait: dict[str, int] = {}
         self._pids = dict(pids or {})
+        #: The connections that carried the last window's traffic (looked up, not dumped).
+        self._carried: set[tuple[str, str]] = set()
         self._wait_start: dict[str, int] = {}
         self.errors: list[str] = []
         self._named = named_rate_Bps
@@ -218,18 +233,35 @@ class TransportProbe:
         self._started_ns = time.monotonic_ns()
         self._first = self._read().get("local")
 
-    def _read(self) -> dict[str, Reading]:
+    def _read(self, discover: bool = True) -> dict[str, Reading]:
+        """Both sides now. At a window's end (not ``discover``) the connections found at its
+        start are looked up; at its start they are too, and found anew (a dump of every
+        socket) only when none that carried the last window's traffic is still open (a
+        stream's round opens a connection of its own; unary calls keep theirs)."""
         out: dict[str, Reading] = {}
         if self._reader is None or not self._port:
             return out
         try:
-            out["local"] = self._reader.read(self._address, self._port)
+            out["local"] = self._side(self._reader.read, discover)
             if self._remote is not None:
-                out[self._remote_name] = self._remote(self._address, self._port)
+                remote = self._remote
+
+                def read_remote(address: str, port: int, *, discover: bool) -> Reading:
+                    return remote(address, port, discover)
+
+                out[self._remote_name] = self._side(read_remote, discover)
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
             return {}
         return out
+
+    def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
+        if not self._carried:
+            return read(self._address, self._port, discover=True)
+        reading = read(self._address, self._port, discover=False)
+        if discover and not self._carried & {state.key for state in reading.sockets}:
+            reading = read(self._address, self._port, discover=True)
+        return reading
 
     def _waits(self) -> dict[str, int]:
         waits = {side: run_queue_wait_ns(pid) for side, pid in self._pids.items()}
@@ -241,7 +273,9 @@ class TransportProbe:
 
     def stop(self) -> None:
         if self.windows and not self.windows[-1].end:
-            self.windows[-1].end = self._read()
+            window = self.windows[-1]
+            window.end = self._read(discover=False)
+            self._carried = _carriers(window)
             for side, ns in self._waits().items():
                 if side in self._wait_start:
                     waited = max(ns - self._wait_start[side], 0)

@@ -319,7 +319,9 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         if not 0 < request.port < 65536:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"port {request.port} is not a port")
         try:
-            reading = self._telemetry().read(request.address, request.port)
+            reading = self._telemetry().read(
+                request.address, request.port, discover=request.discover
+            )
         except (TelemetryError, OSError) as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"telemetry on {self.host}: {exc}")
         return reading_message(reading)

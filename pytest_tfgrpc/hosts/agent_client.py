@@ -193,10 +193,13 @@ class AgentClient:
         reply = self._call(self._stub.Counters, agent_pb2.LeaseRequest(driver=self.driver))
         return int(reply.rx_bytes), int(reply.tx_bytes)
 
-    def telemetry(self, address: str, port: int) -> Reading:
+    def telemetry(self, address: str, port: int, discover: bool = True) -> Reading:
         """What the agent's host knows of the connections of ``address:port`` there, and
-        its fabric's counters (:mod:`pytest_tfgrpc.wire.telemetry`)."""
-        request = agent_pb2.TelemetryRequest(driver=self.driver, address=address, port=port)
+        its fabric's counters (:mod:`pytest_tfgrpc.wire.telemetry`; ``discover`` as for
+        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`)."""
+        request = agent_pb2.TelemetryRequest(
+            driver=self.driver, address=address, port=port, discover=discover
+        )
         return reading_from_message(self._call(self._stub.Telemetry, request))
 
     def launcher(self) -> AgentLauncher:
@@ -254,10 +257,10 @@ class AgentLauncher:
         info = self.client.info
         return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
 
-    def read_telemetry(self, address: str, port: int) -> Reading:
+    def read_telemetry(self, address: str, port: int, discover: bool) -> Reading:
         """The server side of a connection, read on this agent's host."""
         try:
-            return self.client.telemetry(address, port)
+            return self.client.telemetry(address, port, discover)
         except AgentError as exc:
             raise TelemetryError(str(exc)) from None
 

@@ -6,24 +6,37 @@ address and port) in the kernel's socket diagnostics (netlink ``sock_diag``, the
 socket of this network namespace whose local or remote end is that endpoint, so both ends of a
 connection to a server on this host, and the client's end of one to a server elsewhere (the
 server's end is read on its host by its node agent). An interface's counters (bytes, drops,
-errors) and its root qdisc's drops and ``tbf`` rate come from rtnetlink (pyroute2's
-``IPRoute``); the host's count of retransmitted segments from ``/proc/net/snmp``, for when a
-connection is gone.
+errors) come from sysfs, its root qdisc's drops and ``tbf`` rate from rtnetlink; the host's
+count of retransmitted segments from ``/proc/net/snmp``, for when a connection is gone.
 
-A :class:`TelemetryReader` keeps its netlink sockets open, so a reading costs one dump
-(about a millisecond); readings are taken between timed loops, never inside them.
+Messages are pyroute2's (``inet_diag_req``/``inet_diag_msg`` with ``struct tcp_info``,
+``tcmsg`` with the qdisc's options and statistics), encoded and decoded by it; they travel on
+plain blocking netlink sockets, which a :class:`TelemetryReader` keeps open: pyroute2's own
+socket classes run an asyncio loop per request, which costs milliseconds on a loaded machine
+and cannot run inside another loop (a stream benchmark's). Readings are taken between timed
+loops, never inside them.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import struct
+import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
+from pyroute2.netlink.diag import SOCK_DIAG_BY_FAMILY, inet_diag_msg, inet_diag_req
+from pyroute2.netlink.rtnl import RTM_GETQDISC
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+NETLINK_ROUTE = 0
+NETLINK_SOCK_DIAG = 4
 
 __all__ = [
     "LinkState",
@@ -41,6 +54,7 @@ _STATES = sum(1 << state for state in (1, 4, 5, 8, 9, 11))
 #: ``idiag_ext`` bit asking for ``INET_DIAG_INFO`` (``struct tcp_info``).
 _INFO_EXT = 1 << (2 - 1)
 _SNMP = Path("/proc/net/snmp")
+_COUNTERS = ("rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 
 
 class TelemetryError(RuntimeError):
@@ -193,70 +207,144 @@ class TelemetryReader:
 
     ``interface`` is the fabric whose link counters every :meth:`read` includes (None: none).
     Use as a context manager, or :meth:`close`. Raises :class:`TelemetryError` when netlink
-    cannot be opened (not Linux; pyroute2 missing).
+    cannot be opened (not Linux).
     """
 
     def __init__(self, interface: str | None = None) -> None:
         self.interface = interface
-        # pyroute2's synchronous API runs an asyncio loop of its own, which cannot run inside
-        # another (a stream benchmark's): its sockets live on, and are read from, one thread.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfgrpc-netlink")
+        self._seq = 0
         try:
-            self._diag, self._route = self._thread.submit(_open_netlink).result()
-        except BaseException:
-            self._thread.shutdown(wait=False)
-            raise
+            self._diag = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        except (OSError, AttributeError) as exc:
+            raise TelemetryError(f"cannot open netlink for socket diagnostics: {exc}") from None
+        try:
+            self._route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        except OSError as exc:
+            self._diag.close()
+            raise TelemetryError(f"cannot open rtnetlink for qdiscs: {exc}") from None
+        # One request at a time per socket (an agent answers from several threads).
+        self._lock = threading.Lock()
+        #: Per endpoint, the sockets its last discovery found: (family, ident, server side).
+        self._known: dict[tuple[str, int], list[tuple[int, _Ident, bool]]] = {}
 
-    def sockets(self, address: str, port: int) -> tuple[TcpState, ...]:
+    def _request(
+        self, sock: socket.socket, message: Any, kind: int, *, dump: bool = True
+    ) -> list[bytes]:
+        """Send a request (a dump unless ``dump`` is false); the raw messages of its answer,
+        up to NLMSG_DONE, or the one answer of a lookup."""
+        self._seq += 1
+        message["header"]["type"] = kind
+        message["header"]["flags"] = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
+        message["header"]["sequence_number"] = self._seq
+        message.encode()
+        sock.send(message.data)
+        out: list[bytes] = []
+        while True:
+            data = sock.recv(1 << 20)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind_, _, seq, _ = struct.unpack_from("=IHHII", data, offset)
+                if length < 16:
+                    raise TelemetryError("netlink: a malformed answer")
+                if seq == self._seq:
+                    if kind_ == NLMSG_DONE:
+                        return out
+                    if kind_ == NLMSG_ERROR:
+                        (code,) = struct.unpack_from("=i", data, offset + 16)
+                        if code:
+                            raise TelemetryError(f"netlink: {os.strerror(-code)}")
+                        return out
+                    out.append(data[offset : offset + length])
+                    if not dump:
+                        return out
+                offset += (length + 3) & ~3
+
+    def sockets(self, address: str, port: int, *, discover: bool = True) -> tuple[TcpState, ...]:
         """Every TCP socket here with ``address:port`` at either end (connection states that
-        carry data), with its ``tcp_info``."""
-        return self._thread.submit(self._sockets, address, port).result()
+        carry data), with its ``tcp_info``.
 
-    def _sockets(self, address: str, port: int) -> tuple[TcpState, ...]:
+        ``discover`` dumps every TCP socket of the namespace to find them (the kernel walks
+        its whole connection table: milliseconds on a large host); without it, the sockets
+        the last discovery found are looked up one by one by their addresses (a hash lookup
+        each), and one opened since is not seen."""
+        endpoint = (address, port)
+        if discover or endpoint not in self._known:
+            return self._discover(address, port)
+        found: list[TcpState] = []
+        for family, ident, server_side in self._known[endpoint]:
+            request = _request_for(family)
+            request["idiag_sport"], request["idiag_dport"] = ident[0], ident[1]
+            request["idiag_src"], request["idiag_dst"] = ident[2], ident[3]
+            request["idiag_cookie"] = ident[4]
+            try:
+                with self._lock:
+                    raw = self._request(self._diag, request, SOCK_DIAG_BY_FAMILY, dump=False)
+            except TelemetryError:
+                continue  # closed since (ENOENT)
+            except OSError as exc:
+                raise TelemetryError(f"socket diagnostics: {exc}") from None
+            for data in raw:
+                message = inet_diag_msg(data)
+                message.decode()
+                state = _tcp_state(message, server_side=server_side)
+                if state is not None:
+                    found.append(state)
+        return tuple(found)
+
+    def _discover(self, address: str, port: int) -> tuple[TcpState, ...]:
         # gRPC opens AF_INET6 sockets and reaches IPv4 through mapped addresses
         # (::ffff:127.0.0.1): an IPv4 endpoint is looked up in both families.
         families = (socket.AF_INET6,) if ":" in address else (socket.AF_INET, socket.AF_INET6)
         want = {address, f"::ffff:{address}"}
-        messages: list[Any] = []
-        try:
-            for family in families:
-                messages.extend(
-                    self._diag.get_sock_stats(family=family, states=_STATES, extensions=_INFO_EXT)
-                )
-        except OSError as exc:
-            raise TelemetryError(f"socket diagnostics: {exc}") from None
         found: list[TcpState] = []
-        for message in messages:
-            if message["idiag_sport"] == port and message["idiag_src"] in want:
-                state = _tcp_state(message, server_side=True)
-            elif message["idiag_dport"] == port and message["idiag_dst"] in want:
-                state = _tcp_state(message, server_side=False)
-            else:
-                continue
-            if state is not None:
-                found.append(state)
+        known: list[tuple[int, _Ident, bool]] = []
+        for family in families:
+            try:
+                with self._lock:
+                    raw = self._request(self._diag, _request_for(family), SOCK_DIAG_BY_FAMILY)
+            except OSError as exc:
+                raise TelemetryError(f"socket diagnostics: {exc}") from None
+            for data in raw:
+                # The ports first (cheap: after the 16-byte header and 4 bytes of the message),
+                # then the whole message with its tcp_info.
+                sport, dport = struct.unpack_from(">HH", data, 20)
+                if port not in (sport, dport):
+                    continue
+                message = inet_diag_msg(data)
+                message.decode()
+                if message["idiag_sport"] == port and message["idiag_src"] in want:
+                    server_side = True
+                elif message["idiag_dport"] == port and message["idiag_dst"] in want:
+                    server_side = False
+                else:
+                    continue
+                state = _tcp_state(message, server_side=server_side)
+                if state is not None:
+                    found.append(state)
+                    known.append((family, _ident(data), server_side))
+        self._known[(address, port)] = known
         return tuple(found)
 
     def link(self, interface: str) -> LinkState:
-        """``interface``'s counters, root qdisc and speed now."""
-        return self._thread.submit(self._link, interface).result()
-
-    def _link(self, interface: str) -> LinkState:
+        """``interface``'s counters (sysfs), root qdisc (rtnetlink) and speed now."""
+        where = Path("/sys/class/net", interface)
         try:
-            links = self._route.get_links(ifname=interface)
-        except Exception as exc:  # pyroute2 raises NetlinkError (an OSError) or KeyError
+            index = int((where / "ifindex").read_text())
+            counters = {name: int((where / "statistics" / name).read_text()) for name in _COUNTERS}
+        except (OSError, ValueError) as exc:
             raise TelemetryError(f"interface {interface!r}: {exc}") from None
-        if not links:
-            raise TelemetryError(f"interface {interface!r}: no such interface here")
-        link = links[0]
-        stats = link.get_attr("IFLA_STATS64") or link.get_attr("IFLA_STATS") or {}
         kind, drops, rate = "", 0, None
+        request = tcmsg()
+        request["family"] = socket.AF_UNSPEC
         try:
-            qdiscs = self._route.get_qdiscs(index=link["index"])
-        except OSError:
-            qdiscs = ()
-        for qdisc in qdiscs:
-            if qdisc["parent"] != 0xFFFFFFFF:  # TC_H_ROOT: only the root qdisc
+            with self._lock:
+                raw = self._request(self._route, request, RTM_GETQDISC)
+        except (OSError, TelemetryError):
+            raw = []  # counters without the qdisc rather than nothing
+        for data in raw:
+            qdisc = tcmsg(data)
+            qdisc.decode()
+            if qdisc["index"] != index or qdisc["parent"] != 0xFFFFFFFF:  # TC_H_ROOT only
                 continue
             kind = str(qdisc.get_attr("TCA_KIND") or "")
             basic = qdisc.get_attr("TCA_STATS") or {}
@@ -265,35 +353,24 @@ class TelemetryReader:
                 rate = _tbf_rate(qdisc.get_attr("TCA_OPTIONS"))
         return LinkState(
             interface=interface,
-            rx_bytes=int(stats.get("rx_bytes", 0)),
-            tx_bytes=int(stats.get("tx_bytes", 0)),
-            rx_dropped=int(stats.get("rx_dropped", 0)),
-            tx_dropped=int(stats.get("tx_dropped", 0)),
-            rx_errors=int(stats.get("rx_errors", 0)),
-            tx_errors=int(stats.get("tx_errors", 0)),
+            **counters,
             qdisc=kind,
             qdisc_drops=drops,
             tbf_rate_Bps=rate,
             speed_bps=_speed_bps(interface),
         )
 
-    def read(self, address: str, port: int) -> Reading:
-        """One :class:`Reading` of the endpoint ``address:port`` and this reader's fabric."""
-        return self._thread.submit(self._read, address, port).result()
-
-    def _read(self, address: str, port: int) -> Reading:
+    def read(self, address: str, port: int, *, discover: bool = True) -> Reading:
+        """One :class:`Reading` of the endpoint ``address:port`` and this reader's fabric
+        (``discover``: as for :meth:`sockets`)."""
         at = time.monotonic_ns()
-        sockets = self._sockets(address, port)
-        link = self._link(self.interface) if self.interface else None
+        sockets = self.sockets(address, port, discover=discover)
+        link = self.link(self.interface) if self.interface else None
         return Reading(at, sockets, link, host_retransmits())
 
     def close(self) -> None:
-        def close_all() -> None:
-            for sock in (self._diag, self._route):
-                sock.close()
-
-        self._thread.submit(close_all).result()
-        self._thread.shutdown()
+        self._diag.close()
+        self._route.close()
 
     def __enter__(self) -> TelemetryReader:
         return self
@@ -302,21 +379,27 @@ class TelemetryReader:
         self.close()
 
 
-def _open_netlink() -> tuple[Any, Any]:
-    try:
-        from pyroute2 import DiagSocket, IPRoute
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise TelemetryError(f"cannot read socket diagnostics: {exc}") from None
-    try:
-        diag = DiagSocket()
-        diag.bind()
-    except OSError as exc:
-        raise TelemetryError(f"cannot open netlink for socket diagnostics: {exc}") from None
-    try:
-        return diag, IPRoute()
-    except OSError as exc:
-        diag.close()
-        raise TelemetryError(f"cannot open rtnetlink for link counters: {exc}") from None
+#: A socket's identity in a lookup: (sport, dport, src words, dst words, cookie).
+_Ident = tuple[int, int, tuple[int, int, int, int], tuple[int, int, int, int], int]
+
+
+def _ident(data: bytes) -> _Ident:
+    """The identity of the socket an ``inet_diag_msg`` (raw, with its netlink header)
+    describes, as a lookup request takes it back."""
+    sport, dport = struct.unpack_from(">HH", data, 20)
+    src = struct.unpack_from(">4I", data, 24)
+    dst = struct.unpack_from(">4I", data, 40)
+    (cookie,) = struct.unpack_from("=Q", data, 60)
+    return sport, dport, src, dst, cookie
+
+
+def _request_for(family: int) -> Any:
+    request = inet_diag_req()
+    request["sdiag_family"] = family
+    request["sdiag_protocol"] = socket.IPPROTO_TCP
+    request["idiag_ext"] = _INFO_EXT
+    request["idiag_states"] = _STATES
+    return request
 
 
 def _tbf_rate(options: Any) -> int | None:

@@ -132,14 +132,16 @@ class InterfaceCounters(_message.Message):
     def __init__(self, fabric: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ..., rx_dropped: _Optional[int] = ..., tx_dropped: _Optional[int] = ..., rx_errors: _Optional[int] = ..., tx_errors: _Optional[int] = ..., qdisc: _Optional[str] = ..., qdisc_drops: _Optional[int] = ..., tbf_rate_Bps: _Optional[int] = ..., speed_bps: _Optional[int] = ...) -> None: ...
 
 class TelemetryRequest(_message.Message):
-    __slots__ = ("driver", "address", "port")
+    __slots__ = ("driver", "address", "port", "discover")
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    DISCOVER_FIELD_NUMBER: _ClassVar[int]
     driver: str
     address: str
     port: int
-    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    discover: bool
+    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ...) -> None: ...
 
 class TcpSocket(_message.Message):
     __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps", "dsack_dups")
