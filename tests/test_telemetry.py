@@ -231,7 +231,7 @@ def test_grpcio_on_loopback_retransmits_nothing_and_names_a_cpu_side(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
-    result = pytester.runpytest(*STEADY, "--junitxml=perf.xml")
+    result = pytester.runpytest(*STEADY, "--junitxml=perf.xml", "--tfgrpc-html=report.html")
     result.assert_outcomes(passed=2)
     props = properties(pytester.path / "perf.xml")
     point = "tfgrpc.p2p_bandwidth.4MiB"
@@ -241,6 +241,8 @@ def test_grpcio_on_loopback_retransmits_nothing_and_names_a_cpu_side(
     assert f"{point}.efficiency" not in props  # lo has no nominal rate
     assert props[f"{point}.limit"].startswith("cpu-bound ("), props[f"{point}.limit"]
     result.stdout.fnmatch_lines(["*limit*", "*p2p_bandwidth*4MiB*cpu-bound (*)*"])
+    page = (pytester.path / "report.html").read_text()
+    assert "<th>limit</th>" in page and "cpu-bound (" in page and "_busy=" in page
 
 
 def test_the_gate_quotes_the_transport_beside_a_regression(pytester: pytest.Pytester) -> None:

@@ -166,6 +166,9 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
         change = any(r.change is not None for r in members_all)
         columns = ["p50", "p99", *(["throughput"] if rate else []), "samples"]
         columns += ["vs baseline"] if change else []
+        limits = any(r.limit for r in members_all)
+        transport = any(r.transport for r in members_all)
+        columns += (["limit"] if limits else []) + (["transport"] if transport else [])
         out = ["<table>", '<tr><th class="l" rowspan="2">size</th>']
         out += [f'<th colspan="{len(columns)}">{_e(f)}</th>' for f in seen]
         out.append("</tr><tr>")
@@ -191,6 +194,13 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
                         out.append(f"<td>{_e(value)}</td>")
                 if change:
                     out.append(f"<td>{_baseline_cell(row)}</td>")
+                if limits:
+                    used = _e(row.limit_figures)
+                    out.append(
+                        f'<td title="{used}">{_e(row.limit or "-")}<br><small>{used}</small></td>'
+                    )
+                if transport:
+                    out.append(f"<td>{_e(row.transport or '-')}</td>")
             out.append("</tr>")
         out.append("</table>")
         parts.append(f"<h3>{_e(test)} &middot; {_e(label)}</h3>")
@@ -201,7 +211,9 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
         '<p class="note">best/worst: by throughput, else p50, only where the fabrics differ '
         "beyond noise (U test on the sketched samples). vs baseline: current/baseline - 1 "
         "(+ = the figure grew), with the gate's word for it and &plusmn; the smallest change "
-        "it could detect.</p>"
+        "it could detect. limit: what bounded the size (the README's &quot;What limited a "
+        "figure&quot;), with the figures the rule used; transport: TCP retransmissions per GB "
+        "and drops, where not zero.</p>"
     )
     return "\n".join(parts) + legend
 

@@ -57,7 +57,8 @@ class SummaryRow:
     ``improvement``, ``pass``, ``inconclusive``) and ``detectable`` the smallest change the
     gate could have told from noise, when the gate recorded one. ``sketch`` is the sketch of
     the point's samples as recorded (text), for telling fabrics apart beyond noise.
-    ``limit`` is the named limit (``cpu-bound (client)``), ``transport`` what the transport
+    ``limit`` is the named limit (``cpu-bound (client)``), ``limit_figures`` the figures the
+    verdict used (``client_busy=0.97 server_busy=0.41``), ``transport`` what the transport
     saw that is not nothing (``1,204 retx/GB, 413 qdisc drops``), both empty when not read.
     """
 
@@ -74,6 +75,7 @@ class SummaryRow:
     detectable: float | None = None
     sketch: str | None = None
     limit: str = ""
+    limit_figures: str = ""
     transport: str = ""
 
     @property
@@ -135,6 +137,7 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
         if p50 is None and p99 is None and throughput is None:
             continue
         samples = metrics.get("samples")
+        limit = props.get(point_property(label, size, LIMIT), "")
         headline = "throughput" if throughput is not None else _P50["step_p50" in metrics]
         verdict = f"{PREFIX}{label}.{size}.{headline}"
         rows.append(
@@ -151,7 +154,8 @@ def summary_rows(test: str, properties: Iterable[tuple[str, object]]) -> list[Su
                 verdict=props.get(f"{verdict}.verdict"),
                 detectable=_number(props, f"{verdict}.detectable"),
                 sketch=props.get(point_property(label, size, SKETCH)),
-                limit=props.get(point_property(label, size, LIMIT), "").partition(":")[0],
+                limit=limit.partition(":")[0],
+                limit_figures=limit.partition(":")[2].strip(),
                 transport=summary_cell(metrics),
             )
         )
