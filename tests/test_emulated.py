@@ -25,7 +25,7 @@ from pytest_tfgrpc.hosts.emulated import (
 )
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 
-FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=4")
+FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=4")
 Hosts = Callable[..., EmulatedHosts]
 FABRIC = (sys.executable, "-m", "pytest_tfgrpc.cli.fabric")  # tfgrpc-fabric
 
@@ -372,7 +372,7 @@ def test_the_node_acceptance_suite_rejects_a_slow_node(
     suite = Path(__file__).parent.parent / "example_suites" / "node_acceptance" / "test_node.py"
     pytester.makepyfile(test_node=suite.read_text())
     good = pytester.path / "good.xml"
-    gated = ("--tfgrpc-iterations=12", "--tfgrpc-warmup=1", "--tfgrpc-max-time=6")
+    gated = ("--tfgrpc-iterations=12", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=6")
     first = pytester.runpytest_subprocess(
         *gated, *hosts.pytest_args(["good", "peer"]), f"--junitxml={good}", timeout=300
     )

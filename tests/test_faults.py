@@ -713,7 +713,7 @@ def test_accepted():
         seconds=60,
         lines=(
             "*DEADLINE_EXCEEDED: the deadline was 11 s (10 s slack + run bound 1 s*"
-            "raise it with --tfgrpc-max-time*",
+            "raise it with --tfgrpc-max-seconds*",
         ),
     ),
     Case(

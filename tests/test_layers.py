@@ -20,6 +20,7 @@ LAYERS = (
     "roles",
     "tuning | native | model | wire",
     "results",
+    "metrics",
     "stats | units",
 )
 LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"

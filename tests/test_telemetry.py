@@ -224,7 +224,7 @@ def test_bandwidth(tfgrpc, server):
 def test_echo(tfgrpc, server):
     tfgrpc.p2p_latency(server)
 """
-STEADY = ("--tfgrpc-iterations=40", "--tfgrpc-warmup=3", "--tfgrpc-max-time=2")
+STEADY = ("--tfgrpc-iterations=40", "--tfgrpc-warmup=3", "--tfgrpc-max-seconds=2")
 
 
 def test_grpcio_on_loopback_retransmits_nothing_and_names_a_cpu_side(

@@ -38,7 +38,7 @@ def run_bandwidth(
     pytester.makepyfile(BANDWIDTH_SUITE.format(size=size))
     xml = pytester.path / "perf.xml"
     result = pytester.runpytest_subprocess(
-        "--tfgrpc-iterations=10", "--tfgrpc-warmup=1", "--tfgrpc-max-time=3",
+        "--tfgrpc-iterations=10", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=3",
         *hosts.pytest_args(), f"--junitxml={xml}", *args, timeout=240,
     )  # fmt: skip
     result.assert_outcomes(passed=1)
@@ -80,8 +80,8 @@ def test_a_call_that_breaks_says_what_the_transport_saw(
     shape(hosts, "broken", limit="3000")
     pytester.makepyfile(BANDWIDTH_SUITE.format(size="1MiB"))
     result = pytester.runpytest_subprocess(
-        "--tfgrpc-iterations=4", "--tfgrpc-warmup=1", "--tfgrpc-max-time=1",
-        "--tfgrpc-warmup-time=1", *hosts.pytest_args(), timeout=240,
+        "--tfgrpc-iterations=4", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=1",
+        "--tfgrpc-warmup-seconds=1", *hosts.pytest_args(), timeout=240,
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.re_match_lines(

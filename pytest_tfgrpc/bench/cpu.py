@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import os
-import resource
 from pathlib import Path
 
-from pytest_tfgrpc.results import CpuTime
+from pytest_tfgrpc.results import CpuTime, process_cpu_ns
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import open_channel
-
-
-def _client_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
 
 
 def run_queue_wait_ns(pid: int) -> int | None:
@@ -50,7 +44,7 @@ class CpuProbe:
 
     def _read(self) -> tuple[int, int, int, int]:
         status = service_pb2.ServerStatus.FromString(self._status(b"", timeout=10))
-        return (*_client_ns(), status.cpu_user_ns, status.cpu_system_ns)
+        return (*process_cpu_ns(), status.cpu_user_ns, status.cpu_system_ns)
 
     def start(self) -> None:
         self._start = self._read()

@@ -11,26 +11,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Progress, Transfer
 from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
-from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
+from pytest_tfgrpc.bench.specs import MessageSpec, RunLayer, SpecError, resolve_run, run_layer
 from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
-from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
+from pytest_tfgrpc.report.record import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
 from pytest_tfgrpc.tuning.cpus import (
@@ -47,16 +44,6 @@ from pytest_tfgrpc.wire.schemes import Payload
 Recorder = Callable[[str, str], None]
 
 
-class RunArgs(TypedDict, total=False):
-    """Run settings every benchmark call takes (over the options and the marker)."""
-
-    iterations: int
-    warmup: int
-    max_seconds: float
-    warmup_seconds: float
-    duration: float
-
-
 R = TypeVar("R", bound=BenchmarkResult)
 C = TypeVar("C", bound=Transfer)
 
@@ -66,11 +53,12 @@ class Driver:
 
     ``test_placement`` gives the test's model profile placed on its topology (the plugin
     makes it once per test), which PS calls use for that profile instead of placing it again.
-    Every call also takes the run settings of :class:`RunArgs` (``iterations``, ``warmup``,
-    ``max_seconds``, ``warmup_seconds``, ``duration``), over the options and the test's
-    ``tfgrpc_run`` marker. Each call returns a frozen
-    :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures
-    become JUnit properties at once (so a later failure in the test loses none), and the
+    Every call also takes the run settings (:data:`~pytest_tfgrpc.bench.specs.RUN_SETTINGS`:
+    ``iterations``, ``warmup``, ``duration``, ``max_seconds``, ``warmup_seconds``) as
+    keywords, over ``run``: the layers the plugin resolved from the ini file, the options and
+    the test's ``tfgrpc_run`` marker (:func:`~pytest_tfgrpc.bench.specs.resolve_run`). Each
+    call returns a frozen :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures become
+    JUnit properties at once (so a later failure in the test loses none), and the
     test's ``@budget`` marker, if any, is checked against it.
     """
 
@@ -80,8 +68,8 @@ class Driver:
         test: str,
         messages: MessageSpec | None,
         budget: Budget | None,
-        options: RunOverrides,
         record: Recorder,
+        run: Sequence[RunLayer] = (),
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
         engine: Engine | None = None,
@@ -93,7 +81,7 @@ class Driver:
         self._test = test
         self._messages = messages
         self._budget = budget
-        self._options = options
+        self._run_layers = tuple(run)
         self._record = record
         self._progress = progress
         self._server_env = server_env
@@ -155,11 +143,9 @@ class Driver:
 
         return progress
 
-    def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
-        unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
-        if unknown:
-            raise SpecError(f"{call}() got an unexpected argument {unknown[0]!r}")
-        return run_spec(default, self._options, dict(arguments), f"{call}()")
+    def _run(self, default: RunSpec, call: str, arguments: Mapping[str, object]) -> RunSpec:
+        layer = run_layer(f"{call}()", arguments)
+        return resolve_run(default, (*self._run_layers, layer))
 
     def p2p_latency(
         self,
@@ -171,7 +157,7 @@ class Driver:
         label: str | None = None,
         floor: bool = False,
         engine: str | None = None,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
@@ -218,7 +204,7 @@ class Driver:
         sizes: Any,
         label: str | None,
         floor: bool,
-        run_args: RunArgs,
+        run_args: Mapping[str, float | str],
         *,
         streams: int | None = 1,
         **options: Any,
@@ -266,14 +252,13 @@ class Driver:
                         server, messages, streams=count, **options
                     )
                     for each in both.streams:
-                        self.record(_placed(self._engine_result(each, measuring), server))
-                    aggregate = self._engine_result(both.aggregate, measuring)
-                    result = self.record(_placed(aggregate, server))
+                        self.record(self._engine_result(each, measuring, server))
+                    result = self.record(self._engine_result(both.aggregate, measuring, server))
                 else:
                     result = self._keeping_partial(
                         measuring, benchmark, server, messages, measure, placed=server
                     )
-                    result = self.record(_placed(self._engine_result(result, measuring), server))
+                    result = self.record(self._engine_result(result, measuring, server))
                 if floor_launcher is not None:
                     # The floor server on the measured server's CPUs if that one was pinned.
                     floor_result = transport_floor(
@@ -284,17 +269,23 @@ class Driver:
                         launcher=floor_launcher,
                         pin=server_pinned(getattr(server, "pid", None)),
                     )
-                    self.record(_placed(floor_result, server))
+                    placed = {**floor_result.settings, **_placement(server)}
+                    self.record(replace(floor_result, settings=MappingProxyType(placed)))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
         return result
 
-    def _engine_result(self, result: R, engine: Engine | None = None) -> R:
+    def _engine_result(
+        self, result: R, engine: Engine | None = None, server: Server | None = None
+    ) -> R:
         """``result`` with the engine that measured it (and the engine's settings) recorded:
         the engine the result names, if it names one (a PS benchmark names its workers'
-        engine), else the engine that was asked."""
+        engine), else the engine that was asked; with ``server`` (P2P), the CPU placement it
+        was measured under too. The result is rebuilt once, whatever it adds."""
         engine = engine or self.engine
         settings = {**engine.settings(), "engine": engine.name, **result.settings}
+        if server is not None:
+            settings.update(_placement(server))
         return replace(result, settings=MappingProxyType(settings))
 
     @staticmethod
@@ -324,7 +315,7 @@ class Driver:
         floor: bool = False,
         engine: str | None = None,
         streams: int | None = None,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
@@ -374,7 +365,7 @@ class Driver:
         *,
         mode: str = "raw",
         label: str | None = None,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> PSResult:
         """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see README.
 
@@ -420,7 +411,7 @@ class Driver:
         check: bool = False,
         label: str | None = None,
         model: bool = True,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> PSResult:
         """Synchronous SGD steps of a model profile on the cluster; see the README.
 
@@ -502,8 +493,7 @@ class Driver:
             if partial is not None and partial.label not in self._labels:
                 # The failure that interrupted the sweep is the one to report, not a budget.
                 with contextlib.suppress(BudgetExceeded):
-                    partial = self._engine_result(partial, engine)
-                    self.record(partial if placed is None else _placed(partial, placed))
+                    self.record(self._engine_result(partial, engine, placed))
             raise
 
     def _check_label(self, label: str) -> None:
@@ -539,8 +529,7 @@ class Driver:
         return result
 
 
-def _placed(result: R, server: Server) -> R:
-    """``result`` with the CPU placement its P2P figures were measured under recorded: the
-    client's, and whether this host pinned ``server``."""
-    placement = result_placement(getattr(server, "pid", None))
-    return replace(result, settings=MappingProxyType({**result.settings, **placement}))
+def _placement(server: Server) -> dict[str, str]:
+    """The CPU placement P2P figures were measured under: the client's, and whether this host
+    pinned ``server``."""
+    return dict(result_placement(getattr(server, "pid", None)))

@@ -28,8 +28,8 @@ from pytest_tfgrpc.bench.native_p2p import native_settings, run_native, size_res
 from pytest_tfgrpc.bench.p2p import BandwidthCall, Message, _check_messages, p2p_result
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import Samples
+from pytest_tfgrpc.metrics import stream_label
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
-from pytest_tfgrpc.report.metrics import stream_label
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload

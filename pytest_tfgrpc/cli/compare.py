@@ -16,13 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pytest_tfgrpc.report.compare import (
-    Outcome,
-    compare_runs,
-    format_comparison,
-    short_history_warning,
-)
+from pytest_tfgrpc.report.compare import compare_runs, format_comparison, short_history_warning
 from pytest_tfgrpc.report.junit import BaselineError, load_baseline, load_history
+from pytest_tfgrpc.report.record import Outcome
 from pytest_tfgrpc.report.tolerance import DEFAULT_TOLERANCE, ToleranceError, parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA, DEFAULT_RESAMPLES, MAX_RESAMPLES
 

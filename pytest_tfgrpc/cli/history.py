@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from pytest_tfgrpc.metrics import GATED
 from pytest_tfgrpc.report.history import (
     DEFAULT_MAX_PVALUE,
     DEFAULT_WINDOW,
@@ -22,7 +23,6 @@ from pytest_tfgrpc.report.history import (
     trends,
 )
 from pytest_tfgrpc.report.junit import BaselineError, load_history
-from pytest_tfgrpc.report.metrics import GATED
 from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS
 
 PROG = "tfgrpc-history"

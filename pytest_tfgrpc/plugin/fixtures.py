@@ -220,7 +220,7 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine, tfgrpc_streams
         test=item.nodeid,
         messages=specs.messages,
         budget=specs.budget,
-        options=session.options.merged(specs.run),
+        run=(*session.run, specs.run),
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,

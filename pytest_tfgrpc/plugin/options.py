@@ -9,18 +9,20 @@ from typing import Any
 
 import pytest
 
-from pytest_tfgrpc.report.metrics import BUDGET_METRICS
+from pytest_tfgrpc.metrics import BUDGET_METRICS
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES
 
 FABRIC_HELP = (
     "network interfaces to bind tensor servers to, e.g. lo,eth0,ib0 (repeatable; "
     "default: lo). A fabric-bound test runs once per fabric."
 )
-RUN_OPTIONS = {
+#: The help of each run setting's option (``--tfgrpc-<name>``): the names are
+#: ``bench.specs.RUN_SETTINGS``, one spelling for options, ini, marker and calls.
+RUN_HELP = {
     "iterations": "timed operations per message size (overrides each benchmark's default)",
     "warmup": "untimed warm-up operations per message size",
-    "max_time": "stop measuring a message size after S seconds, whatever the count",
-    "warmup_time": "stop warming up after S seconds, whatever the count",
+    "max_seconds": "stop measuring a message size after S seconds, whatever the count",
+    "warmup_seconds": "stop warming up after S seconds, whatever the count",
     "duration": "time-based runs: measure each message size for S seconds",
 }
 ALLOCATOR_HELP = (
@@ -278,7 +280,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME[,NAME...]",
     )
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
-    for name, help_text in RUN_OPTIONS.items():
+    for name, help_text in RUN_HELP.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
         metavar = "N" if name in ("iterations", "warmup") else "S"  # counts; seconds
         _add(group, parser, (flag,), f"tfgrpc_{name}", help_text, metavar=metavar)

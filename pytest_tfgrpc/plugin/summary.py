@@ -10,42 +10,31 @@ from collections.abc import Callable, Mapping, Sequence
 import pytest
 from _pytest.junitxml import xml_key
 
-from pytest_tfgrpc.report.gate import (
-    BaselineGate,
-    compared_count,
-    finish_lines,
-    unmatched_figures,
-)
+from pytest_tfgrpc.report.gate import BaselineGate, finish_lines, unmatched_figures
 from pytest_tfgrpc.report.html import HtmlRun, write_html
 from pytest_tfgrpc.report.plot import PlotUnavailableError, write_plots
-from pytest_tfgrpc.report.properties import (
+from pytest_tfgrpc.report.record import (
     LOOPBACK,
-    META_PREFIX,
     PATH,
-    PREFIX,
-    ROUNDS,
-    parse_rounds,
+    Outcome,
+    TestRecord,
+    gate_properties,
+    read_record,
 )
 from pytest_tfgrpc.report.results_file import ResultLog
-from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
+from pytest_tfgrpc.report.summary import (
+    SummaryRow,
+    format_ps_loads,
+    format_summary,
+    summary_rows,
+)
 from pytest_tfgrpc.stats.replicates import UNSTABLE_CV, instability
 
 REPORTER_NAME = "tfgrpc-summary"
 
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "error": 2, "failed": 3}
-
-
-def _detection(properties: dict[str, object], verdict: str) -> str:
-    base = verdict.removesuffix(".verdict")
-    try:
-        change = float(str(properties.get(f"{base}.change", "nan")))
-        detectable = float(str(properties.get(f"{base}.detectable", "nan")))
-    except ValueError:
-        return ""
-    moved = f"{change:+.1%}" if math.isfinite(change) else "change n/a"
-    could = f"could detect >= {detectable:.1%}" if math.isfinite(detectable) else "no test ran"
-    return f"{moved}, {could}"
-
+#: The test's own metadata key that says it waited for another run's measurements.
+_HOST_WAIT = "host_wait"
 
 #: Said once after the ``unstable:`` lines.
 UNSTABLE_LEGEND = (
@@ -55,26 +44,38 @@ UNSTABLE_LEGEND = (
 )
 
 
-def unstable_rounds(nodeid: str, properties: Sequence[tuple[str, object]]) -> list[str]:
+def unstable_rounds(record: TestRecord) -> list[str]:
     """One warning per point whose rounds' p50 or throughput varies more than pyperf allows
     (standard deviation above :data:`UNSTABLE_CV` of the mean), naming each figure that
     does; :data:`UNSTABLE_LEGEND` says what that means."""
     out = []
-    for name, value in properties:
-        if not str(name).startswith(PREFIX) or not str(name).endswith(f".{ROUNDS}"):
-            continue
-        try:
-            rounds = parse_rounds(str(value))
-        except ValueError:
-            continue
+    for m in record.measurements:
         varying = []
         for metric in ("p50", "throughput"):
-            cv = instability(rounds.get(metric, ()))
+            cv = instability(m.rounds.get(metric, ()))
             if math.isfinite(cv) and cv > UNSTABLE_CV:
                 varying.append(f"{metric} {cv:.0%}")
         if varying:
-            point = str(name).removeprefix(PREFIX).removesuffix(f".{ROUNDS}")
-            out.append(f"unstable: {nodeid} {point}: {', '.join(varying)} between rounds (CV)")
+            out.append(
+                f"unstable: {record.test} {m.key.figure}: {', '.join(varying)} between rounds (CV)"
+            )
+    return out
+
+
+def _notes(record: TestRecord) -> list[str]:
+    """A line per verdict: why, for each one other than a pass; what it could see, for a pass."""
+    out = []
+    for v in record.verdicts:
+        if v.outcome is Outcome.PASS:
+            moved = v.change_text() if math.isfinite(v.change) else "change n/a"
+            could = (
+                f"could detect >= {v.threshold:.1%}"
+                if math.isfinite(v.threshold)
+                else "no test ran"
+            )
+            out.append(f"pass: {record.test} {v.figure} {moved}, {could}")
+        else:
+            out.append(f"{v.outcome.value}: {record.test} {v.figure} {v.reason}")
     return out
 
 
@@ -95,8 +96,8 @@ class SummaryReporter:
     ) -> None:
         self.fabrics = tuple(fabrics)
         self.junit_name = junit_name
-        #: JUnit id -> properties of every test that reported, and the deselected tests' ids.
-        self.ran: dict[str, list[tuple[str, object]]] = {}
+        #: JUnit id -> the record of every test that reported, and the deselected tests' ids.
+        self.ran: dict[str, TestRecord] = {}
         self.deselected: set[str] = set()
         self.compared = 0
         self.coverage: list[str] = []
@@ -112,9 +113,8 @@ class SummaryReporter:
         self.rows: list[SummaryRow] = []
         self.verdicts: dict[str, int] = {}
         self.notes: list[str] = []
-        self.figures: dict[str, list[tuple[str, object]]] = {}
-        #: ``tfgrpc.path`` of every measuring test: did its traffic cross the fabric?
-        self.paths: dict[str, str] = {}
+        #: Node id -> the record of every test that recorded anything.
+        self.records: dict[str, TestRecord] = {}
         self._outcomes: dict[str, tuple[str, float]] = {}
 
     def _track(self, report: pytest.TestReport) -> tuple[str, float]:
@@ -132,9 +132,9 @@ class SummaryReporter:
         self.deselected.update(self.junit_name(item.nodeid) for item in items)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        props = self.ran.setdefault(self.junit_name(report.nodeid), [])
-        if report.when in ("call", "teardown"):
-            props[:] = list(report.user_properties)
+        junit = self.junit_name(report.nodeid)
+        if self.gate is not None and (report.when == "teardown" or junit not in self.ran):
+            self.ran[junit] = read_record(junit, report.user_properties)
         outcome, duration = self._track(report)
         if report.when != "teardown":
             return
@@ -147,31 +147,24 @@ class SummaryReporter:
                 duration=duration,
                 properties=report.user_properties,
                 worker=getattr(report, "worker_id", None),
+                junit=junit,
             )
-        self.compared += compared_count(report.user_properties)
-        self.waits += [
-            f"tfgrpc: {report.nodeid} {value}"
-            for name, value in report.user_properties
-            if name == f"{META_PREFIX}host_wait"
-        ]
         if not report.user_properties:
             return
-        self.figures[report.nodeid] = list(report.user_properties)
-        self.unstable.extend(unstable_rounds(report.nodeid, report.user_properties))
-        self.rows.extend(summary_rows(report.nodeid, report.user_properties))
-        properties = dict(report.user_properties)
-        if PATH in properties:
-            self.paths[report.nodeid] = str(properties[PATH])
-        for name, value in report.user_properties:
-            if not str(name).endswith(".verdict"):
-                continue
-            self.verdicts[str(value)] = self.verdicts.get(str(value), 0) + 1
-            figure = str(name).removeprefix(PREFIX).removesuffix(".verdict")
-            if value not in ("pass", "no baseline"):
-                reason = properties.get(f"{name}_reason", "")
-                self.notes.append(f"{value}: {report.nodeid} {figure} {reason}")
-            elif value == "pass":
-                self.notes.append(f"pass: {report.nodeid} {figure} {_detection(properties, name)}")
+        record = read_record(report.nodeid, report.user_properties)
+        self.compared += record.compared
+        if _HOST_WAIT in record.meta:
+            self.waits.append(f"tfgrpc: {report.nodeid} {record.meta[_HOST_WAIT]}")
+        self.records[report.nodeid] = record
+        self.unstable.extend(unstable_rounds(record))
+        self.rows.extend(summary_rows(record))
+        for v in record.verdicts:
+            self.verdicts[v.outcome.value] = self.verdicts.get(v.outcome.value, 0) + 1
+        if record.unjudged:
+            self.verdicts["no baseline"] = self.verdicts.get("no baseline", 0) + len(
+                record.unjudged
+            )
+        self.notes += _notes(record)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -183,12 +176,9 @@ class SummaryReporter:
         self.coverage, self.gate_failure = finish_lines(self.gate, unmatched, self.compared)
         logxml = session.config.stash.get(xml_key, None)
         if logxml is not None:
-            logxml.add_global_property(f"{PREFIX}gate.compared", str(self.compared))
-            logxml.add_global_property(f"{PREFIX}gate.not_compared", str(len(unmatched)))
-            for u in unmatched:
-                logxml.add_global_property(f"{PREFIX}gate.not_compared.item", u.describe())
-            if self.gate_failure:
-                logxml.add_global_property(f"{PREFIX}gate.failure", self.gate_failure)
+            totals = [u.describe() for u in unmatched]
+            for name, value in gate_properties(self.compared, totals, self.gate_failure):
+                logxml.add_global_property(name, value)
         if self.gate_failure and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -199,23 +189,26 @@ class SummaryReporter:
             terminalreporter.write_sep("=", "tfgrpc")  # section() would leave a blank line
             for line in format_summary(self.rows, self.fabrics):
                 terminalreporter.write_line(line)
+            for line in format_ps_loads(self.rows):
+                terminalreporter.write_line(line)
             for line in self.unstable:
                 terminalreporter.write_line(line, yellow=True)
             if self.unstable:
                 terminalreporter.write_line(UNSTABLE_LEGEND, yellow=True)
-        loopback = sum(path.startswith(LOOPBACK) for path in self.paths.values())
+        paths = [record for record in self.records.values() if record.path]
+        loopback = sum(record.loopback for record in paths)
         if loopback:
             terminalreporter.write_line(
-                f"tfgrpc: {loopback} of {len(self.paths)} measuring tests went through loopback"
+                f"tfgrpc: {loopback} of {len(paths)} measuring tests went through {LOOPBACK}"
                 " (servers and clients on one host), whatever their fabric's name; see the"
                 f" {PATH} property",
                 yellow=True,
             )
         if self.results is not None:
             terminalreporter.write_line(f"tfgrpc: results appended to {self.results.path}")
-        if self.plot_dir is not None and self.figures:
+        if self.plot_dir is not None and self.records:
             try:
-                written = write_plots(self.figures, self.plot_dir)
+                written = write_plots(self.records, self.plot_dir)
             except PlotUnavailableError as exc:
                 terminalreporter.write_line(f"tfgrpc: no plots: {exc}", yellow=True)
             else:
@@ -241,7 +234,7 @@ class SummaryReporter:
     def _write_html(self, terminalreporter: pytest.TerminalReporter) -> None:
         assert self.html_path is not None
         run = HtmlRun(
-            figures=self.figures,
+            records=self.records,
             outcomes=self.outcomes,
             fabrics=self.fabrics,
             meta=self.meta,

@@ -11,7 +11,7 @@ few samples to test at all, is **inconclusive**. A zero, negative, NaN or infini
 A figure measured in rounds (P2P) is tested across rounds and runs, not samples
 (:func:`~pytest_tfgrpc.stats.replicates.replicate_test`; a baseline may be a history of runs).
 Otherwise how each figure is tested is the registry's
-(:class:`~pytest_tfgrpc.report.metrics.GateTest`), on the sketched samples:
+(:class:`~pytest_tfgrpc.metrics.GateTest`), on the sketched samples:
 
 - central figures (``p50``, ``mean``, ``step_p50``, ``step_mean``) and rates (``throughput``,
   ``throughput_p50``, ``rpc_rate``, ``step_rate``): the Mann-Whitney U test
@@ -34,15 +34,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from pytest_tfgrpc.report.junit import Baseline, Key, Measurement, measurements_from_properties
-from pytest_tfgrpc.report.metrics import GATED, GateTest
-from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
+from pytest_tfgrpc.metrics import GATED, GateTest
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.record import (
+    Key,
+    Measurement,
+    Outcome,
+    TestRecord,
+    Verdict,
+    sketch_property,
+)
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.telemetry_text import gate_context
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
@@ -62,11 +68,10 @@ from pytest_tfgrpc.stats.significance import (
     mann_whitney_u_sketches,
 )
 from pytest_tfgrpc.stats.sketch import Sketch
+from pytest_tfgrpc.units import align_columns
 
 __all__ = [
     "Comparison",
-    "Outcome",
-    "Verdict",
     "compare_figure",
     "compare_runs",
     "compare_test",
@@ -74,7 +79,6 @@ __all__ = [
     "min_samples",
     "short_history_warning",
     "typical_run_spread",
-    "verdict_properties",
 ]
 
 
@@ -98,64 +102,6 @@ def min_samples(metric: str) -> int:
         return 0
     quantile = gated.quantile if gated.gate is GateTest.BOOTSTRAP else None
     return significance.min_samples(quantile)
-
-
-class Outcome(str, Enum):
-    """What a comparison of one figure concluded."""
-
-    PASS = "pass"
-    REGRESSION = "regression"
-    IMPROVEMENT = "improvement"
-    INCONCLUSIVE = "inconclusive"
-    #: A figure that cannot be a measurement: zero, negative, NaN or infinite.
-    INVALID = "invalid"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The outcome of one figure's comparison, with the numbers behind it.
-
-    ``baseline`` and ``current`` are in the metric's base unit (``unit``: ns or B/s); ``change``
-    is ``current / baseline - 1`` (NaN when undefined). ``method`` names the test
-    (``mann-whitney-u`` or ``bootstrap``, empty when none ran); ``p_value`` is the U test's,
-    ``ci`` the bootstrap interval of the relative change at level ``1 - alpha``. ``reason`` is
-    one line for people. ``detectable`` is the smallest relative change (a fraction, either
-    way) this figure's noise would let the test call significant, NaN when no test ran; a
-    regression also needs the change beyond ``tolerance``, so the gate sees changes beyond
-    ``max(tolerance, detectable)`` (:attr:`threshold`). ``runs`` counts the baseline runs
-    the verdict drew on.
-    """
-
-    key: Key
-    metric: str
-    outcome: Outcome
-    baseline: float
-    current: float
-    change: float
-    tolerance: float
-    unit: str
-    baseline_samples: int
-    current_samples: int
-    reason: str
-    method: str = ""
-    p_value: float | None = None
-    ci: tuple[float, float] | None = None
-    alpha: float = DEFAULT_ALPHA
-    detectable: float = math.nan
-    runs: int = 1
-
-    @property
-    def threshold(self) -> float:
-        """The smallest change the gate would flag: the tolerance or, when larger, what the
-        noise lets the test detect (NaN when no test could run)."""
-        return max(self.tolerance, self.detectable) if math.isfinite(self.detectable) else math.nan
-
-    def detection(self) -> str:
-        """``could detect >= 12.3%``, or why it could not detect anything."""
-        if not math.isfinite(self.threshold):
-            return "could detect: nothing (no test ran)"
-        noise = f"noise {self.detectable:.1%}" if self.detectable > self.tolerance else "tolerance"
-        return f"could detect >= {self.threshold:.1%} ({noise})"
 
 
 def _pct(x: float) -> str:
@@ -283,7 +229,7 @@ def compare_figure(
             return verdict(
                 inconclusive,
                 f"the {name} has no sketch of its samples to test significance "
-                f"(property {PREFIX}{m.key.label}.{m.key.size}.{SKETCH})",
+                f"(property {sketch_property(m.key)})",
             )
     assert baseline.sketch is not None and current.sketch is not None
     needed = min_samples(metric)
@@ -592,8 +538,7 @@ def compare_runs(
 
 def compare_test(
     baseline: Baseline | Sequence[Baseline],
-    test: str,
-    properties: Iterable[tuple[str, object]],
+    record: TestRecord,
     tolerances: Mapping[str, float],
     *,
     alpha: float = DEFAULT_ALPHA,
@@ -601,16 +546,17 @@ def compare_test(
     seed: int = 0,
     spread_floor: float | None = None,
 ) -> Comparison:
-    """Compare one finished test, from its properties, with its baseline measurements
-    (``test`` is its JUnit id, :func:`junit_test_id`; ``baseline`` one run or a history,
+    """Compare one finished test, from its record (read under its JUnit id,
+    :func:`~pytest_tfgrpc.report.record.junit_test_id`), with its baseline measurements
+    (``baseline`` one run or a history,
     oldest first). ``missing`` lists what the most recent baseline run measured for this test
     and the test no longer did; ``new`` what no baseline run has. Setup mismatches are the
     caller's to check once per run (:func:`check_metadata`). ``spread_floor`` is the
     history's :func:`typical_run_spread` (computed when None: pass it when judging many
     tests against one history)."""
     runs = _history(baseline)
-    current = measurements_from_properties(test, properties)
-    history = [run.for_test(test) for run in runs]
+    current = record.by_key()
+    history = [run.for_test(record.test) for run in runs]
     floor = typical_run_spread(runs, tolerances) if spread_floor is None else spread_floor
     verdicts, mismatches = _compare_measurements(
         history, current, tolerances, alpha, resamples, seed, floor
@@ -622,28 +568,6 @@ def compare_test(
         tuple(sorted(current.keys() - known, key=Key.order)),
         tuple(mismatches),
     )
-
-
-def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
-    """JUnit properties of a test's verdicts: ``tfgrpc.<label>.<size>.<metric>.verdict`` (the
-    outcome: pass, regression, improvement or inconclusive), ``...<metric>.verdict_reason``
-    (its one-line reason), ``...<metric>.change`` (current / baseline - 1, when defined) and
-    ``...<metric>.detectable`` (the smallest change the gate could flag, :attr:`Verdict.threshold`,
-    when a test ran);
-    and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each measurement the baseline
-    lacks."""
-    out = []
-    for v in comparison.verdicts:
-        name = f"{PREFIX}{v.key.label}.{v.key.size}.{v.metric}"
-        out.append((f"{name}.verdict", v.outcome.value))
-        out.append((f"{name}.verdict_reason", v.reason))
-        if math.isfinite(v.change):
-            out.append((f"{name}.change", fraction_value(v.change)))
-        if math.isfinite(v.threshold):
-            out.append((f"{name}.detectable", fraction_value(v.threshold)))
-    for key in comparison.new:
-        out.append((f"{PREFIX}{key.label}.{key.size}.verdict", "no baseline"))
-    return out
 
 
 def _format_value(value: float, metric: str) -> str:
@@ -678,12 +602,7 @@ def format_comparison(comparison: Comparison, *, reasons: bool = True) -> list[s
         )
     lines = []
     if comparison.verdicts:
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        for row in table:
-            cells = [c.ljust(w) for c, w in zip(row[:5], widths[:5], strict=True)]
-            cells += [c.rjust(w) for c, w in zip(row[5:9], widths[5:9], strict=True)]
-            cells.append(row[9])
-            lines.append("  ".join(cells).rstrip())
+        lines = align_columns(table, left=5)
     else:
         lines.append("no figure in common to compare")
     if not reasons:

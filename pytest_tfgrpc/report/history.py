@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_tfgrpc.report.junit import Baseline, Key
-from pytest_tfgrpc.report.metrics import GATED
+from pytest_tfgrpc.metrics import GATED
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.record import Key
 from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS
 
 __all__ = [

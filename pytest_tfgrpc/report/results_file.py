@@ -144,8 +144,12 @@ class ResultLog:
         properties: Properties = (),
         when: str = "call",
         worker: str | None = None,
+        junit: str | None = None,
     ) -> dict[str, Any]:
         """Write one finished test; return the record as written.
+
+        ``junit`` is the test's JUnit id (``--junit-prefix`` included), which a baseline read
+        from this file names the test by (else it is derived from ``test``, without prefix).
 
         ``properties`` are the test's ``(name, value)`` pairs (``item.user_properties``) or a
         mapping; values are made plain JSON (:func:`plain`). A name given twice keeps its
@@ -160,6 +164,8 @@ class ResultLog:
             "when": str(when),
             "worker": None if worker is None else str(worker),
         }
+        if junit is not None:
+            record["junit"] = str(junit)
         if self.run_id:
             record["run"] = self.run_id
         if repeated:

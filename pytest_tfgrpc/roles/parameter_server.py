@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hmac
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY
@@ -88,11 +88,6 @@ def apply_update(weights: Floats, total: Floats, learning_rate: float, workers: 
     np.subtract(weights, scale * total, out=weights)
 
 
-def _cpu_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
-
-
 class _Job:
     """One configured job: shard weights and accumulators, and the step state."""
 
@@ -121,7 +116,7 @@ class _Job:
 
     def start_measuring(self) -> None:
         if self.cpu_start is None:
-            self.cpu_start = _cpu_ns()
+            self.cpu_start = process_cpu_ns()
 
     def decide_next(self) -> str:
         """The chief's schedule: what the step after the one just applied is."""
@@ -199,7 +194,7 @@ class ParameterServer:
     def _stats(self, job: _Job) -> service_pb2.PSJobStats:
         user, system = 0, 0
         if job.cpu_start is not None:
-            now = _cpu_ns()
+            now = process_cpu_ns()
             user, system = now[0] - job.cpu_start[0], now[1] - job.cpu_start[1]
         return service_pb2.PSJobStats(
             job_id=job.spec.job_id,

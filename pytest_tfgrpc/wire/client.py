@@ -53,7 +53,7 @@ ASSUMED_RATE_BPS: Final = 1e6
 SPEED_SHARE: Final = 0.5
 #: How to give a run more time, for deadline errors.
 RAISE_HINT: Final = (
-    "raise it with --tfgrpc-max-time / --tfgrpc-warmup-time (ini tfgrpc_max_time) or "
+    "raise it with --tfgrpc-max-seconds / --tfgrpc-warmup-seconds (ini tfgrpc_max_seconds) or "
     "@pytest.mark.tfgrpc_run(max_seconds=..., warmup_seconds=...)"
 )
 

@@ -294,7 +294,9 @@ class TelemetryReader:
     def _discover(self, address: str, port: int) -> tuple[TcpState, ...]:
         # gRPC opens AF_INET6 sockets and reaches IPv4 through mapped addresses
         # (::ffff:127.0.0.1): an IPv4 endpoint is looked up in both families.
-        families = (socket.AF_INET6,) if ":" in address else (socket.AF_INET, socket.AF_INET6)
+        families: tuple[int, ...] = (
+            (socket.AF_INET6,) if ":" in address else (socket.AF_INET, socket.AF_INET6)
+        )
         # Both families walk the one connection table: once the endpoint's sockets were found
         # in one, only that one is dumped again.
         seen = {family for family, _, _ in self._known.get((address, port), ())}

@@ -303,9 +303,11 @@ class Engine(ABC):
     #: The engine's name: what ``tfgrpc_engines(...)`` and ``--tfgrpc-engines`` select, the
     #: ``engine`` setting of its results and, when a test runs several, a test id part.
     name: ClassVar[str] = ""
-    #: Whether its servers and clusters can start on other hosts through node agents
-    #: (``--tfgrpc-agents``; the agents run only the plugin's Python roles). When false, a
-    #: test that would place them there fails at setup, before any agent is dialled.
+    #: Whether its servers are the plugin's Python roles, which other hosts run: started
+    #: there through node agents (``--tfgrpc-agents``, handed as :class:`Provision`
+    #: launchers), or already serving there as a cluster spec's ``tfgrpc-server`` tasks
+    #: (``--tfgrpc-cluster``). When false, a test that would start them through agents fails
+    #: at setup, before any agent is dialled, and a cluster spec is not used for it.
     runs_on_agents: ClassVar[bool] = False
 
     def unavailable(self) -> str | None:

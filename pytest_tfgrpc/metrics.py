@@ -4,7 +4,7 @@ Each :class:`Metric` says what a figure is called, in which :class:`Unit` it is 
 (the unit's suffix ends its JUnit property name: ``p99_us``, ``throughput_MBps``,
 ``rpc_rate_per_s``), which direction is better, whether a budget may limit it, and whether and
 how the baseline gate tests it (:class:`GateTest`). Budgets, the JUnit writer and reader
-(:mod:`pytest_tfgrpc.report.properties`), the terminal summary, plots, the gate,
+(:mod:`pytest_tfgrpc.report.record`), the terminal summary, plots, the gate,
 ``tfgrpc-compare`` and ``tfgrpc-model`` all look figures up here, so that none of them can know
 a name, a unit or a direction the others do not.
 """
