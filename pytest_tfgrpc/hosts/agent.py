@@ -56,6 +56,7 @@ from typing import Any
 
 import grpc
 
+from pytest_tfgrpc.hosts.telemetry import link_message, reading_message
 from pytest_tfgrpc.roles.processes import end_process
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
@@ -64,6 +65,7 @@ from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
 from pytest_tfgrpc.wire.security import AGENT_TOKEN_ENV, child_environ, read_secret_file
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
+from pytest_tfgrpc.wire.telemetry import TelemetryError, TelemetryReader
 
 __all__ = [
     "DEFAULT_PORT",
@@ -272,6 +274,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
 
     def __init__(self, fabric: Fabric, token: str, *, host: str | None = None) -> None:
         self.fabric = fabric
+        self._reader: TelemetryReader | None = None
         self.host = host or socket.gethostname()
         self._token = token
         self._leases: dict[str, _Lease] = {}
@@ -313,7 +316,30 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
 
     def Counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         rx, tx = interface_counters(self.fabric.name)
-        return agent_pb2.InterfaceCounters(fabric=self.fabric.name, rx_bytes=rx, tx_bytes=tx)
+        try:
+            link = self._telemetry().link(self.fabric.name)
+        except TelemetryError:  # bytes from sysfs still answer
+            return agent_pb2.InterfaceCounters(fabric=self.fabric.name, rx_bytes=rx, tx_bytes=tx)
+        return link_message(link)
+
+    def Telemetry(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._driver(request.driver, context)
+        if not 0 < request.port < 65536:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"port {request.port} is not a port")
+        try:
+            reading = self._telemetry().read(
+                request.address, request.port, discover=request.discover
+            )
+        except (TelemetryError, OSError) as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"telemetry on {self.host}: {exc}")
+        return reading_message(reading)
+
+    def _telemetry(self) -> TelemetryReader:
+        """The agent's one reader (netlink sockets kept open; reads are serialised)."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = TelemetryReader(self.fabric.name)
+            return self._reader
 
     def Run(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         first = next(requests, None)
@@ -464,6 +490,8 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             self._stop_driver(driver, "the agent is shutting down")
         if self._server is not None:
             self._server.stop(grace=1.0).wait(3.0)
+        if self._reader is not None:
+            self._reader.close()
 
     def wait(self) -> None:
         if self._server is not None:

@@ -50,6 +50,7 @@ from pytest_tfgrpc.report.record import (
     sketch_property,
 )
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
+from pytest_tfgrpc.report.telemetry_text import gate_context
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
 from pytest_tfgrpc.stats.replicates import (
@@ -502,23 +503,26 @@ def _compare_measurements(
                 what = f"{key.test} {key.label}.{attribute}"
                 if not any(m.what == what for m in mismatches):
                     mismatches.append(Mismatch(what, was, now))
+        # What the transport saw in both runs, quoted beside any figure that changed.
+        context = gate_context(base.figures, cur.figures)
         for metric in metrics:
             if metric not in base.figures and metric not in cur.figures:
                 continue
-            verdicts.append(
-                compare_figure(
-                    base,
-                    cur,
-                    metric,
-                    tolerance_for(tolerances, metric),
-                    alpha=alpha,
-                    resamples=resamples,
-                    seed=seed,
-                    earlier=runs[:-1],
-                    family=family.get(key.test, 1),
-                    spread_floor=floor,
-                )
+            verdict = compare_figure(
+                base,
+                cur,
+                metric,
+                tolerance_for(tolerances, metric),
+                alpha=alpha,
+                resamples=resamples,
+                seed=seed,
+                earlier=runs[:-1],
+                family=family.get(key.test, 1),
+                spread_floor=floor,
             )
+            if context and verdict.outcome is not Outcome.PASS:
+                verdict = replace(verdict, reason=f"{verdict.reason}; transport: {context}")
+            verdicts.append(verdict)
     return verdicts, mismatches
 
 
