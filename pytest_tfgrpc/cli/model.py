@@ -344,7 +344,8 @@ def _sync_steps(
     if not rows:
         raise ModelInputError(
             f"{where} holds no {_SYNC_STEP} medians with a topology "
-            f"(tfgrpc.{_SYNC_STEP}.<profile>.step_p50_us and tfgrpc.{_SYNC_STEP}.topology)"
+            f"(such as {figure_name(_SYNC_STEP, '<profile>', 'step_p50')} beside the result's "
+            "topology)"
         )
     if compute_s is None:
         raise ModelInputError(
