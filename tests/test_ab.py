@@ -281,7 +281,7 @@ def test_ab_fails_a_delay_with_the_table_and_names_what_one_side_lacks(
     assert len(table) == 1 and table[0].endswith("REGRESSION"), out
     assert "regression: test_perf.test_a[lo] on lo: p2p_latency 1KiB p50: +" in out
     assert "missing: test_perf.test_b[lo] on lo: p2p_latency 1KiB is in the baseline" in out
-    assert "setup mismatch: server_delay: baseline (not recorded), current 5ms" in out
+    assert "setup mismatch: server_delay: baseline none, current 5ms" in out
     assert "FAILED: 1 regressed; 1 missing (--missing fail)" in out
 
 

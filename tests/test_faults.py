@@ -18,6 +18,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -1672,6 +1673,11 @@ class World:
                 self.values.update(self._make(name))
         return text.format(**self.values) if "{" in text else text
 
+    def fill_words(self, text: str) -> str:
+        """``text`` with each ``{name}`` placeholder filled and every other brace left as it
+        is: environment values may hold JSON (``TF_CONFIG``)."""
+        return re.sub(r"\{[A-Za-z_]\w*\}", lambda found: self.fill(found.group(0)), text)
+
     def _make(self, name: str) -> dict[str, str]:
         if name in ("ca", "cert", "key", "other_ca", "other_cert", "other_key"):
             return _certificates(self.tmp)
@@ -1828,7 +1834,7 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
             (tmp / name).chmod(case.modes[name])
     _plant(case.plant, tmp)
     tag = uuid.uuid4().hex
-    env = {**os.environ, **{k: world.fill(v) for k, v in case.env.items()}, "TFGRPC_FAULT": tag}
+    env = {**os.environ, **{k: world.fill_words(v) for k, v in case.env.items()}, "TFGRPC_FAULT": tag}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:

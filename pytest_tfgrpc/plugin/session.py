@@ -199,13 +199,11 @@ def start(config: pytest.Config) -> RunState:
         "TFGRPC_ALLOCATOR": str(policy),
         **tls.env(),
     }
-    meta = run_metadata(fabrics, allocator=str(policy))
+    meta = run_metadata(fabrics, allocator=str(policy), server_delay=delay or "none")
     try:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
     except ValueError as exc:
         raise pytest.UsageError(f"pytest_tfgrpc_run_metadata: {exc}") from None
-    if delay:
-        meta[f"{META_PREFIX}server_delay"] = delay
     workerinput = getattr(config, "workerinput", None)
     run_id = str(workerinput.get(RUN_ID_KEY, "")) if workerinput else ""
     meta[f"{META_PREFIX}{RUN_ID}"] = run_id or new_run_id()

@@ -134,6 +134,7 @@ def run_metadata(
     environ: Mapping[str, str] | None = None,
     sys_net: str | os.PathLike[str] = _SYS_NET,
     allocator: str = "default",
+    server_delay: str = "none",
 ) -> dict[str, str]:
     """The metadata of this run on ``fabrics``, as ``{property name: value}``, all strings.
 
@@ -143,7 +144,9 @@ def run_metadata(
     (``not installed`` for a missing one); a figure the system does not report is
     ``unknown``. ``allocator`` is the run's allocator policy (``--tfgrpc-allocator``);
     ``cpu_placement`` the CPU placement of P2P tests the run asked for (``--tfgrpc-cpus``; each
-    P2P result records what it got).
+    P2P result records what it got); ``server_delay`` the delay injected into the run's own
+    tensor servers (``--tfgrpc-server-delay``; ``none`` without one), so that a fault-injected
+    run and a clean one never compare as the same setup.
     """
     env = os.environ if environ is None else environ
     fabrics = tuple(fabrics)
@@ -153,6 +156,7 @@ def run_metadata(
         f"{META_PREFIX}kernel": platform.release(),
         f"{META_PREFIX}cpu_model": _cpu_model(),
         f"{META_PREFIX}allocator": allocator,
+        f"{META_PREFIX}server_delay": server_delay,
         f"{META_PREFIX}python": platform.python_version(),
         f"{META_PREFIX}cpus": _text(os.cpu_count()),
         f"{META_PREFIX}cpus_usable": _text(_usable_cpus()),
