@@ -2,7 +2,8 @@
 //
 // It speaks the same worker protocol (pytest_tfgrpc/servers/jobs.py: one JSON message a line,
 // samples as base64 of little-endian int64 nanoseconds) on stdin/stdout, and makes the same
-// tfgrpc.ParameterServer calls against the plugin's Python PS tasks:
+// tfgrpc.ParameterServer calls against the plugin's PS tasks (Python or native), each carrying
+// the cluster's job token ($TFGRPC_JOB_TOKEN):
 //
 // 1. it prints {"kind": "hello", "pid": ...} once it is up;
 // 2. the parent writes a job ("throughput" or "sync_sgd"); the worker connects to every PS,
@@ -51,8 +52,20 @@ constexpr const char* kNextPhaseKey = "x-tfgrpc-next-phase";
 constexpr const char* kWarmup = "warmup";
 constexpr const char* kMeasure = "measure";
 constexpr const char* kStop = "stop";
+// security.TOKEN_ENV, TOKEN_KEY: the run's job token, which every PS call carries.
+constexpr const char* kTokenEnv = "TFGRPC_JOB_TOKEN";
+constexpr const char* kTokenKey = "x-tfgrpc-job-token";
 // servers/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
 constexpr double kGoTimeoutS = 120.0;
+
+// The job token of the cluster this worker belongs to (read once at start).
+std::string job_token;
+
+// A call's context: its deadline and the run's token.
+void prepare(ClientContext* context, double timeout_s) {
+  set_deadline(context, timeout_s);
+  if (!job_token.empty()) context->AddMetadata(kTokenKey, job_token);
+}
 
 // --- the parent's lines --------------------------------------------------------------------
 std::mutex lines_mutex;
@@ -222,7 +235,7 @@ json throughput(const json& job, const std::vector<std::shared_ptr<grpc::Channel
         request = ByteBuffer(&contents[ps], 1);
       }
       ClientContext context;
-      set_deadline(&context, timeout);
+      prepare(&context, timeout);
       context.AddMetadata(kPhaseKey, phase);
       ByteBuffer reply;
       check(grpc::internal::BlockingUnaryCall(channels[ps].get(), methods[ps], &context, request,
@@ -389,7 +402,7 @@ json sync_sgd(const json& job, const std::vector<std::shared_ptr<grpc::Channel>>
     std::string what = " of step " + std::to_string(step) + " to " + target;
     {
       ClientContext context;
-      set_deadline(&context, timeout);
+      prepare(&context, timeout);
       ByteBuffer ack;
       std::unique_ptr<grpc::ClientWriter<ByteBuffer>> writer(
           grpc::internal::ClientWriterFactory<ByteBuffer>::Create(channels[ps].get(), pushes[ps],
@@ -400,7 +413,7 @@ json sync_sgd(const json& job, const std::vector<std::shared_ptr<grpc::Channel>>
       check(writer->Finish(), "push" + what);
     }
     ClientContext context;
-    set_deadline(&context, timeout);
+    prepare(&context, timeout);
     std::string request = step_fields(step, worker, measured, 1);
     put_varint_field(&request, 4, static_cast<uint64_t>(chunk_bytes));
     std::unique_ptr<grpc::ClientReader<ByteBuffer>> reader(
@@ -493,6 +506,8 @@ int main() {
                " asks for TLS");
     return 2;
   }
+  if (const char* token = std::getenv(kTokenEnv)) job_token = token;
+  unsetenv(kTokenEnv);
   std::thread(lifeline).detach();
   emit({{"kind", "hello"}, {"pid", static_cast<int64_t>(getpid())}});
   while (true) {
