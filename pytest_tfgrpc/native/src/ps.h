@@ -300,6 +300,14 @@ struct ParameterServer {
   std::mutex mutex;
   std::shared_ptr<Job> job;
   std::set<grpc::Alarm*> waiting;
+  bool stopping = false;  // the server shuts down: nothing parks any more
+
+  // At shutdown: wake every parked pull (a completion queue drains only once its alarms fired).
+  void stop() {
+    std::lock_guard<std::mutex> lock(mutex);
+    stopping = true;
+    wake();
+  }
 
   // Constant time in the token's length: the comparison leaks nothing about a near miss.
   grpc::Status authorize(const grpc::GenericServerContext& context) const {

@@ -637,6 +637,7 @@ class Call {
     deadline_ = std::chrono::system_clock::now() +
                 std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6));
     if (job_->step > pull_step_) return pull_ready(lock);
+    if (ps.stopping) return finish(Status(StatusCode::UNAVAILABLE, "the PS is shutting down"));
     state_ = State::kWaiting;
     ps.waiting.insert(&alarm_);
     alarm_.Set(cq_, deadline_, this);
@@ -648,6 +649,7 @@ class Call {
     ps.waiting.erase(&alarm_);
     if (ps.job != job_) return finish(Status(StatusCode::ABORTED, "the job was replaced"));
     if (job_->step > pull_step_) return pull_ready(lock);
+    if (ps.stopping) return finish(Status(StatusCode::UNAVAILABLE, "the PS is shutting down"));
     if (expired || std::chrono::system_clock::now() >= deadline_) {
       double timeout = job_->spec.barrier_timeout_seconds;
       return finish(Status(StatusCode::DEADLINE_EXCEEDED,
@@ -856,6 +858,7 @@ int main(int argc, char** argv) {
     std::lock_guard<std::mutex> lock(shared->shutdown_mutex);
     shared->shutting_down = true;
   }
+  shared->ps.stop();
   server->Shutdown(std::chrono::system_clock::now());
   for (auto& cq : queues) cq->Shutdown();
   for (auto& thread : threads) thread.join();
