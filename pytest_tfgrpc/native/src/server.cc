@@ -351,6 +351,12 @@ class Call {
     finish(Status(StatusCode::INTERNAL, "unreachable"));
   }
 
+  static Status small_slices(int64_t asked) {
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  "chunk_bytes " + std::to_string(asked) + ": a streamed reply is cut into slices of at least " +
+                      std::to_string(kMinChunkBytes) + " B (0: the server's default)");
+  }
+
   static Status no_job() {
     return Status(StatusCode::FAILED_PRECONDITION, "no job configured on this PS");
   }
@@ -455,6 +461,7 @@ class Call {
     // Before anything is allocated: 7 bytes of request must not cost a terabyte.
     if (nbytes > limit()) return finish(shared_->ps.too_large(nbytes, "a pull"));
     int dtype = static_cast<int>(fields[1]);
+    if (fields[2] != 0 && fields[2] < kMinChunkBytes) return finish(small_slices(fields[2]));
     int64_t chunk = fields[2] > 0 ? fields[2] : kDefaultChunkBytes;
     int size = itemsize(dtype);
     if (size == 0) {
@@ -616,6 +623,7 @@ class Call {
     }
     pull_step_ = fields[0];
     pull_measured_ = fields[2] != 0;
+    if (fields[3] != 0 && fields[3] < kMinChunkBytes) return finish(small_slices(fields[3]));
     chunk_ = fields[3] > 0 ? fields[3] : kDefaultPullChunk;
     job_ = shared_->ps.current();
     if (!job_) return finish(no_job());

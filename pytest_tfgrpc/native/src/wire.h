@@ -28,6 +28,10 @@ constexpr int64_t kFramingBytes = 64;
 constexpr int64_t kMaxTensorBytes = int64_t{kMaxMessageBytes} - kFramingBytes;
 // tensor_server._DRAIN_BYTES: the most an over-limit stream push is read before it is refused.
 constexpr int64_t kDrainBytes = 64 << 20;
+// The smallest slice a streamed reply is cut into (the plugin's clients ask for 64 B at
+// least): every slice costs a round through the completion queue and ~15 B of framing, so
+// 1-byte slices would cost 15x their bytes on the wire and hold the serving thread.
+constexpr int64_t kMinChunkBytes = 64;
 
 inline std::string method_path(const std::string& mode, const std::string& name) {
   return (mode == "raw" ? "/tfgrpc.RawTensorService/" : "/tfgrpc.TensorService/") + name;
