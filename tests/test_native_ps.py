@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
 
 TOKEN = "native-ps-token"
 AUTH = ((TOKEN_KEY, TOKEN),)
-SHARDS = ((0, 64), (256, 40))  # (tensor offset, bytes) of the two shards this PS owns
+SHARDS = ((0, 256), (1024, 100))  # (tensor offset, bytes) of the two shards this PS owns
 OWNED = sum(n for _, n in SHARDS)
 
 
@@ -102,7 +102,7 @@ def _push(
 
 
 def _pull(
-    channel: grpc.Channel, step: int, chunk: int = 24
+    channel: grpc.Channel, step: int, chunk: int = 64
 ) -> tuple[list[np.ndarray], dict[str, str]]:
     call = channel.unary_stream(
         method("PullWeights"),

@@ -193,13 +193,15 @@ def ps_cluster(
         )
     try:
         if placed:
-            # The native engine's workers run here only: PSCluster refuses them on agents.
+            # The native engine's roles run here only: PSCluster refuses them on agents.
+            implementation = "native" if tfgrpc_engine.name == "native" else "grpcio"
             cluster: EngineCluster = PSCluster(
                 fabric,
                 topology,
                 env=session.server_env,
                 max_tensor_bytes=need,
-                workers_engine="native" if tfgrpc_engine.name == "native" else "grpcio",
+                workers_engine=implementation,
+                ps_engine=implementation,
                 **placed,
             )
         elif isinstance(tfgrpc_engine, LoopEngine):

@@ -91,7 +91,7 @@ class LoopEngine(Engine):
         env: Mapping[str, str] | None,
         max_tensor_bytes: int | None = None,
     ) -> PSCluster:
-        """The plugin's PS tasks and workers (of :attr:`implementation`); the PS tasks refuse
+        """The plugin's PS tasks and workers, both of :attr:`implementation`; the PS tasks refuse
         tensor messages over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
         return PSCluster(
             fabric,
@@ -99,6 +99,7 @@ class LoopEngine(Engine):
             env=env,
             max_tensor_bytes=max_tensor_bytes,
             workers_engine=self.implementation,
+            ps_engine=self.implementation,
         )
 
     def ps_throughput(
