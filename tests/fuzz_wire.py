@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from pytest_tfgrpc.wire import channels as transport
-from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import TOKEN_KEY
 
@@ -194,7 +193,7 @@ def fuzz(
     paths = methods()
     report = FuzzReport()
     start = time.monotonic()
-    channel = grpc.insecure_channel(target, options=transport.CHANNEL_OPTIONS)
+    channel = grpc.insecure_channel(target, options=grpc_settings.CHANNEL_OPTIONS)
     try:
         for _ in range(calls):
             if time.monotonic() - start > seconds:
@@ -210,7 +209,7 @@ def fuzz(
             if path.endswith("/PushStream"):
                 meta.append(
                     (
-                        transport.MESSAGE_BYTES_KEY,
+                        grpc_settings.MESSAGE_BYTES_KEY,
                         rng.choice(["64", "16", "0", "-1", "x", str(2**63), str(2**40), "1"]),
                     )
                 )

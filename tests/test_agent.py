@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pytest_tfgrpc.servers.agent import RoleError, read_token, role_argv
+from pytest_tfgrpc.hosts.agent import RoleError, read_token, role_argv
 from pytest_tfgrpc.wire.fabric import Fabric
 
 FABRIC = Fabric(name="fab0", address="198.18.0.2", family="ipv4")
@@ -17,11 +17,11 @@ LINK_LOCAL = Fabric(name="ib0", address="fe80::1", family="ipv6", zone="ib0")
 
 def test_each_role_runs_its_own_module_bound_where_the_agent_says() -> None:
     argv, _ = role_argv("ps", {"workers": "8", "delay": "1ms"}, {}, FABRIC)
-    assert argv[:3] == [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server"]
+    assert argv[:3] == [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server"]
     assert argv[3:] == ["--fabric", "fab0", "--port", "0", "--exit-on-stdin-eof", "--delay",
                         "1ms", "--workers", "8"]  # fmt: skip
     argv, _ = role_argv("worker", {}, {}, FABRIC)
-    assert argv == [sys.executable, "-m", "pytest_tfgrpc.servers.worker"]
+    assert argv == [sys.executable, "-m", "pytest_tfgrpc.ps.worker"]
     argv, _ = role_argv("floor_server", {}, {}, LINK_LOCAL)
     assert argv[3:] == ["--bind", "fe80::1%ib0", "--port", "0"]
 

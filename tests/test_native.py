@@ -34,8 +34,8 @@ from pytest_tfgrpc.native.client import (
     encode_run,
 )
 from pytest_tfgrpc.results import CpuTime
-from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
-from pytest_tfgrpc.servers.processes import ServerDied, ServerProcess
+from pytest_tfgrpc.roles.native_server import check_engine, start_tensor_server
+from pytest_tfgrpc.roles.processes import ServerDied, ServerProcess
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
@@ -325,7 +325,7 @@ def test_a_native_server_on_several_threads_serves_concurrent_streams(
     lo: Fabric, threads: int
 ) -> None:
     from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
-    from pytest_tfgrpc.servers.native_server import start_native_server
+    from pytest_tfgrpc.roles.native_server import start_native_server
 
     with start_native_server(lo, threads=threads) as handle:
         call = BandwidthCall(run=RUN)
@@ -341,7 +341,7 @@ def test_a_native_server_on_several_threads_serves_concurrent_streams(
 def test_bad_native_server_settings_are_refused_by_name(
     lo: Fabric, argument: str, value: object
 ) -> None:
-    from pytest_tfgrpc.servers.native_server import start_native_server
+    from pytest_tfgrpc.roles.native_server import start_native_server
 
     with pytest.raises(ValueError, match=f"{argument}="):
         start_native_server(lo, **{argument: value})  # type: ignore[arg-type]

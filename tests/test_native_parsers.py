@@ -16,10 +16,9 @@ import pytest
 from fuzz_wire import fuzz, peak_rss_kib
 
 from pytest_tfgrpc import native
-from pytest_tfgrpc.servers.native_server import start_native_server
-from pytest_tfgrpc.servers.processes import ServerProcess
-from pytest_tfgrpc.wire import channels as transport
-from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.roles.native_server import start_native_server
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY
@@ -62,7 +61,7 @@ def server(lo: Fabric) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(server.target, options=transport.CHANNEL_OPTIONS) as opened:
+    with grpc.insecure_channel(server.target, options=grpc_settings.CHANNEL_OPTIONS) as opened:
         yield opened
 
 
@@ -215,7 +214,7 @@ def test_hostile_bytes_are_refused_and_the_server_answers_on(
 
 def test_a_push_announced_over_the_limit_is_refused(channel: grpc.Channel) -> None:
     call = channel.stream_stream("/tfgrpc.RawTensorService/PushStream")
-    meta = ((transport.MESSAGE_BYTES_KEY, str(2**40)),)
+    meta = ((grpc_settings.MESSAGE_BYTES_KEY, str(2**40)),)
     with pytest.raises(grpc.RpcError) as caught:
         list(call(iter([b"x" * 1024]), timeout=5.0, metadata=meta))
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED

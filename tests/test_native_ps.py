@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from pytest_tfgrpc import native
-from pytest_tfgrpc.servers.native_server import start_native_server
-from pytest_tfgrpc.servers.parameter_server import (
+from pytest_tfgrpc.roles.native_server import start_native_server
+from pytest_tfgrpc.roles.parameter_server import (
     INIT_INDEX,
     NEXT_PHASE_KEY,
     apply_update,
@@ -26,7 +26,7 @@ from pytest_tfgrpc.servers.parameter_server import (
     initial_weights,
     method,
 )
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY

@@ -1,4 +1,4 @@
-// tfgrpc-native-floor: the raw-TCP transport floor of pytest_tfgrpc/servers/floor_server.py and
+// tfgrpc-native-floor: the raw-TCP transport floor of pytest_tfgrpc/roles/floor_server.py and
 // pytest_tfgrpc/bench/floor.py in C++, so the native engine's "x the floor" compares two native
 // figures. The same protocol: every operation is a header (op: 1 byte, payload length: 8 bytes
 // big-endian) sent in one buffer with its payload; ECHO (1) sends the payload back, SINK_ACK (2)

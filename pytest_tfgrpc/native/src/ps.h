@@ -1,4 +1,4 @@
-// The parameter-server service of pytest_tfgrpc/servers/parameter_server.py in C++: one job's
+// The parameter-server service of pytest_tfgrpc/roles/parameter_server.py in C++: one job's
 // shards, the sync-SGD step barrier, the update, and the messages of protos/tfgrpc/service.proto
 // (PSJob, WeightChunk, PullWeightsRequest, PSJobStats) it reads and writes.
 //

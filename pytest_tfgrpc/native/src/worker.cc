@@ -1,6 +1,6 @@
-// tfgrpc-native-worker: the PS-benchmark worker of pytest_tfgrpc/servers/worker.py in C++.
+// tfgrpc-native-worker: the PS-benchmark worker of pytest_tfgrpc/ps/worker.py in C++.
 //
-// It speaks the same worker protocol (pytest_tfgrpc/servers/jobs.py: one JSON message a line,
+// It speaks the same worker protocol (pytest_tfgrpc/ps/jobs.py: one JSON message a line,
 // samples as base64 of little-endian int64 nanoseconds) on stdin/stdout, and makes the same
 // tfgrpc.ParameterServer calls against the plugin's PS tasks (Python or native), each carrying
 // the cluster's job token ($TFGRPC_JOB_TOKEN):
@@ -55,7 +55,7 @@ constexpr const char* kStop = "stop";
 // security.TOKEN_ENV, TOKEN_KEY: the run's job token, which every PS call carries.
 constexpr const char* kTokenEnv = "TFGRPC_JOB_TOKEN";
 constexpr const char* kTokenKey = "x-tfgrpc-job-token";
-// servers/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
+// ps/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
 constexpr double kGoTimeoutS = 120.0;
 
 // The job token of the cluster this worker belongs to (read once at start).

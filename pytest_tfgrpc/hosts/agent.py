@@ -7,14 +7,14 @@ own roles, and nothing else:
 ========================  ====================================  ============================
 role                      process                               parameters a driver may set
 ========================  ====================================  ============================
-``tensor_server``, ``ps``  ``pytest_tfgrpc.servers.tensor_server``  ``workers`` (1-256),
+``tensor_server``, ``ps``  ``pytest_tfgrpc.roles.tensor_server``  ``workers`` (1-256),
                                                                 ``delay`` (a duration)
-``worker``                ``pytest_tfgrpc.servers.worker``       none
-``floor_server``          ``pytest_tfgrpc.servers.floor_server`` none
+``worker``                ``pytest_tfgrpc.ps.worker``       none
+``floor_server``          ``pytest_tfgrpc.roles.floor_server`` none
 ========================  ====================================  ============================
 
 The agent fixes what a role binds to (its own fabric, a port the OS picks) and passes on only
-the allocator variables (:data:`~pytest_tfgrpc.servers.allocator.ALLOCATOR_VARS`, digits only)
+the allocator variables (:data:`~pytest_tfgrpc.tuning.allocator.ALLOCATOR_VARS`, digits only)
 from the driver's environment; an unknown role is refused with ``PERMISSION_DENIED``, a bad
 parameter with ``INVALID_ARGUMENT``. A role's stdin, stdout and stderr travel on its ``Run``
 stream, so the driver drives a remote worker or server exactly as a local child.
@@ -55,10 +55,10 @@ from typing import Any
 
 import grpc
 
-from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
-from pytest_tfgrpc.servers.processes import end_process
+from pytest_tfgrpc.roles.processes import end_process
+from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
@@ -84,12 +84,12 @@ MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
 
-_TENSOR_SERVER = "pytest_tfgrpc.servers.tensor_server"
+_TENSOR_SERVER = "pytest_tfgrpc.roles.tensor_server"
 ROLES: Mapping[str, str] = {
     "tensor_server": _TENSOR_SERVER,
     "ps": _TENSOR_SERVER,
-    "worker": "pytest_tfgrpc.servers.worker",
-    "floor_server": "pytest_tfgrpc.servers.floor_server",
+    "worker": "pytest_tfgrpc.ps.worker",
+    "floor_server": "pytest_tfgrpc.roles.floor_server",
 }
 
 
@@ -128,10 +128,10 @@ def _delay_param(value: str) -> list[str]:
 
 
 def _max_bytes_param(value: str) -> list[str]:
-    if not value.isdigit() or int(value) > transport.MAX_TENSOR_BYTES:
+    if not value.isdigit() or int(value) > grpc_settings.MAX_TENSOR_BYTES:
         raise RoleError(
             f"parameter max_tensor_bytes={value!r}: a number of bytes from 0 to "
-            f"{transport.MAX_TENSOR_BYTES}",
+            f"{grpc_settings.MAX_TENSOR_BYTES}",
             grpc.StatusCode.INVALID_ARGUMENT,
         )
     return ["--max-tensor-bytes", value]
@@ -148,7 +148,7 @@ _PARAMS: Mapping[str, Mapping[str, Callable[[str], list[str]]]] = {
 
 def _package_version() -> str:
     # Not ``pytest_tfgrpc.__version__``: the package root names every layer (its lazy
-    # exports), and servers import only downward.
+    # exports), and hosts import only downward.
     try:
         return metadata.version("pytest-tfgrpc")
     except metadata.PackageNotFoundError:  # a source tree that is not installed
