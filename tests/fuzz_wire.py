@@ -153,7 +153,12 @@ def peak_rss_kib(pid: int) -> int:
 
 
 def _call(
-    channel: grpc.Channel, path: str, kind: str, messages: list[bytes], meta: tuple, timeout: float
+    channel: grpc.Channel,
+    path: str,
+    kind: str,
+    messages: list[bytes],
+    meta: tuple[tuple[str, str], ...],
+    timeout: float,
 ) -> str:
     """One call; returns its status code name. Streamed replies: at most 8 are read."""
     try:

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
 
 TOKEN = "parsers-token"
 LIMIT = 1 << 20
-AUTH = ((TOKEN_KEY, TOKEN),)
+Metadata = tuple[tuple[str, str], ...]
+AUTH: Metadata = ((TOKEN_KEY, TOKEN),)
 
 
 def varint(value: int) -> bytes:
@@ -65,7 +66,7 @@ def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
         yield opened
 
 
-def _status(channel: grpc.Channel, path: str, request: bytes, metadata: tuple = ()) -> str:
+def _status(channel: grpc.Channel, path: str, request: bytes, metadata: Metadata = ()) -> str:
     try:
         channel.unary_unary(path)(request, timeout=5.0, metadata=metadata)
     except grpc.RpcError as error:
@@ -206,7 +207,7 @@ HOSTILE = [
     ids=[case[0] for case in HOSTILE],
 )
 def test_hostile_bytes_are_refused_and_the_server_answers_on(
-    channel: grpc.Channel, path: str, request_bytes: bytes, metadata: tuple, expected: str
+    channel: grpc.Channel, path: str, request_bytes: bytes, metadata: Metadata, expected: str
 ) -> None:
     assert _status(channel, path, request_bytes, metadata).startswith(expected)
     _still_answers(channel)

@@ -35,7 +35,8 @@ NOT_BUILT = native.unavailable_reason()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
 
 TOKEN = "native-ps-token"
-AUTH = ((TOKEN_KEY, TOKEN),)
+Metadata = tuple[tuple[str, str], ...]
+AUTH: Metadata = ((TOKEN_KEY, TOKEN),)
 SHARDS = ((0, 256), (1024, 100))  # (tensor offset, bytes) of the two shards this PS owns
 OWNED = sum(n for _, n in SHARDS)
 
@@ -91,14 +92,15 @@ def _chunks(worker: int, step: int, chunk: int = 16) -> list[service_pb2.WeightC
 
 
 def _push(
-    channel: grpc.Channel, chunks: list[service_pb2.WeightChunk], metadata: tuple = AUTH
+    channel: grpc.Channel, chunks: list[service_pb2.WeightChunk], metadata: Metadata = AUTH
 ) -> service_pb2.Ack:
     call = channel.stream_unary(
         method("PushGradients"),
         request_serializer=service_pb2.WeightChunk.SerializeToString,
         response_deserializer=service_pb2.Ack.FromString,
     )
-    return call(iter(chunks), timeout=10.0, metadata=metadata)
+    ack: service_pb2.Ack = call(iter(chunks), timeout=10.0, metadata=metadata)
+    return ack
 
 
 def _pull(

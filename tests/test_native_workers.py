@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pytest
@@ -56,7 +56,7 @@ def cluster(lo: Fabric, request: pytest.FixtureRequest) -> Iterator[PSCluster]:
         yield started
 
 
-def _records_its_roles(settings: dict[str, str], cluster: PSCluster) -> None:
+def _records_its_roles(settings: Mapping[str, str], cluster: PSCluster) -> None:
     assert settings["engine"] == settings["workers_engine"] == cluster.workers_engine
     assert settings["ps_engine"] == cluster.ps_engine
     assert settings["grpc_cpp"] == native.binaries().grpc_version
@@ -188,6 +188,12 @@ def test_native_ps_tasks_through_node_agents_are_refused_before_anything_starts(
         )
 
 
+def _cluster_with(lo: Fabric, role: str, engine: str) -> PSCluster:
+    if role == "ps":
+        return PSCluster(lo, Topology(ps=1, workers=1), ps_engine=engine)
+    return PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
+
+
 @pytest.mark.parametrize("mode", ["tls", "mtls"])
 @pytest.mark.parametrize(("role", "what"), [("workers", "PS workers"), ("ps", "PS tasks")])
 def test_native_roles_under_tls_are_refused(
@@ -196,7 +202,7 @@ def test_native_roles_under_tls_are_refused(
     monkeypatch.setattr(ps_cluster, "tls_mode", lambda: mode)
     expected = f"native {what} speak plaintext only, and this run uses TLS \\({mode}\\)"
     with pytest.raises(ClusterError, match=expected):
-        PSCluster(lo, Topology(ps=1, workers=1), **{f"{role}_engine": "native"})
+        _cluster_with(lo, role, "native")
 
 
 @pytest.mark.parametrize("engine", ["c++", "", "NATIVE"])
@@ -204,4 +210,4 @@ def test_native_roles_under_tls_are_refused(
 def test_an_unknown_engine_of_a_role_is_named(lo: Fabric, engine: str, role: str) -> None:
     expected = re.escape(f"{role}_engine={engine!r}: expected one of grpcio, native")
     with pytest.raises(ValueError, match=expected):
-        PSCluster(lo, Topology(ps=1, workers=1), **{f"{role}_engine": engine})
+        _cluster_with(lo, role, engine)
