@@ -279,6 +279,8 @@ class Driver:
                         env=self._server_env,
                         launcher=floor_launcher,
                         pin=server_pinned(getattr(server, "pid", None)),
+                        # A native engine's figure over a native floor: C++ against C++.
+                        engine=getattr(measuring, "implementation", "grpcio"),
                     )
                     self.record(_placed(floor_result, server))
         except EngineError as exc:

@@ -293,11 +293,16 @@ int main(int argc, char** argv) {
     }
   }
   if (port > 65535) return usage("--port " + std::to_string(port) + ": at most 65535");
-  try {
-    if (command == "serve") {
-      if (bind.empty()) return usage("serve needs --bind ADDRESS");
+  if (command == "serve") {
+    if (bind.empty()) return usage("serve needs --bind ADDRESS");
+    try {
       return serve(bind, port < 0 ? 0 : port, max_payload);
+    } catch (const Failure& error) {
+      std::cerr << "floor: " << error.what() << "\n";  // as the Python floor says it
+      return 2;
     }
+  }
+  try {
     if (command != "measure") return usage("unknown command " + command);
     if (host.empty() || port < 1 || size < 0 || run.iterations < 1 ||
         (op != "echo" && op != "push_ack") || !(run.max_seconds > 0) || !(run.warmup_seconds > 0)) {
