@@ -4,7 +4,7 @@
 the node agents (``tfgrpc-node``) are: ``cluster`` (the ``ps`` and ``worker`` tasks of the
 cluster spec are agents), ``slurm`` (an agent on every other node of the allocation), or
 ``HOST:PORT,...``. With agents, the ``tensor_server`` and ``ps_cluster`` fixtures start their
-processes on those hosts (:func:`placed_tensor_server`, :func:`cluster_launchers`), and every
+processes on those hosts (:func:`server_launchers`, :func:`cluster_launchers`), and every
 test records where each process ran (``tfgrpc.placement``) and whether its traffic crossed the
 fabric or stayed in the host (``tfgrpc.path``): a server and its client on one host talk
 through loopback whatever the fabric's name, and the summary says so.
@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
 from pytest_tfgrpc.hosts.agent import read_token
-from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentTLS
+from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentLauncher, AgentTLS
 from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterLoad,
     ClusterSpecError,
@@ -39,24 +39,29 @@ from pytest_tfgrpc.hosts.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.options import TLS_HELP, option
 from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
-from pytest_tfgrpc.roles.processes import Launcher, ServerProcess
+from pytest_tfgrpc.roles.processes import Launcher
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
 
+if TYPE_CHECKING:
+    from pytest_tfgrpc.bench.engines import EngineServer
+
 __all__ = [
+    "agents_in_use",
     "close_agents",
     "cluster_launchers",
     "cluster_of",
     "header_lines",
-    "placed_tensor_server",
+    "record_server",
+    "server_launchers",
 ]
 
 
 class ClusterPlacement(TypedDict, total=False):
-    """Where a PSCluster's processes run (its keyword arguments); empty: all here."""
+    """Where a cluster's processes run (fields of a ``Provision``); empty: all here."""
 
-    ps_launchers: Sequence[Launcher]
-    worker_launchers: Sequence[Launcher]
+    ps_launchers: tuple[Launcher, ...]
+    worker_launchers: tuple[Launcher, ...]
 
 
 @dataclass
@@ -235,18 +240,15 @@ def _is_local(address: str) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def placed_tensor_server(
-    request: pytest.FixtureRequest,
-    fabric: Fabric,
-    env: Mapping[str, str] | None,
-    engine: str = "grpcio",
-    max_tensor_bytes: int | None = None,
-) -> Iterator[ServerProcess | None]:
-    """With agents, a tensor server on the first agent reached through ``fabric`` (stopped
-    after the test); otherwise None, and the caller starts it as before. Records the path.
-    Agents run only the Python ``tfgrpc-server``: a native ``engine`` through them fails the
-    test rather than measuring another engine than the one asked for."""
+def agents_in_use(config: pytest.Config) -> bool:
+    """Whether this run starts its servers and clusters through node agents."""
+    return _agents_of(config) is not None
+
+
+def server_launchers(request: pytest.FixtureRequest, fabric: Fabric) -> tuple[Launcher, ...]:
+    """With agents, the launcher of the first agent reached through ``fabric`` (where the
+    tensor server runs; :func:`record_server` records it once started); otherwise ``()``,
+    this host, and the path is recorded now."""
     load = cluster_of(request.config)
     if load.problem is not None:
         pytest.fail(str(load.problem), pytrace=False)
@@ -262,46 +264,34 @@ def placed_tensor_server(
         else:
             _record(request, PATH, f"{LOOPBACK} (server and client on this host; {fabric.name}"
                     " not crossed)")  # fmt: skip
-        yield None
-        return
+        return ()
     _fail_without(agents)
-    if engine != "grpcio":
-        pytest.fail(
-            f"tfgrpc_engine: a {engine} tensor server cannot run through node agents (they run"
-            " only tfgrpc-server, the grpcio engine); drop --tfgrpc-agents or the engine",
-            pytrace=False,
-        )
     try:
-        client = agents.reachable(agents.ps, fabric)[0]
-        server = ServerProcess.start(
-            fabric,
-            env=env,
-            launcher=client.launcher(),
-            name=f"tensor server on host {client.info.host}",
-            max_tensor_bytes=max_tensor_bytes,
-        )
+        return (agents.reachable(agents.ps, fabric)[0].launcher(),)
     except (AgentError, ValueError) as exc:
         pytest.fail(str(exc), pytrace=False)
-    info = client.info
+
+
+def record_server(request: pytest.FixtureRequest, server: EngineServer) -> None:
+    """Record where a tensor server started through an agent runs, and its path."""
+    launcher = getattr(server, "launcher", None)
+    if not isinstance(launcher, AgentLauncher):
+        return
+    info = launcher.client.info
     _record(request, PLACEMENT, f"server={info.host}@{server.target}")
     local = _is_local(info.address)
     _record(request, PATH, LOOPBACK if local else f"{info.fabric}: driver -> {info.host}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def cluster_launchers(
-    request: pytest.FixtureRequest, fabric: Fabric, topology: Topology, engine: str = "grpcio"
+    request: pytest.FixtureRequest, fabric: Fabric, topology: Topology
 ) -> ClusterPlacement:
-    """With agents, where each PS and worker of ``topology`` runs (keyword arguments of
-    :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`); otherwise ``{}``, all here.
+    """With agents, where each PS and worker of ``topology`` runs (fields of the engine's
+    :class:`~pytest_tfgrpc.bench.engines.Provision`); otherwise ``{}``, all here.
 
     PS ``i`` runs on the ``i``-th PS agent (cyclically), worker ``j`` on the worker agents
     after those the PS tasks took when both come from one pool, so that P + W agents give
-    every process a host of its own. Records placement and path. The native ``engine``'s
-    workers do not run on agents: that fails the test before any agent is dialled.
+    every process a host of its own. Records placement and path.
     """
     agents = _agents_of(request.config)
     if agents is None:
@@ -309,12 +299,6 @@ def cluster_launchers(
                 " not crossed)")  # fmt: skip
         return {}
     _fail_without(agents)
-    if engine == "native":
-        pytest.fail(
-            "ps_cluster: the native engine's PS workers cannot run through node agents (they "
-            "run only the plugin's Python roles); drop --tfgrpc-agents or the engine",
-            pytrace=False,
-        )
     try:
         ps_agents = agents.reachable(agents.ps, fabric)
         worker_agents = agents.reachable(agents.workers, fabric)
@@ -333,6 +317,6 @@ def cluster_launchers(
         path = f"{ps[0].info.fabric}: every worker -> PS call crosses hosts"
     _record(request, PATH, path)
     return {
-        "ps_launchers": [c.launcher() for c in ps],
-        "worker_launchers": [c.launcher() for c in workers],
+        "ps_launchers": tuple(c.launcher() for c in ps),
+        "worker_launchers": tuple(c.launcher() for c in workers),
     }

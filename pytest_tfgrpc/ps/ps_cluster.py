@@ -34,14 +34,13 @@ from pytest_tfgrpc.roles.processes import (
     ServerError,
     ServerProcess,
     describe_exit,
-    live_children,
 )
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
 
-__all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
+__all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
 
 
 class StepRun(Protocol):
@@ -152,11 +151,6 @@ def _check_engine(engine: str, role: str, launchers: Sequence[Launcher]) -> None
             f"native {what} speak plaintext only, and this run uses TLS "
             f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
         )
-
-
-def live_workers() -> tuple[WorkerProcess, ...]:
-    """Worker processes started here and not yet stopped."""
-    return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
 
 
 class PSCluster:

@@ -87,9 +87,16 @@ def start_tensor_server(
     engine: str = "grpcio",
     env: Mapping[str, str] | None = None,
     max_tensor_bytes: int | None = None,
+    launcher: Launcher = LOCAL,
 ) -> ServerProcess:
     """A tensor server of ``engine`` on ``fabric`` (the Python one or the native one),
-    refusing tensors over ``max_tensor_bytes`` (None: gRPC's largest)."""
+    refusing tensors over ``max_tensor_bytes`` (None: gRPC's largest). ``launcher``: where it
+    runs (this host, or an agent's host, which runs only the Python one)."""
+    name = None if launcher is LOCAL else f"tensor server on host {launcher.host}"
     if check_engine(engine) == "native":
-        return start_native_server(fabric, env=env, max_tensor_bytes=max_tensor_bytes)
-    return ServerProcess.start(fabric, env=env, max_tensor_bytes=max_tensor_bytes)
+        return start_native_server(
+            fabric, env=env, launcher=launcher, name=name, max_tensor_bytes=max_tensor_bytes
+        )
+    return ServerProcess.start(
+        fabric, env=env, max_tensor_bytes=max_tensor_bytes, launcher=launcher, name=name
+    )
