@@ -94,12 +94,17 @@ def seeds() -> list[bytes]:
 
 
 def hostile(rng: random.Random) -> bytes:
-    """A short message built around one field whose length or value is extreme."""
-    number = rng.choice([1, 2, 3, 4, 5, 6, 9, 15, 255])
-    wire = rng.choice([0, 1, 2, 5, 3, 7])
-    value = rng.choice([2**64 - 1, 2**64 - 11, 2**63, 2**40, 2**31, 2**32 - 1, 0, 1])
-    head = bytes([8, 1]) if rng.random() < 0.5 else b""
-    return head + _varint(number << 3 | wire) + _varint(value) + rng.randbytes(rng.randrange(4))
+    """A short message of one to three fields, one of them with an extreme length or value
+    (lengths near 2^64, sizes of gigabytes and terabytes, negative int64s)."""
+    out = bytearray(bytes([8, 1]) if rng.random() < 0.5 else b"")
+    for _ in range(rng.randrange(1, 4)):
+        number = rng.choice([1, 1, 2, 3, 4, 4, 5, 6, 9, 15])
+        wire = rng.choice([0, 0, 2, 2, 2, 1, 5, 3, 7])
+        value = rng.choice(
+            [2**64 - 1, 2**64 - 11, 2**63, 2**40, 2**34, 2**31, 2**32 - 1, 1 << rng.randrange(64)]
+        )
+        out += _varint(number << 3 | wire) + _varint(value)
+    return bytes(out + rng.randbytes(rng.randrange(4)))
 
 
 def mutate(data: bytes, rng: random.Random) -> bytes:
@@ -127,7 +132,7 @@ def payload(rng: random.Random, pool: list[bytes]) -> bytes:
     pick = rng.random()
     if pick < 0.15:
         return rng.randbytes(rng.randrange(64))
-    if pick < 0.35:
+    if pick < 0.45:
         return hostile(rng)
     return mutate(rng.choice(pool), rng)
 
