@@ -1,7 +1,10 @@
-"""The native engine's PS workers (``tfgrpc-native-worker``) against the plugin's Python PS tasks.
+"""The native engine's PS roles in every pairing: native workers (``tfgrpc-native-worker``)
+to native PS tasks (``tfgrpc-native-server`` with the job token), native workers to Python PS
+tasks, and Python workers to native PS tasks, call for call (the grpcio pair is
+``tests/test_ps.py``'s). The native PS service alone, call by call: ``tests/test_native_ps.py``.
 
-Tests that run the C++ worker skip, with the command that builds it, when the native engine
-is not built (``tfgrpc-build-native``).
+Tests that run the C++ programs skip, with the command that builds them, when the native
+engine is not built (``tfgrpc-build-native``).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pytest
@@ -38,12 +41,25 @@ def lo() -> Fabric:
     return resolve_fabric("lo")
 
 
-@pytest.fixture(scope="module")
-def cluster(lo: Fabric) -> Iterator[PSCluster]:
+#: (PS tasks' engine, workers' engine): every pairing with a native role.
+PAIRS = [("native", "native"), ("grpcio", "native"), ("native", "grpcio")]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=[f"ps_{p}-workers_{w}" for p, w in PAIRS])
+def cluster(lo: Fabric, request: pytest.FixtureRequest) -> Iterator[PSCluster]:
     if NOT_BUILT is not None:
         pytest.skip(NOT_BUILT)
-    with PSCluster(lo, Topology(ps=2, workers=3), workers_engine="native") as started:
+    ps_engine, workers_engine = request.param
+    with PSCluster(
+        lo, Topology(ps=2, workers=3), workers_engine=workers_engine, ps_engine=ps_engine
+    ) as started:
         yield started
+
+
+def _records_its_roles(settings: Mapping[str, str], cluster: PSCluster) -> None:
+    assert settings["engine"] == settings["workers_engine"] == cluster.workers_engine
+    assert settings["ps_engine"] == cluster.ps_engine
+    assert settings["grpc_cpp"] == native.binaries().grpc_version
 
 
 @needs_native
@@ -52,7 +68,7 @@ def cluster(lo: Fabric) -> Iterator[PSCluster]:
 def test_native_workers_call_every_ps_and_every_call_is_counted(
     cluster: PSCluster, mode: str, size: int
 ) -> None:
-    assert all(w.engine == "native" for w in cluster.workers)
+    assert all(w.engine == cluster.workers_engine for w in cluster.workers)
     result = ps_throughput(cluster, [size], mode=mode, run=RUN)
     point = result.sizes[0]
     # 3 workers x 2 PS x 30 calls, every one counted by its PS with its tensor bytes.
@@ -61,8 +77,7 @@ def test_native_workers_call_every_ps_and_every_call_is_counted(
     assert [load.bytes_in for load in point.per_ps] == [90 * size, 90 * size]
     assert point.rate_per_s is not None and point.rate_per_s > 0
     assert point.cpu["workers"].total_ns > 0
-    assert result.settings["engine"] == "native"
-    assert result.settings["grpc_cpp"] == native.binaries().grpc_version
+    _records_its_roles(result.settings, cluster)
     assert result.mode == mode
 
 
@@ -85,7 +100,7 @@ def test_native_workers_sync_sgd_weights_are_the_numpy_sum_of_all_gradients(
     result = sync_sgd_step(
         cluster, profile, run=STEPS, learning_rate=0.25, check=True, chunk_bytes=chunk_bytes
     )
-    assert result.settings["engine"] == "native"
+    _records_its_roles(result.settings, cluster)
     assert result.placement is not None
     weights = fetch_weights(cluster, result.placement)
     for spec in profile.tensors:
@@ -166,17 +181,38 @@ def test_native_workers_through_node_agents_are_refused_before_anything_starts(
         )
 
 
+def test_native_ps_tasks_through_node_agents_are_refused_before_anything_starts(
+    lo: Fabric,
+) -> None:
+    with pytest.raises(ClusterError, match="native PS tasks cannot run through node agents"):
+        PSCluster(
+            lo,
+            Topology(ps=2, workers=1),
+            ps_engine="native",
+            ps_launchers=(LOCAL, _Agent()),  # type: ignore[arg-type]
+        )
+
+
+def _cluster_with(lo: Fabric, role: str, engine: str) -> PSCluster:
+    if role == "ps":
+        return PSCluster(lo, Topology(ps=1, workers=1), ps_engine=engine)
+    return PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
+
+
 @pytest.mark.parametrize("mode", ["tls", "mtls"])
-def test_native_workers_under_tls_are_refused(
-    lo: Fabric, monkeypatch: pytest.MonkeyPatch, mode: str
+@pytest.mark.parametrize(("role", "what"), [("workers", "PS workers"), ("ps", "PS tasks")])
+def test_native_roles_under_tls_are_refused(
+    lo: Fabric, monkeypatch: pytest.MonkeyPatch, mode: str, role: str, what: str
 ) -> None:
     monkeypatch.setattr(ps_cluster, "tls_mode", lambda: mode)
-    with pytest.raises(ClusterError, match=f"plaintext only, and this run uses TLS \\({mode}\\)"):
-        PSCluster(lo, Topology(ps=1, workers=1), workers_engine="native")
+    expected = f"native {what} speak plaintext only, and this run uses TLS \\({mode}\\)"
+    with pytest.raises(ClusterError, match=expected):
+        _cluster_with(lo, role, "native")
 
 
 @pytest.mark.parametrize("engine", ["c++", "", "NATIVE"])
-def test_an_unknown_workers_engine_is_named(lo: Fabric, engine: str) -> None:
-    expected = re.escape(f"workers_engine={engine!r}: expected one of grpcio, native")
+@pytest.mark.parametrize("role", ["workers", "ps"])
+def test_an_unknown_engine_of_a_role_is_named(lo: Fabric, engine: str, role: str) -> None:
+    expected = re.escape(f"{role}_engine={engine!r}: expected one of grpcio, native")
     with pytest.raises(ValueError, match=expected):
-        PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
+        _cluster_with(lo, role, engine)

@@ -268,6 +268,8 @@ class Driver:
                         env=self._server_env,
                         launcher=floor_launcher,
                         pin=server_pinned(getattr(server, "pid", None)),
+                        # A native engine's figure over a native floor: C++ against C++.
+                        engine=getattr(measuring, "implementation", "grpcio"),
                     )
                     placed = {**floor_result.settings, **_placement(server)}
                     self.record(replace(floor_result, settings=MappingProxyType(placed)))

@@ -24,6 +24,7 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.native import ENGINES, binaries
 from pytest_tfgrpc.ps import jobs as protocol
 from pytest_tfgrpc.ps.jobs import FromWorker, JobMessage, Reply
+from pytest_tfgrpc.roles.native_server import start_native_server
 from pytest_tfgrpc.roles.parameter_server import method
 from pytest_tfgrpc.roles.processes import (
     LOCAL,
@@ -110,19 +111,21 @@ def _on(launcher: Launcher) -> str:
     return "" if launcher is LOCAL else f" on host {launcher.host}"
 
 
-def _check_workers_engine(engine: str, launchers: Sequence[Launcher]) -> None:
+def _check_engine(engine: str, role: str, launchers: Sequence[Launcher]) -> None:
+    """``engine`` may run the cluster's ``role`` (``workers`` or ``ps``) on ``launchers``."""
     if engine not in ENGINES:
-        raise ValueError(f"workers_engine={engine!r}: expected one of {', '.join(ENGINES)}")
+        raise ValueError(f"{role}_engine={engine!r}: expected one of {', '.join(ENGINES)}")
     if engine != "native":
         return
+    what = "PS workers" if role == "workers" else "PS tasks"
     if any(launcher is not LOCAL for launcher in launchers):
         raise ClusterError(
-            "native PS workers cannot run through node agents (an agent starts only the "
+            f"native {what} cannot run through node agents (an agent starts only the "
             "plugin's Python roles): use the grpcio engine for a PS cluster on agents"
         )
     if tls_mode() != "off":
         raise ClusterError(
-            "native PS workers speak plaintext only, and this run uses TLS "
+            f"native {what} speak plaintext only, and this run uses TLS "
             f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
         )
 
@@ -136,10 +139,14 @@ class PSCluster:
     only from this handle (a token of its own).
 
     ``workers_engine="native"`` starts the native engine's C++ workers
-    (``tfgrpc-native-worker``, same protocol and PS calls) instead of Python ones: plaintext
-    only, on this host only. Raises :class:`ClusterError` for native workers under TLS or
-    through node agents, :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built,
-    ValueError for an engine that is neither.
+    (``tfgrpc-native-worker``, same protocol and PS calls) instead of Python ones;
+    ``ps_engine="native"`` starts native PS tasks (``tfgrpc-native-server`` with the job
+    token: the same PS service) instead of Python ones. Either pairing works with either:
+    every PS call carries the cluster's job token, which workers get in their environment.
+    Native roles are plaintext only, on this host only. Raises :class:`ClusterError` for
+    native roles under TLS or through node agents,
+    :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built, ValueError for an
+    engine that is neither.
     """
 
     def __init__(
@@ -153,11 +160,15 @@ class PSCluster:
         worker_launchers: Sequence[Launcher] = (LOCAL,),
         max_tensor_bytes: int | None = None,
         workers_engine: str = "grpcio",
+        ps_engine: str = "grpcio",
     ) -> None:
-        _check_workers_engine(workers_engine, worker_launchers)
+        _check_engine(workers_engine, "workers", worker_launchers)
+        _check_engine(ps_engine, "ps", ps_launchers)
         self.fabric = fabric
         #: The workers' engine: ``grpcio`` (Python workers) or ``native`` (C++ workers).
         self.workers_engine = workers_engine
+        #: The PS tasks' engine: ``grpcio`` (Python) or ``native`` (C++).
+        self.ps_engine = ps_engine
         self.topology = topology
         #: The largest tensor message a PS takes, if a limit below gRPC's was set.
         self.max_tensor_bytes = max_tensor_bytes
@@ -165,7 +176,8 @@ class PSCluster:
         self.workers: tuple[WorkerProcess, ...] = ()
         self._channels: list[grpc.Channel] = []
         self._job_ids = 0
-        # Job control belongs to this driver: its PS processes take jobs only with this token.
+        # The cluster's calls belong to this driver and its workers: its PS tasks take them
+        # only with this token.
         self._token = new_token()
         ps_env = {**(os.environ if env is None else env), TOKEN_ENV: self._token}
         try:
@@ -173,7 +185,7 @@ class PSCluster:
             self.workers = tuple(
                 WorkerProcess(
                     i,
-                    env=env,
+                    env=ps_env,
                     launcher=worker_launchers[i % len(worker_launchers)],
                     engine=workers_engine,
                 )
@@ -182,18 +194,30 @@ class PSCluster:
             threads = str(max(16, 2 * topology.workers + 4))  # a blocked pull holds a thread
             for index in range(topology.ps):
                 launcher = ps_launchers[index % len(ps_launchers)]
-                self.ps = (
-                    *self.ps,
-                    ServerProcess.start(
+                name = f"PS {index}" + (_on(launcher) or f" on {fabric.name}")
+                if ps_engine == "native":
+                    # Completion-queue threads, not handler threads: a pull parked at the
+                    # barrier holds none.
+                    task = start_native_server(
+                        fabric,
+                        threads=2,
+                        env=ps_env,
+                        ready_timeout=ready_timeout,
+                        name=f"native {name}",
+                        launcher=launcher,
+                        max_tensor_bytes=max_tensor_bytes,
+                    )
+                else:
+                    task = ServerProcess.start(
                         fabric,
                         extra_args=("--workers", threads),
                         env=ps_env,
                         ready_timeout=ready_timeout,
-                        name=f"PS {index}" + (_on(launcher) or f" on {fabric.name}"),
+                        name=name,
                         launcher=launcher,
                         max_tensor_bytes=max_tensor_bytes,
-                    ),
-                )
+                    )
+                self.ps = (*self.ps, task)
             hellos = self._collect(
                 self.workers, time.monotonic() + ready_timeout, "start", protocol.Hello
             )
@@ -240,8 +264,8 @@ class PSCluster:
 
     # --- PS control ----------------------------------------------------------------------
     @property
-    def _credentials(self) -> tuple[tuple[str, str], ...]:
-        """The metadata job-control calls carry: the run's token."""
+    def credentials(self) -> tuple[tuple[str, str], ...]:
+        """The metadata every call to this cluster's PS tasks carries: its job token."""
         return ((TOKEN_KEY, self._token),)
 
     def next_job_id(self) -> int:
@@ -279,7 +303,7 @@ class PSCluster:
                 response_deserializer=service_pb2.PSJobStats.FromString,
             )
             try:
-                replies.append(call(request, timeout=timeout, metadata=self._credentials))
+                replies.append(call(request, timeout=timeout, metadata=self.credentials))
             except grpc.RpcError as error:
                 raise explain(error, ps, name) from None
         return tuple(replies)

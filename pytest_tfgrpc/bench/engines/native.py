@@ -26,14 +26,14 @@ __all__ = ["NativeEngine"]
 
 class NativeEngine(LoopEngine):
     """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Its
-    server keeps gRPC's own message limit (a test's largest size is not enforced). Its PS
-    benchmarks run the plugin's Python PS processes with C++ workers
-    (``tfgrpc-native-worker``: the workers push to the PS tasks, the PS side is the same as
-    the grpcio engine's); their results say ``engine=native``."""
+    server refuses tensors over the test's largest size, as the Python one does. Its PS
+    benchmarks run native PS tasks (``tfgrpc-native-server`` with the job token) and C++
+    workers (``tfgrpc-native-worker``); their results say ``engine=native``,
+    ``ps_engine=native`` and ``workers_engine=native``."""
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
-    # PSCluster refuses native workers under TLS and through agents, naming the cause.
+    # PSCluster refuses native PS roles under TLS and through agents, naming the cause.
     implementation: ClassVar[str] = "native"
 
     def unavailable(self) -> str | None:

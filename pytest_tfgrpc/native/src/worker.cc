@@ -3,7 +3,8 @@
 // It speaks the same worker protocol (protos/tfgrpc/worker.proto, framed as
 // pytest_tfgrpc/ps/jobs.py frames it: each message's size as a varint, then its bytes; samples
 // as packed int64 nanoseconds) on stdin/stdout, and makes the same tfgrpc.ParameterServer
-// calls against the plugin's Python PS tasks:
+// calls against the plugin's PS tasks (Python or native), each carrying
+// the cluster's job token ($TFGRPC_JOB_TOKEN):
 //
 // 1. it writes Hello once it is up;
 // 2. the parent writes a job (ThroughputJob or SyncSGDJob); the worker connects to every PS,
@@ -50,12 +51,24 @@ constexpr const char* kNextPhaseKey = "x-tfgrpc-next-phase";
 constexpr const char* kWarmup = "warmup";
 constexpr const char* kMeasure = "measure";
 constexpr const char* kStop = "stop";
+// security.TOKEN_ENV, TOKEN_KEY: the run's job token, which every PS call carries.
+constexpr const char* kTokenEnv = "TFGRPC_JOB_TOKEN";
+constexpr const char* kTokenKey = "x-tfgrpc-job-token";
 // ps/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
 constexpr double kGoTimeoutS = 120.0;
 
 // --- the worker protocol (protos/tfgrpc/worker.proto) --------------------------------------
 // ps/jobs.py MAX_FRAME_BYTES: a size beyond it is a broken stream, not a message.
 constexpr uint64_t kMaxFrameBytes = 1ULL << 30;
+
+// The job token of the cluster this worker belongs to (read once at start).
+std::string job_token;
+
+// A call's context: its deadline and the run's token.
+void prepare(ClientContext* context, double timeout_s) {
+  set_deadline(context, timeout_s);
+  if (!job_token.empty()) context->AddMetadata(kTokenKey, job_token);
+}
 
 struct Shard {
   int64_t offset;  // in the tensor, bytes
@@ -375,7 +388,7 @@ std::string throughput(const Job& job,
         request = ByteBuffer(&contents[ps], 1);
       }
       ClientContext context;
-      set_deadline(&context, timeout);
+      prepare(&context, timeout);
       context.AddMetadata(kPhaseKey, phase);
       ByteBuffer reply;
       check(grpc::internal::BlockingUnaryCall(channels[ps].get(), methods[ps], &context, request,
@@ -535,7 +548,7 @@ std::string sync_sgd(const Job& job,
     std::string what = " of step " + std::to_string(step) + " to " + target;
     {
       ClientContext context;
-      set_deadline(&context, timeout);
+      prepare(&context, timeout);
       ByteBuffer ack;
       std::unique_ptr<grpc::ClientWriter<ByteBuffer>> writer(
           grpc::internal::ClientWriterFactory<ByteBuffer>::Create(channels[ps].get(), pushes[ps],
@@ -546,7 +559,7 @@ std::string sync_sgd(const Job& job,
       check(writer->Finish(), "push" + what);
     }
     ClientContext context;
-    set_deadline(&context, timeout);
+    prepare(&context, timeout);
     std::string request = step_fields(step, worker, measured, 1);
     put_varint_field(&request, 4, static_cast<uint64_t>(chunk_bytes));
     std::unique_ptr<grpc::ClientReader<ByteBuffer>> reader(
@@ -645,6 +658,8 @@ int main() {
                " asks for TLS");
     return 2;
   }
+  if (const char* token = std::getenv(kTokenEnv)) job_token = token;
+  unsetenv(kTokenEnv);
   std::thread(lifeline).detach();
   std::string hello;
   put_varint_field(&hello, 1, static_cast<uint64_t>(getpid()));
