@@ -6,6 +6,7 @@ not built (``tfgrpc-build-native``); the rest run everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -37,7 +38,9 @@ from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
 from pytest_tfgrpc.servers.processes import ServerDied, ServerProcess
 from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
 
 NOT_BUILT = native.unavailable_reason()
 needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -345,3 +348,110 @@ def test_bad_native_server_settings_are_refused_by_name(
 
     with pytest.raises(ValueError, match=f"{argument}="):
         start_native_server(lo, **{argument: value})  # type: ignore[arg-type]
+
+
+# --- TLS: every pair of engines, every call, server-only TLS and mutual TLS ------------------
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A CA, a certificate for 127.0.0.1 it signed, and a second CA that signed nothing."""
+    trustme = pytest.importorskip("trustme")
+    where = tmp_path_factory.mktemp("pki")
+    ca, other = trustme.CA(), trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    paths = {k: str(where / f"{k}.pem") for k in ("ca", "cert", "key", "other_ca")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    other.cert_pem.write_to_path(paths["other_ca"])
+    leaf.private_key_pem.write_to_path(paths["key"])
+    for i, pem in enumerate(leaf.cert_chain_pems):
+        pem.write_to_path(paths["cert"], append=i > 0)
+    return paths
+
+
+def _tls(pki: dict[str, str], mode: str) -> TlsFiles:
+    # Server-only TLS: clients verify the server against the CA and present nothing.
+    if mode == "tls":
+        return TlsFiles(cert=pki["cert"], key=pki["key"])
+    return TlsFiles(cert=pki["cert"], key=pki["key"], ca=pki["ca"])
+
+
+@contextlib.contextmanager
+def _tls_run(client: TlsFiles) -> Iterator[None]:
+    use_tls(load_tls(client))
+    try:
+        yield
+    finally:
+        use_tls(None)
+
+
+TLS_CALLS = [
+    LatencyCall(mode="raw", rpc="unary", run=RUN),
+    LatencyCall(mode="protobuf", rpc="stream", run=RUN),
+    *(
+        BandwidthCall(mode=m, rpc=r, direction=d, chunk_bytes=64 << 10, run=RUN)
+        for m, r, d in [
+            ("raw", "unary", "push"),
+            ("protobuf", "stream", "push"),
+            ("raw", "stream", "pull"),
+            ("protobuf", "unary", "pull"),
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize("mode", ["tls", "mtls"])
+@pytest.mark.parametrize("server_engine", ["grpcio", "native"])
+@pytest.mark.parametrize("client_engine", ["grpcio", "native"])
+def test_tls_across_engines_on_every_call(
+    lo: Fabric, pki: dict[str, str], mode: str, server_engine: str, client_engine: str
+) -> None:
+    if "native" in (server_engine, client_engine) and NOT_BUILT:
+        pytest.skip(NOT_BUILT)
+    files = _tls(pki, mode)
+    # The client's CA: the one that signed the server's certificate (mtls: also its identity).
+    client = TlsFiles(ca=pki["ca"]) if mode == "tls" else files
+    env = {**os.environ, **files.env()}
+    loops = native_p2p if client_engine == "native" else p2p
+    with start_tensor_server(lo, engine=server_engine, env=env) as server, _tls_run(client):
+        for call in TLS_CALLS:
+            if isinstance(call, LatencyCall):
+                result = loops.p2p_latency(server, [1, MULTI_CHUNK], call)
+            else:
+                result = loops.p2p_bandwidth(server, [1, MULTI_CHUNK], call)
+            assert [s.count for s in result.sizes] == [RUN.iterations] * 2, call
+
+
+@needs_native
+def test_a_mutual_tls_native_server_refuses_a_client_without_a_certificate(
+    lo: Fabric, pki: dict[str, str]
+) -> None:
+    env = {**os.environ, **_tls(pki, "mtls").env()}
+    with start_tensor_server(lo, engine="native", env=env) as server:
+        with _tls_run(TlsFiles(ca=pki["ca"])), pytest.raises(BenchmarkError, match="no connection"):
+            native_p2p.p2p_latency(server, [4], LatencyCall(run=RUN))
+        with _tls_run(TlsFiles(ca=pki["other_ca"])), pytest.raises(BenchmarkError, match="TLS"):
+            p2p.p2p_latency(server, [4], LatencyCall(run=RUN))
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"TFGRPC_TLS_CERT": "cert"}, "$TFGRPC_TLS_CERT needs $TFGRPC_TLS_KEY too"),
+        ({"TFGRPC_TLS_CA": "ca"}, "a TLS server needs a certificate and its key"),
+        ({"TFGRPC_TLS_CA": "/nonexistent.pem"}, "$TFGRPC_TLS_CA /nonexistent.pem: cannot be read"),
+        ({"TFGRPC_TLS_CA": "missing"}, "not a PEM file"),
+    ],
+)
+def test_bad_tls_settings_stop_a_native_server_in_one_line(
+    pki: dict[str, str], variables: dict[str, str], message: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFGRPC_TLS_")}
+    # "missing": a file that exists but is no PEM (this module's own source)
+    env.update({k: pki.get(v, __file__ if v == "missing" else v) for k, v in variables.items()})
+    done = subprocess.run(
+        [str(native.binaries().server), "--host", "127.0.0.1"],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith("tfgrpc-native-server: error: TLS settings: ") and message in line

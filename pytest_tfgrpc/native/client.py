@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.results import CpuTime
+from pytest_tfgrpc.wire.security import child_env
 
 MAGIC = b"TFGN"
 VERSION = 1
@@ -172,7 +173,12 @@ def run_client(settings: ClientSettings, *, extra_argv: Sequence[str] = ()) -> N
     lifeline, keep = os.pipe()
     try:
         done = subprocess.run(
-            argv, stdin=lifeline, capture_output=True, timeout=settings.timeout_s, check=False
+            argv,
+            stdin=lifeline,
+            capture_output=True,
+            timeout=settings.timeout_s,
+            check=False,
+            env=child_env(),
         )
     except subprocess.TimeoutExpired:
         raise NativeClientError(

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tls.h"
 #include "wire.h"
 
 namespace tfgrpc {
@@ -427,10 +428,19 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::string tls_mode;
+  try {
+    Tls tls = Tls::from_env();
+    credentials = tls.server_credentials();
+    tls_mode = tls.mode();
+  } catch (const TlsError& error) {
+    std::cerr << "tfgrpc-native-server: error: TLS settings: " << error.what() << "\n";
+    return 2;
+  }
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(options.host + ":" + std::to_string(options.port),
-                           grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(options.host + ":" + std::to_string(options.port), credentials, &bound);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   set_arguments([&builder](const char* key, int value) { builder.AddChannelArgument(key, value); });
@@ -448,8 +458,10 @@ int main(int argc, char** argv) {
   shared->target = options.host + ":" + std::to_string(bound);
   std::vector<std::thread> threads;
   for (auto& cq : queues) threads.emplace_back(serve, cq.get(), shared.get());
-  std::printf("{\"target\": \"%s\", \"pid\": %d, \"fabric\": \"%s\", \"engine\": \"native\"}\n",
-              shared->target.c_str(), static_cast<int>(getpid()), options.fabric.c_str());
+  std::printf(
+      "{\"target\": \"%s\", \"pid\": %d, \"fabric\": \"%s\", \"engine\": \"native\", "
+      "\"tls\": \"%s\"}\n",
+      shared->target.c_str(), static_cast<int>(getpid()), options.fabric.c_str(), tls_mode.c_str());
   std::fflush(stdout);
   if (options.exit_on_stdin_eof) {
     char buffer[4096];
