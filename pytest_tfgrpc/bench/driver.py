@@ -18,6 +18,7 @@ from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+from pytest_tfgrpc.bench.ends import cluster_ends, p2p_ends, with_ends
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Progress, Transfer
 from pytest_tfgrpc.bench.partial import partial_result
@@ -404,7 +405,7 @@ class Driver:
             )
         except EngineError as exc:
             raise SpecError(f"{self._test}: ps_throughput(): {exc}") from None
-        return self.record(self._engine_result(result))
+        return self.record(with_ends(self._engine_result(result), cluster_ends(cluster)))
 
     def sync_sgd_step(
         self,
@@ -447,7 +448,7 @@ class Driver:
         result = bench.sync_sgd_step(
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
-        return self.record(self._engine_result(result))
+        return self.record(with_ends(self._engine_result(result), cluster_ends(cluster)))
 
     def _check_server_limit(self, server: object, messages: Sequence[Message], call: str) -> None:
         limit = getattr(server, "max_tensor_bytes", None)
@@ -519,7 +520,8 @@ class Driver:
 
 
 def _placed(result: R, server: Server) -> R:
-    """``result`` with the CPU placement its P2P figures were measured under recorded: the
-    client's, and whether this host pinned ``server``."""
+    """``result`` with the CPU placement its P2P figures were measured under recorded (the
+    client's, and whether this host pinned ``server``) and where its two ends ran."""
     placement = result_placement(getattr(server, "pid", None))
+    result = with_ends(result, p2p_ends(server, result.target))
     return replace(result, settings=MappingProxyType({**result.settings, **placement}))

@@ -6,7 +6,8 @@ Names (the README's contract):
 - ``tfgrpc.path``, ``tfgrpc.placement``: whether a test's traffic crossed the fabric or stayed
   on one host (loopback), and on which host each server, PS task and worker ran;
 - ``tfgrpc.<label>.<field>`` for ``target`` (the result's server: a floor's is its floor
-  server), ``rpc``, ``mode``, ``settings``, ``topology``;
+  server), ``rpc``, ``mode``, ``settings``, ``topology``, ``ends`` (where the figures came
+  from: ``client=HOST@ADDRESS server=HOST@ADDRESS``, or every PS task and worker);
 - ``tfgrpc.<label>.<key>.<metric>_<unit>``: a figure of one point (message size, payload or
   profile), e.g. ``tfgrpc.p2p_latency.1KiB.p99_us``; the metric and its unit come from
   :mod:`pytest_tfgrpc.report.metrics`;
@@ -67,7 +68,7 @@ LOOPBACK = "loopback"
 #: Where each role of a test ran (``server=HOST@ADDRESS``, ``ps0=...``, ``worker0=...``).
 PLACEMENT = f"{PREFIX}placement"
 #: Properties of a whole result label (``tfgrpc.<label>.<field>``), strings, not figures.
-LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology")
+LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology", "ends")
 SKETCH = "sketch"
 #: ``tfgrpc.<label>.<key>.rounds``: the point's figures per round (:func:`format_rounds`).
 ROUNDS = "rounds"
@@ -198,7 +199,7 @@ def read_figures(
 
 
 def label_fields(properties: Mapping[str, str], label: str) -> dict[str, str]:
-    """The label-level fields (rpc, mode, settings, topology) recorded for ``label``."""
+    """The label-level fields (rpc, mode, settings, topology, ends) recorded for ``label``."""
     return {
         field: properties[label_property(label, field)]
         for field in LABEL_FIELDS
@@ -233,7 +234,8 @@ def _without_float_noise(text: str) -> str:
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
     """The properties of one result, whichever benchmark made it: where and how it was
-    measured (target, rpc, mode, topology when it has one, settings), then per point its
+    measured (target, rpc, mode, topology when it has one, both ends when known, settings),
+    then per point its
     payload, every figure (with the scoped per-PS and workers' figures), and a sketch of every
     sample; then the result's :meth:`~pytest_tfgrpc.results.BenchmarkResult.extra_properties`
     (a model prediction)."""
@@ -246,6 +248,8 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
     ]
     if result.topology:
         out.append((label_property(label, "topology"), result.topology))
+    if result.ends:
+        out.append((label_property(label, "ends"), " ".join(e.describe() for e in result.ends)))
     out.append((label_property(label, "settings"), settings))
     for point in result.sizes:
         key = point.label
