@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,12 +18,12 @@ from pytest_tfgrpc.bench.ps import fetch_weights, ps_throughput, sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
-from pytest_tfgrpc.servers import jobs, ps_cluster
+from pytest_tfgrpc.servers import jobs
 from pytest_tfgrpc.servers.parameter_server import apply_update, check_gradient, initial_weights
-from pytest_tfgrpc.servers.processes import LOCAL
-from pytest_tfgrpc.servers.ps_cluster import ClusterError, PSCluster
+from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
 
 NOT_BUILT = native.unavailable_reason()
 needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -128,50 +127,31 @@ def test_a_native_worker_names_the_ps_it_cannot_reach(lo: Fabric) -> None:
         assert ps_throughput(small, [8], run=RUN).sizes[0].count == 30
 
 
-@needs_native
-@pytest.mark.parametrize("variable", ["TFGRPC_TLS_CERT", "TFGRPC_TLS_CA"])
-def test_the_native_worker_refuses_tls_settings(variable: str) -> None:
-    done = subprocess.run(
-        [str(native.binaries().worker)],
-        env={**os.environ, variable: "/nonexistent.pem"},
-        input=b"",
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 2
-    failed = jobs.decode(done.stdout.splitlines()[0], jobs.WorkerFailed)
-    assert "plaintext only" in failed.error and variable in failed.error
-
-
-class _Agent:
-    host = "node1"
-    address = None
-
-
-def test_native_workers_through_node_agents_are_refused_before_anything_starts(
-    lo: Fabric,
-) -> None:
-    with pytest.raises(ClusterError, match="native PS workers cannot run through node agents"):
-        PSCluster(
-            lo,
-            Topology(ps=1, workers=2),
-            workers_engine="native",
-            worker_launchers=(LOCAL, _Agent()),  # type: ignore[arg-type]
-        )
-
-
-@pytest.mark.parametrize("mode", ["tls", "mtls"])
-def test_native_workers_under_tls_are_refused(
-    lo: Fabric, monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
-    monkeypatch.setattr(ps_cluster, "tls_mode", lambda: mode)
-    with pytest.raises(ClusterError, match=f"plaintext only, and this run uses TLS \\({mode}\\)"):
-        PSCluster(lo, Topology(ps=1, workers=1), workers_engine="native")
-
-
 @pytest.mark.parametrize("engine", ["c++", "", "NATIVE"])
 def test_an_unknown_workers_engine_is_named(lo: Fabric, engine: str) -> None:
     expected = re.escape(f"workers_engine={engine!r}: expected one of grpcio, native")
     with pytest.raises(ValueError, match=expected):
         PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
+
+
+@needs_native
+def test_native_workers_speak_mutual_tls_to_the_ps_tasks(
+    lo: Fabric, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    where = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    files = TlsFiles(str(where / "cert.pem"), str(where / "key.pem"), str(where / "ca.pem"))
+    ca.cert_pem.write_to_path(files.ca)
+    leaf.private_key_pem.write_to_path(files.key)
+    for i, pem in enumerate(leaf.cert_chain_pems):
+        pem.write_to_path(files.cert, append=i > 0)
+    use_tls(load_tls(files))  # the driver's own channels to the PS tasks (job control)
+    try:
+        env = {**os.environ, **files.env()}
+        with PSCluster(lo, Topology(ps=1, workers=2), env=env, workers_engine="native") as tls:
+            point = ps_throughput(tls, [4096], run=RUN).sizes[0]
+    finally:
+        use_tls(None)
+    assert [load.rpcs for load in point.per_ps] == [2 * 30]

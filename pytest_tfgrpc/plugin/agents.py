@@ -26,7 +26,7 @@ import pytest
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.options import TLS_HELP, option
 from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
-from pytest_tfgrpc.servers.agent import read_token
+from pytest_tfgrpc.servers.agent import engine_missing, read_token, tls_mismatch
 from pytest_tfgrpc.servers.cluster_spec import (
     ClusterLoad,
     ClusterSpecError,
@@ -37,7 +37,8 @@ from pytest_tfgrpc.servers.cluster_spec import (
     split_address,
     task_device,
 )
-from pytest_tfgrpc.servers.processes import Launcher, ServerProcess
+from pytest_tfgrpc.servers.native_server import start_tensor_server
+from pytest_tfgrpc.servers.processes import Launcher, ServerError, ServerProcess
 from pytest_tfgrpc.servers.remote import AgentClient, AgentError, AgentTLS
 from pytest_tfgrpc.servers.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.wire.fabric import Fabric
@@ -213,15 +214,19 @@ def _record(request: pytest.FixtureRequest, name: str, value: str) -> None:
 def _fail_without(agents: _Agents) -> None:
     if agents.problem:
         pytest.fail(agents.problem, pytrace=False)
-    if tls_mode() != "off":
-        # The run's certificate files are paths on this host; an agent's roles serve
-        # plaintext, which a TLS client would meet as a handshake failure mid-test.
-        pytest.fail(
-            "--tfgrpc-tls-*: servers, PS tasks and workers started through node agents do not"
-            " serve TLS yet (the agent's own link does: --tfgrpc-agent-tls-*); drop"
-            " --tfgrpc-tls-* or --tfgrpc-agents",
-            pytrace=False,
-        )
+
+
+def _check_hosts(clients: Sequence[AgentClient], engine: str, roles: str) -> None:
+    """Fail the test, before anything starts, when a host cannot run ``roles`` as the run
+    asks: the engine is not built there, or the run uses TLS and the agent's roles would get
+    another mode (a role serving plaintext to a TLS client fails mid-test as a handshake)."""
+    run_tls = tls_mode()
+    for client in dict.fromkeys(clients):
+        info = client.info
+        if engine not in info.engines:
+            pytest.fail(engine_missing(info.host, engine, roles), pytrace=False)
+        if run_tls != "off" and info.tls != run_tls:
+            pytest.fail(tls_mismatch(info.host, info.tls, run_tls), pytrace=False)
 
 
 def _is_local(address: str) -> bool:
@@ -245,8 +250,9 @@ def placed_tensor_server(
 ) -> Iterator[ServerProcess | None]:
     """With agents, a tensor server on the first agent reached through ``fabric`` (stopped
     after the test); otherwise None, and the caller starts it as before. Records the path.
-    Agents run only the Python ``tfgrpc-server``: a native ``engine`` through them fails the
-    test rather than measuring another engine than the one asked for."""
+    The server is ``engine``'s (grpcio or native), started by the agent from its own install;
+    a host without that engine, or whose agent's TLS is not the run's, fails the test in one
+    line naming the host."""
     load = cluster_of(request.config)
     if load.problem is not None:
         pytest.fail(str(load.problem), pytrace=False)
@@ -265,22 +271,22 @@ def placed_tensor_server(
         yield None
         return
     _fail_without(agents)
-    if engine != "grpcio":
-        pytest.fail(
-            f"tfgrpc_engine: a {engine} tensor server cannot run through node agents (they run"
-            " only tfgrpc-server, the grpcio engine); drop --tfgrpc-agents or the engine",
-            pytrace=False,
-        )
     try:
         client = agents.reachable(agents.ps, fabric)[0]
-        server = ServerProcess.start(
+    except (AgentError, ValueError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    _check_hosts([client], engine, "tensor server")
+    try:
+        server = start_tensor_server(
             fabric,
+            engine=engine,
             env=env,
             launcher=client.launcher(),
-            name=f"tensor server on host {client.info.host}",
+            name=f"{'native ' if engine == 'native' else ''}tensor server on host "
+            f"{client.info.host}",
             max_tensor_bytes=max_tensor_bytes,
         )
-    except (AgentError, ValueError) as exc:
+    except (AgentError, ServerError, ValueError) as exc:
         pytest.fail(str(exc), pytrace=False)
     info = client.info
     _record(request, PLACEMENT, f"server={info.host}@{server.target}")
@@ -300,8 +306,8 @@ def cluster_launchers(
 
     PS ``i`` runs on the ``i``-th PS agent (cyclically), worker ``j`` on the worker agents
     after those the PS tasks took when both come from one pool, so that P + W agents give
-    every process a host of its own. Records placement and path. The native ``engine``'s
-    workers do not run on agents: that fails the test before any agent is dialled.
+    every process a host of its own. Records placement and path. Every host must have
+    ``engine`` and the run's TLS (see :func:`placed_tensor_server`).
     """
     agents = _agents_of(request.config)
     if agents is None:
@@ -309,12 +315,6 @@ def cluster_launchers(
                 " not crossed)")  # fmt: skip
         return {}
     _fail_without(agents)
-    if engine == "native":
-        pytest.fail(
-            "ps_cluster: the native engine's PS workers cannot run through node agents (they "
-            "run only the plugin's Python roles); drop --tfgrpc-agents or the engine",
-            pytrace=False,
-        )
     try:
         ps_agents = agents.reachable(agents.ps, fabric)
         worker_agents = agents.reachable(agents.workers, fabric)
@@ -323,6 +323,8 @@ def cluster_launchers(
     offset = topology.ps if agents.workers == agents.ps else 0
     ps = [ps_agents[i % len(ps_agents)] for i in range(topology.ps)]
     workers = [worker_agents[(offset + j) % len(worker_agents)] for j in range(topology.workers)]
+    _check_hosts(ps, engine, "PS task")
+    _check_hosts(workers, engine, "worker")
     placed = [f"ps{i}={c.info.host}@{c.info.address}" for i, c in enumerate(ps)]
     placed += [f"worker{j}={c.info.host}@{c.info.address}" for j, c in enumerate(workers)]
     _record(request, PLACEMENT, " ".join(placed))

@@ -193,7 +193,6 @@ def ps_cluster(
         )
     try:
         if placed:
-            # The native engine's workers run here only: PSCluster refuses them on agents.
             cluster: EngineCluster = PSCluster(
                 fabric,
                 topology,

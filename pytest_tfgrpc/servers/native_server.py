@@ -40,9 +40,10 @@ def start_native_server(
     ``tfgrpc-server --delay``; it holds the serving thread). ``threads`` completion-queue
     threads serve the calls (1: every message handled on the thread that read it, the lowest
     latency; more: concurrent streams on more cores). Raises
-    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built. ``launcher``
-    is the launcher seam of every child process; a node agent refuses the native server (it
-    runs only its own Python roles), so in practice it runs here.
+    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built here. With an
+    agent's ``launcher`` it runs on that agent's host, from that host's own build (the agent
+    refuses it, naming the host, where there is none). Its TLS is the run's
+    (``$TFGRPC_TLS_*`` in ``env``; through an agent, the host's own certificates).
     """
     if delay_s < 0:
         raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
@@ -78,9 +79,14 @@ def start_tensor_server(
     engine: str = "grpcio",
     env: Mapping[str, str] | None = None,
     max_tensor_bytes: int | None = None,
+    launcher: Launcher = LOCAL,
+    name: str | None = None,
 ) -> ServerProcess:
-    """A tensor server of ``engine`` on ``fabric``: the Python one, refusing tensors over
-    ``max_tensor_bytes`` (None: gRPC's largest), or the native one (gRPC's own limit)."""
+    """A tensor server of ``engine`` on ``fabric`` (here, or through an agent's
+    ``launcher``): the Python one, refusing tensors over ``max_tensor_bytes`` (None: gRPC's
+    largest), or the native one (gRPC's own limit)."""
     if check_engine(engine) == "native":
-        return start_native_server(fabric, env=env)
-    return ServerProcess.start(fabric, env=env, max_tensor_bytes=max_tensor_bytes)
+        return start_native_server(fabric, env=env, launcher=launcher, name=name)
+    return ServerProcess.start(
+        fabric, env=env, max_tensor_bytes=max_tensor_bytes, launcher=launcher, name=name
+    )

@@ -38,7 +38,7 @@ from pytest_tfgrpc.servers.processes import (
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
-from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
 
@@ -134,21 +134,9 @@ def _on(launcher: Launcher) -> str:
     return "" if launcher is LOCAL else f" on host {launcher.host}"
 
 
-def _check_workers_engine(engine: str, launchers: Sequence[Launcher]) -> None:
+def _check_workers_engine(engine: str) -> None:
     if engine not in ENGINES:
         raise ValueError(f"workers_engine={engine!r}: expected one of {', '.join(ENGINES)}")
-    if engine != "native":
-        return
-    if any(launcher is not LOCAL for launcher in launchers):
-        raise ClusterError(
-            "native PS workers cannot run through node agents (an agent starts only the "
-            "plugin's Python roles): use the grpcio engine for a PS cluster on agents"
-        )
-    if tls_mode() != "off":
-        raise ClusterError(
-            "native PS workers speak plaintext only, and this run uses TLS "
-            f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
-        )
 
 
 def live_workers() -> tuple[WorkerProcess, ...]:
@@ -165,10 +153,10 @@ class PSCluster:
     only from this handle (a token of its own).
 
     ``workers_engine="native"`` starts the native engine's C++ workers
-    (``tfgrpc-native-worker``, same protocol and PS calls) instead of Python ones: plaintext
-    only, on this host only. Raises :class:`ClusterError` for native workers under TLS or
-    through node agents, :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built,
-    ValueError for an engine that is neither.
+    (``tfgrpc-native-worker``, same protocol and PS calls, the run's TLS) instead of Python
+    ones, here or through agents. Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` when
+    they are not built here (an agent's host without them refuses to start them, naming the
+    host), ValueError for an engine that is neither.
     """
 
     def __init__(
@@ -183,7 +171,7 @@ class PSCluster:
         max_tensor_bytes: int | None = None,
         workers_engine: str = "grpcio",
     ) -> None:
-        _check_workers_engine(workers_engine, worker_launchers)
+        _check_workers_engine(workers_engine)
         self.fabric = fabric
         #: The workers' engine: ``grpcio`` (Python workers) or ``native`` (C++ workers).
         self.workers_engine = workers_engine
