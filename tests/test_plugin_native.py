@@ -279,34 +279,6 @@ def test_a_bad_streams_marker_fails_the_test_by_name(
     result.stdout.fnmatch_lines(["*test_x*tfgrpc_streams*"])
 
 
-_SERVER_ON_AGENTS = "a native tensor server cannot run through node agents"
-_WORKERS_ON_AGENTS = "the native engine's PS workers cannot run through node agents"
-
-
-@pytest.mark.parametrize(
-    ("marker", "fixture", "message"),
-    [
-        ("tfgrpc_engines(server='native')", "tensor_server", _SERVER_ON_AGENTS),
-        ("tfgrpc_engines('native')", "tensor_server", _SERVER_ON_AGENTS),
-        ("tfgrpc_engine(engines=['native'])", "tensor_server", _SERVER_ON_AGENTS),
-        ("tfgrpc_engines('native')", "ps_cluster", _WORKERS_ON_AGENTS),
-        ("tfgrpc_engine(engines=['native'])", "ps_cluster", _WORKERS_ON_AGENTS),
-    ],
-)
-def test_native_processes_are_not_started_through_agents(
-    pytester: pytest.Pytester, marker: str, fixture: str, message: str
-) -> None:
-    # Agents run only the plugin's Python roles: the test fails before any agent is dialled
-    # (the address given listens nowhere), rather than measuring the grpcio engine instead.
-    pytester.makepyfile(
-        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it({fixture}):\n    pass\n"
-    )
-    result = pytester.runpytest_subprocess("--tfgrpc-agents=127.0.0.1:9", "-p", "no:cacheprovider")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*{message}*"])
-    assert "INTERNALERROR" not in result.stdout.str()
-
-
 @pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
 def test_ps_tests_under_the_native_engine_run_native_workers_and_say_so(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
