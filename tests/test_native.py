@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -38,9 +39,11 @@ from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
 from pytest_tfgrpc.servers.processes import ServerDied, ServerProcess
 from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.channels import method
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
-from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
+from pytest_tfgrpc.wire.security import TlsFiles, load_tls, open_channel, use_tls
 
 NOT_BUILT = native.unavailable_reason()
 needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -455,3 +458,53 @@ def test_bad_tls_settings_stop_a_native_server_in_one_line(
     assert done.returncode == 2
     [line] = done.stderr.splitlines()
     assert line.startswith("tfgrpc-native-server: error: TLS settings: ") and message in line
+
+
+# --- tfgrpc-server --engine native: the native server started by hand ------------------------
+def _by_hand(lo: Fabric, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--engine", "native"]
+    argv += ["--fabric", "lo", "--exit-on-stdin-eof", *flags]
+    return ServerProcess.launch(argv, lo, name="tfgrpc-server --engine native", env=env)
+
+
+@needs_native
+def test_tfgrpc_server_engine_native_serves_with_the_same_flags(
+    lo: Fabric, pki: dict[str, str]
+) -> None:
+    files = _tls(pki, "mtls")
+    flags = ["--cpus", "0", "--delay", "20ms", "--workers", "2"]
+    flags += [f"--tls-{k}={getattr(files, k)}" for k in ("cert", "key", "ca")]
+    with _by_hand(lo, *flags) as server, _tls_run(files):
+        assert os.sched_getaffinity(server.pid) == {0}  # pinned before it became the server
+        result = p2p.p2p_latency(server, [1024], LatencyCall(run=RUN))
+        with open_channel(server.target, ()) as channel:
+            reply = channel.unary_unary(method("raw", "Status"))(b"", timeout=10)
+    # It became the native server (the pid kept through exec), with mutual TLS, 20 ms late.
+    status = service_pb2.ServerStatus.FromString(reply)
+    assert status.pid == server.pid and status.grpc_version.endswith("(C++)")
+    assert status.environment["MALLOC_MMAP_THRESHOLD_"] == "33554432"  # the tuned allocator
+    assert result.sizes[0].summary.min_ns >= 20_000_000
+
+
+@needs_native
+def test_tfgrpc_server_engine_native_refuses_bad_flags_in_one_line(lo: Fabric) -> None:
+    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--engine", "native"]
+    done = subprocess.run(
+        [*argv, "--workers", "65"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith(
+        "--workers 65: the native server takes 1 to 64 threads"
+    )
+
+
+def test_tfgrpc_server_engine_native_without_the_build_names_the_command(
+    tmp_path: Path,
+) -> None:
+    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--engine", "native"]
+    env = {**os.environ, native.CACHE_ENV: str(tmp_path)}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert done.returncode == 2
+    [line] = [text for text in done.stderr.splitlines() if "error:" in text]
+    assert "--engine native: the native engine is not built" in line
+    assert "tfgrpc-build-native" in line
