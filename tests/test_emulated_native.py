@@ -3,6 +3,7 @@ TLS; an agent killed mid-run fails only its test, naming the host; nothing is le
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import time
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 from test_emulated import FAST, namespace_pids, properties
+from test_native import MULTI_CHUNK, RUN, TLS_CALLS
 
 from pytest_tfgrpc import native
+from pytest_tfgrpc.bench import native_p2p, p2p
+from pytest_tfgrpc.bench.p2p import LatencyCall
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 from pytest_tfgrpc.servers.emulated import pid_alive
+from pytest_tfgrpc.servers.native_server import start_tensor_server
+from pytest_tfgrpc.servers.remote import AgentClient, AgentTLS
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.security import load_tls, use_tls
 
 Hosts = Callable[..., EmulatedHosts]
 NOT_BUILT = native.unavailable_reason()
@@ -127,3 +135,42 @@ def test_a_host_without_the_native_build_is_named(
             " server: run `tfgrpc-build-native` on ps0*"
         ]
     )
+
+
+def test_every_pair_of_engines_on_every_call_through_an_agent(
+    tfgrpc_emulated_hosts: Hosts,
+) -> None:
+    """Each engine's server on another host, started by its agent, measured by each engine's
+    client from here, on every call; plaintext, then mutual TLS with the host's own
+    certificate (the same agent serves both: the run decides)."""
+    hosts = tfgrpc_emulated_hosts("s0", tls=True)
+    assert hosts.tls is not None
+    driver = resolve_fabric(hosts.fabric.bridge)
+    ca, cert, key = hosts.tls.ca, hosts.tls.cert, hosts.tls.key
+    assert ca is not None
+    agent_tls = AgentTLS.from_files(ca, cert, key)
+    with AgentClient(hosts.agent_targets()[0], hosts.token, tls=agent_tls) as agent:
+        assert agent.info.engines == ("grpcio", "native") and agent.info.tls == "mtls"
+        for files in (None, hosts.tls):
+            env = {**os.environ, **(files.env() if files is not None else {})}
+            for server_engine in ("grpcio", "native"):
+                server = start_tensor_server(
+                    driver, engine=server_engine, env=env, launcher=agent.launcher()
+                )
+                use_tls(load_tls(files) if files is not None else None)
+                try:
+                    assert server.target.startswith(hosts.fabric.host("s0").address + ":")
+                    for loops in (p2p, native_p2p):
+                        for call in TLS_CALLS:
+                            measure = (
+                                loops.p2p_latency
+                                if isinstance(call, LatencyCall)
+                                else loops.p2p_bandwidth
+                            )
+                            result = measure(server, [1, MULTI_CHUNK], call)
+                            counts = [s.count for s in result.sizes]
+                            assert counts == [RUN.iterations] * 2, (server_engine, call)
+                finally:
+                    use_tls(None)
+                    server.stop()
+    _nothing_left(hosts)
