@@ -38,7 +38,7 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from pytest_tfgrpc.servers.processes import end_process
+from pytest_tfgrpc.roles.processes import end_process
 
 SERVICE = "bare.Bare"
 ECHO = f"/{SERVICE}/Echo"

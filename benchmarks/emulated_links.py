@@ -34,17 +34,17 @@ from typing import Any
 from pytest_tfgrpc.bench.p2p import BandwidthCall, p2p_bandwidth
 from pytest_tfgrpc.bench.ps import ps_throughput
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.placement import Topology
-from pytest_tfgrpc.servers.emulated import (
+from pytest_tfgrpc.hosts.agent_client import AgentClient
+from pytest_tfgrpc.hosts.emulated import (
     HostAgent,
     can_build,
     emulated_fabric,
     parse_hosts,
     rate_bits_per_s,
 )
-from pytest_tfgrpc.servers.processes import ServerProcess
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
-from pytest_tfgrpc.servers.remote import AgentClient
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.units import parse_size
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 

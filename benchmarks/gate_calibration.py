@@ -53,7 +53,7 @@ def server_cpus() -> list[str]:
     """``--cpus`` for the suite's server: the server side of the placement the runs measure
     under (``--tfgrpc-cpus``), as the tensor_server fixture would pin a server it started
     itself; nothing under ``off``."""
-    from pytest_tfgrpc.servers.cpus import format_cpu_list, resolve_placement
+    from pytest_tfgrpc.tuning.cpus import format_cpu_list, resolve_placement
 
     placement = resolve_placement(CPUS["placement"])
     return [] if placement is None else ["--cpus", format_cpu_list(placement.server)]

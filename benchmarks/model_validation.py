@@ -36,7 +36,7 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import predict_step
 from pytest_tfgrpc.model.placement import SHARDINGS, Topology
 from pytest_tfgrpc.model.profiles import load_profile
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 TOLERANCE = 0.25

@@ -40,10 +40,10 @@ from run import Budget, Config, Contender, Measurement, Row
 from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import BandwidthCall, LatencyCall, RunSpec, native_p2p, p2p
 from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
-from pytest_tfgrpc.servers import allocator as tuning
-from pytest_tfgrpc.servers import floor_server as floor
-from pytest_tfgrpc.servers.native_server import start_tensor_server
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles import floor_server as floor
+from pytest_tfgrpc.roles.native_server import start_tensor_server
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.tuning import allocator as tuning
 from pytest_tfgrpc.units import parse_sizes, size_label
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 

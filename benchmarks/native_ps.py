@@ -3,7 +3,7 @@
     python benchmarks/native_ps.py [--rounds N] [--seconds S] [--ps P] [--workers W]
 
 Both clusters run the plugin's Python PS tasks on loopback; only the workers differ
-(``servers/worker.py`` against ``tfgrpc-native-worker``). Each round measures both engines at
+(``ps/worker.py`` against ``tfgrpc-native-worker``). Each round measures both engines at
 1 KiB and 4 MiB, raw mode, one after the other, alternating which goes first; a figure is the
 median over rounds of the aggregate RPC rate (calls/s over every worker and PS). The machine's
 load (``os.getloadavg``) is printed before and after. Nothing is asserted: on a shared 2-core
@@ -20,7 +20,7 @@ import statistics
 from pytest_tfgrpc.bench.ps import ps_throughput
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 SIZES = {"1KiB": 1 << 10, "4MiB": 4 << 20}

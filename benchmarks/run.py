@@ -14,7 +14,7 @@ operations (round trips or tensors) over all rounds. Nothing here asserts a spee
 and prints.
 
 Every contender runs in the same process environment: ``--allocator tuned`` (the plugin's
-default) applies :func:`pytest_tfgrpc.servers.allocator.apply_policy` to this process and gives its
+default) applies :func:`pytest_tfgrpc.tuning.allocator.apply_policy` to this process and gives its
 environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) to every server started
 here: the floor, both bare grpcio servers, the plugin's server, the PS cluster and TensorFlow's
 two tasks. Each server's allocator variables are read back from ``/proc/<pid>/environ`` and
@@ -57,8 +57,8 @@ import bare_grpc
 
 from pytest_tfgrpc.bench import floor as floor_client
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.servers import allocator as tuning
-from pytest_tfgrpc.servers import floor_server as floor
+from pytest_tfgrpc.roles import floor_server as floor
+from pytest_tfgrpc.tuning import allocator as tuning
 from pytest_tfgrpc.units import parse_sizes, size_label
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
@@ -278,7 +278,7 @@ def plugin_contenders(stack: ExitStack, cfg: Config) -> list[Contender]:
             p2p_bandwidth,
             p2p_latency,
         )
-        from pytest_tfgrpc.servers.processes import ServerProcess
+        from pytest_tfgrpc.roles.processes import ServerProcess
     except ImportError as exc:
         cfg.notes.append(f"plugin contenders skipped: pytest_tfgrpc.bench not importable ({exc})")
         return []
@@ -429,7 +429,7 @@ def ps_cases(stack: ExitStack, cfg: Config) -> list[PSCase]:
         from pytest_tfgrpc.bench.ps import ps_throughput, sync_sgd_step
         from pytest_tfgrpc.model.placement import Topology
         from pytest_tfgrpc.model.profiles import load_profile
-        from pytest_tfgrpc.servers.ps_cluster import PSCluster
+        from pytest_tfgrpc.ps.ps_cluster import PSCluster
     except ImportError as exc:
         cfg.notes.append(f"PS rows skipped: the PS benchmarks are not importable ({exc})")
         return []

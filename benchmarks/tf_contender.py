@@ -1,8 +1,8 @@
 """TensorFlow's own gRPC runtime as a contender: a tensor pulled from a PS task by a worker task.
 
-The tasks and their measurements live in the package (``pytest_tfgrpc.servers.tf_task``, run by
+The tasks and their measurements live in the package (``pytest_tfgrpc.roles.tf_task``, run by
 the Python of an environment where TensorFlow is installed, and
-``pytest_tfgrpc.servers.tf_cluster``, the harness's side), where the plugin's ``tensorflow``
+``pytest_tfgrpc.ps.tf_cluster``, the harness's side), where the plugin's ``tensorflow``
 engine uses them too; this module names them for ``run.py`` and keeps the ``check`` command.
 
 Two ``tf.distribute.Server`` tasks, job ``ps`` task 0 and job ``worker`` task 0, each in its own
@@ -25,8 +25,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pytest_tfgrpc.servers.tf_cluster import Steps, TFCluster, find_tf_python
-from pytest_tfgrpc.servers.tf_task import OPS
+from pytest_tfgrpc.ps.tf_cluster import Steps, TFCluster, find_tf_python
+from pytest_tfgrpc.roles.tf_task import OPS
 
 __all__ = ["HOST", "OPS", "Steps", "TFCluster", "find_tf_python"]
 

@@ -4,6 +4,20 @@ The names in :data:`__all__` are the public API, imported lazily: ``import pytes
 (done by pytest at start-up through the plugin entry point) stays cheap and pulls in neither
 numpy nor grpc. Old module paths (``pytest_tfgrpc.budget``, ...) keep working with a
 :class:`DeprecationWarning`; see :mod:`pytest_tfgrpc._compat`.
+
+The subpackages are layered, top first; a layer imports only the layers below it, and layers on
+one line (``a | b``) import nothing of each other (import-linter's contract in ``pyproject.toml``,
+checked by ``tests/test_layers.py``; each subpackage's docstring says what it holds):
+
+- ``plugin``: pytest glue, the only code that imports pytest
+- ``cli | bench``: the console scripts; the benchmarks, their timing, driver and engines
+- ``hosts | ps | report``: other hosts (agents, cluster specs, SLURM, emulated fabrics); PS
+  clusters and workers; figures after the run (JUnit properties, gate, views)
+- ``roles``: the local processes the plugin starts (tensor, floor, native servers, TF tasks)
+- ``tuning | native | model | wire``: CPU placement and allocator; the C++ engine's build and
+  runner; model profiles, placement and the analytic model; what travels on the wire
+- ``results``: the result types
+- ``stats | units``: statistics of samples; units and their parsing
 """
 
 from __future__ import annotations
@@ -49,9 +63,9 @@ _EXPORTS = {
     "RunSpec": "pytest_tfgrpc.bench.timing",
     "Fabric": "pytest_tfgrpc.wire.fabric",
     "FabricError": "pytest_tfgrpc.wire.fabric",
-    "ServerProcess": "pytest_tfgrpc.servers.processes",
-    "RemoteServer": "pytest_tfgrpc.servers.cluster_spec",
-    "PSCluster": "pytest_tfgrpc.servers.ps_cluster",
+    "ServerProcess": "pytest_tfgrpc.roles.processes",
+    "RemoteServer": "pytest_tfgrpc.hosts.cluster_spec",
+    "PSCluster": "pytest_tfgrpc.ps.ps_cluster",
     # engines (write one: see the README's "Engines" section)
     "Engine": "pytest_tfgrpc.bench.engines.base",
     "EngineError": "pytest_tfgrpc.bench.engines.base",
@@ -74,6 +88,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.bench.ps import PSResult as PSResult
     from pytest_tfgrpc.bench.ps import check_aggregate as check_aggregate
     from pytest_tfgrpc.bench.timing import RunSpec as RunSpec
+    from pytest_tfgrpc.hosts.cluster_spec import RemoteServer as RemoteServer
     from pytest_tfgrpc.model.analytic import HostCosts as HostCosts
     from pytest_tfgrpc.model.analytic import LinkFit as LinkFit
     from pytest_tfgrpc.model.analytic import StepPrediction as StepPrediction
@@ -84,6 +99,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.model.profiles import TensorSpec as TensorSpec
     from pytest_tfgrpc.model.profiles import list_profiles as list_profiles
     from pytest_tfgrpc.model.profiles import load_profile as load_profile
+    from pytest_tfgrpc.ps.ps_cluster import PSCluster as PSCluster
     from pytest_tfgrpc.report.budget import Budget as Budget
     from pytest_tfgrpc.report.budget import BudgetError as BudgetError
     from pytest_tfgrpc.report.budget import BudgetExceeded as BudgetExceeded
@@ -92,9 +108,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.results import CpuTime as CpuTime
     from pytest_tfgrpc.results import Figure as Figure
     from pytest_tfgrpc.results import SizeResult as SizeResult
-    from pytest_tfgrpc.servers.cluster_spec import RemoteServer as RemoteServer
-    from pytest_tfgrpc.servers.processes import ServerProcess as ServerProcess
-    from pytest_tfgrpc.servers.ps_cluster import PSCluster as PSCluster
+    from pytest_tfgrpc.roles.processes import ServerProcess as ServerProcess
     from pytest_tfgrpc.stats.sketch import Sketch as Sketch
     from pytest_tfgrpc.stats.summary import Summary as Summary
     from pytest_tfgrpc.wire.fabric import Fabric as Fabric

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_tfgrpc.servers.emulated import (
+from pytest_tfgrpc.hosts.emulated import (
     IPV4_BENCHMARK_NET,
     FabricBuildError,
     add_veth_namespace,
@@ -48,7 +48,7 @@ from pytest_tfgrpc.servers.emulated import (
     sigint_deferred,
     tbf_burst_bytes,
 )
-from pytest_tfgrpc.servers.emulated import run_command as _run
+from pytest_tfgrpc.hosts.emulated import run_command as _run
 
 #: Kept under its old name for tests that hold Ctrl-C back themselves.
 _sigint_deferred = sigint_deferred

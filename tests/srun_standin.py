@@ -19,7 +19,7 @@ import time
 
 import hostlist
 
-from pytest_tfgrpc.servers.emulated import EmulatedFabric
+from pytest_tfgrpc.hosts.emulated import EmulatedFabric
 
 
 def main(argv: list[str]) -> int:

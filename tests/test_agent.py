@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pytest_tfgrpc.servers.agent import (
+from pytest_tfgrpc.hosts.agent import (
     RoleError,
     engines_here,
     read_token,
@@ -24,11 +24,11 @@ LINK_LOCAL = Fabric(name="ib0", address="fe80::1", family="ipv6", zone="ib0")
 
 def test_each_role_runs_its_own_module_bound_where_the_agent_says() -> None:
     argv, _ = role_argv("ps", {"workers": "8", "delay": "1ms"}, {}, FABRIC)
-    assert argv[:3] == [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server"]
+    assert argv[:3] == [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server"]
     assert argv[3:] == ["--fabric", "fab0", "--port", "0", "--exit-on-stdin-eof", "--delay",
                         "1ms", "--workers", "8"]  # fmt: skip
     argv, _ = role_argv("worker", {}, {}, FABRIC)
-    assert argv == [sys.executable, "-m", "pytest_tfgrpc.servers.worker"]
+    assert argv == [sys.executable, "-m", "pytest_tfgrpc.ps.worker"]
     argv, _ = role_argv("floor_server", {}, {}, LINK_LOCAL)
     assert argv[3:] == ["--bind", "fe80::1%ib0", "--port", "0"]
 
@@ -128,7 +128,7 @@ def test_agent_tls_defaults_to_the_runs_tls(
 def _built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The native engine as if built in ``tmp_path`` (role_argv only names its programs)."""
     from pytest_tfgrpc import native
-    from pytest_tfgrpc.servers import agent
+    from pytest_tfgrpc.hosts import agent
 
     made = native.NativeBinaries(
         tmp_path / "tfgrpc-native-server", tmp_path / "c", tmp_path / "tfgrpc-native-worker",

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfgrpc.servers.cluster_spec import (
+from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterSpecError,
     load_cluster,
     parse_cluster_spec,
     split_address,
     task_device,
 )
-from pytest_tfgrpc.servers.slurm import (
+from pytest_tfgrpc.hosts.slurm import (
     SlurmError,
     agent_addresses,
     expand_nodelist,

@@ -93,7 +93,7 @@ def test_names_of_an_old_module_now_a_subpackage_are_forwarded(old: str) -> None
         ("compare", "compare_runs", "report.compare"),
         ("floor", "FloorClient", "bench.floor"),
         ("floor", "tcp_pingpong", "bench.floor"),
-        ("floor", "FloorServer", "servers.floor_server"),
+        ("floor", "FloorServer", "roles.floor_server"),
         ("topology", "topology_spec", "bench.specs"),
         ("report", "result_properties", "report.properties"),
     ],
@@ -115,7 +115,7 @@ def test_names_of_a_split_old_module_are_found_in_each_new_home(
 
 
 def test_old_names_that_are_not_old_paths() -> None:
-    for name in ("pytest_tfgrpc", "pytest_tfgrpc.stats", "pytest_tfgrpc.servers", "os.path"):
+    for name in ("pytest_tfgrpc", "pytest_tfgrpc.stats", "pytest_tfgrpc.roles", "os.path"):
         assert new_name(name) is None
 
 
@@ -129,4 +129,4 @@ def test_python_dash_m_with_the_old_server_path_still_serves() -> None:
     assert out.returncode == 0, out.stderr
     assert "usage: tfgrpc-server" in out.stdout
     assert "pytest_tfgrpc.server is deprecated" in out.stderr
-    assert "pytest_tfgrpc.servers.tensor_server" in out.stderr
+    assert "pytest_tfgrpc.roles.tensor_server" in out.stderr

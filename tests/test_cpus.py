@@ -18,8 +18,8 @@ import pytest
 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.servers import cpus
-from pytest_tfgrpc.servers.cpus import (
+from pytest_tfgrpc.tuning import cpus
+from pytest_tfgrpc.tuning.cpus import (
     CpuError,
     CpuPlacement,
     format_cpu_list,
@@ -30,7 +30,7 @@ from pytest_tfgrpc.servers.cpus import (
 )
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
-SERVER = (sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server")
+SERVER = (sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server")
 ALLOWED = frozenset(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two usable CPUs")
 
@@ -521,7 +521,7 @@ def test_tfgrpc_server_keeps_within_the_cpus_it_was_given(given: str) -> None:
     value = str(second) if given == "second" else f"{first}-{second}"
     start = (
         f"import os, sys; os.sched_setaffinity(0, {{{first}}}); "
-        "from pytest_tfgrpc.servers.tensor_server import main; sys.exit(main(sys.argv[1:]))"
+        "from pytest_tfgrpc.roles.tensor_server import main; sys.exit(main(sys.argv[1:]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", start, "--cpus", value],
@@ -758,7 +758,7 @@ def test_the_floor_server_is_pinned_only_beside_a_pinned_server(
 GONE_CPU_TEST = """
 import dataclasses, os, pathlib, threading
 import pytest
-from pytest_tfgrpc.servers import cpus
+from pytest_tfgrpc.tuning import cpus
 
 @pytest.fixture
 def cpu_gone(request, tfgrpc):

@@ -13,8 +13,7 @@ import pytest
 from conftest import pid_alive
 from junitparser.xunit2 import JUnitXml
 
-from pytest_tfgrpc.plugin.emulated import EmulatedHosts
-from pytest_tfgrpc.servers.emulated import (
+from pytest_tfgrpc.hosts.emulated import (
     HostSpec,
     build_fabric,
     can_build,
@@ -24,6 +23,7 @@ from pytest_tfgrpc.servers.emulated import (
     rate_bits_per_s,
     remove_leftovers,
 )
+from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 
 FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=4")
 Hosts = Callable[..., EmulatedHosts]
@@ -224,7 +224,7 @@ def test_a_ps_cluster_runs_across_five_hosts(
 def test_an_agent_refuses_strangers_and_other_roles(tfgrpc_emulated_hosts: Hosts) -> None:
     import grpc
 
-    from pytest_tfgrpc.servers.remote import AgentClient, AgentError
+    from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError
     from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 
     hosts = tfgrpc_emulated_hosts("n0")
@@ -262,7 +262,7 @@ def test_an_agent_refuses_strangers_and_other_roles(tfgrpc_emulated_hosts: Hosts
 def test_a_driver_that_stops_renewing_loses_its_processes(tfgrpc_emulated_hosts: Hosts) -> None:
     import tempfile
 
-    from pytest_tfgrpc.servers.remote import AgentClient
+    from pytest_tfgrpc.hosts.agent_client import AgentClient
 
     hosts = tfgrpc_emulated_hosts("n0")
     netns = hosts.fabric.hosts[0].netns
@@ -473,8 +473,8 @@ def test_an_agent_with_mutual_tls_refuses_clients_without_its_ca_or_a_certificat
     import shutil
     import tempfile
 
-    from pytest_tfgrpc.servers.emulated import HostAgent
-    from pytest_tfgrpc.servers.remote import AgentClient, AgentError, AgentTLS
+    from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentTLS
+    from pytest_tfgrpc.hosts.emulated import HostAgent
 
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make certificates")

@@ -17,10 +17,10 @@ from test_native import MULTI_CHUNK, RUN, TLS_CALLS
 from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.p2p import LatencyCall
+from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentTLS
+from pytest_tfgrpc.hosts.emulated import pid_alive
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
-from pytest_tfgrpc.servers.emulated import pid_alive
-from pytest_tfgrpc.servers.native_server import start_tensor_server
-from pytest_tfgrpc.servers.remote import AgentClient, AgentTLS
+from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import load_tls, use_tls
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from pytest_tfgrpc.bench.ends import cluster_ends, p2p_ends, source_address
 from pytest_tfgrpc.results import End
-from pytest_tfgrpc.servers.processes import LOCAL
+from pytest_tfgrpc.roles.processes import LOCAL
 
 
 def test_the_source_address_is_the_routes_choice() -> None:

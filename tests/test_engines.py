@@ -29,10 +29,10 @@ from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.ps.tf_cluster import TF_PYTHON_ENV
 from pytest_tfgrpc.report.junit import Baseline, Key, Measurement
 from pytest_tfgrpc.report.metadata import extra_metadata
 from pytest_tfgrpc.report.setup_check import check_metadata
-from pytest_tfgrpc.servers.tf_cluster import TF_PYTHON_ENV
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabrics
 from pytest_tfgrpc.wire.tensors import Tensor
 

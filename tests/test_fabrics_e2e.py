@@ -17,7 +17,7 @@ from conftest import QUICK, pid_alive
 from junitparser.xunit2 import JUnitXml
 from netns import VethLink, can_make_links, veth_link
 
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import interface_counters, resolve_fabric
 
 SUITE = """
@@ -34,11 +34,11 @@ def test_bandwidth(tfgrpc, tensor_server):
 
 STATUS_FROM_NAMESPACE = """
 import sys, grpc
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 with grpc.insecure_channel(sys.argv[1]) as channel:
-    reply = channel.unary_unary(transport.method("raw", "Push"))(b"x" * (1 << 20), timeout=5)
-    status = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=5)
+    reply = channel.unary_unary(grpc_settings.method("raw", "Push"))(b"x" * (1 << 20), timeout=5)
+    status = channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=5)
 print(service_pb2.ServerStatus.FromString(status).target)
 """
 

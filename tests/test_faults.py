@@ -103,13 +103,13 @@ def test_dead(tfgrpc, tensor_server):
 
 STRAY_STDOUT = """
 import sys
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 
 def test_stray(tfgrpc, fabric):
     # sitecustomize-like noise: the interpreter prints before the server's ready line
     code = "print('banner'); print('{{not json'); import runpy, sys; " \\
         "sys.argv = ['tfgrpc-server', '--fabric', 'lo', '--exit-on-stdin-eof']; " \\
-        "runpy.run_module('pytest_tfgrpc.servers.tensor_server', run_name='__main__')"
+        "runpy.run_module('pytest_tfgrpc.roles.tensor_server', run_name='__main__')"
     server = ServerProcess([sys.executable, "-c", code], fabric=fabric, name="noisy", env=None)
     try:
         server._wait_ready(30)
@@ -123,7 +123,7 @@ REMOTE_DIES = """
 import os, signal, threading
 from pytest_tfgrpc import bench
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 
 class Remote:
     # what a test sees of a server on another host: a target, no process to watch
@@ -249,7 +249,7 @@ def test_two(tfgrpc, tensor_server):
 def test_slow(fabric, n):
     # a server of its own alive when the signal comes (tensor_server would hold the
     # measurement lock under xdist, and the other tests would wait for it)
-    from pytest_tfgrpc.servers.processes import ServerProcess
+    from pytest_tfgrpc.roles.processes import ServerProcess
     with ServerProcess.start(fabric):
         time.sleep(30)
 """
@@ -266,7 +266,7 @@ def test_crash(tensor_server):
 
 DELAYED = """
 import pytest
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 
 @pytest.mark.tfgrpc_run(max_seconds=0.5, warmup_seconds=0.5)
 def test_deadline(tfgrpc, fabric):
@@ -289,7 +289,7 @@ def test_push(tfgrpc, tensor_server):
 MTLS_SERVER = """
 import os
 import pytest
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.security import TlsFiles
 
 @pytest.fixture
@@ -306,7 +306,7 @@ def test_reach(tfgrpc, mtls_server):
 #: reachability check must speak TLS too.
 TLS_REMOTE_CONFTEST = """
 import json, os
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import TlsFiles
 
@@ -338,21 +338,21 @@ def test_ps(tfgrpc, ps_cluster):
 
 GUARDED = """
 import grpc, pytest
-from pytest_tfgrpc.servers.parameter_server import method
-from pytest_tfgrpc.wire import channels as transport, codec
+from pytest_tfgrpc.roles.parameter_server import method
+from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import TOKEN_KEY
 
 @pytest.mark.message_profile(["1KiB"])
 def test_refusals(tfgrpc, tensor_server, ps_cluster):
     with grpc.insecure_channel(tensor_server.target) as channel:
-        pull = channel.unary_unary(transport.method("raw", "Pull"))
+        pull = channel.unary_unary(grpc_settings.method("raw", "Pull"))
         for nbytes in (1025, 1 << 30, 3 << 30):
             with pytest.raises(grpc.RpcError) as info:
                 pull(codec.encode_pull_request(nbytes, "float32", 0), timeout=10)
             assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert f"{{nbytes}} B refused" in info.value.details()
-        push = channel.unary_unary(transport.method("raw", "Push"))
+        push = channel.unary_unary(grpc_settings.method("raw", "Push"))
         with pytest.raises(grpc.RpcError) as info:
             push(bytes(4 << 20), timeout=10)
         assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -852,7 +852,7 @@ def test_accepted():
         "tls-no-client-cert",
         "E14",
         """
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire import client, security
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 import os, pytest
@@ -1142,17 +1142,17 @@ def test_no_client_cert():
         """
 import json, subprocess, sys
 import grpc
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 
 def test_standalone_is_tuned():
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server",
                              "--fabric", "lo", "--exit-on-stdin-eof"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         target = json.loads(proc.stdout.readline())["target"]
         with grpc.insecure_channel(target) as channel:
-            reply = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=10)
+            reply = channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=10)
         env = dict(service_pb2.ServerStatus.FromString(reply).environment)
         assert env["allocator"] == "tuned", env
         assert env["mallopt.M_MMAP_THRESHOLD"] == str(32 << 20), env
@@ -1192,7 +1192,7 @@ class World:
             held = self.stack.enter_context(socket.create_server(("127.0.0.1", 0)))
             return {name: str(held.getsockname()[1])}
         if name == "grpc_port":
-            from pytest_tfgrpc.servers.processes import ServerProcess
+            from pytest_tfgrpc.roles.processes import ServerProcess
             from pytest_tfgrpc.wire.fabric import resolve_fabric
 
             server = self.stack.enter_context(ServerProcess.start(resolve_fabric("lo")))
@@ -1209,7 +1209,7 @@ class World:
         root_if = self.fill("{veth_slow}")
         link = self._links[root_if]
         command = link.ns_command(
-            [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric",
+            [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--fabric",
              link.ns_if, "--exit-on-stdin-eof"]
         )  # fmt: skip
         server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -1307,7 +1307,7 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
             text = text.replace(old, new)
         base.write_text(text)
     if case.command:
-        argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric", "lo"]
+        argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--fabric", "lo"]
         argv += [world.fill(a) for a in case.command]
     else:
         (tmp / "test_case.py").write_text(world.fill(case.suite))

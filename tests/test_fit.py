@@ -35,9 +35,9 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, LinkFit, predict_step
 from pytest_tfgrpc.model.placement import Topology, place, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.report.summary import summary_rows
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 PROFILE = load_profile("hep_cnn").scaled(scale=0.05)

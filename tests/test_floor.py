@@ -24,14 +24,14 @@ from pytest_tfgrpc.bench.floor import (
     tcp_stream,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.servers.floor_server import (
+from pytest_tfgrpc.roles.floor_server import (
     ACK_BYTE,
     HEADER,
     OP_SINK_ACK,
     FloorError,
     FloorServer,
 )
-from pytest_tfgrpc.servers.processes import ChildProcess, live_children, stop_all
+from pytest_tfgrpc.roles.processes import ChildProcess, live_children, stop_all
 
 
 def _run(iterations: int, warmup: int = 0, max_seconds: float = 30.0) -> RunSpec:
@@ -221,7 +221,7 @@ def test_process_exits_when_its_parent_dies() -> None:
     # A parent that starts a floor server, prints its pid, then is killed without cleanup.
     code = (
         "import sys, time\n"
-        "from pytest_tfgrpc.servers.floor_server import FloorServer\n"
+        "from pytest_tfgrpc.roles.floor_server import FloorServer\n"
         "s = FloorServer.start('127.0.0.1')\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(60)\n"

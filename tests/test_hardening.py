@@ -21,9 +21,8 @@ from pytest_tfgrpc.bench.partial import keeping_partial, partial_result
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.activation import plain_properties, plain_value
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.servers.processes import ChildProcess, ServerError
-from pytest_tfgrpc.wire import channels as transport
-from pytest_tfgrpc.wire import client, codec
+from pytest_tfgrpc.roles.processes import ChildProcess, ServerError
+from pytest_tfgrpc.wire import client, codec, grpc_settings
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import (
     TlsError,
@@ -256,7 +255,7 @@ def test_the_grpcio_engine_serves_with_the_tests_tensor_limit() -> None:
     with GrpcioEngine().start_server(lo, None, max_tensor_bytes=1024) as server:
         assert server.max_tensor_bytes == 1024
         with grpc.insecure_channel(server.target) as channel:
-            pull = channel.unary_unary(transport.method("raw", "Pull"))
+            pull = channel.unary_unary(grpc_settings.method("raw", "Pull"))
             pull(codec.encode_pull_request(1024, "float32", 0), timeout=10)  # at the limit
             with pytest.raises(grpc.RpcError) as info:
                 pull(codec.encode_pull_request(1025, "float32", 0), timeout=10)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.servers import jobs
+from pytest_tfgrpc.ps import jobs
 
 THROUGHPUT = jobs.ThroughputJob(
     targets=("127.0.0.1:1", "127.0.0.1:2"),
@@ -177,11 +177,11 @@ def test_bench_imports_no_worker_entry_module() -> None:
     import pytest_tfgrpc.bench as bench
 
     for path in Path(bench.__file__).parent.glob("*.py"):
-        assert "servers.worker" not in path.read_text(), path.name
+        assert "ps.worker" not in path.read_text(), path.name
 
 
 def test_a_line_outside_the_protocol_is_a_cluster_error_naming_the_worker() -> None:
-    from pytest_tfgrpc.servers.ps_cluster import ClusterError, WorkerProcess
+    from pytest_tfgrpc.ps.ps_cluster import ClusterError, WorkerProcess
 
     worker = WorkerProcess(3)
     try:
@@ -195,7 +195,7 @@ def test_a_line_outside_the_protocol_is_a_cluster_error_naming_the_worker() -> N
 
 
 def test_a_worker_answers_a_bad_job_with_a_typed_failure() -> None:
-    from pytest_tfgrpc.servers.ps_cluster import WorkerProcess
+    from pytest_tfgrpc.ps.ps_cluster import WorkerProcess
 
     worker = WorkerProcess(0)
     try:

@@ -23,7 +23,7 @@ from pytest_tfgrpc.report.metadata import (
     run_metadata,
 )
 from pytest_tfgrpc.report.setup_check import META_CHECKED
-from pytest_tfgrpc.servers.allocator import tune_allocator
+from pytest_tfgrpc.tuning.allocator import tune_allocator
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 
 M = META_PREFIX

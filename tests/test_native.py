@@ -36,13 +36,13 @@ from pytest_tfgrpc.native.client import (
     encode_run,
 )
 from pytest_tfgrpc.results import CpuTime
-from pytest_tfgrpc.servers.native_server import check_engine, start_tensor_server
-from pytest_tfgrpc.servers.processes import ServerDied, ServerProcess
+from pytest_tfgrpc.roles.native_server import check_engine, start_tensor_server
+from pytest_tfgrpc.roles.processes import ServerDied, ServerProcess
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.channels import method
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.grpc_settings import method
 from pytest_tfgrpc.wire.security import TlsFiles, load_tls, open_channel, use_tls
 
 NOT_BUILT = native.unavailable_reason()
@@ -331,7 +331,7 @@ def test_a_native_server_on_several_threads_serves_concurrent_streams(
     lo: Fabric, threads: int
 ) -> None:
     from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
-    from pytest_tfgrpc.servers.native_server import start_native_server
+    from pytest_tfgrpc.roles.native_server import start_native_server
 
     with start_native_server(lo, threads=threads) as handle:
         call = BandwidthCall(run=RUN)
@@ -347,7 +347,7 @@ def test_a_native_server_on_several_threads_serves_concurrent_streams(
 def test_bad_native_server_settings_are_refused_by_name(
     lo: Fabric, argument: str, value: object
 ) -> None:
-    from pytest_tfgrpc.servers.native_server import start_native_server
+    from pytest_tfgrpc.roles.native_server import start_native_server
 
     with pytest.raises(ValueError, match=f"{argument}="):
         start_native_server(lo, **{argument: value})  # type: ignore[arg-type]
@@ -462,7 +462,7 @@ def test_bad_tls_settings_stop_a_native_server_in_one_line(
 
 # --- tfgrpc-server --engine native: the native server started by hand ------------------------
 def _by_hand(lo: Fabric, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
-    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--engine", "native"]
+    argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
     argv += ["--fabric", "lo", "--exit-on-stdin-eof", *flags]
     return ServerProcess.launch(argv, lo, name="tfgrpc-server --engine native", env=env)
 
@@ -488,7 +488,7 @@ def test_tfgrpc_server_engine_native_serves_with_the_same_flags(
 
 @needs_native
 def test_tfgrpc_server_engine_native_refuses_bad_flags_in_one_line(lo: Fabric) -> None:
-    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--engine", "native"]
+    argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
     done = subprocess.run(
         [*argv, "--workers", "65"], capture_output=True, text=True, timeout=60, check=False
     )
@@ -501,7 +501,7 @@ def test_tfgrpc_server_engine_native_refuses_bad_flags_in_one_line(lo: Fabric) -
 def test_tfgrpc_server_engine_native_without_the_build_names_the_command(
     tmp_path: Path,
 ) -> None:
-    argv = [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--engine", "native"]
+    argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
     env = {**os.environ, native.CACHE_ENV: str(tmp_path)}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
     assert done.returncode == 2

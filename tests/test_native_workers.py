@@ -18,9 +18,9 @@ from pytest_tfgrpc.bench.ps import fetch_weights, ps_throughput, sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
-from pytest_tfgrpc.servers import jobs
-from pytest_tfgrpc.servers.parameter_server import apply_update, check_gradient, initial_weights
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.ps import jobs
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.roles.parameter_server import apply_update, check_gradient, initial_weights
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls

@@ -336,13 +336,13 @@ def test_payload_schemes_record_the_buffers_they_sent(
 
 ALLOCATOR_PROBE = """
 import grpc
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 
 def test_probe(tfgrpc, tensor_server, record_property):
     result = tfgrpc.p2p_latency(tensor_server, ["1KiB"])
     with grpc.insecure_channel(tensor_server.target) as channel:
-        reply = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=5)
+        reply = channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=5)
     env = service_pb2.ServerStatus.FromString(reply).environment
     print("SERVER-ENV", dict(env))
     print("CLIENT", dict(result.settings))

@@ -23,7 +23,7 @@ def test_steady(tfgrpc, tensor_server):
 
 CONFTEST = """
 import pytest
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 
 @pytest.fixture
 def slow_server(fabric):

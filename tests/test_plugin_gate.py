@@ -239,7 +239,7 @@ def test_concurrent_runs_take_turns_and_say_so(pytester: pytest.Pytester, tmp_pa
 
 CI_SUITE = """
 import pytest
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
 
 @pytest.fixture
 def server(fabric):

@@ -18,7 +18,7 @@ heavy = (
     "numpy",
     "pytest_tfgrpc.plugin.session",
     "pytest_tfgrpc.plugin.agents",
-    "pytest_tfgrpc.servers.emulated",
+    "pytest_tfgrpc.hosts.emulated",
     "pytest_tfgrpc.wire",
 )
 loaded = sorted(m for m in sys.modules if m.startswith(heavy))

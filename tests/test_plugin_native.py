@@ -195,12 +195,12 @@ def test_the_engine_option_sets_both_sides_where_a_test_does_not(
     pytester.makepyfile(
         """
 import grpc
-from pytest_tfgrpc.wire import channels
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 
 def _server_grpc(target):
     with grpc.insecure_channel(target) as channel:
-        reply = channel.unary_unary(channels.method("raw", "Status"))(b"", timeout=10)
+        reply = channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=10)
     return service_pb2.ServerStatus.FromString(reply).grpc_version
 
 def test_default(tfgrpc, tensor_server):

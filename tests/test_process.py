@@ -11,8 +11,8 @@ import grpc
 import pytest
 from conftest import pid_alive
 
-from pytest_tfgrpc.servers.processes import ServerDied, ServerError, ServerProcess, live_servers
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.roles.processes import ServerDied, ServerError, ServerProcess, live_servers
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
@@ -21,7 +21,7 @@ LO = resolve_fabric("lo")
 
 def status(target: str) -> service_pb2.ServerStatus:
     with grpc.insecure_channel(target) as channel:
-        reply = channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=5)
+        reply = channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=5)
     status: service_pb2.ServerStatus = service_pb2.ServerStatus.FromString(reply)
     return status
 
@@ -86,7 +86,7 @@ def test_a_server_stops_when_its_parent_goes_away() -> None:
     # server's stdin lifeline closes and it must exit on its own.
     code = (
         "import sys; from pytest_tfgrpc.wire.fabric import resolve_fabric; "
-        "from pytest_tfgrpc.servers.processes import ServerProcess; "
+        "from pytest_tfgrpc.roles.processes import ServerProcess; "
         "s = ServerProcess.start(resolve_fabric('lo')); print(s.pid, flush=True); "
         "import time; time.sleep(60)"
     )

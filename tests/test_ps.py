@@ -18,12 +18,12 @@ from pytest_tfgrpc.bench.ps import (
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import SHARDINGS, Placement, Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
+from pytest_tfgrpc.ps.jobs import SyncSGDJob
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetError, check, parse_budget
 from pytest_tfgrpc.report.properties import result_properties
-from pytest_tfgrpc.servers.jobs import SyncSGDJob
-from pytest_tfgrpc.servers.parameter_server import apply_update, check_gradient, initial_weights
-from pytest_tfgrpc.servers.processes import ServerDied
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.roles.parameter_server import apply_update, check_gradient, initial_weights
+from pytest_tfgrpc.roles.processes import ServerDied
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 

@@ -14,7 +14,7 @@ from netns import can_make_links, veth_link
 
 from pytest_tfgrpc.bench.driver import Driver
 from pytest_tfgrpc.bench.specs import RunOverrides
-from pytest_tfgrpc.servers.cluster_spec import (
+from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterSpecError,
     RemoteServer,
     load_cluster_spec,
@@ -114,7 +114,7 @@ def test_a_remote_server_is_measured_across_the_link(pytester: pytest.Pytester) 
     with veth_link(rate="100mbit") as link:
         # The other host: a tensor server inside the namespace, on its end of the link.
         command = link.ns_command(
-            [sys.executable, "-m", "pytest_tfgrpc.servers.tensor_server", "--fabric", link.ns_if,
+            [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--fabric", link.ns_if,
              "--exit-on-stdin-eof"]
         )  # fmt: skip
         server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

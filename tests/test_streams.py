@@ -20,8 +20,8 @@ from pytest_tfgrpc.bench.streams import (
 )
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native.client import StreamSamples
-from pytest_tfgrpc.servers.native_server import start_tensor_server
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.native_server import start_tensor_server
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.schemes import generate, payload_spec
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from pytest_tfgrpc.bench import LatencyCall, RunSpec, p2p_latency
-from pytest_tfgrpc.servers import allocator as tuning
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.tuning import allocator as tuning
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 RUN = RunSpec(iterations=400, warmup=30, max_seconds=1.0, warmup_seconds=0.5)

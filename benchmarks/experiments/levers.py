@@ -20,9 +20,10 @@ bytes / median time per tensor (bandwidth) or of the median round trip (latency)
 - ``latency``: where the plugin's 1 KiB echo loses to bare grpcio: client channel options,
   server (plugin vs bare), and the plugin's loop itself, unary and stream.
 
-Client channel options are changed by replacing ``pytest_tfgrpc.wire.channels.CHANNEL_OPTIONS``
-in this process; server options by starting ``patched_server.py``. Every server is started
-with the plugin's tuned allocator environment, as the harness does.
+Client channel options are changed by replacing
+``pytest_tfgrpc.wire.grpc_settings.CHANNEL_OPTIONS`` in this process; server options by starting
+``patched_server.py``. Every server is started with the plugin's tuned allocator environment, as
+the harness does.
 """
 
 from __future__ import annotations
@@ -57,17 +58,16 @@ from pytest_tfgrpc.bench import (  # noqa: E402
     p2p_latency,
 )
 from pytest_tfgrpc.bench.timing import Samples, measure, measure_async  # noqa: E402
-from pytest_tfgrpc.servers import allocator as tuning  # noqa: E402
-from pytest_tfgrpc.servers.processes import ServerProcess  # noqa: E402
-from pytest_tfgrpc.wire import channels as transport  # noqa: E402
-from pytest_tfgrpc.wire import codec  # noqa: E402
+from pytest_tfgrpc.roles.processes import ServerProcess  # noqa: E402
+from pytest_tfgrpc.tuning import allocator as tuning  # noqa: E402
+from pytest_tfgrpc.wire import codec, grpc_settings  # noqa: E402
 from pytest_tfgrpc.wire.client import connect, connect_aio  # noqa: E402
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric  # noqa: E402
 from pytest_tfgrpc.wire.tensors import Tensor  # noqa: E402
 
 MiB = 1 << 20
 KiB = 1 << 10
-BASE_CHANNEL_OPTIONS = transport.CHANNEL_OPTIONS
+BASE_CHANNEL_OPTIONS = grpc_settings.CHANNEL_OPTIONS
 BW_RUN = RunSpec(iterations=15, warmup=2, max_seconds=1.5, warmup_seconds=1.5)
 LAT_RUN = RunSpec(iterations=400, warmup=30, max_seconds=1.0, warmup_seconds=0.5)
 
@@ -115,10 +115,10 @@ class Options:
         self.options = channel_options(changes)
 
     def __enter__(self) -> None:
-        transport.CHANNEL_OPTIONS = self.options  # type: ignore[misc]
+        grpc_settings.CHANNEL_OPTIONS = self.options  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
-        transport.CHANNEL_OPTIONS = BASE_CHANNEL_OPTIONS  # type: ignore[misc]
+        grpc_settings.CHANNEL_OPTIONS = BASE_CHANNEL_OPTIONS  # type: ignore[misc]
 
 
 def bw_of(size: int, samples: Samples) -> float:
@@ -141,9 +141,9 @@ def _check_ack(reply: bytes, size: int) -> None:
 async def _aio_push(target: str, size: int, chunk: int, variant: str, run: RunSpec) -> Samples:
     pieces = _pieces(size, chunk)
     channel = await connect_aio(target)
-    meta = ((transport.MESSAGE_BYTES_KEY, str(size)),)
+    meta = ((grpc_settings.MESSAGE_BYTES_KEY, str(size)),)
     timeout = 120.0 + 4 * run.max_seconds
-    multi = channel.stream_stream(transport.method("raw", "PushStream"))
+    multi = channel.stream_stream(grpc_settings.method("raw", "PushStream"))
     try:
         if variant == "iterator":
             q: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -202,9 +202,9 @@ def aio_push(target: str, size: int, chunk: int, variant: str, run: RunSpec) -> 
 def sync_push(target: str, size: int, chunk: int, variant: str, run: RunSpec) -> Samples:
     pieces = _pieces(size, chunk)
     channel = connect(target)
-    meta = ((transport.MESSAGE_BYTES_KEY, str(size)),)
+    meta = ((grpc_settings.MESSAGE_BYTES_KEY, str(size)),)
     timeout = 120.0 + 4 * run.max_seconds
-    multi = channel.stream_stream(transport.method("raw", "PushStream"))
+    multi = channel.stream_stream(grpc_settings.method("raw", "PushStream"))
     try:
         if variant == "sync stream":
             q: queue.Queue[bytes | None] = queue.Queue()
@@ -364,7 +364,7 @@ def group_window(
 
                 def fn(s: int = size, srv: Any = server, c: Any = changes) -> Samples:
                     with Options(c):
-                        return plugin_bw(srv, s, "raw", transport.DEFAULT_CHUNK_BYTES)
+                        return plugin_bw(srv, s, "raw", grpc_settings.DEFAULT_CHUNK_BYTES)
 
                 name = f"lookahead {lookahead // MiB} MiB, bdp_probe {'on' if bdp else 'off'}"
                 cases.append(bw_case(name, size, fn))
@@ -394,7 +394,7 @@ def group_fresh(
 
         def push(srv: Any = server, c: Any = changes) -> Samples:
             with Options(c):
-                return plugin_bw(srv, 4 * MiB, "raw", transport.DEFAULT_CHUNK_BYTES)
+                return plugin_bw(srv, 4 * MiB, "raw", grpc_settings.DEFAULT_CHUNK_BYTES)
 
         cases.append(bw_case(f"unary pull, {name}", 4 * MiB, pull))
         cases.append(bw_case(f"stream push, {name}", 4 * MiB, push))
@@ -413,7 +413,7 @@ def group_wbuf(
 
             def fn(s: int = size, srv: Any = server, c: Any = changes) -> Samples:
                 with Options(c):
-                    return plugin_bw(srv, s, "raw", transport.DEFAULT_CHUNK_BYTES)
+                    return plugin_bw(srv, s, "raw", grpc_settings.DEFAULT_CHUNK_BYTES)
 
             name = "write_buffer_size default" if wbuf is None else f"write_buffer_size {wbuf}"
             cases.append(bw_case(name, size, fn))
@@ -422,7 +422,7 @@ def group_wbuf(
 
 def group_inflight(server: Any, sizes: Sequence[int]) -> list[Any]:
     cases = []
-    chunk = transport.DEFAULT_CHUNK_BYTES
+    chunk = grpc_settings.DEFAULT_CHUNK_BYTES
     for size in sizes:
         # No "gather" (all writes started at once): grpc allows one pending write per call and
         # answers a second with GRPC_CALL_ERROR_TOO_MANY_OPERATIONS (seen on grpcio 1.85.3).
@@ -462,8 +462,8 @@ def group_latency(
 ) -> list[Any]:
     size = KiB
     run = LAT_RUN
-    raw_echo = transport.method("raw", "Echo")
-    raw_stream = transport.method("raw", "EchoStream")
+    raw_echo = grpc_settings.method("raw", "Echo")
+    raw_stream = grpc_settings.method("raw", "EchoStream")
     bare_opts = [[name, None] for name, _ in BASE_CHANNEL_OPTIONS] + [
         [n, v] for n, v in bare_grpc.CHANNEL_OPTIONS
     ]
@@ -563,8 +563,8 @@ def group_server(
     its 16 handler threads, and with 4 (as the bare one has)."""
     few = ServerProcess.start(fabric, env=env, extra_args=("--workers", "4"))
     stack.callback(few.stop)
-    raw_echo = transport.method("raw", "Echo")
-    raw_stream = transport.method("raw", "EchoStream")
+    raw_echo = grpc_settings.method("raw", "Echo")
+    raw_stream = grpc_settings.method("raw", "EchoStream")
     run = LAT_RUN
     cases = [
         lat_case(
@@ -619,8 +619,8 @@ def group_gc(
         stack.callback(handle.stop)
         handle._wait_ready(30.0)
         servers.append((f"plugin server, gc {mode}", handle))
-    raw_echo = transport.method("raw", "Echo")
-    raw_stream = transport.method("raw", "EchoStream")
+    raw_echo = grpc_settings.method("raw", "Echo")
+    raw_stream = grpc_settings.method("raw", "EchoStream")
     cases = [
         lat_case(
             "unary: bare sync server",

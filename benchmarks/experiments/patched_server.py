@@ -4,11 +4,11 @@
         --fabric lo --exit-on-stdin-eof
 
 The first argument is a JSON list of ``[name, value]`` pairs that replace or extend
-``pytest_tfgrpc.wire.channels.SERVER_OPTIONS`` (a pair whose value is null removes the option); the
-rest go to ``pytest_tfgrpc.servers.tensor_server``. ``TFGRPC_EXPERIMENT_GC=freeze|off`` in the
-environment
-freezes or disables the cyclic garbage collector first. Nothing in ``src/`` is changed: the
-module attribute is replaced in this process only, before the server reads it.
+``pytest_tfgrpc.wire.grpc_settings.SERVER_OPTIONS`` (a pair whose value is null removes the
+option); the rest go to ``pytest_tfgrpc.roles.tensor_server``.
+``TFGRPC_EXPERIMENT_GC=freeze|off`` in the environment freezes or disables the cyclic garbage
+collector first. Nothing in ``src/`` is changed: the module attribute is replaced in this process
+only, before the server reads it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import os
 import sys
 from typing import Any
 
-from pytest_tfgrpc.servers import tensor_server as server
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.roles import tensor_server as server
+from pytest_tfgrpc.wire import grpc_settings
 
 
 def patched(
@@ -44,7 +44,7 @@ def main() -> int:
     elif gc_mode == "off":
         gc.disable()
     changes = json.loads(sys.argv[1])
-    transport.SERVER_OPTIONS = patched(transport.SERVER_OPTIONS, changes)  # type: ignore[misc,assignment,unused-ignore]
+    grpc_settings.SERVER_OPTIONS = patched(grpc_settings.SERVER_OPTIONS, changes)  # type: ignore[misc,assignment,unused-ignore]
     return server.main(sys.argv[2:])
 
 

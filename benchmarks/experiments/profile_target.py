@@ -19,9 +19,9 @@ from pathlib import Path
 
 from pytest_tfgrpc.bench import BandwidthCall, LatencyCall, RunSpec, p2p_bandwidth, p2p_latency
 from pytest_tfgrpc.bench import floor as floor_client
-from pytest_tfgrpc.servers import allocator as tuning
-from pytest_tfgrpc.servers import floor_server as floor
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles import floor_server as floor
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.tuning import allocator as tuning
 from pytest_tfgrpc.units import parse_sizes
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from pytest_tfgrpc.bench import BandwidthCall, RunSpec, p2p_bandwidth
-from pytest_tfgrpc.servers import allocator as tuning
-from pytest_tfgrpc.servers.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.tuning import allocator as tuning
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 

@@ -30,16 +30,15 @@ HERE = Path(__file__).resolve().parent
 def serve(argv: Sequence[str]) -> int:
     import grpc
 
-    from pytest_tfgrpc.servers import tensor_server as server
-    from pytest_tfgrpc.wire import channels as transport
-    from pytest_tfgrpc.wire import codec
+    from pytest_tfgrpc.roles import tensor_server as server
+    from pytest_tfgrpc.wire import codec, grpc_settings
 
     cache: dict[tuple[int, str, int, bool], list[bytes]] = {}
     lock = threading.Lock()
 
     def pull_stream(self: Any, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         nbytes, dtype, chunk = codec.decode_pull_request(request)
-        chunk = chunk or transport.DEFAULT_CHUNK_BYTES
+        chunk = chunk or grpc_settings.DEFAULT_CHUNK_BYTES
         key = (nbytes, dtype, chunk, self.protobuf)
         with lock:
             messages = cache.get(key)
@@ -65,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(args_in)
 
     from pytest_tfgrpc.bench import BandwidthCall, RunSpec, p2p_bandwidth
-    from pytest_tfgrpc.servers import allocator as tuning
-    from pytest_tfgrpc.servers.processes import ServerProcess
+    from pytest_tfgrpc.roles.processes import ServerProcess
+    from pytest_tfgrpc.tuning import allocator as tuning
     from pytest_tfgrpc.units import parse_sizes
     from pytest_tfgrpc.wire.fabric import resolve_fabric
 

@@ -1,4 +1,11 @@
-"""The benchmarks, one module each; this package's names are the benchmark API."""
+"""The benchmarks, one module each; this package's names are the benchmark API.
+
+Also the timing loops, run settings, the driver the ``tfgrpc`` fixture hands out, and the
+engines (``bench.engines``) that measure with grpcio, the native engine or TensorFlow.
+
+Layer: beside ``cli`` (neither imports the other), below ``plugin``; may import ``hosts``,
+``ps``, ``report``, ``roles`` and every layer below them, never pytest.
+"""
 
 from pytest_tfgrpc.bench.p2p import (
     BANDWIDTH_RUN,

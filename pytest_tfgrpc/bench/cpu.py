@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 
 from pytest_tfgrpc.results import CpuTime
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import open_channel
 
@@ -23,8 +23,8 @@ class CpuProbe:
     """
 
     def __init__(self, target: str) -> None:
-        self._channel = open_channel(target, transport.CHANNEL_OPTIONS)
-        self._status = self._channel.unary_unary(transport.method("raw", "Status"))
+        self._channel = open_channel(target, grpc_settings.CHANNEL_OPTIONS)
+        self._status = self._channel.unary_unary(grpc_settings.method("raw", "Status"))
         self._start: tuple[int, int, int, int] | None = None
         self.usage: dict[str, CpuTime] | None = None
 

@@ -28,20 +28,20 @@ from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.cpus import (
+from pytest_tfgrpc.roles.processes import LOCAL, Launcher
+from pytest_tfgrpc.tuning.cpus import (
     measuring_cpus,
     pin_child_server,
     result_placement,
     server_pinned,
 )
-from pytest_tfgrpc.servers.processes import LOCAL, Launcher
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import UnitError, format_duration, parse_size, parse_sizes
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 
@@ -128,8 +128,10 @@ class Driver:
         except UnitError as exc:
             raise SpecError(f"{call}() argument sizes={sizes!r}: {exc}") from None
         for size in parsed:
-            if size > transport.MAX_TENSOR_BYTES:
-                raise SpecError(f"{call}() argument sizes={sizes!r}: {transport.too_large(size)}")
+            if size > grpc_settings.MAX_TENSOR_BYTES:
+                raise SpecError(
+                    f"{call}() argument sizes={sizes!r}: {grpc_settings.too_large(size)}"
+                )
         return parsed
 
     def _progress_of(self, label: str, server: Server) -> Progress | None:

@@ -36,11 +36,11 @@ from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, p2p_bandwidth, p
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, HostCosts, LinkFit, fit_from_results
 from pytest_tfgrpc.model.placement import Placement
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.parameter_server import INIT_RANDOM, apply_update
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.roles.parameter_server import INIT_RANDOM, apply_update
 from pytest_tfgrpc.units import format_duration
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import BenchmarkError
 
 __all__ = [
@@ -101,7 +101,7 @@ class MachineFit:
 
 def sweep_sizes(
     placement: Placement,
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = grpc_settings.DEFAULT_CHUNK_BYTES,
     *,
     count: int = 4,
     largest: int = MAX_SWEEP_BYTES,
@@ -152,7 +152,7 @@ class Exchange:
 
 def exchange_layouts(
     placement: Placement,
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = grpc_settings.DEFAULT_CHUNK_BYTES,
     *,
     largest: int = MAX_SWEEP_BYTES,
     most_shards: int = 64,
@@ -293,7 +293,7 @@ def measure_exchanges(
     cluster: PSCluster,
     layouts: Sequence[tuple[int, int]],
     *,
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = grpc_settings.DEFAULT_CHUNK_BYTES,
     run: RunSpec = FIT_EXCHANGE_RUN,
 ) -> tuple[Exchange, ...]:
     """Worker 0's exchanges with PS 0 for each ``(shards, shard_bytes)`` layout: a one-worker
@@ -326,7 +326,7 @@ def measure_numpy_costs(
 ) -> tuple[float, float]:
     """CPU seconds per byte of a PS's numpy work on ``nbytes`` of float32, in this process:
     (summing one worker's gradient into the accumulator, applying the update and keeping
-    the new weights' bytes to serve), as :mod:`pytest_tfgrpc.servers.parameter_server` does them."""
+    the new weights' bytes to serve), as :mod:`pytest_tfgrpc.roles.parameter_server` does them."""
     nbytes = max(4, nbytes // 4 * 4)
     rng = np.random.default_rng(0)
     gradient = (rng.standard_normal(nbytes // 4, dtype=np.float32) * 1e-3).tobytes()
@@ -375,7 +375,7 @@ def measure_cores(
     """The cores ``processes`` busy processes get together now (default: one per usable CPU).
 
     Each process starts a session of its own, as every PS and worker of a
-    :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster` does: Linux shares the CPU fairly between
+    :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster` does: Linux shares the CPU fairly between
     sessions (autogroups) first, so this is the share such a cluster can have at the moment
     on a machine others use. All spin from one start time, ``start_delay`` s after launch
     (room for the interpreters to start), for ``seconds``; the cores are their CPU time over
@@ -426,7 +426,7 @@ def measure_fit(
     cluster: PSCluster,
     placement: Placement,
     *,
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = grpc_settings.DEFAULT_CHUNK_BYTES,
     load: float | None = None,
     latency_run: RunSpec = FIT_LATENCY_RUN,
     bandwidth_run: RunSpec = FIT_BANDWIDTH_RUN,

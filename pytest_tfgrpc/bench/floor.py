@@ -4,7 +4,7 @@ Run on the same fabric address, right after the gRPC measurement and with the sa
 settings, it lets each gRPC figure be read as floor + gRPC overhead: a ping-pong of the same
 sizes for latency, a push with one acknowledgement per tensor for bandwidth. The floor server
 is a child process like the tensor server
-(:class:`~pytest_tfgrpc.servers.floor_server.FloorServer`, which also defines the protocol),
+(:class:`~pytest_tfgrpc.roles.floor_server.FloorServer`, which also defines the protocol),
 and every floor loop is timed by :mod:`pytest_tfgrpc.bench.timing`, as the gRPC loops are:
 the warm-up bounded apart from the measured time, no cyclic garbage collection while timing,
 at most ``run.iterations`` operations within ``run.time_limit_s``.
@@ -24,8 +24,7 @@ from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec, Samples, measure
 from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
-from pytest_tfgrpc.servers.cpus import pin_server, release_server
-from pytest_tfgrpc.servers.floor_server import (
+from pytest_tfgrpc.roles.floor_server import (
     ACK_BYTE,
     HEADER,
     OP_ACK,
@@ -36,7 +35,8 @@ from pytest_tfgrpc.servers.floor_server import (
     FloorServer,
     recv_exact,
 )
-from pytest_tfgrpc.servers.processes import LOCAL, Launcher
+from pytest_tfgrpc.roles.processes import LOCAL, Launcher
+from pytest_tfgrpc.tuning.cpus import pin_server, release_server
 from pytest_tfgrpc.wire.client import rpc_timeout
 from pytest_tfgrpc.wire.fabric import Fabric
 

@@ -35,8 +35,7 @@ from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.units import size_label
-from pytest_tfgrpc.wire import channels as transport
-from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire.client import (
     BenchmarkError,
     Deadline,
@@ -76,8 +75,8 @@ def _check_messages(messages: Sequence[Message]) -> tuple[Message, ...]:
             continue
         if not isinstance(message, int) or isinstance(message, bool) or message < 0:
             raise ValueError(f"message size {message!r} is not a whole number of bytes")
-        if message > transport.MAX_TENSOR_BYTES:
-            raise ValueError(transport.too_large(message))
+        if message > grpc_settings.MAX_TENSOR_BYTES:
+            raise ValueError(grpc_settings.too_large(message))
     return tuple(messages)
 
 
@@ -106,7 +105,7 @@ class Transfer(ABC):
     progress: Progress | None = None
 
     def __post_init__(self) -> None:
-        _check_choice("mode", self.mode, transport.MODES)
+        _check_choice("mode", self.mode, grpc_settings.MODES)
         _check_choice("rpc", self.rpc, RPCS)
         if not isinstance(self.run, RunSpec):
             raise ValueError(f"run={self.run!r}: expected a RunSpec (bench.timing)")
@@ -128,7 +127,7 @@ class LatencyCall(Transfer):
 
     def extra_settings(self) -> dict[str, str]:
         method = "Echo" if self.rpc == "unary" else "EchoStream"
-        return {"method": transport.method(self.mode, method)}
+        return {"method": grpc_settings.method(self.mode, method)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +140,7 @@ class BandwidthCall(Transfer):
     rpc: str = "stream"
     run: RunSpec = BANDWIDTH_RUN
     direction: str = "push"
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES
+    chunk_bytes: int = grpc_settings.DEFAULT_CHUNK_BYTES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -149,16 +148,16 @@ class BandwidthCall(Transfer):
         chunk = self.chunk_bytes
         if isinstance(chunk, bool) or not isinstance(chunk, int):
             raise ValueError(f"chunk_bytes={chunk!r}: expected a whole number of bytes")
-        if not 64 <= chunk <= transport.MAX_TENSOR_BYTES:
+        if not 64 <= chunk <= grpc_settings.MAX_TENSOR_BYTES:
             raise ValueError(
                 f"chunk_bytes={chunk}: slices must be at least 64 bytes and at most "
-                f"{transport.MAX_TENSOR_BYTES} (one gRPC message)"
+                f"{grpc_settings.MAX_TENSOR_BYTES} (one gRPC message)"
             )
 
     def extra_settings(self) -> dict[str, str]:
         names = {("push", "unary"): "Push", ("push", "stream"): "PushStream"}
         names |= {("pull", "unary"): "Pull", ("pull", "stream"): "PullStream"}
-        method = transport.method(self.mode, names[self.direction, self.rpc])
+        method = grpc_settings.method(self.mode, names[self.direction, self.rpc])
         extra = {"direction": self.direction, "method": method}
         if self.rpc == "stream":
             extra["chunk_bytes"] = str(self.chunk_bytes)
@@ -307,7 +306,7 @@ def _wire(tensor: Tensor, mode: str, what: str) -> int:
 def _latency_unary(
     channel: grpc.Channel, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    call = channel.unary_unary(transport.method(mode, "Echo"))
+    call = channel.unary_unary(grpc_settings.method(mode, "Echo"))
     if mode == "raw":
         message = tensor.content
         _verify_echo(tensor, mode, call(message, timeout=timeout))
@@ -329,7 +328,7 @@ def _latency_unary(
 async def _latency_stream(
     server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    async with _stream(server, transport.method(mode, "EchoStream"), timeout) as stream:
+    async with _stream(server, grpc_settings.method(mode, "EchoStream"), timeout) as stream:
         write, read = stream.write, stream.read
         content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
         if mode == "raw":
@@ -465,7 +464,7 @@ def p2p_latency(server: Server, sizes: Sequence[Message], call: LatencyCall) -> 
 def _push_unary(
     channel: grpc.Channel, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    call = channel.unary_unary(transport.method(mode, "Push"))
+    call = channel.unary_unary(grpc_settings.method(mode, "Push"))
     content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
     expected = tensor.wire_bytes(mode)
     if mode == "raw":
@@ -497,8 +496,10 @@ async def _push_stream(
     protobuf = mode == "protobuf"
     wire = tensor.wire_bytes(mode)
     content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
-    metadata = ((transport.MESSAGE_BYTES_KEY, str(wire)),)
-    async with _stream(server, transport.method(mode, "PushStream"), timeout, metadata) as stream:
+    metadata = ((grpc_settings.MESSAGE_BYTES_KEY, str(wire)),)
+    async with _stream(
+        server, grpc_settings.method(mode, "PushStream"), timeout, metadata
+    ) as stream:
         write, read = stream.write, stream.read
         # Slices of a tensor that already exists, made once outside the timed region, as
         # TensorFlow's send path hands gRPC the tensor's own buffer; in protobuf mode the
@@ -536,7 +537,7 @@ def _pull(
     request = codec.encode_pull_request(tensor.nbytes, tensor.dtype, chunk_bytes)
     protobuf = mode == "protobuf"
     if rpc == "unary":
-        call = channel.unary_unary(transport.method(mode, "Pull"))
+        call = channel.unary_unary(grpc_settings.method(mode, "Pull"))
 
         def op() -> int:
             reply: bytes = call(request, timeout=timeout)
@@ -545,7 +546,7 @@ def _pull(
             return len(reply)
 
     else:
-        stream_call = channel.unary_stream(transport.method(mode, "PullStream"))
+        stream_call = channel.unary_stream(grpc_settings.method(mode, "PullStream"))
 
         def op() -> int:
             replies: Iterator[bytes] = stream_call(request, timeout=timeout)

@@ -1,4 +1,4 @@
-"""Parameter-server benchmarks on a :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster`.
+"""Parameter-server benchmarks on a :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`.
 
 * :func:`ps_throughput` (TF-gRPC-PS-Throughput): every worker calls every PS in a closed loop
   with a payload, the PS acknowledges; aggregate RPCs/s and bytes/s, and per-PS figures. With a
@@ -33,10 +33,11 @@ from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, predictio
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, Topology, placed_on
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.native import binaries
+from pytest_tfgrpc.ps.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
-from pytest_tfgrpc.servers.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
-from pytest_tfgrpc.servers.parameter_server import (
+from pytest_tfgrpc.roles.parameter_server import (
     INIT_INDEX,
     INIT_RANDOM,
     apply_update,
@@ -44,9 +45,8 @@ from pytest_tfgrpc.servers.parameter_server import (
     initial_weights,
     method,
 )
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
 from pytest_tfgrpc.units import size_label
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, rpc_timeout
 from pytest_tfgrpc.wire.fabric import Fabric
@@ -162,8 +162,8 @@ def ps_throughput(
     ``run.time_limit_s`` the measured time. ``key`` names the point (default: the size, the
     payload's key, or ``placed_<sharding>``).
     """
-    if mode not in transport.MODES:
-        raise ValueError(f"mode={mode!r}: expected one of {', '.join(transport.MODES)}")
+    if mode not in grpc_settings.MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(grpc_settings.MODES)}")
     settings = run_settings(
         run, **_engine_settings(cluster), method=method("Throughput", raw=mode == "raw")
     )
@@ -289,7 +289,7 @@ def sync_sgd_step(
     run: RunSpec = SYNC_SGD_RUN,
     learning_rate: float = 0.1,
     check: bool = False,
-    chunk_bytes: int = transport.DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = grpc_settings.DEFAULT_CHUNK_BYTES,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     barrier_timeout: float = 30.0,
     label: str | None = None,
@@ -307,8 +307,8 @@ def sync_sgd_step(
     One sample is one step: the slowest worker's push + pull. ``run.warmup`` steps come first;
     then at most ``run.iterations`` measured steps, and none started after
     ``run.time_limit_s``. ``check=True`` uses predictable weights and gradients
-    (:func:`~pytest_tfgrpc.servers.parameter_server.initial_weights`,
-    :func:`~pytest_tfgrpc.servers.parameter_server.check_gradient`) so :func:`fetch_weights` can be
+    (:func:`~pytest_tfgrpc.roles.parameter_server.initial_weights`,
+    :func:`~pytest_tfgrpc.roles.parameter_server.check_gradient`) so :func:`fetch_weights` can be
     compared
     with a numpy computation of the same steps. ``model=True`` first fits the link and the
     host on PS 0 and worker 0 (:func:`~pytest_tfgrpc.bench.fit.measure_fit`, 2-4 s) and the
@@ -419,7 +419,7 @@ def expected_check_weights(
     """One period (:data:`_CHECK_PERIOD` elements) of the weights the check mode must leave
     after ``steps`` steps of ``workers`` workers: the initial weights minus, per step, the
     learning rate over the workers times the float32 sum of their gradients, as each PS
-    computes it (:func:`~pytest_tfgrpc.servers.parameter_server.apply_update`)."""
+    computes it (:func:`~pytest_tfgrpc.roles.parameter_server.apply_update`)."""
     weights = initial_weights(0, 4 * _CHECK_PERIOD, init=INIT_INDEX)
     for step in range(steps):
         total = np.sum(

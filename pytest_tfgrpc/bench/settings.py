@@ -8,7 +8,7 @@ from types import MappingProxyType
 import grpc
 
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.servers.allocator import allocator_settings
+from pytest_tfgrpc.tuning.allocator import allocator_settings
 from pytest_tfgrpc.wire.security import tls_mode
 
 __all__ = ["run_settings"]

@@ -16,7 +16,7 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.profiles import Profile, list_profiles, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetError, parse_budget
 from pytest_tfgrpc.units import UnitError, parse_seconds, parse_sizes
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.schemes import Payload, generate, payload_spec
 
 
@@ -87,8 +87,8 @@ def _check_carried(sizes: Sequence[int], where: str) -> None:
     """A size beyond what one gRPC message carries is the marker's error, found at setup
     before any server starts, not a benchmark's failure after."""
     for size in sizes:
-        if size > transport.MAX_TENSOR_BYTES:
-            raise SpecError(f"{where} {transport.too_large(size)}")
+        if size > grpc_settings.MAX_TENSOR_BYTES:
+            raise SpecError(f"{where} {grpc_settings.too_large(size)}")
 
 
 def _looks_like_sizes(value: Any) -> bool:

@@ -2,10 +2,10 @@
 
 ``tfgrpc-fabric up --hosts ps0,ps1@200mbit,w0,w1 --rate 1gbit --agents --token-file T`` builds
 a fabric that stays until ``tfgrpc-fabric down NAME`` (or ``down --all``); with ``--agents``
-every host runs ``tfgrpc-node`` on its interface at :data:`~pytest_tfgrpc.servers.agent.
+every host runs ``tfgrpc-node`` on its interface at :data:`~pytest_tfgrpc.hosts.agent.
 DEFAULT_PORT`. ``status`` lists fabrics, hosts, addresses, rates and the processes in each
 host. ``down --stale`` (also run before every ``up``) removes what dead owners left.
-See :mod:`pytest_tfgrpc.servers.emulated`.
+See :mod:`pytest_tfgrpc.hosts.emulated`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import subprocess
 import sys
 
-from pytest_tfgrpc.servers.agent import DEFAULT_PORT
-from pytest_tfgrpc.servers.emulated import (
+from pytest_tfgrpc.hosts.agent import DEFAULT_PORT
+from pytest_tfgrpc.hosts.emulated import (
     STATE_DIR,
     FabricBuildError,
     build_fabric,
@@ -37,7 +37,7 @@ def _up(args: argparse.Namespace) -> int:
         try:
             for host in fabric.hosts:
                 argv = host.command(
-                    [sys.executable, "-m", "pytest_tfgrpc.servers.agent", "--fabric", host.iface,
+                    [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", host.iface,
                      "--port", str(DEFAULT_PORT), "--token-file", args.token_file,
                      "--host-name", host.name]
                 )  # fmt: skip

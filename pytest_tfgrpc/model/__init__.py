@@ -1,4 +1,8 @@
-"""model."""
+"""Models of training traffic: architectures and profiles, PS placement, the analytic model.
+
+Layer: beside ``tuning``, ``native`` and ``wire`` (none imports another); may import only
+``results``, ``stats`` and ``units``.
+"""
 
 from typing import TYPE_CHECKING
 

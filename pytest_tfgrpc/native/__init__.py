@@ -6,7 +6,8 @@ The C++ sources ship with the package (``native/src``) and nothing is compiled b
 version and a hash of the sources, where :func:`binaries` finds them from then on. A source
 change or a new plugin version therefore asks for a new build instead of running a stale one.
 
-Layer: just below ``servers``; imports only ``wire``, ``results``, ``stats`` and ``units``.
+Layer: beside ``tuning``, ``model`` and ``wire`` (none imports another), below ``roles``; may
+import only ``results``, ``stats`` and ``units``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ nothing up; ``activation`` wakes the rest when the run first uses the plugin.
 - ``agents``: node agents, cluster specs and honest paths (used by the fixtures and the
   session once awake; their options are in ``options``)
 - ``emulated``: the ``tfgrpc_emulated_hosts`` fixture (emulated hosts with agents)
+
+Layer: the top; may import every layer below it, and is the only package that imports pytest.
 """
 
 from __future__ import annotations

@@ -23,11 +23,9 @@ from typing import TypedDict
 
 import pytest
 
-from pytest_tfgrpc.model.placement import Topology
-from pytest_tfgrpc.plugin.options import TLS_HELP, option
-from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
-from pytest_tfgrpc.servers.agent import engine_missing, read_token, tls_mismatch
-from pytest_tfgrpc.servers.cluster_spec import (
+from pytest_tfgrpc.hosts.agent import engine_missing, read_token, tls_mismatch
+from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentTLS
+from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterLoad,
     ClusterSpecError,
     load_cluster,
@@ -37,10 +35,12 @@ from pytest_tfgrpc.servers.cluster_spec import (
     split_address,
     task_device,
 )
-from pytest_tfgrpc.servers.native_server import start_tensor_server
-from pytest_tfgrpc.servers.processes import Launcher, ServerError, ServerProcess
-from pytest_tfgrpc.servers.remote import AgentClient, AgentError, AgentTLS
-from pytest_tfgrpc.servers.slurm import SlurmError, agent_addresses
+from pytest_tfgrpc.hosts.slurm import SlurmError, agent_addresses
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.plugin.options import TLS_HELP, option
+from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
+from pytest_tfgrpc.roles.native_server import start_tensor_server
+from pytest_tfgrpc.roles.processes import Launcher, ServerError, ServerProcess
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
 
@@ -302,7 +302,7 @@ def cluster_launchers(
     request: pytest.FixtureRequest, fabric: Fabric, topology: Topology, engine: str = "grpcio"
 ) -> ClusterPlacement:
     """With agents, where each PS and worker of ``topology`` runs (keyword arguments of
-    :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster`); otherwise ``{}``, all here.
+    :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`); otherwise ``{}``, all here.
 
     PS ``i`` runs on the ``i``-th PS agent (cyclically), worker ``j`` on the worker agents
     after those the PS tasks took when both come from one pool, so that P + W agents give

@@ -6,7 +6,7 @@
         hosts = tfgrpc_emulated_hosts("ps0@200mbit,ps1,w0,w1", rate="1gbit")
         result = pytester.runpytest(*hosts.pytest_args(), ...)
 
-Each call builds an emulated fabric (:mod:`pytest_tfgrpc.servers.emulated`), starts
+Each call builds an emulated fabric (:mod:`pytest_tfgrpc.hosts.emulated`), starts
 ``tfgrpc-node`` in every host with a fresh token, and removes everything (processes,
 namespaces, links) when the test ends, whatever ends it. Without root, the test is skipped
 with the reason. Registered in every run (pytest must know the fixture to collect), it imports
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_tfgrpc.servers.emulated import EmulatedFabric, HostAgent
+    from pytest_tfgrpc.hosts.emulated import EmulatedFabric, HostAgent
     from pytest_tfgrpc.wire.security import TlsFiles
 
 __all__ = ["EmulatedHosts", "tfgrpc_emulated_hosts"]
@@ -94,7 +94,7 @@ def tfgrpc_emulated_hosts(
     fresh CA (trustme, the ``dev`` extra): the agents and the roles they start serve mutual
     TLS, and :meth:`EmulatedHosts.pytest_args` hands the run the driver's files."""
     # Imported here: registered in every run, this module costs nothing until used.
-    from pytest_tfgrpc.servers.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
+    from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
 
     ok, why = can_build()
     if not ok:

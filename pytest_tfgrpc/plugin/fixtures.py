@@ -17,8 +17,8 @@ from pytest_tfgrpc.plugin.activation import activate
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver
     from pytest_tfgrpc.bench.engines import Engine, EngineCluster, EngineServer
+    from pytest_tfgrpc.hosts.cluster_spec import RemoteServer
     from pytest_tfgrpc.results import BenchmarkResult
-    from pytest_tfgrpc.servers.cluster_spec import RemoteServer
     from pytest_tfgrpc.wire.fabric import Fabric
 
 #: Long sweeps say where they are: a line once a test has run this long, then as often.
@@ -89,12 +89,12 @@ def tensor_server(
     tensor larger than the test's ``message_profile`` sizes."""
     from pytest_tfgrpc.bench.engines import EngineError
     from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
+    from pytest_tfgrpc.hosts.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
     from pytest_tfgrpc.plugin.agents import placed_tensor_server
     from pytest_tfgrpc.plugin.engines import engine_for, server_engine_of
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
-    from pytest_tfgrpc.servers.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
-    from pytest_tfgrpc.servers.cpus import CpuError, pin_server, release_server
-    from pytest_tfgrpc.servers.processes import ServerError
+    from pytest_tfgrpc.roles.processes import ServerError
+    from pytest_tfgrpc.tuning.cpus import CpuError, pin_server, release_server
 
     fabric = tfgrpc_fabric
     session = activate(request.config)
@@ -168,8 +168,8 @@ def ps_cluster(
     from pytest_tfgrpc.model.placement import placed_on
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
-    from pytest_tfgrpc.servers.processes import ServerError
-    from pytest_tfgrpc.servers.ps_cluster import PSCluster
+    from pytest_tfgrpc.ps.ps_cluster import PSCluster
+    from pytest_tfgrpc.roles.processes import ServerError
 
     fabric = tfgrpc_fabric
     session = activate(request.config)

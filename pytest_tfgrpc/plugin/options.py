@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_tfgrpc.report.metrics import BUDGET_METRICS
-from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES
+from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES
 
 FABRIC_HELP = (
     "network interfaces to bind tensor servers to, e.g. lo,eth0,ib0 (repeatable; "

@@ -20,6 +20,7 @@ from _pytest.junitxml import bin_xml_escape, mangle_test_address, xml_key
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
 from pytest_tfgrpc.bench.specs import RunOverrides
+from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.engines import build_registry
 from pytest_tfgrpc.plugin.markers import check_markers, watched_key
@@ -30,10 +31,9 @@ from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metad
 from pytest_tfgrpc.report.plot import plot_available
 from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.results_file import ResultLog
-from pytest_tfgrpc.servers.allocator import apply_policy
-from pytest_tfgrpc.servers.cluster_spec import ClusterSpec
-from pytest_tfgrpc.servers.cpus import CpuError, placement_setting, resolve_placement, use_placement
-from pytest_tfgrpc.servers.processes import ServerError
+from pytest_tfgrpc.roles.processes import ServerError
+from pytest_tfgrpc.tuning.allocator import apply_policy
+from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
 from pytest_tfgrpc.units import UnitError, parse_seconds
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics

@@ -1,4 +1,8 @@
-"""stats."""
+"""Statistics of samples: summaries and percentiles, sketches, significance and replicate tests.
+
+Layer: the bottom, beside ``units`` (neither imports the other); imports nothing of the package
+(but ``_compat``, which is outside the layers).
+"""
 
 from typing import TYPE_CHECKING
 

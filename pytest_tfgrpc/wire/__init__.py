@@ -1,1 +1,6 @@
-"""wire."""
+"""What travels on the wire: generated protobuf code, tensors and payload schemes, the codec,
+gRPC settings and method paths (``grpc_settings``), clients, fabrics, TLS and the job token.
+
+Layer: beside ``tuning``, ``native`` and ``model`` (none imports another); may import only
+``results``, ``stats`` and ``units``.
+"""

@@ -16,7 +16,7 @@ from typing import Any, Final, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import (
     looks_like_tls_failure,
@@ -120,7 +120,7 @@ def _call_details(error: BaseException) -> str:
 def _probe_details(channel: grpc.Channel) -> str:
     """Why a channel does not connect, in gRPC's words: one call without waiting."""
     try:
-        channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=2.0)
+        channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=2.0)
     except grpc.RpcError as error:
         return _call_details(error)
     return ""
@@ -162,8 +162,8 @@ def connect(target: str, timeout: float = 10.0, *, server: Server | None = None)
 
     It waits with short Status calls that wait for the connection, not with
     ``channel_ready_future``, whose polling thread outlives a channel closed early."""
-    channel = open_channel(target, transport.CHANNEL_OPTIONS)
-    status = channel.unary_unary(transport.method("raw", "Status"))
+    channel = open_channel(target, grpc_settings.CHANNEL_OPTIONS)
+    status = channel.unary_unary(grpc_settings.method("raw", "Status"))
     deadline = time.monotonic() + timeout
     attempts = 0
     try:
@@ -193,7 +193,7 @@ async def connect_aio(
     target: str, timeout: float = 10.0, *, server: Server | None = None
 ) -> grpc.aio.Channel:
     """:func:`connect` for asyncio channels."""
-    channel = open_aio_channel(target, transport.CHANNEL_OPTIONS)
+    channel = open_aio_channel(target, grpc_settings.CHANNEL_OPTIONS)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -205,7 +205,7 @@ async def connect_aio(
                 if time.monotonic() >= deadline:
                     break
         try:
-            await channel.unary_unary(transport.method("raw", "Status"))(b"", timeout=2.0)
+            await channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=2.0)
             details = ""
         except grpc.RpcError as error:
             details = _call_details(error)

@@ -53,7 +53,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pytest_tfgrpc.units import UnitError, parse_size, size_label
-from pytest_tfgrpc.wire.channels import MAX_MESSAGE_BYTES
+from pytest_tfgrpc.wire.grpc_settings import MAX_MESSAGE_BYTES
 from pytest_tfgrpc.wire.tensors import DEFAULT_SEED, make_content
 
 __all__ = [

@@ -45,7 +45,7 @@ from pytest_tfgrpc.model.placement import Placement, Topology
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.units import size_label
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
@@ -408,7 +408,7 @@ class Engine(ABC):
         (every PS owns one variable of that size) or one for a placement (each PS owns its
         shards, with ``profile``'s tensor shapes). ``rate_Bps`` counts the bytes pulled and
         pushed."""
-        _check("mode", mode, transport.MODES)
+        _check("mode", mode, grpc_settings.MODES)
         topology = cluster.topology
         if isinstance(payload, (Placement, Payload)):
             groups: list[tuple[str, Sequence[int] | Placement | Payload | int]] = [

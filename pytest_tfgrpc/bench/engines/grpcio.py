@@ -18,10 +18,10 @@ from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.streams import StreamsResult, check_streams, p2p_bandwidth_streams
 from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.native_server import start_tensor_server
-from pytest_tfgrpc.servers.processes import ServerProcess
-from pytest_tfgrpc.servers.ps_cluster import PSCluster
+from pytest_tfgrpc.roles.native_server import start_tensor_server
+from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.fabric import Fabric
 

@@ -1,7 +1,7 @@
 """TensorFlow's own gRPC runtime as an engine (the ``tensorflow`` extra: ``tensorflow-cpu``).
 
 Servers are ``tf.distribute.Server`` tasks bound to the fabric's address
-(:class:`~pytest_tfgrpc.servers.tf_cluster.TFCluster`: PS tasks and one worker task, each its
+(:class:`~pytest_tfgrpc.ps.tf_cluster.TFCluster`: PS tasks and one worker task, each its
 own process); the measurements are TensorFlow's own transfers, timed per
 ``tf.compat.v1.Session`` step on the worker:
 
@@ -40,9 +40,9 @@ from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.ps.tf_cluster import TFCluster, find_tf_python
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.servers.tf_cluster import TFCluster, find_tf_python
-from pytest_tfgrpc.servers.tf_task import flat_variable
+from pytest_tfgrpc.roles.tf_task import flat_variable
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import tls_mode

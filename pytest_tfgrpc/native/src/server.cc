@@ -1,4 +1,4 @@
-// tfgrpc-native-server: the tensor server of pytest_tfgrpc/servers/tensor_server.py in C++.
+// tfgrpc-native-server: the tensor server of pytest_tfgrpc/roles/tensor_server.py in C++.
 //
 // The same two services (tfgrpc.TensorService with TensorProto messages, tfgrpc.RawTensorService
 // with opaque bytes) and the same seven methods, served as byte buffers so that neither mode

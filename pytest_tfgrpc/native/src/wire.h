@@ -1,6 +1,6 @@
 // The plugin's wire format in C++: method paths, channel arguments, and the hand-encoded
 // messages of protos/tfgrpc/*.proto (TensorProto header, TensorChunk, Ack, PullRequest,
-// ServerStatus). It mirrors pytest_tfgrpc/wire/channels.py and wire/codec.py; the interop
+// ServerStatus). It mirrors pytest_tfgrpc/wire/grpc_settings.py and wire/codec.py; the interop
 // tests (tests/test_native.py) check one against the other in both directions.
 #pragma once
 
@@ -17,7 +17,7 @@
 
 namespace tfgrpc {
 
-// wire/channels.py: INT32_MAX message limits, no BDP probing, an 8 MiB stream window.
+// wire/grpc_settings.py: INT32_MAX message limits, no BDP probing, an 8 MiB stream window.
 constexpr int kMaxMessageBytes = INT_MAX;
 constexpr int kLookaheadBytes = 8 << 20;
 constexpr int64_t kDefaultChunkBytes = 1 << 20;

@@ -1,6 +1,6 @@
-// tfgrpc-native-worker: the PS-benchmark worker of pytest_tfgrpc/servers/worker.py in C++.
+// tfgrpc-native-worker: the PS-benchmark worker of pytest_tfgrpc/ps/worker.py in C++.
 //
-// It speaks the same worker protocol (pytest_tfgrpc/servers/jobs.py: one JSON message a line,
+// It speaks the same worker protocol (pytest_tfgrpc/ps/jobs.py: one JSON message a line,
 // samples as base64 of little-endian int64 nanoseconds) on stdin/stdout, and makes the same
 // tfgrpc.ParameterServer calls against the plugin's Python PS tasks:
 //
@@ -49,7 +49,7 @@ constexpr const char* kNextPhaseKey = "x-tfgrpc-next-phase";
 constexpr const char* kWarmup = "warmup";
 constexpr const char* kMeasure = "measure";
 constexpr const char* kStop = "stop";
-// servers/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
+// ps/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
 constexpr double kGoTimeoutS = 120.0;
 
 // --- the parent's lines --------------------------------------------------------------------

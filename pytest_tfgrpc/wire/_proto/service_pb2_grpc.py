@@ -365,7 +365,7 @@ class TensorService:
 
 
 class ParameterServerStub:
-    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.servers.parameter_server).
+    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.roles.parameter_server).
 
     The parent configures a job on every PS, then W worker processes run it:
 
@@ -416,7 +416,7 @@ class ParameterServerStub:
 
 
 class ParameterServerServicer:
-    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.servers.parameter_server).
+    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.roles.parameter_server).
 
     The parent configures a job on every PS, then W worker processes run it:
 
@@ -505,7 +505,7 @@ def add_ParameterServerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ParameterServer:
-    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.servers.parameter_server).
+    """The parameter-server service of the PS benchmarks (pytest_tfgrpc.roles.parameter_server).
 
     The parent configures a job on every PS, then W worker processes run it:
 

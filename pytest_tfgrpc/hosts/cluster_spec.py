@@ -25,7 +25,7 @@ from pathlib import Path
 
 import grpc
 
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import unreachable
 from pytest_tfgrpc.wire.fabric import Fabric
@@ -314,8 +314,8 @@ class RemoteServer:
         """Its grpcio version, from its Status, or ClusterSpecError saying why it does not
         answer. Under the run's TLS setting (the channel every call of the run uses), so a
         TLS server answers and a handshake failure is reported as one."""
-        with open_channel(self.target, transport.CHANNEL_OPTIONS) as channel:
-            status = channel.unary_unary(transport.method("raw", "Status"))
+        with open_channel(self.target, grpc_settings.CHANNEL_OPTIONS) as channel:
+            status = channel.unary_unary(grpc_settings.method("raw", "Status"))
             try:
                 reply = service_pb2.ServerStatus.FromString(status(b"", timeout=timeout))
                 return str(reply.grpc_version)

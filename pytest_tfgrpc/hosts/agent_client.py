@@ -1,9 +1,9 @@
 """The driver's side of the node agents: a client per agent, and remote processes that look local.
 
-:class:`AgentClient` talks to one ``tfgrpc-node`` (:mod:`pytest_tfgrpc.servers.agent`): it
+:class:`AgentClient` talks to one ``tfgrpc-node`` (:mod:`pytest_tfgrpc.hosts.agent`): it
 authenticates every call with the shared token, holds this driver's lease by heartbeating in a
 thread, and releases it on :meth:`AgentClient.close`. :meth:`AgentClient.launcher` gives an
-:class:`AgentLauncher`, the seam :class:`~pytest_tfgrpc.servers.processes.ChildProcess` starts its
+:class:`AgentLauncher`, the seam :class:`~pytest_tfgrpc.roles.processes.ChildProcess` starts its
 process through: the remote process is a :class:`RemoteProcess` with the ``subprocess.Popen``
 surface the handles use (``stdin`` to write, ``stdout`` a real pipe to select on, ``poll``,
 ``wait``, ``terminate``, ``kill``), so a PS, worker or tensor server on another host is driven
@@ -11,7 +11,7 @@ by the same code, and speaks the same job protocol, as a local one.
 
 When an agent goes away mid-run (killed, host down, network lost), each of its processes ends
 with :data:`AGENT_LOST` and a stderr line naming the host, the agent and the gRPC status, which
-the handle's :class:`~pytest_tfgrpc.servers.processes.ServerDied` message then carries.
+the handle's :class:`~pytest_tfgrpc.roles.processes.ServerDied` message then carries.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import IO, Any
 
 import grpc
 
+from pytest_tfgrpc.hosts.agent import ROLES
 from pytest_tfgrpc.native import SERVER_NAME, WORKER_NAME
-from pytest_tfgrpc.servers.agent import ROLES
-from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
+from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
@@ -240,10 +240,10 @@ class AgentClient:
 
 
 class AgentLauncher:
-    """Starts a :class:`~pytest_tfgrpc.servers.processes.ChildProcess` through an agent.
+    """Starts a :class:`~pytest_tfgrpc.roles.processes.ChildProcess` through an agent.
 
     It reads the role and engine from the program the handle would run (a role module of
-    :data:`~pytest_tfgrpc.servers.agent.ROLES`, or a native program) and passes on only what
+    :data:`~pytest_tfgrpc.hosts.agent.ROLES`, or a native program) and passes on only what
     the agent accepts: a server's ``--workers``/``--threads``, ``--delay``/``--delay-ns`` and
     ``--max-tensor-bytes``, the allocator variables of ``env``, a PS task's job token, and
     whether the run uses TLS (the agent's host then serves and dials with its own

@@ -1,7 +1,7 @@
 """The native (C++) tensor server as a server process, and the choice between engines.
 
 ``tfgrpc-native-server`` speaks the same services as :mod:`.tensor_server` and is started
-through the same machinery (:class:`~pytest_tfgrpc.servers.processes.ServerProcess`): bound
+through the same machinery (:class:`~pytest_tfgrpc.roles.processes.ServerProcess`): bound
 to the fabric's address only, on a port the OS picks, reporting it on its ready line, tied
 to its parent through its stdin.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_tfgrpc.native import ENGINES, binaries
-from pytest_tfgrpc.servers.processes import LOCAL, Launcher, ServerProcess
+from pytest_tfgrpc.roles.processes import LOCAL, Launcher, ServerProcess
 from pytest_tfgrpc.wire.fabric import Fabric
 
 __all__ = ["ENGINES", "check_engine", "start_native_server", "start_tensor_server"]

@@ -1,6 +1,6 @@
 """The tensor server: a real gRPC server in its own process, bound to one fabric address.
 
-Run as ``tfgrpc-server --fabric ib0`` (or ``python -m pytest_tfgrpc.servers.tensor_server``).
+Run as ``tfgrpc-server --fabric ib0`` (or ``python -m pytest_tfgrpc.roles.tensor_server``).
 When it serves, it prints one JSON line (``{"target": ..., "pid": ..., "fabric": ...}``) on stdout;
 with ``--exit-on-stdin-eof`` it also stops when its stdin closes, which is how the plugin
 makes sure no server outlives the pytest process that started it, however that ends.
@@ -32,12 +32,11 @@ from typing import Any
 import grpc
 
 from pytest_tfgrpc.native import ENGINES, NativeNotBuilt, binaries
-from pytest_tfgrpc.servers.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
-from pytest_tfgrpc.servers.cpus import CpuError, parse_cpu_list, pin_process, require_allowed
-from pytest_tfgrpc.servers.parameter_server import ParameterServer
+from pytest_tfgrpc.roles.parameter_server import ParameterServer
+from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
+from pytest_tfgrpc.tuning.cpus import CpuError, parse_cpu_list, pin_process, require_allowed
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_size
-from pytest_tfgrpc.wire import channels as transport
-from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, resolve_fabric
 from pytest_tfgrpc.wire.security import (
@@ -96,7 +95,7 @@ _DRAIN_BYTES = 64 << 20
 def _announced_bytes(context: grpc.ServicerContext) -> int | None:
     """The message size a stream announced in its metadata, if it is a number."""
     for key, value in context.invocation_metadata():
-        if key == transport.MESSAGE_BYTES_KEY:
+        if key == grpc_settings.MESSAGE_BYTES_KEY:
             with contextlib.suppress(ValueError):
                 return int(value)
     return None
@@ -104,18 +103,18 @@ def _announced_bytes(context: grpc.ServicerContext) -> int | None:
 
 def _message_bytes(context: grpc.ServicerContext, limit: int) -> int:
     for key, value in context.invocation_metadata():
-        if key == transport.MESSAGE_BYTES_KEY:
+        if key == grpc_settings.MESSAGE_BYTES_KEY:
             try:
                 size = int(value)
             except ValueError:
                 break
             if size < 0:
                 break
-            _check_limit(context, size, limit, "a pushed message", transport.FRAMING_BYTES)
+            _check_limit(context, size, limit, "a pushed message", grpc_settings.FRAMING_BYTES)
             return size
     context.abort(
         grpc.StatusCode.INVALID_ARGUMENT,
-        f"a stream must announce its message size in '{transport.MESSAGE_BYTES_KEY}' metadata",
+        f"a stream must announce its message size in '{grpc_settings.MESSAGE_BYTES_KEY}' metadata",
     )
     raise AssertionError("unreachable")  # abort raises
 
@@ -144,7 +143,7 @@ class TensorService:
         fabric: str,
         counters: _Counters,
         delay_s: float = 0.0,
-        max_tensor_bytes: int = transport.MAX_TENSOR_BYTES,
+        max_tensor_bytes: int = grpc_settings.MAX_TENSOR_BYTES,
         environment: dict[str, str] | None = None,
     ) -> None:
         self.delay_s = delay_s
@@ -160,7 +159,7 @@ class TensorService:
 
     # --- latency -------------------------------------------------------------------------
     def _check_message(self, context: grpc.ServicerContext, request: bytes, what: str) -> None:
-        framing = transport.FRAMING_BYTES if self.protobuf else 0
+        framing = grpc_settings.FRAMING_BYTES if self.protobuf else 0
         _check_limit(context, len(request), self.max_tensor_bytes, what, framing)
 
     def echo(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -194,7 +193,10 @@ class TensorService:
     ) -> Iterator[bytes]:
         """Slices of messages of a size announced in metadata; one Ack per whole message."""
         announced = _announced_bytes(context)
-        if announced is not None and announced > self.max_tensor_bytes + transport.FRAMING_BYTES:
+        if (
+            announced is not None
+            and announced > self.max_tensor_bytes + grpc_settings.FRAMING_BYTES
+        ):
             # Refused once the client has sent what it announced (read and dropped: it costs
             # no memory), up to _DRAIN_BYTES: a client whose writes are still under way would
             # get gRPC's "Internal error from Core" for a failed write, not this status.
@@ -261,7 +263,7 @@ class TensorService:
             hold(self.delay_s)
         nbytes, dtype, chunk = codec.decode_pull_request(request)
         _check_limit(context, nbytes, self.max_tensor_bytes, "a pull")
-        chunk = chunk or transport.DEFAULT_CHUNK_BYTES
+        chunk = chunk or grpc_settings.DEFAULT_CHUNK_BYTES
         view = memoryview(self._encoded(nbytes, dtype))
         for start in range(0, len(view), chunk):
             piece = view[start : start + chunk]
@@ -284,7 +286,9 @@ class TensorService:
         return bytes(reply.SerializeToString())
 
     def handler(self) -> grpc.GenericRpcHandler:
-        service = transport.RAW_SERVICE if self.mode == "raw" else transport.PROTOBUF_SERVICE
+        service = (
+            grpc_settings.RAW_SERVICE if self.mode == "raw" else grpc_settings.PROTOBUF_SERVICE
+        )
         unary: dict[str, Callable[[Any, Any], Any]] = {
             "Echo": self.echo,
             "Push": self.push,
@@ -305,7 +309,7 @@ def build_server(
     *,
     workers: int,
     delay_s: float = 0.0,
-    max_tensor_bytes: int = transport.MAX_TENSOR_BYTES,
+    max_tensor_bytes: int = grpc_settings.MAX_TENSOR_BYTES,
     job_token: str | None = None,
     environment: dict[str, str] | None = None,
 ) -> tuple[grpc.Server, str]:
@@ -322,7 +326,7 @@ def build_server(
     # "Internal error from Core" mid-stream; the handlers refuse with a message instead.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfgrpc"),
-        options=transport.SERVER_OPTIONS,
+        options=grpc_settings.SERVER_OPTIONS,
     )
     bound = add_port(server, f"{host}:{port}")
     target = f"{host}:{bound}"
@@ -332,7 +336,7 @@ def build_server(
             TensorService(
                 mode, target, fabric, counters, delay_s, max_tensor_bytes, environment
             ).handler()
-            for mode in transport.MODES
+            for mode in grpc_settings.MODES
         ]
     )
     server.add_generic_rpc_handlers(ParameterServer(job_token).handlers())
@@ -404,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-tensor-bytes",
         default=os.environ.get(MAX_TENSOR_ENV) or None,
         help="largest tensor a request may make the server receive or allocate, e.g. 64MiB "
-        f"(default: ${MAX_TENSOR_ENV}, else {transport.MAX_TENSOR_BYTES} B, gRPC's limit); "
+        f"(default: ${MAX_TENSOR_ENV}, else {grpc_settings.MAX_TENSOR_BYTES} B, gRPC's limit); "
         "larger requests are refused with RESOURCE_EXHAUSTED",
     )
     for name, what in (
@@ -443,16 +447,16 @@ def main(argv: list[str] | None = None) -> int:
         delay_s = parse_duration_ns(args.delay) / 1e9
     except UnitError as exc:
         parser.error(f"--delay: {exc}")
+    limited = args.max_tensor_bytes is not None
+    max_tensor_bytes = grpc_settings.MAX_TENSOR_BYTES
     try:
-        limited = args.max_tensor_bytes is not None
-        max_tensor_bytes = (
-            parse_size(args.max_tensor_bytes) if limited else transport.MAX_TENSOR_BYTES
-        )
+        if limited:
+            max_tensor_bytes = parse_size(args.max_tensor_bytes)
     except UnitError as exc:
         parser.error(f"--max-tensor-bytes: {exc}")
-    if max_tensor_bytes > transport.MAX_TENSOR_BYTES:
+    if max_tensor_bytes > grpc_settings.MAX_TENSOR_BYTES:
         parser.error(
-            f"--max-tensor-bytes {max_tensor_bytes}: {transport.too_large(max_tensor_bytes)}"
+            f"--max-tensor-bytes {max_tensor_bytes}: {grpc_settings.too_large(max_tensor_bytes)}"
         )
     try:
         use_tls(load_tls(TlsFiles(args.tls_cert, args.tls_key, args.tls_ca), "--tls-"))

@@ -1,6 +1,6 @@
 """The parameter-server side of the PS benchmarks: a job's shards, the step barrier, the update.
 
-A PS process (the tensor server, :mod:`pytest_tfgrpc.servers.tensor_server`) also serves
+A PS process (the tensor server, :mod:`pytest_tfgrpc.roles.tensor_server`) also serves
 ``tfgrpc.ParameterServer`` (see ``protos/tfgrpc/service.proto``) and its raw twin
 ``tfgrpc.RawParameterServer``. The parent configures a job on every PS; then worker processes
 drive it:

@@ -11,10 +11,10 @@ operation starts with a header (op code, payload length) sent in the same buffer
 
 This module is the server side and the protocol; :class:`FloorServer` starts the server as a
 child process through the same machinery as the tensor server
-(:class:`~pytest_tfgrpc.servers.processes.ChildProcess`). The measuring client, timed by the
+(:class:`~pytest_tfgrpc.roles.processes.ChildProcess`). The measuring client, timed by the
 same loops as every gRPC figure, is :mod:`pytest_tfgrpc.bench.floor`.
 
-Run ``python -m pytest_tfgrpc.servers.floor_server --bind HOST`` to serve: it prints one JSON line
+Run ``python -m pytest_tfgrpc.roles.floor_server --bind HOST`` to serve: it prints one JSON line
 ``{"port": N, "pid": P}`` once listening, and exits on stdin EOF or SIGTERM.
 """
 
@@ -31,7 +31,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from pytest_tfgrpc.servers.processes import LOCAL, ChildProcess, Launcher, ServerError
+from pytest_tfgrpc.roles.processes import LOCAL, ChildProcess, Launcher, ServerError
 
 OP_ECHO = 1
 OP_SINK_ACK = 2
@@ -157,7 +157,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the floor protocol until stdin reaches EOF or SIGTERM arrives."""
     parser = argparse.ArgumentParser(
-        prog="python -m pytest_tfgrpc.servers.floor_server", description=__doc__
+        prog="python -m pytest_tfgrpc.roles.floor_server", description=__doc__
     )
     parser.add_argument("--bind", required=True, help="IPv4 or IPv6 address to listen on")
     parser.add_argument("--port", type=int, default=0, help="port (default 0: the OS picks)")
@@ -191,7 +191,7 @@ class FloorServer(ChildProcess):
 
     Started with :meth:`start`, which returns once it listens; it is tied to this process as
     a tensor server is (stdin lifeline, own session, stopped by
-    :func:`~pytest_tfgrpc.servers.processes.stop_all`), and a context manager.
+    :func:`~pytest_tfgrpc.roles.processes.stop_all`), and a context manager.
     """
 
     def __init__(
@@ -202,7 +202,7 @@ class FloorServer(ChildProcess):
         env: Mapping[str, str] | None = None,
         launcher: Launcher = LOCAL,
     ) -> None:
-        argv = [sys.executable, "-m", "pytest_tfgrpc.servers.floor_server", "--bind", host]
+        argv = [sys.executable, "-m", "pytest_tfgrpc.roles.floor_server", "--bind", host]
         name = f"floor server on {host!r}"
         if launcher is not LOCAL:
             name += f" (host {launcher.host})"

@@ -1,8 +1,8 @@
 """The messages between a PS cluster's driver and its worker processes, typed on both sides.
 
-The driver (:class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster`, and through it
+The driver (:class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`, and through it
 :mod:`pytest_tfgrpc.bench.ps` and :mod:`pytest_tfgrpc.bench.fit`) and the workers
-(:mod:`pytest_tfgrpc.servers.worker`) both import this module; neither side builds or reads a
+(:mod:`pytest_tfgrpc.ps.worker`) both import this module; neither side builds or reads a
 raw dict. One message is one line of JSON on the worker's stdin or stdout:
 
 * driver to worker: a job (:class:`ThroughputJob`, :class:`SyncSGDJob`), then :class:`Go`;
@@ -164,7 +164,7 @@ class SyncSGDJob:
     that PS's order; streams travel in slices of ``chunk_bytes``. The chief PS says when the
     warm-up ends and when to stop; ``max_steps`` bounds the steps whatever it says.
     ``check=True`` sends predictable gradients
-    (:func:`~pytest_tfgrpc.servers.parameter_server.check_gradient`).
+    (:func:`~pytest_tfgrpc.roles.parameter_server.check_gradient`).
     """
 
     kind: ClassVar[str] = "sync_sgd"

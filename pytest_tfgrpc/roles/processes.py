@@ -106,7 +106,7 @@ class ProcessLike(Protocol):
 
 class Launcher(Protocol):
     """Where a :class:`ChildProcess` runs: this host (:class:`LocalLauncher`) or another one
-    through its node agent (:class:`~pytest_tfgrpc.servers.remote.AgentLauncher`)."""
+    through its node agent (:class:`~pytest_tfgrpc.hosts.agent_client.AgentLauncher`)."""
 
     @property
     def host(self) -> str:
@@ -337,7 +337,7 @@ class ServerProcess(ChildProcess):
         argv = [
             sys.executable,
             "-m",
-            "pytest_tfgrpc.servers.tensor_server",
+            "pytest_tfgrpc.roles.tensor_server",
             "--fabric",
             fabric.name,
             "--exit-on-stdin-eof",

@@ -1,8 +1,8 @@
 """TensorFlow's gRPC runtime as processes: PS tasks and a worker task bound to a fabric.
 
-:class:`TFCluster` starts ``tf.distribute.Server`` tasks (:mod:`.tf_task`, run as a script by
-the Python of an environment with TensorFlow: this one if it imports TensorFlow, else
-``TFGRPC_TF_PYTHON``) on the fabric's address, and asks its worker task to time TensorFlow's
+:class:`TFCluster` starts ``tf.distribute.Server`` tasks (:mod:`pytest_tfgrpc.roles.tf_task`, run
+as a script by the Python of an environment with TensorFlow: this one if it imports TensorFlow,
+else ``TFGRPC_TF_PYTHON``) on the fabric's address, and asks its worker task to time TensorFlow's
 own transfers. No TensorFlow is imported in this process.
 
 TensorFlow's server listens on every interface of the host (``tf.distribute.Server`` takes a
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_tfgrpc.model.placement import Topology
-from pytest_tfgrpc.servers import tf_task
-from pytest_tfgrpc.servers.processes import ChildProcess, ServerDied, ServerError
+from pytest_tfgrpc.roles import tf_task
+from pytest_tfgrpc.roles.processes import ChildProcess, ServerDied, ServerError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabrics
 
 __all__ = ["TF_PYTHON_ENV", "Steps", "TFCluster", "TFTaskError", "find_tf_python"]
@@ -225,8 +225,8 @@ class TFCluster:
         overhead_iterations: int = 0,
         op: str = "slice",
     ) -> Steps:
-        """Time ``kind`` (pull, push, echo, ps; see :mod:`.tf_task`) of ``variables``
-        (``[name, ps, shape, dtype]``) on the worker."""
+        """Time ``kind`` (pull, push, echo, ps; see :mod:`pytest_tfgrpc.roles.tf_task`) of
+        ``variables`` (``[name, ps, shape, dtype]``) on the worker."""
         worker = self.tasks[-1]
         command = {
             "kind": kind,

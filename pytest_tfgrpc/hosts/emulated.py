@@ -600,10 +600,10 @@ class HostAgent:
     ) -> None:
         """Start ``tfgrpc-node`` in ``host`` with ``extra_args`` (e.g. its TLS files) and wait
         up to ``ready_timeout`` s until it serves (ServerError with its stderr otherwise)."""
-        from pytest_tfgrpc.servers.processes import ChildProcess
+        from pytest_tfgrpc.roles.processes import ChildProcess
 
         argv = host.command(
-            [sys.executable, "-m", "pytest_tfgrpc.servers.agent", "--fabric", host.iface,
+            [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", host.iface,
              "--port", "0", "--token-file", token_file, "--host-name", host.name,
              "--exit-on-stdin-eof", *extra_args]
         )  # fmt: skip

@@ -1,20 +1,20 @@
 """A PS-benchmark worker process: runs jobs against every parameter server, prints samples.
 
-Started by :class:`~pytest_tfgrpc.servers.ps_cluster.PSCluster` as ``python -m
-pytest_tfgrpc.servers.worker``.
+Started by :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster` as ``python -m
+pytest_tfgrpc.ps.worker``.
 Workers are processes, not threads, so that W workers measure the network and the servers,
 not one interpreter's GIL. The parent talks to a worker in the typed messages of
-:mod:`pytest_tfgrpc.servers.jobs`, one per line:
+:mod:`pytest_tfgrpc.ps.jobs`, one per line:
 
-1. the worker prints :class:`~pytest_tfgrpc.servers.jobs.Hello` once it is up;
-2. the parent writes a job (:class:`~pytest_tfgrpc.servers.jobs.ThroughputJob` or
-   :class:`~pytest_tfgrpc.servers.jobs.SyncSGDJob`); the worker connects to every PS, prepares
-   its tensors and prints :class:`~pytest_tfgrpc.servers.jobs.Ready`;
-3. the parent writes :class:`~pytest_tfgrpc.servers.jobs.Go` to all workers at once (the start
+1. the worker prints :class:`~pytest_tfgrpc.ps.jobs.Hello` once it is up;
+2. the parent writes a job (:class:`~pytest_tfgrpc.ps.jobs.ThroughputJob` or
+   :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob`); the worker connects to every PS, prepares
+   its tensors and prints :class:`~pytest_tfgrpc.ps.jobs.Ready`;
+3. the parent writes :class:`~pytest_tfgrpc.ps.jobs.Go` to all workers at once (the start
    barrier); the worker runs the job and prints its reply, samples packed as int64; then it
    waits for the next job.
 
-Any failure is printed as :class:`~pytest_tfgrpc.servers.jobs.WorkerFailed`. The worker exits
+Any failure is printed as :class:`~pytest_tfgrpc.ps.jobs.WorkerFailed`. The worker exits
 when its stdin closes, which is how no worker outlives its parent, however the parent ends.
 """
 
@@ -35,7 +35,7 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
-from pytest_tfgrpc.servers.jobs import (
+from pytest_tfgrpc.ps.jobs import (
     Go,
     Hello,
     JobMessage,
@@ -51,7 +51,7 @@ from pytest_tfgrpc.servers.jobs import (
     decode,
     encode,
 )
-from pytest_tfgrpc.servers.parameter_server import (
+from pytest_tfgrpc.roles.parameter_server import (
     MEASURE,
     NEXT_PHASE_KEY,
     PHASE_KEY,

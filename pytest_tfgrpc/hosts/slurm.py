@@ -8,7 +8,7 @@ and ``SLURMD_NODENAME`` (the node this process runs on). Hostlists are expanded 
 
 The README's ``srun`` recipe runs one ``tfgrpc-node`` per node and pytest on the first;
 with ``--tfgrpc-agents=slurm`` the driver then uses every other node's agent, at
-``TFGRPC_AGENT_PORT`` (default :data:`~pytest_tfgrpc.servers.agent.DEFAULT_PORT`).
+``TFGRPC_AGENT_PORT`` (default :data:`~pytest_tfgrpc.hosts.agent.DEFAULT_PORT`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import hostlist
 
-from pytest_tfgrpc.servers.agent import DEFAULT_PORT
+from pytest_tfgrpc.hosts.agent import DEFAULT_PORT
 
 __all__ = ["PORT_ENV", "SlurmAllocation", "SlurmError", "agent_addresses", "slurm_allocation"]
 

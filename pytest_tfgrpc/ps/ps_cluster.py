@@ -1,12 +1,12 @@
 """A parameter-server cluster on one fabric: P PS server processes and W worker processes.
 
 :class:`PSCluster` starts the PS tasks (tensor servers, which also serve
-``tfgrpc.ParameterServer``) and the workers (:mod:`pytest_tfgrpc.servers.worker`), hands jobs to the
+``tfgrpc.ParameterServer``) and the workers (:mod:`pytest_tfgrpc.ps.worker`), hands jobs to the
 workers, starts them together and collects what they measured, always with a deadline. Every
 process it starts is tied to it: PS servers and workers stop when their stdin closes (so when
 this process ends, however it ends), :meth:`PSCluster.stop` stops them in order, and an
 ``atexit`` hook stops any still running. A process that dies is reported with its exit status
-and the end of its stderr (:class:`~pytest_tfgrpc.servers.processes.ServerDied`).
+and the end of its stderr (:class:`~pytest_tfgrpc.roles.processes.ServerDied`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import grpc
 
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.native import ENGINES, binaries
-from pytest_tfgrpc.servers import jobs as protocol
-from pytest_tfgrpc.servers.jobs import JobMessage, Message, Reply
-from pytest_tfgrpc.servers.parameter_server import method
-from pytest_tfgrpc.servers.processes import (
+from pytest_tfgrpc.ps import jobs as protocol
+from pytest_tfgrpc.ps.jobs import JobMessage, Message, Reply
+from pytest_tfgrpc.roles.parameter_server import method
+from pytest_tfgrpc.roles.processes import (
     LOCAL,
     ChildProcess,
     Launcher,
@@ -67,7 +67,7 @@ class ClusterError(ServerError):
 
 
 class WorkerProcess(ChildProcess):
-    """One worker process; it speaks the messages of :mod:`pytest_tfgrpc.servers.jobs`, one
+    """One worker process; it speaks the messages of :mod:`pytest_tfgrpc.ps.jobs`, one
     per line, on its stdin and stdout."""
 
     def __init__(
@@ -81,7 +81,7 @@ class WorkerProcess(ChildProcess):
         argv = (
             [str(binaries().worker)]
             if engine == "native"
-            else [sys.executable, "-m", "pytest_tfgrpc.servers.worker"]
+            else [sys.executable, "-m", "pytest_tfgrpc.ps.worker"]
         )
         super().__init__(
             argv,
@@ -90,7 +90,7 @@ class WorkerProcess(ChildProcess):
             launcher=launcher,
         )
         self.index = index
-        #: What the worker is: ``grpcio`` (servers/worker.py) or ``native`` (C++).
+        #: What the worker is: ``grpcio`` (ps/worker.py) or ``native`` (C++).
         self.engine = engine
         self._buffer = b""
 
@@ -367,7 +367,7 @@ class PSCluster:
         The PS tasks are configured (``run.warmup`` steps within ``run.warmup_seconds``,
         then at most ``run.iterations`` within ``run.time_limit_s``, each step's barrier
         bounded by ``barrier_timeout``); each worker gets a
-        :class:`~pytest_tfgrpc.servers.jobs.SyncSGDJob` that allows one step more than that.
+        :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob` that allows one step more than that.
         Returns the workers' replies and what each PS saw, within
         ``run.job_timeout_s(barrier_timeout)``.
         """

@@ -4,19 +4,19 @@ One agent runs on every host of a cluster. The driver (the pytest process) asks 
 ``tfgrpc.NodeAgent`` gRPC service (``protos/tfgrpc/agent.proto``), to start one of the plugin's
 own roles, of one of its engines, and nothing else:
 
-- ``tensor_server``: ``pytest_tfgrpc.servers.tensor_server`` (grpcio) or
+- ``tensor_server``: ``pytest_tfgrpc.roles.tensor_server`` (grpcio) or
   ``tfgrpc-native-server`` (native); parameters ``delay`` (a duration), ``max_tensor_bytes``,
   and ``workers`` (grpcio, 1-256 threads) or ``threads`` (native, 1-64);
 - ``ps``: the same programs with the driver's job token (``TFGRPC_JOB_TOKEN``), same parameters;
-- ``worker``: ``pytest_tfgrpc.servers.worker`` or ``tfgrpc-native-worker``; no parameters;
-- ``floor_server``: ``pytest_tfgrpc.servers.floor_server`` (grpcio only); no parameters.
+- ``worker``: ``pytest_tfgrpc.ps.worker`` or ``tfgrpc-native-worker``; no parameters;
+- ``floor_server``: ``pytest_tfgrpc.roles.floor_server`` (grpcio only); no parameters.
 
 The native programs are the agent host's own build (``tfgrpc-build-native`` there); a host
 without it refuses a native role with ``FAILED_PRECONDITION`` in one line naming the host, the
 role and that command, and says which engines it has in ``Hello``.
 
 The agent fixes what a role binds to (its own fabric, a port the OS picks) and passes on only
-the allocator variables (:data:`~pytest_tfgrpc.servers.allocator.ALLOCATOR_VARS`, digits only)
+the allocator variables (:data:`~pytest_tfgrpc.tuning.allocator.ALLOCATOR_VARS`, digits only)
 from the driver's environment; an unknown role is refused with ``PERMISSION_DENIED``, a bad
 parameter with ``INVALID_ARGUMENT``. A role's stdin, stdout and stderr travel on its ``Run``
 stream, so the driver drives a remote worker or server exactly as a local child.
@@ -62,10 +62,10 @@ from typing import Any
 import grpc
 
 from pytest_tfgrpc.native import BUILD_COMMAND, ENGINES, NativeNotBuilt, binaries
-from pytest_tfgrpc.servers.allocator import ALLOCATOR_VARS
-from pytest_tfgrpc.servers.processes import end_process
+from pytest_tfgrpc.roles.processes import end_process
+from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
-from pytest_tfgrpc.wire import channels as transport
+from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
@@ -96,12 +96,12 @@ MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
 
-_TENSOR_SERVER = "pytest_tfgrpc.servers.tensor_server"
+_TENSOR_SERVER = "pytest_tfgrpc.roles.tensor_server"
 ROLES: Mapping[str, str] = {
     "tensor_server": _TENSOR_SERVER,
     "ps": _TENSOR_SERVER,
-    "worker": "pytest_tfgrpc.servers.worker",
-    "floor_server": "pytest_tfgrpc.servers.floor_server",
+    "worker": "pytest_tfgrpc.ps.worker",
+    "floor_server": "pytest_tfgrpc.roles.floor_server",
 }
 
 
@@ -140,10 +140,10 @@ def _delay_param(value: str) -> list[str]:
 
 
 def _max_bytes_param(value: str) -> list[str]:
-    if not value.isdigit() or int(value) > transport.MAX_TENSOR_BYTES:
+    if not value.isdigit() or int(value) > grpc_settings.MAX_TENSOR_BYTES:
         raise RoleError(
             f"parameter max_tensor_bytes={value!r}: a number of bytes from 0 to "
-            f"{transport.MAX_TENSOR_BYTES}",
+            f"{grpc_settings.MAX_TENSOR_BYTES}",
             grpc.StatusCode.INVALID_ARGUMENT,
         )
     return ["--max-tensor-bytes", value]
@@ -211,7 +211,7 @@ def tls_mismatch(host: str, roles_tls: str, run_tls: str) -> str:
 
 def _package_version() -> str:
     # Not ``pytest_tfgrpc.__version__``: the package root names every layer (its lazy
-    # exports), and servers import only downward.
+    # exports), and hosts import only downward.
     try:
         return metadata.version("pytest-tfgrpc")
     except metadata.PackageNotFoundError:  # a source tree that is not installed
