@@ -24,6 +24,10 @@ from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import load_tls, use_tls
 
+# Imported once, here: pytester restores sys.modules after each test, and a second import of
+# cryptography's bindings (trustme's backend) in a later test breaks its type checks.
+pytest.importorskip("trustme")
+
 Hosts = Callable[..., EmulatedHosts]
 NOT_BUILT = native.unavailable_reason()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
