@@ -2,8 +2,7 @@
 
 The names in :data:`__all__` are the public API, imported lazily: ``import pytest_tfgrpc``
 (done by pytest at start-up through the plugin entry point) stays cheap and pulls in neither
-numpy nor grpc. Old module paths (``pytest_tfgrpc.budget``, ...) keep working with a
-:class:`DeprecationWarning`; see :mod:`pytest_tfgrpc._compat`.
+numpy nor grpc.
 
 The subpackages are layered, top first; a layer imports only the layers below it, and layers on
 one line (``a | b``) import nothing of each other (import-linter's contract in ``pyproject.toml``,
@@ -24,10 +23,6 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from pytest_tfgrpc import _compat
-
-_compat.install()
 
 #: Public name -> the module that defines it. Resolved on first use, by name, so that this
 #: package imports none of them at start-up.
@@ -71,6 +66,7 @@ _EXPORTS = {
     "EngineError": "pytest_tfgrpc.bench.engines.base",
     "Measured": "pytest_tfgrpc.bench.engines.base",
     "PSVariable": "pytest_tfgrpc.bench.engines.base",
+    "Provision": "pytest_tfgrpc.bench.engines.base",
     "EngineRegistry": "pytest_tfgrpc.bench.engines.registry",
     # payloads
     "Payload": "pytest_tfgrpc.wire.schemes",
@@ -82,6 +78,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.bench.engines.base import Engine as Engine
     from pytest_tfgrpc.bench.engines.base import EngineError as EngineError
     from pytest_tfgrpc.bench.engines.base import Measured as Measured
+    from pytest_tfgrpc.bench.engines.base import Provision as Provision
     from pytest_tfgrpc.bench.engines.base import PSVariable as PSVariable
     from pytest_tfgrpc.bench.engines.registry import EngineRegistry as EngineRegistry
     from pytest_tfgrpc.bench.ps import AggregateError as AggregateError
@@ -131,8 +128,6 @@ def __getattr__(name: str) -> Any:
             value = "0.0.0"
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _compat.MOVES:  # pytest_tfgrpc.budget without importing it: an old path
-        value = importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

@@ -40,10 +40,6 @@ class CpuTime:
         return self.user_ns + self.system_ns
 
 
-#: The old name of the CPU record (P2P's), kept so that old imports still work.
-CpuUsage = CpuTime
-
-
 @dataclass(frozen=True)
 class PSLoad:
     """What one PS task carried during the measured phase.

@@ -644,8 +644,8 @@ class NoPid:
 class NoPidEngine(Engine):
     name = "nopid"
 
-    def start_server(self, fabric, env):
-        return NoPid(fabric, env)
+    def start_server(self, provision):
+        return NoPid(provision.fabric, provision.env)
 
     def echo(self, server, tensor, *, mode, rpc, run):
         with grpc.insecure_channel(server.target) as channel:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from pytest_tfgrpc.bench.engines import (
     EngineError,
     EngineRegistry,
     Measured,
+    Provision,
     PSVariable,
     ServerGroup,
     TensorMove,
@@ -68,8 +68,8 @@ class Fake(Engine):
         self.fail_after = fail_after
         self.seen: list[Any] = []
 
-    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> FakeServer:
-        server = FakeServer(fabric, fail=len(self.started) == self.fail_after)
+    def start_server(self, provision: Provision) -> FakeServer:
+        server = FakeServer(provision.fabric, fail=len(self.started) == self.fail_after)
         self.started.append(server)
         return server
 
@@ -149,7 +149,7 @@ def test_measured_timed_uses_the_bounded_loop() -> None:
 
 def test_default_p2p_builds_points_from_the_engines_samples() -> None:
     engine = Fake()
-    server = engine.start_server(LO, None)
+    server = engine.start_server(Provision(LO))
     result = engine.p2p_latency(server, [1024, 128], LatencyCall(run=RUN, label="echo"))
     assert result.label == "echo" and result.fabric == "lo" and result.target == server.target
     assert [p.size_bytes for p in result.sizes] == [1024, 128]
@@ -177,7 +177,7 @@ class Pulls(Fake):
 
 def test_an_engine_exchange_gets_the_calls_options_as_keywords() -> None:
     engine = Pulls()
-    server = engine.start_server(LO, None)
+    server = engine.start_server(Provision(LO))
     call = BandwidthCall(mode="protobuf", rpc="unary", direction="pull", chunk_bytes=4096, run=RUN)
     result = engine.p2p_bandwidth(server, [1024, 64], call)
     move = {"mode": "protobuf", "rpc": "unary", "chunk_bytes": 4096, "run": RUN}
@@ -285,7 +285,7 @@ def test_ps_variables_take_the_profiles_shapes() -> None:
 
 def test_default_ps_throughput_rates_count_both_directions() -> None:
     engine = Fake()
-    cluster = engine.start_cluster(LO, Topology(2, 1), None)
+    cluster = engine.start_cluster(Provision(LO, topology=Topology(2, 1)))
     assert isinstance(cluster, ServerGroup) and len(cluster.targets) == 2
     result = engine.ps_throughput(cluster, [4096], run=RUN)
     point = result.sizes[0]
@@ -305,7 +305,7 @@ def test_default_ps_throughput_rates_count_both_directions() -> None:
 def test_default_cluster_stops_what_started_when_one_server_fails() -> None:
     engine = Fake(fail_after=2)
     with pytest.raises(RuntimeError, match="no port"):
-        engine.start_cluster(LO, Topology(3, 1), None)
+        engine.start_cluster(Provision(LO, topology=Topology(3, 1)))
     assert len(engine.started) == 2 and all(s.stopped for s in engine.started)
 
 
@@ -344,7 +344,7 @@ def test_tensorflow_engine_without_tensorflow_says_how_to_install_it(
     engine = TensorFlowEngine()
     assert "pip install -e '.[tensorflow]'" in (engine.unavailable() or "")
     with pytest.raises(EngineError, match="engine 'tensorflow': TensorFlow is not installed"):
-        engine.start_server(LO, None)
+        engine.start_server(Provision(LO))
     monkeypatch.setenv(TF_PYTHON_ENV, str(tmp_path / "python"))
     assert "is not an executable file" in (TensorFlowEngine().unavailable() or "")
 

@@ -14,11 +14,10 @@ import grpc
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.bench.engines import Engine, EngineError
+from pytest_tfgrpc.bench.engines import Engine, EngineError, Provision
 from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
 from pytest_tfgrpc.bench.partial import keeping_partial, partial_result
-from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.activation import plain_properties, plain_value
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.roles.processes import ChildProcess, ServerError
@@ -247,12 +246,12 @@ def run_uses_tls(tmp_path: Path) -> Iterator[None]:
 def test_engines_without_tls_refuse_a_tls_run(engine: Engine, run_uses_tls: None) -> None:
     # Refused before anything starts: no plaintext server in a run that promises TLS.
     with pytest.raises(EngineError, match=rf"engine '{engine.name}': .*this run uses TLS"):
-        engine.start_server(resolve_fabric("lo"), None)
+        engine.start_server(Provision(resolve_fabric("lo")))
 
 
 def test_the_grpcio_engine_serves_with_the_tests_tensor_limit() -> None:
     lo = resolve_fabric("lo")
-    with GrpcioEngine().start_server(lo, None, max_tensor_bytes=1024) as server:
+    with GrpcioEngine().start_server(Provision(lo, max_tensor_bytes=1024)) as server:
         assert server.max_tensor_bytes == 1024
         with grpc.insecure_channel(server.target) as channel:
             pull = channel.unary_unary(grpc_settings.method("raw", "Pull"))
@@ -260,6 +259,6 @@ def test_the_grpcio_engine_serves_with_the_tests_tensor_limit() -> None:
             with pytest.raises(grpc.RpcError) as info:
                 pull(codec.encode_pull_request(1025, "float32", 0), timeout=10)
             assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    cluster = GrpcioEngine().start_cluster(lo, Topology(1, 1), None, max_tensor_bytes=2048)
+    cluster = GrpcioEngine().start_cluster(Provision(lo, max_tensor_bytes=2048))
     with cluster:
         assert cluster.max_tensor_bytes == 2048

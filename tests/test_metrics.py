@@ -304,12 +304,3 @@ def test_model_predictions_carry_no_float_noise() -> None:
         ("tfgrpc.sync_sgd_step.hep_cnn.model.step_us", "1234.56"),
         ("tfgrpc.sync_sgd_step.hep_cnn.model.limit", "link"),
     ]
-
-
-def test_old_profile_keys_read_as_todays_with_a_deprecation_warning() -> None:
-    old = "tfgrpc.sync_sgd_step.resnet50[filter=conv,scale=0_05].step_p50_us"
-    with pytest.warns(DeprecationWarning, match="old spelling"):
-        at = parse_figure(old)
-    assert at is not None
-    assert at.key == "resnet50-filter_conv-scale_0p05"
-    assert at.metric.name == "step_p50"

@@ -245,7 +245,9 @@ from pytest_tfgrpc.bench.engines import Engine, Measured
 class Negative(Engine):
     name = "negative"
 
-    def start_server(self, fabric, env):
+    def start_server(self, provision):
+        fabric = provision.fabric
+
         class Server:
             target = f"{fabric.address}:1"
             def __init__(self):
@@ -372,7 +374,7 @@ from pytest_tfgrpc import Engine, Measured
 class BareEcho(Engine):
     name = "bare_echo"
 
-    def start_server(self, fabric, env):
+    def start_server(self, provision):
         raise AssertionError("a client-only engine here: the test's engine serves")
 
     def echo(self, server, tensor, *, mode, rpc, run):

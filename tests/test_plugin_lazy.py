@@ -78,8 +78,6 @@ def test_a_bad_tf_config_does_not_matter_to_a_project_that_does_not_use_it(
         "import pytest\n\npytestmark = pytest.mark.tfgrpc_run(iterations=5)\n\n"
         "def test_uses():\n    pass\n",
         "import pytest\n\n@pytest.mark.tfgrpc_engines('grpcio')\ndef test_uses():\n    pass\n",
-        "import pytest\n\n@pytest.mark.tfgrpc_engine(server='grpcio')\ndef test_uses():\n"
-        "    pass\n",
         "import pytest\n\n@pytest.mark.tfgrpc_streams(2)\ndef test_uses():\n    pass\n",
         "def test_uses(tfgrpc_engine):\n    assert tfgrpc_engine.name == 'grpcio'\n",
     ],
@@ -89,7 +87,6 @@ def test_a_bad_tf_config_does_not_matter_to_a_project_that_does_not_use_it(
         "marker",
         "module-marker",
         "engine",
-        "engine-deprecated",
         "streams",
         "engine-fixture",
     ],
@@ -110,7 +107,6 @@ def test_a_test_that_uses_the_plugin_wakes_it(pytester: pytest.Pytester, test: s
         "--fabric=lo",
         "--tfgrpc-agent-token-file=token",
         "--tfgrpc-engines=grpcio",
-        "--tfgrpc-engine=grpcio",
         "--tfgrpc-streams=2",
     ],
 )

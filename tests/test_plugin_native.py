@@ -96,11 +96,6 @@ def test_a_bad_server_engine_fails_the_test_by_name(
         ("tfgrpc_engines(client='native')", "tfgrpc_engines() takes server=..., got client"),
         ("tfgrpc_engines()", "give engine names such as"),
         ("tfgrpc_engines('native', 'native')", "engine listed twice"),
-        ("tfgrpc_engine('native')", "takes only engines=... and server=..., got 'native'"),
-        ("tfgrpc_engine(client='native')", "takes engines and server=..., got client"),
-        ("tfgrpc_engine(engines='native')", "a non-empty list"),
-        ("tfgrpc_engine(engines=[])", "give engine names such as"),
-        ("tfgrpc_engine(engines=['native', 'native'])", "engine listed twice"),
     ],
 )
 def test_a_bad_engine_marker_is_a_collection_error_by_name(
@@ -138,22 +133,12 @@ def test_echo(tfgrpc, tensor_server, tfgrpc_engine):
 @pytest.mark.tfgrpc_engines("grpcio", "native", server="native")
 def test_pinned_server(tfgrpc, tensor_server, tfgrpc_engine):
     assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == tfgrpc_engine.name
-
-@pytest.mark.tfgrpc_engine(engines=["grpcio", "native"])
-def test_deprecated_spelling(tfgrpc, tensor_server, tfgrpc_engine):
-    assert tfgrpc.p2p_latency(tensor_server, ["1KiB"]).settings["engine"] == tfgrpc_engine.name
 """
     )
     result = pytester.runpytest("-v", "--tfgrpc-iterations=5")
-    result.assert_outcomes(passed=6, warnings=1)
+    result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(
         ["*test_echo?lo-grpcio? PASSED*", "*test_echo?lo-native? PASSED*"], consecutive=False
-    )
-    result.stdout.fnmatch_lines(
-        [
-            "*DeprecationWarning: tfgrpc_engine(engines=?'grpcio', 'native'?) is deprecated: "
-            "write tfgrpc_engines('grpcio', 'native')*"
-        ]
     )
 
 
@@ -214,18 +199,13 @@ def test_overridden(tfgrpc, tensor_server):
     )
     result = pytester.runpytest("--tfgrpc-engines=native", "--tfgrpc-iterations=5")
     result.assert_outcomes(passed=2)
-    # The deprecated spelling still works, and says so.
-    result = pytester.runpytest("--tfgrpc-engine=native", "--tfgrpc-iterations=5")
-    result.assert_outcomes(passed=2, warnings=1)
-    result.stdout.fnmatch_lines(["*--tfgrpc-engine=native is deprecated*--tfgrpc-engines=native*"])
 
 
-@pytest.mark.parametrize("flag", ["--tfgrpc-engines", "--tfgrpc-engine"])
 def test_an_unknown_engine_option_fails_the_tests_naming_the_engines(
-    pytester: pytest.Pytester, flag: str
+    pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile("def test_x(tensor_server):\n    pass\n")
-    result = pytester.runpytest(f"{flag}=rust")
+    result = pytester.runpytest("--tfgrpc-engines=rust")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*unknown engine 'rust'; registered engines: grpcio, native*"])
 

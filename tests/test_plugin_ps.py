@@ -112,3 +112,39 @@ def test_a_ps_killed_mid_test_fails_it(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(*FAST)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*PS 0 on lo exited with signal 9 (SIGKILL)*"])
+
+
+def test_a_tests_profile_is_placed_once_and_handed_down(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fixture's tensor limit, ps_throughput's payload and sync_sgd_step's benchmark all
+    # take the one placement the test makes; the result carries that very placement.
+    from pytest_tfgrpc.model import placement
+
+    calls: list[str] = []
+    real = placement.place_profile
+
+    def counting(profile, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(profile.name)
+        return real(profile, *args, **kwargs)
+
+    monkeypatch.setattr(placement, "place_profile", counting)
+    pytester.makepyfile(
+        """
+import pytest
+
+@pytest.mark.message_profile("hep_cnn", scale=0.05)
+@pytest.mark.ps_topology(ps=2, workers=1, sharding="greedy")
+def test_both(tfgrpc, ps_cluster):
+    throughput = tfgrpc.ps_throughput(ps_cluster)
+    steps = tfgrpc.sync_sgd_step(ps_cluster, model=False)
+    assert throughput.placement is steps.placement is not None
+
+@pytest.mark.message_profile("hep_cnn", scale=0.05)
+def test_p2p(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, iterations=2, warmup=0)
+"""
+    )
+    result = pytester.runpytest_inprocess(*FAST, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert len(calls) == 1  # test_both once; a P2P test places nothing

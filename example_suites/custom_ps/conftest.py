@@ -35,8 +35,8 @@ class MyPS:
 class MyPSEngine(Engine):
     name = "myps"
 
-    def start_server(self, fabric, env):
-        return MyPS(fabric, env)
+    def start_server(self, provision):
+        return MyPS(provision.fabric, provision.env)
 
     def echo(self, server, tensor, *, mode, rpc, run):
         return Measured.timed(lambda: server.call["Echo"](tensor.content), run)

@@ -65,6 +65,8 @@ C = TypeVar("C", bound=Transfer)
 class Driver:
     """Runs benchmarks for one test and records every result on it.
 
+    ``test_placement`` gives the test's model profile placed on its topology (the plugin
+    makes it once per test), which PS calls use for that profile instead of placing it again.
     Every call also takes the run settings of :class:`RunArgs` (``iterations``, ``warmup``,
     ``max_seconds``, ``warmup_seconds``, ``duration``), over the options and the test's
     ``tfgrpc_run`` marker. Each call returns a frozen
@@ -87,6 +89,7 @@ class Driver:
         streams: int = 1,
         on_result: Callable[[BenchmarkResult], None] | None = None,
         engines: Callable[[str], Engine] | None = None,
+        test_placement: Callable[[], Placement | None] | None = None,
     ) -> None:
         self._test = test
         self._messages = messages
@@ -109,6 +112,7 @@ class Driver:
             builtin_engines(registry)
             engines = registry.get
         self._engines = engines
+        self._test_placement = test_placement
         self._labels: set[str] = set()
         self._targets: set[str] = set()
         self._fabrics: set[str] = set()
@@ -385,7 +389,7 @@ class Driver:
         payload: Sequence[int] | Placement | Payload
         messages = self._messages
         if sizes is None and messages is not None and messages.profile is not None:
-            payload = placed_on(messages.profile, cluster.topology)
+            payload = self._placed(messages.profile, cluster)
             key = messages.profile.key
         elif sizes is None and messages is not None and messages.payload is not None:
             payload = messages.payload
@@ -445,12 +449,27 @@ class Driver:
                 profile = load_profile(profile)
             except (ValueError, OSError) as exc:
                 raise SpecError(f"sync_sgd_step() profile: {exc}") from None
-        # Placed once here; the benchmark, the fit and the model all take this placement.
-        placement = placed_on(profile, cluster.topology)
+        # The benchmark, the fit and the model all take this one placement.
+        placement = self._placed(profile, cluster)
         result = bench.sync_sgd_step(
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
         return self.record(with_ends(self._engine_result(result), cluster_ends(cluster)))
+
+    def _placed(self, profile: Profile, cluster: PSCluster | EngineCluster) -> Placement:
+        """``profile`` placed on ``cluster``: the test's placement (made once per test, and
+        handed to its cluster too) when it is the test's profile on the test's topology, else
+        placed here."""
+        given = self._test_placement() if self._test_placement is not None else None
+        messages = self._messages
+        if (
+            given is not None
+            and messages is not None
+            and messages.profile == profile
+            and (given.ps, given.sharding) == (cluster.topology.ps, cluster.topology.sharding)
+        ):
+            return given
+        return placed_on(profile, cluster.topology)
 
     def _check_server_limit(self, server: object, messages: Sequence[Message], call: str) -> None:
         limit = getattr(server, "max_tensor_bytes", None)

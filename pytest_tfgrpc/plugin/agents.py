@@ -4,7 +4,7 @@
 the node agents (``tfgrpc-node``) are: ``cluster`` (the ``ps`` and ``worker`` tasks of the
 cluster spec are agents), ``slurm`` (an agent on every other node of the allocation), or
 ``HOST:PORT,...``. With agents, the ``tensor_server`` and ``ps_cluster`` fixtures start their
-processes on those hosts (:func:`placed_tensor_server`, :func:`cluster_launchers`), and every
+processes on those hosts (:func:`server_launchers`, :func:`cluster_launchers`), and every
 test records where each process ran (``tfgrpc.placement``) and whether its traffic crossed the
 fabric or stayed in the host (``tfgrpc.path``): a server and its client on one host talk
 through loopback whatever the fabric's name, and the summary says so.
@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
 from pytest_tfgrpc.hosts.agent import engine_missing, read_token, tls_mismatch
-from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentTLS
+from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentLauncher, AgentTLS
 from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterLoad,
     ClusterSpecError,
@@ -39,25 +39,29 @@ from pytest_tfgrpc.hosts.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.options import TLS_HELP, option
 from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
-from pytest_tfgrpc.roles.native_server import start_tensor_server
-from pytest_tfgrpc.roles.processes import Launcher, ServerError, ServerProcess
+from pytest_tfgrpc.roles.processes import Launcher
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
 
+if TYPE_CHECKING:
+    from pytest_tfgrpc.bench.engines import EngineServer
+
 __all__ = [
+    "agents_in_use",
     "close_agents",
     "cluster_launchers",
     "cluster_of",
     "header_lines",
-    "placed_tensor_server",
+    "record_server",
+    "server_launchers",
 ]
 
 
 class ClusterPlacement(TypedDict, total=False):
-    """Where a PSCluster's processes run (its keyword arguments); empty: all here."""
+    """Where a cluster's processes run (fields of a ``Provision``); empty: all here."""
 
-    ps_launchers: Sequence[Launcher]
-    worker_launchers: Sequence[Launcher]
+    ps_launchers: tuple[Launcher, ...]
+    worker_launchers: tuple[Launcher, ...]
 
 
 @dataclass
@@ -218,8 +222,9 @@ def _fail_without(agents: _Agents) -> None:
 
 def _check_hosts(clients: Sequence[AgentClient], engine: str, roles: str) -> None:
     """Fail the test, before anything starts, when a host cannot run ``roles`` as the run
-    asks: the engine is not built there, or the run uses TLS and the agent's roles would get
-    another mode (a role serving plaintext to a TLS client fails mid-test as a handshake)."""
+    asks: ``engine`` (grpcio or native) is not built there, or the run uses TLS and the
+    agent's roles would get another mode (a role serving plaintext to a TLS client fails
+    mid-test as a handshake)."""
     run_tls = tls_mode()
     for client in dict.fromkeys(clients):
         info = client.info
@@ -240,19 +245,18 @@ def _is_local(address: str) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def placed_tensor_server(
-    request: pytest.FixtureRequest,
-    fabric: Fabric,
-    env: Mapping[str, str] | None,
-    engine: str = "grpcio",
-    max_tensor_bytes: int | None = None,
-) -> Iterator[ServerProcess | None]:
-    """With agents, a tensor server on the first agent reached through ``fabric`` (stopped
-    after the test); otherwise None, and the caller starts it as before. Records the path.
-    The server is ``engine``'s (grpcio or native), started by the agent from its own install;
-    a host without that engine, or whose agent's TLS is not the run's, fails the test in one
-    line naming the host."""
+def agents_in_use(config: pytest.Config) -> bool:
+    """Whether this run starts its servers and clusters through node agents."""
+    return _agents_of(config) is not None
+
+
+def server_launchers(
+    request: pytest.FixtureRequest, fabric: Fabric, engine: str = "grpcio"
+) -> tuple[Launcher, ...]:
+    """With agents, the launcher of the first agent reached through ``fabric`` (where the
+    tensor server runs; :func:`record_server` records it once started); otherwise ``()``,
+    this host, and the path is recorded now. The agent's host must run ``engine``'s server
+    (grpcio or native) and the run's TLS, or the test fails naming the host."""
     load = cluster_of(request.config)
     if load.problem is not None:
         pytest.fail(str(load.problem), pytrace=False)
@@ -268,46 +272,37 @@ def placed_tensor_server(
         else:
             _record(request, PATH, f"{LOOPBACK} (server and client on this host; {fabric.name}"
                     " not crossed)")  # fmt: skip
-        yield None
-        return
+        return ()
     _fail_without(agents)
     try:
         client = agents.reachable(agents.ps, fabric)[0]
     except (AgentError, ValueError) as exc:
         pytest.fail(str(exc), pytrace=False)
     _check_hosts([client], engine, "tensor server")
-    try:
-        server = start_tensor_server(
-            fabric,
-            engine=engine,
-            env=env,
-            launcher=client.launcher(),
-            name=f"{'native ' if engine == 'native' else ''}tensor server on host "
-            f"{client.info.host}",
-            max_tensor_bytes=max_tensor_bytes,
-        )
-    except (AgentError, ServerError, ValueError) as exc:
-        pytest.fail(str(exc), pytrace=False)
-    info = client.info
+    return (client.launcher(),)
+
+
+def record_server(request: pytest.FixtureRequest, server: EngineServer) -> None:
+    """Record where a tensor server started through an agent runs, and its path."""
+    launcher = getattr(server, "launcher", None)
+    if not isinstance(launcher, AgentLauncher):
+        return
+    info = launcher.client.info
     _record(request, PLACEMENT, f"server={info.host}@{server.target}")
     local = _is_local(info.address)
     _record(request, PATH, LOOPBACK if local else f"{info.fabric}: driver -> {info.host}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def cluster_launchers(
     request: pytest.FixtureRequest, fabric: Fabric, topology: Topology, engine: str = "grpcio"
 ) -> ClusterPlacement:
-    """With agents, where each PS and worker of ``topology`` runs (keyword arguments of
-    :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`); otherwise ``{}``, all here.
+    """With agents, where each PS and worker of ``topology`` runs (fields of the engine's
+    :class:`~pytest_tfgrpc.bench.engines.Provision`); otherwise ``{}``, all here.
 
     PS ``i`` runs on the ``i``-th PS agent (cyclically), worker ``j`` on the worker agents
     after those the PS tasks took when both come from one pool, so that P + W agents give
-    every process a host of its own. Records placement and path. Every host must have
-    ``engine`` and the run's TLS (see :func:`placed_tensor_server`).
+    every process a host of its own. Records placement and path. Every host must run
+    ``engine``'s PS tasks or workers and the run's TLS (see :func:`server_launchers`).
     """
     agents = _agents_of(request.config)
     if agents is None:
@@ -335,6 +330,6 @@ def cluster_launchers(
         path = f"{ps[0].info.fabric}: every worker -> PS call crosses hosts"
     _record(request, PATH, path)
     return {
-        "ps_launchers": [c.launcher() for c in ps],
-        "worker_launchers": [c.launcher() for c in workers],
+        "ps_launchers": tuple(c.launcher() for c in ps),
+        "worker_launchers": tuple(c.launcher() for c in workers),
     }

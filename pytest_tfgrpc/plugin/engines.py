@@ -1,13 +1,11 @@
 """Engines in the plugin: the hook specifications registered, the plugin's own engines added
 through them, and which engines a test runs with (``tfgrpc_engines`` marker,
-``--tfgrpc-engines``; the ``tfgrpc_engine(engines=..., server=...)`` marker and
-``--tfgrpc-engine`` are deprecated aliases) and which one its server is
+``--tfgrpc-engines``) and which one its server is
 (``tfgrpc_engines(..., server=...)``). Cheap to import: engines are built when a test first
 uses one."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,29 +43,6 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-#: The deprecated spellings (the native engine's first ones):
-#: ``tfgrpc_engine(engines=[...], server=...)`` and ``--tfgrpc-engine=NAME``. Both still work,
-#: with a DeprecationWarning.
-OLD_MARKER = "tfgrpc_engine"
-OLD_OPTION = "tfgrpc_engine"
-
-
-_warned_key = pytest.StashKey[set[str]]()
-
-
-def _deprecated(config: pytest.Config, old: str, new: str) -> None:
-    """Warn, once per run and spelling, that ``old`` is deprecated for ``new``."""
-    warned = config.stash.setdefault(_warned_key, set())
-    if old in warned:
-        return
-    warned.add(old)
-    warnings.warn(
-        f"{old} is deprecated: write {new} (one marker and one option choose engines)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-
-
 def _marker_kwargs(mark: pytest.Mark, item: pytest.Item, allowed: set[str]) -> dict[str, Any]:
     unknown = sorted(set(mark.kwargs) - allowed)
     if unknown:
@@ -85,60 +60,23 @@ def pytest_tfgrpc_engines(config: pytest.Config, item: pytest.Item) -> Sequence[
     if mark is not None and (mark.args or not _marker_kwargs(mark, item, {"server"})):
         _marker_kwargs(mark, item, {"server"})
         return _names(mark.args, f"{item.nodeid}: {MARKER}{mark.args!r}")
-    old = item.get_closest_marker(OLD_MARKER) if mark is None else None
-    if old is not None and "engines" in _old_marker(old, item):
-        engines = old.kwargs["engines"]
-        where = f"{item.nodeid}: {OLD_MARKER}(engines={engines!r})"
-        if isinstance(engines, str) or not isinstance(engines, (list, tuple)):
-            raise pytest.UsageError(f"{where}: give a non-empty list such as ['grpcio', 'native']")
-        return _names(engines, where)
     given = option(config, "tfgrpc_engines")
     if given:
         return _names(given, "--tfgrpc-engines")
-    old_given = option(config, OLD_OPTION)
-    if old_given:
-        _deprecated(config, f"--tfgrpc-engine={old_given}", f"--tfgrpc-engines={old_given}")
-        return _names(old_given, "--tfgrpc-engine")
     return (DEFAULT_ENGINE,)
-
-
-def _old_marker(mark: pytest.Mark, item: pytest.Item) -> dict[str, Any]:
-    """The deprecated marker's keyword arguments, checked; warns that it is deprecated."""
-    if mark.args:
-        raise pytest.UsageError(
-            f"{item.nodeid}: {OLD_MARKER}() takes only engines=... and server=..., got "
-            f"{', '.join(map(repr, mark.args))} (or write {MARKER}(*names))"
-        )
-    kwargs = _marker_kwargs(mark, item, {"engines", "server"})
-    engines = kwargs.get("engines", ())
-    args = ", ".join(
-        [*(repr(n) for n in (engines if isinstance(engines, (list, tuple)) else [engines]))]
-        + ([f"server={kwargs['server']!r}"] if "server" in kwargs else [])
-    )
-    _deprecated(
-        item.config,
-        f"{OLD_MARKER}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})",
-        f"{MARKER}({args})",
-    )
-    return kwargs
 
 
 def server_engine_of(item: pytest.Item, engine: str) -> str:
     """The engine of the ``tensor_server`` fixture's server: the marker's ``server=``, else
     the test's ``engine``. A bad ``server=`` is a usage error naming the test."""
     mark = item.get_closest_marker(MARKER)
-    if mark is not None:
-        kwargs = _marker_kwargs(mark, item, {"server"})
-    else:
-        old = item.get_closest_marker(OLD_MARKER)
-        kwargs = _old_marker(old, item) if old is not None else {}
+    kwargs = _marker_kwargs(mark, item, {"server"}) if mark is not None else {}
     server = kwargs.get("server")
     if server is None:
         return engine
     if not isinstance(server, str) or not server:
         raise pytest.UsageError(
-            f"{item.nodeid}: {mark.name if mark else OLD_MARKER}(server={server!r}): give one "
-            "engine name such as 'native'"
+            f"{item.nodeid}: {MARKER}(server={server!r}): give one engine name such as 'native'"
         )
     return server
 

@@ -76,6 +76,26 @@ def _engine_failed(nodeid: str, name: str, error: Exception) -> NoReturn:
     raise pytest.fail.Exception(f"{nodeid}: engine {name!r}: {detail}", pytrace=False) from None
 
 
+def _on_agents_or_fail(request: pytest.FixtureRequest, engine: Engine) -> None:
+    """Fail the test before any agent is dialled when the run starts its servers through
+    node agents and ``engine`` cannot run there."""
+    from pytest_tfgrpc.plugin.agents import agents_in_use
+
+    if agents_in_use(request.config) and not engine.runs_on_agents:
+        pytest.fail(
+            f"{request.node.nodeid}: engine {engine.name!r} cannot start its servers through "
+            "node agents (they run only the plugin's own roles, of the grpcio and native "
+            "engines); drop --tfgrpc-agents or the engine",
+            pytrace=False,
+        )
+
+
+def _roles_engine(engine: Engine) -> str:
+    """Which of the plugin's role programs an engine's processes are (an agent starts
+    them): a loop engine's implementation, grpcio or native."""
+    return str(getattr(engine, "implementation", "grpcio"))
+
+
 @pytest.fixture
 def tensor_server(
     request: pytest.FixtureRequest, tfgrpc_fabric: Fabric, tfgrpc_engine: Engine
@@ -83,14 +103,13 @@ def tensor_server(
     """A server of the test's engine in its own process(es), bound to ``fabric``: ``.target``,
     ``.fabric``, ``.pid``. Stopped when the test ends; if it dies during the test, the test
     fails. Its engine is the test's (``tfgrpc_engine``), or the ``tfgrpc_engines`` marker's
-    ``server=``. With node agents (``--tfgrpc-agents``; grpcio engine), started on the first
-    agent's host reached through ``fabric``; with a cluster spec (grpcio engine), the spec's
-    server reached through ``fabric`` on another host. The plugin's own servers take no
-    tensor larger than the test's ``message_profile`` sizes."""
-    from pytest_tfgrpc.bench.engines import EngineError
-    from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
+    ``server=``. With node agents (``--tfgrpc-agents``; grpcio and native engines), started on
+    the first agent's host reached through ``fabric``; with a cluster spec (grpcio engine),
+    the spec's server reached through ``fabric`` on another host. The plugin's own servers
+    take no tensor larger than the test's ``message_profile`` sizes."""
+    from pytest_tfgrpc.bench.engines import EngineError, Provision
     from pytest_tfgrpc.hosts.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
-    from pytest_tfgrpc.plugin.agents import placed_tensor_server
+    from pytest_tfgrpc.plugin.agents import record_server, server_launchers
     from pytest_tfgrpc.plugin.engines import engine_for, server_engine_of
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
     from pytest_tfgrpc.roles.processes import ServerError
@@ -105,17 +124,10 @@ def tensor_server(
     engine = tfgrpc_engine
     if name != engine.name:
         engine = engine_for(session.registry(request.config), name, request.node.nodeid)
-    # The server takes no tensor larger than the test needs (its message_profile marker's
-    # largest size; without one, the largest gRPC carries): a stray request cannot make it
-    # allocate more.
-    messages = item_specs(request.node).messages
-    need = max(messages.sizes) if messages is not None and messages.sizes else None
-    with placed_tensor_server(request, fabric, session.server_env, engine.name, need) as placed:
-        if placed is not None:
-            request.node.stash.setdefault(watched_key, []).append(placed)
-            yield placed
-            return
-    if session.cluster is not None and engine.name == "grpcio":
+    _on_agents_or_fail(request, engine)
+    launchers = server_launchers(request, fabric, _roles_engine(engine))
+    if not launchers and session.cluster is not None and engine.runs_on_agents:
+        # A cluster spec names tfgrpc-server processes already running on other hosts.
         try:
             remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
             remote.check_reachable()
@@ -125,18 +137,22 @@ def tensor_server(
             yield remote
             return
         pytest.fail(problem, pytrace=False)
+    provision = Provision(
+        fabric,
+        env=session.server_env,
+        max_tensor_bytes=item_specs(request.node).largest_tensor,
+        ps_launchers=launchers,
+    )
     started = session.servers
     try:
-        if isinstance(engine, LoopEngine):  # the plugin's own servers take the limit
-            server: EngineServer = engine.start_server(fabric, session.server_env, need)
-        else:
-            server = engine.start_server(fabric, session.server_env)
+        server = engine.start_server(provision)
     except (EngineError, ServerError) as exc:
         _engine_failed(request.node.nodeid, engine.name, exc)
     started.append(server)
+    record_server(request, server)
     # On the server side of the run's CPU placement (--tfgrpc-cpus), for its lifetime, when it
-    # is a local process (.pid); results record whether it was.
-    pid = getattr(server, "pid", None)
+    # is a process of this host (.pid); results record whether it was.
+    pid = getattr(server, "pid", None) if not launchers else None
     try:
         pin_server(pid, who=f"the {engine.name} tensor server")
     except CpuError as exc:
@@ -159,52 +175,27 @@ def ps_cluster(
 ) -> Iterator[EngineCluster]:
     """Parameter-server tasks (and workers) of the test's engine bound to ``fabric``, as the
     test's ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
-    (``--tfgrpc-agents``; grpcio engine), on the agents' hosts. Stopped when the test ends; if
-    one of its processes dies during the test, the test fails. The plugin's own PS tasks take
-    no message larger than the test needs."""
-    from pytest_tfgrpc.bench.engines import EngineError
-    from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
-    from pytest_tfgrpc.bench.fit import MAX_SWEEP_BYTES
-    from pytest_tfgrpc.model.placement import placed_on
+    (``--tfgrpc-agents``; grpcio and native engines), on the agents' hosts. Stopped when the
+    test ends; if one of its processes dies during the test, the test fails. The plugin's own
+    PS tasks take no message larger than the test needs."""
+    from pytest_tfgrpc.bench.engines import EngineError, Provision
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
-    from pytest_tfgrpc.ps.ps_cluster import PSCluster
     from pytest_tfgrpc.roles.processes import ServerError
 
-    fabric = tfgrpc_fabric
     session = activate(request.config)
     specs = item_specs(request.node)
-    topology = specs.topology
-    # PS tasks take no message larger than the test needs: its largest size, or with a model
-    # profile the most bytes one PS owns (a throughput call sends them in one message).
-    need = None
-    if specs.messages is not None and specs.messages.profile is not None:
-        # sync_sgd_step's fit pushes up to MAX_SWEEP_BYTES to PS 0, whatever the profile
-        by_ps = placed_on(specs.messages.profile, topology).bytes_per_ps()
-        need = max(*by_ps, MAX_SWEEP_BYTES)
-    elif specs.messages is not None and specs.messages.sizes:
-        need = max(specs.messages.sizes)
-    placed = cluster_launchers(request, fabric, topology, tfgrpc_engine.name)
-    if placed and not isinstance(tfgrpc_engine, LoopEngine):
-        pytest.fail(
-            f"{request.node.nodeid}: engine {tfgrpc_engine.name!r}: node agents run only the "
-            "plugin's own PS tasks; drop --tfgrpc-agents or the engine",
-            pytrace=False,
-        )
+    _on_agents_or_fail(request, tfgrpc_engine)
+    provision = Provision(
+        tfgrpc_fabric,
+        env=session.server_env,
+        max_tensor_bytes=specs.largest_ps_message,
+        topology=specs.topology,
+        placement=specs.placement,
+        **cluster_launchers(request, tfgrpc_fabric, specs.topology, _roles_engine(tfgrpc_engine)),
+    )
     try:
-        if placed:
-            cluster: EngineCluster = PSCluster(
-                fabric,
-                topology,
-                env=session.server_env,
-                max_tensor_bytes=need,
-                workers_engine="native" if tfgrpc_engine.name == "native" else "grpcio",
-                **placed,
-            )
-        elif isinstance(tfgrpc_engine, LoopEngine):
-            cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env, need)
-        else:
-            cluster = tfgrpc_engine.start_cluster(fabric, topology, session.server_env)
+        cluster = tfgrpc_engine.start_cluster(provision)
     except (EngineError, ServerError) as exc:
         _engine_failed(request.node.nodeid, tfgrpc_engine.name, exc)
     try:
@@ -243,6 +234,7 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine, tfgrpc_streams
         streams=tfgrpc_streams,
         on_result=on_result,
         engines=session.registry(request.config).get,
+        test_placement=lambda: specs.placement,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import pytest
@@ -17,8 +18,8 @@ from pytest_tfgrpc.bench.specs import (
     run_marker_spec,
     topology_spec,
 )
-from pytest_tfgrpc.model.placement import Topology
-from pytest_tfgrpc.plugin.options import DEPRECATED_MARKERS, MARKERS
+from pytest_tfgrpc.model.placement import Placement, Topology, placed_on
+from pytest_tfgrpc.plugin.options import MARKERS
 from pytest_tfgrpc.report.budget import Budget
 
 
@@ -36,6 +37,28 @@ class ItemSpecs:
     budget: Budget | None
     topology: Topology
     run: RunOverrides
+
+    @cached_property
+    def placement(self) -> Placement | None:
+        """The test's model profile placed on its topology: made once per test, on first
+        use, and handed to its cluster and its driver (None without a profile)."""
+        if self.messages is None or self.messages.profile is None:
+            return None
+        return placed_on(self.messages.profile, self.topology)
+
+    @property
+    def largest_tensor(self) -> int | None:
+        """The largest tensor the test's P2P calls send (None: not declared): a tensor
+        server takes nothing larger."""
+        messages = self.messages
+        return max(messages.sizes) if messages is not None and messages.sizes else None
+
+    @property
+    def largest_ps_message(self) -> int | None:
+        """The largest message the test's PS calls send: with a model profile the most bytes
+        one PS owns (a throughput call sends them in one message), else its largest tensor."""
+        placement = self.placement
+        return max(placement.bytes_per_ps()) if placement is not None else self.largest_tensor
 
 
 watched_key = pytest.StashKey[list[Watched]]()
@@ -66,7 +89,7 @@ def item_specs(item: pytest.Item) -> ItemSpecs:
     return specs
 
 
-_SUGGESTED = sorted(set(MARKERS) - DEPRECATED_MARKERS)
+_SUGGESTED = sorted(MARKERS)
 
 
 def misspelled_marker(item: pytest.Item) -> str:

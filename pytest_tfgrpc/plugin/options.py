@@ -83,7 +83,6 @@ ENGINES_HELP = (
     "grpcio; a test's tfgrpc_engines marker wins): the tensor_server fixture's server and the "
     "benchmarks' clients. With several, each test runs once per engine"
 )
-ENGINE_HELP = "deprecated: --tfgrpc-engine=NAME is --tfgrpc-engines=NAME"
 STREAMS_HELP = (
     "concurrent connections of every p2p_bandwidth call that does not say (streams=N; "
     "default 1): the aggregate is recorded under the call's label, each stream as "
@@ -119,8 +118,6 @@ TLS_OPTIONS = {
 #: The short form of --tfgrpc-fabric, added unless the project defines its own.
 SHORT_FABRIC = "--fabric"
 _yielded_key = pytest.StashKey[bool]()
-#: Markers kept for old suites only: never suggested for a misspelled name.
-DEPRECATED_MARKERS = frozenset({"tfgrpc_engine"})
 #: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
 MARKERS = {
     "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
@@ -147,8 +144,6 @@ MARKERS = {
     "ps_topology": 'ps_topology(ps=1, workers=1, sharding="round_robin"): the parameter-server '
     "cluster of the ps_cluster fixture: PS processes, worker processes, and how tensors are "
     "placed on PS tasks (round_robin, greedy, partitioned).",
-    "tfgrpc_engine": "tfgrpc_engine(engines=None, server=None): deprecated spelling of "
-    "tfgrpc_engines(*engines, server=server).",
     "tfgrpc_streams": "tfgrpc_streams(n): concurrent connections of the test's p2p_bandwidth "
     "calls that do not pass streams= (over --tfgrpc-streams).",
 }
@@ -259,7 +254,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         flag = f"--tfgrpc-agent-tls-{name}"
         _add(group, parser, (flag,), f"tfgrpc_agent_tls_{name}", help_text, metavar="FILE")
     # Defaults None (grpcio, 1 stream), so that an option left alone does not wake the plugin.
-    _add(group, parser, ("--tfgrpc-engine",), "tfgrpc_engine", ENGINE_HELP, metavar="NAME")
     _add(
         group,
         parser,

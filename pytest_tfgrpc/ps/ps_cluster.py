@@ -33,14 +33,13 @@ from pytest_tfgrpc.roles.processes import (
     ServerError,
     ServerProcess,
     describe_exit,
-    live_children,
 )
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
-__all__ = ["ClusterError", "PSCluster", "WorkerProcess", "live_workers"]
+__all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
 
 
 class StepRun(Protocol):
@@ -137,11 +136,6 @@ def _on(launcher: Launcher) -> str:
 def _check_workers_engine(engine: str) -> None:
     if engine not in ENGINES:
         raise ValueError(f"workers_engine={engine!r}: expected one of {', '.join(ENGINES)}")
-
-
-def live_workers() -> tuple[WorkerProcess, ...]:
-    """Worker processes started here and not yet stopped."""
-    return tuple(child for child in live_children() if isinstance(child, WorkerProcess))
 
 
 class PSCluster:

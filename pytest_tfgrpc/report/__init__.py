@@ -4,10 +4,3 @@ its verdicts, run metadata, the results file, history, and the views (summary, H
 Layer: beside ``hosts`` and ``ps`` (none imports another), below ``cli`` and ``bench``; may
 import ``roles``, ``tuning``, ``native``, ``model``, ``wire``, ``results``, ``stats``, ``units``.
 """
-
-from typing import TYPE_CHECKING
-
-from pytest_tfgrpc._compat import forwarding_getattr
-
-if not TYPE_CHECKING:  # the old module pytest_tfgrpc.report's names, deprecated
-    __getattr__ = forwarding_getattr(__name__)

@@ -440,10 +440,6 @@ class Comparison:
         return self.with_outcome(Outcome.REGRESSION)
 
     @property
-    def improvements(self) -> tuple[Verdict, ...]:
-        return self.with_outcome(Outcome.IMPROVEMENT)
-
-    @property
     def inconclusive(self) -> tuple[Verdict, ...]:
         return self.with_outcome(Outcome.INCONCLUSIVE)
 

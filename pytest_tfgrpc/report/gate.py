@@ -28,7 +28,6 @@ from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
-POLICIES = ("fail", "warn")
 MISSING_POLICIES = ("fail", "warn")
 INCONCLUSIVE_POLICIES = ("fail", "pass")
 

@@ -23,7 +23,6 @@ from pytest_tfgrpc.report.properties import (
     PREFIX,
     ROUNDS,
     SKETCH,
-    current_key,
     parse_figure,
     parse_rounds,
 )
@@ -164,7 +163,7 @@ def measurements_from_properties(
             how.setdefault(parts[0], {})[parts[1]] = value
         elif len(parts) == 3 and parts[2] == SKETCH:
             try:
-                sketches[(parts[0], current_key(parts[1]))] = Sketch.from_string(value)
+                sketches[(parts[0], parts[1])] = Sketch.from_string(value)
             except ValueError as error:
                 raise BaselineError(f"{where}: {error}") from None
         elif len(parts) == 3 and parts[2] == ROUNDS:

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_tfgrpc.model.profiles import profile_key
 from pytest_tfgrpc.report.metrics import METRICS, RATIO, Metric, is_floor, significant
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.sketch import Sketch
@@ -43,7 +41,6 @@ __all__ = [
     "PREFIX",
     "TARGET",
     "ParsedFigure",
-    "current_key",
     "figure_name",
     "figure_value",
     "format_rounds",
@@ -141,31 +138,7 @@ def parse_figure(name: str) -> ParsedFigure | None:
     if key == MODEL:
         return None
     found = _BY_SUFFIX[bool(scope)].get(last)
-    return ParsedFigure(label, current_key(key), found, scope) if found is not None else None
-
-
-_OLD_DECIMAL = re.compile(r"(?<=\d)_(?=\d)")
-_warned_keys: set[str] = set()
-
-
-def current_key(key: str) -> str:
-    """A point key as this version spells it. Keys written before profile labels were made
-    safe for CI parsers (``resnet50[filter=conv,scale=0_05]``, decimal points as ``_``) read
-    as today's (``resnet50-filter_conv-scale_0p05``, :func:`profile_key`), with a
-    DeprecationWarning once per key: JUnit names are a contract, so an old baseline still
-    gates a new run."""
-    if "[" not in key:
-        return key
-    new = profile_key(_OLD_DECIMAL.sub(".", key))
-    if key not in _warned_keys:
-        _warned_keys.add(key)
-        warnings.warn(
-            f"tfgrpc property key {key!r} is the old spelling of {new!r}; it is read as "
-            "such, but results should be re-recorded with this version",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-    return new
+    return ParsedFigure(label, key, found, scope) if found is not None else None
 
 
 @dataclass(frozen=True)

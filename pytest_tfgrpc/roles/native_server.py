@@ -82,9 +82,13 @@ def start_tensor_server(
     launcher: Launcher = LOCAL,
     name: str | None = None,
 ) -> ServerProcess:
-    """A tensor server of ``engine`` on ``fabric`` (here, or through an agent's
-    ``launcher``): the Python one, refusing tensors over ``max_tensor_bytes`` (None: gRPC's
-    largest), or the native one (gRPC's own limit)."""
+    """A tensor server of ``engine`` on ``fabric``: the Python one, refusing tensors over
+    ``max_tensor_bytes`` (None: gRPC's largest), or the native one (gRPC's own limit).
+    ``launcher``: where it runs (this host, or an agent's host, from that host's install).
+    ``name``: for messages (default: the engine and the host)."""
+    if name is None and launcher is not LOCAL:
+        native = "native " if engine == "native" else ""
+        name = f"{native}tensor server on host {launcher.host}"
     if check_engine(engine) == "native":
         return start_native_server(fabric, env=env, launcher=launcher, name=name)
     return ServerProcess.start(

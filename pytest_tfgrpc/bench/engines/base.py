@@ -8,7 +8,9 @@ budgets, the baseline gate, JUnit properties and plots.
 An engine implements what it can measure, each call returning a :class:`Measured` (every
 sample in nanoseconds) for one message size or one PS exchange:
 
-- :meth:`Engine.start_server` (required): a server bound to a fabric, for P2P tests;
+- :meth:`Engine.start_server` (required): a server bound to a fabric, for P2P tests, as a
+  :class:`Provision` asks (the same request for every engine: fabric, environment, tensor
+  limit, the hosts to start on);
 - :meth:`Engine.echo`, :meth:`Engine.push`, :meth:`Engine.pull`: one sample is one tensor
   echoed (round trip), pushed until acknowledged, or pulled;
 - :meth:`Engine.start_cluster` and :meth:`Engine.ps_exchange`: PS tasks bound to the fabric;
@@ -44,6 +46,7 @@ from pytest_tfgrpc.bench.timing import RunSpec, measure
 from pytest_tfgrpc.model.placement import Placement, Topology
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
+from pytest_tfgrpc.roles.processes import LOCAL, Launcher
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import Server
@@ -61,6 +64,7 @@ __all__ = [
     "EngineServer",
     "Measured",
     "PSVariable",
+    "Provision",
     "ServerGroup",
     "TensorMove",
     "ps_variables",
@@ -102,6 +106,50 @@ class EngineCluster(_Running, Protocol):
     def targets(self) -> tuple[str, ...]: ...
 
 
+def _one_by_one() -> Topology:
+    return Topology(1, 1)
+
+
+@dataclass(frozen=True)
+class Provision:
+    """What a test asks of an engine's :meth:`Engine.start_server` and
+    :meth:`Engine.start_cluster`: one request for every engine, built by the fixtures.
+
+    ``fabric``: the interface its listeners bind (``fabric.address``). ``env``: the
+    environment of its processes (the allocator policy; None: this process's).
+    ``max_tensor_bytes``: the largest tensor the test sends (None: the largest gRPC carries);
+    a server may refuse larger ones. ``topology``: the PS tasks and workers of a cluster, and
+    ``placement`` the test's model profile placed on it (made once per test; None without a
+    profile). ``ps_launchers`` / ``worker_launchers``: where PS task ``i`` (a tensor server is
+    PS 0) and worker ``j`` run, through node agents on other hosts; empty: on this host. Only
+    an engine whose :attr:`Engine.runs_on_agents` is true is handed launchers.
+    """
+
+    fabric: Fabric
+    env: Mapping[str, str] | None = None
+    max_tensor_bytes: int | None = None
+    topology: Topology = field(default_factory=_one_by_one)
+    placement: Placement | None = None
+    ps_launchers: tuple[Launcher, ...] = ()
+    worker_launchers: tuple[Launcher, ...] = ()
+
+    def __post_init__(self) -> None:
+        limit = self.max_tensor_bytes
+        whole = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
+        if limit is not None and not whole:
+            raise ValueError(f"max_tensor_bytes={limit!r}: a whole number of bytes or None")
+        if self.placement is not None and (self.placement.ps, self.placement.sharding) != (
+            self.topology.ps,
+            self.topology.sharding,
+        ):
+            raise ValueError("placement: made for another topology than the one asked for")
+
+    @property
+    def server_launcher(self) -> Launcher:
+        """Where a tensor server runs: the first PS launcher, else this host."""
+        return self.ps_launchers[0] if self.ps_launchers else LOCAL
+
+
 @dataclass(frozen=True, eq=False)
 class ServerGroup:
     """PS tasks that are each one server of an engine (:meth:`Engine.start_cluster`'s
@@ -112,20 +160,18 @@ class ServerGroup:
     ps: tuple[EngineServer, ...]
 
     @classmethod
-    def start(
-        cls, engine: Engine, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
-    ) -> ServerGroup:
-        """Start ``topology.ps`` servers of ``engine``; those started are stopped if one
-        fails to start."""
+    def start(cls, engine: Engine, provision: Provision) -> ServerGroup:
+        """Start ``provision.topology.ps`` servers of ``engine``, each asked as
+        ``provision`` asks; those started are stopped if one fails to start."""
         started: list[EngineServer] = []
         try:
-            for _ in range(topology.ps):
-                started.append(engine.start_server(fabric, env))
+            for _ in range(provision.topology.ps):
+                started.append(engine.start_server(provision))
         except BaseException:
             for server in started:
                 server.stop()
             raise
-        return cls(fabric, topology, tuple(started))
+        return cls(provision.fabric, provision.topology, tuple(started))
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -257,6 +303,10 @@ class Engine(ABC):
     #: The engine's name: what ``tfgrpc_engines(...)`` and ``--tfgrpc-engines`` select, the
     #: ``engine`` setting of its results and, when a test runs several, a test id part.
     name: ClassVar[str] = ""
+    #: Whether its servers and clusters can start on other hosts through node agents
+    #: (``--tfgrpc-agents``; the agents run only the plugin's Python roles). When false, a
+    #: test that would place them there fails at setup, before any agent is dialled.
+    runs_on_agents: ClassVar[bool] = False
 
     def unavailable(self) -> str | None:
         """Why this engine cannot run here (a missing library), or None; tests that select
@@ -268,19 +318,19 @@ class Engine(ABC):
         return {}
 
     @abstractmethod
-    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> EngineServer:
-        """Start a server bound to ``fabric``'s address (``fabric.address``), ready when
-        returned. ``env`` is the environment for its processes (the allocator policy)."""
+    def start_server(self, provision: Provision) -> EngineServer:
+        """Start a server bound to ``provision.fabric``'s address (``fabric.address``), ready
+        when returned, its processes in ``provision.env`` (the allocator policy); see
+        :class:`Provision` for the rest of the request."""
 
-    def start_cluster(
-        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
-    ) -> EngineCluster:
-        """Start ``topology.ps`` PS tasks (and the workers the engine needs) on ``fabric``.
+    def start_cluster(self, provision: Provision) -> EngineCluster:
+        """Start ``provision.topology.ps`` PS tasks (and the workers the engine needs) on
+        ``provision.fabric``.
 
         By default each PS task is a server of :meth:`start_server`, and the workers are the
         measuring process itself: a :class:`ServerGroup`, ``cluster.ps[i]`` being PS task i.
         """
-        return ServerGroup.start(self, fabric, topology, env)
+        return ServerGroup.start(self, provision)
 
     def echo(
         self, server: EngineServer, tensor: Tensor, *, mode: str, rpc: str, run: RunSpec

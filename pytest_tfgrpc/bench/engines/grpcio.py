@@ -8,22 +8,27 @@ schemes, which the per-exchange interface does not need to know about.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, ClassVar
 
 from pytest_tfgrpc.bench import p2p, ps
-from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError, EngineServer
+from pytest_tfgrpc.bench.engines.base import (
+    Engine,
+    EngineCluster,
+    EngineError,
+    EngineServer,
+    Provision,
+)
+from pytest_tfgrpc.bench.fit import MAX_SWEEP_BYTES
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.streams import StreamsResult, check_streams, p2p_bandwidth_streams
-from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.native_server import start_tensor_server
-from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.roles.processes import LOCAL, ServerProcess
 from pytest_tfgrpc.wire.client import Server
-from pytest_tfgrpc.wire.fabric import Fabric
 
 __all__ = ["GrpcioEngine", "LoopEngine"]
 
@@ -46,18 +51,21 @@ class LoopEngine(Engine):
         """Raise :class:`EngineError` if this run's settings rule the engine out; called
         before it starts a tensor server or measures. Nothing rules this one out."""
 
-    def start_server(
-        self, fabric: Fabric, env: Mapping[str, str] | None, max_tensor_bytes: int | None = None
-    ) -> ServerProcess:
-        """The engine's tensor server on ``fabric`` (:func:`start_tensor_server`). The Python
-        server refuses tensors over ``max_tensor_bytes`` (None: the largest gRPC carries); the
-        C++ server keeps gRPC's own message limit.
+    def start_server(self, provision: Provision) -> ServerProcess:
+        """The engine's tensor server as ``provision`` asks (:func:`start_tensor_server`), on
+        its first PS launcher's host. The Python server refuses tensors over
+        ``provision.max_tensor_bytes`` (None: the largest gRPC carries); the C++ server keeps
+        gRPC's own message limit.
 
         :raises EngineError: :meth:`check_usable`'s.
         """
         self.check_usable()
         return start_tensor_server(
-            fabric, engine=self.implementation, env=env, max_tensor_bytes=max_tensor_bytes
+            provision.fabric,
+            engine=self.implementation,
+            env=provision.env,
+            max_tensor_bytes=provision.max_tensor_bytes,
+            launcher=provision.server_launcher,
         )
 
     def p2p_latency(
@@ -84,21 +92,23 @@ class LoopEngine(Engine):
             server, sizes, call, streams=streams, engine=self.implementation
         )
 
-    def start_cluster(
-        self,
-        fabric: Fabric,
-        topology: Topology,
-        env: Mapping[str, str] | None,
-        max_tensor_bytes: int | None = None,
-    ) -> PSCluster:
-        """The plugin's PS tasks and workers (of :attr:`implementation`); the PS tasks refuse
-        tensor messages over ``max_tensor_bytes`` (None: the largest gRPC carries)."""
+    def start_cluster(self, provision: Provision) -> PSCluster:
+        """The plugin's PS tasks and workers (of :attr:`implementation`) as ``provision``
+        asks, on its launchers' hosts. The PS tasks refuse tensor messages over
+        ``provision.max_tensor_bytes`` (None: the largest gRPC carries); with a placed
+        profile, never under what ``sync_sgd_step``'s fit pushes to PS 0
+        (:data:`~pytest_tfgrpc.bench.fit.MAX_SWEEP_BYTES`)."""
+        limit = provision.max_tensor_bytes
+        if limit is not None and provision.placement is not None:
+            limit = max(limit, MAX_SWEEP_BYTES)
         return PSCluster(
-            fabric,
-            topology,
-            env=env,
-            max_tensor_bytes=max_tensor_bytes,
+            provision.fabric,
+            provision.topology,
+            env=provision.env,
+            max_tensor_bytes=limit,
             workers_engine=self.implementation,
+            ps_launchers=provision.ps_launchers or (LOCAL,),
+            worker_launchers=provision.worker_launchers or (LOCAL,),
         )
 
     def ps_throughput(
@@ -117,3 +127,4 @@ class GrpcioEngine(LoopEngine):
 
     name = "grpcio"
     loops: ClassVar[ModuleType] = p2p
+    runs_on_agents: ClassVar[bool] = True

@@ -25,11 +25,13 @@ class NativeEngine(LoopEngine):
     benchmarks run the plugin's Python PS processes with C++ workers
     (``tfgrpc-native-worker``: the workers push to the PS tasks, the PS side is the same as
     the grpcio engine's); their results say ``engine=native``. Server, client and workers
-    speak the run's TLS (``--tfgrpc-tls-*``, handed over as ``$TFGRPC_TLS_*``)."""
+    speak the run's TLS (``--tfgrpc-tls-*``, handed over as ``$TFGRPC_TLS_*``), and node
+    agents start its server and workers from their own hosts' builds."""
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
     implementation: ClassVar[str] = "native"
+    runs_on_agents: ClassVar[bool] = True
 
     def unavailable(self) -> str | None:
         """Why it cannot run: not built for this plugin version and source (the message names

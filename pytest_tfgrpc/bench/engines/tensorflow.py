@@ -33,6 +33,7 @@ from pytest_tfgrpc.bench.engines.base import (
     EngineError,
     EngineServer,
     Measured,
+    Provision,
     PSVariable,
     TensorMove,
 )
@@ -88,13 +89,11 @@ class TensorFlowEngine(Engine):
         except ValueError as exc:
             raise EngineError(f"engine 'tensorflow': {exc}") from None
 
-    def start_server(self, fabric: Fabric, env: Mapping[str, str] | None) -> TFCluster:
-        return self._cluster(fabric, Topology(1, 1), env)
+    def start_server(self, provision: Provision) -> TFCluster:
+        return self._cluster(provision.fabric, Topology(1, 1), provision.env)
 
-    def start_cluster(
-        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
-    ) -> TFCluster:
-        return self._cluster(fabric, topology, env)
+    def start_cluster(self, provision: Provision) -> TFCluster:
+        return self._cluster(provision.fabric, provision.topology, provision.env)
 
     def _measure(
         self,
