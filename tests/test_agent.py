@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -127,13 +129,11 @@ def test_agent_tls_defaults_to_the_runs_tls(
 # --- engines and TLS ---------------------------------------------------------------------------
 def _built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The native engine as if built in ``tmp_path`` (role_argv only names its programs)."""
-    from pytest_tfgrpc import native
     from pytest_tfgrpc.hosts import agent
 
-    made = native.NativeBinaries(
-        tmp_path / "tfgrpc-native-server", tmp_path / "c", tmp_path / "tfgrpc-native-worker",
-        "1.51.1", "0" * 16,
-    )  # fmt: skip
+    made = SimpleNamespace(
+        **{name: tmp_path / f"tfgrpc-native-{name}" for name in ("server", "worker", "floor")}
+    )
     monkeypatch.setattr(agent, "binaries", lambda: made)
 
 
@@ -152,13 +152,16 @@ def test_native_roles_run_the_hosts_own_build_bound_where_the_agent_says(
     assert argv[1:3] == ["--host", "[fe80::1%ib0]"]
     argv, _ = role_argv("worker", {}, {}, FABRIC, engine="native")
     assert argv == [str(tmp_path / "tfgrpc-native-worker")]
+    argv, _ = role_argv("floor_server", {}, {}, LINK_LOCAL, engine="native")
+    assert argv == [str(tmp_path / "tfgrpc-native-floor"), "serve", "--bind", "fe80::1%ib0",
+                    "--port", "0"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("role", "engine", "params", "message"),
     [
         ("tensor_server", "c++", {}, "engine 'c++': expected one of grpcio, native"),
-        ("floor_server", "native", {}, "role 'floor_server' has no native program"),
+        ("floor_server", "native", {"threads": "2"}, "its parameters: none"),
         ("ps", "native", {"workers": "8"}, "no parameter 'workers'"),
         ("ps", "native", {"threads": "65"}, "threads='65'"),
         ("ps", "native", {"delay": "11s"}, "delay='11s': from 0 to 10 s"),
@@ -195,6 +198,17 @@ def test_a_host_without_the_native_build_says_so_in_one_line(
     assert engines_here() == ("grpcio",)
 
 
+def test_a_build_without_a_roles_program_counts_as_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from pytest_tfgrpc.hosts import agent
+
+    older = SimpleNamespace(server=tmp_path / "s", worker=tmp_path / "w")  # no floor program
+    monkeypatch.setattr(agent, "binaries", lambda: older)
+    with pytest.raises(RoleError, match="host node7: the native engine is not built there"):
+        role_argv("floor_server", {}, {}, FABRIC, engine="native", host="node7")
+
+
 def test_roles_get_the_hosts_own_tls_files_and_only_when_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -217,3 +231,39 @@ def test_a_tls_mismatch_names_the_host_and_the_fix() -> None:
         "(--tfgrpc-tls-*): start its tfgrpc-node with --tls-cert/--tls-key (and --tls-ca for "
         "mutual TLS)"
     )
+
+
+class _Recorder:
+    """An AgentClient stand-in that keeps what the launcher asked it to run."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, dict[str, str], dict[str, str], str, bool]] = []
+
+    def run(self, role: str, params: Any, env: Any, stderr: Any, **kw: Any) -> None:
+        self.asked.append((role, dict(params), dict(env), kw["engine"], kw["tls"]))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["/x/tfgrpc-native-server", "--host", "h", "--delay-ns", "1000", "--threads", "2"], {},
+         ("tensor_server", {"delay": "1000ns", "threads": "2"}, {}, "native", False)),
+        (["/x/tfgrpc-native-server", "--delay-ns", "0"], {"TFGRPC_JOB_TOKEN": "t" * 20},
+         ("ps", {}, {"TFGRPC_JOB_TOKEN": "t" * 20}, "native", False)),
+        (["/x/tfgrpc-native-worker"], {"TFGRPC_TLS_CERT": "/c.pem", "TFGRPC_JOB_TOKEN": "t" * 20},
+         ("worker", {}, {}, "native", True)),
+        (["/x/tfgrpc-native-floor", "serve", "--bind", "h", "--port", "0"], {},
+         ("floor_server", {}, {}, "native", False)),
+        ([sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--workers", "8"],
+         {"TFGRPC_TLS_CA": "/ca.pem", "MALLOC_ARENA_MAX": "2"},
+         ("ps", {"workers": "8"}, {"MALLOC_ARENA_MAX": "2"}, "grpcio", True)),
+    ],
+)  # fmt: skip
+def test_the_launcher_names_the_role_engine_and_tls_and_passes_nothing_else(
+    argv: list[str], env: dict[str, str], expected: tuple[Any, ...]
+) -> None:
+    from pytest_tfgrpc.hosts.agent_client import AgentLauncher
+
+    client = _Recorder()
+    AgentLauncher(client).spawn(argv, env=env, stderr=sys.stderr.buffer, name="x")  # type: ignore[arg-type]
+    assert client.asked == [expected]

@@ -9,7 +9,8 @@ own roles, of one of its engines, and nothing else:
   and ``workers`` (grpcio, 1-256 threads) or ``threads`` (native, 1-64);
 - ``ps``: the same programs with the driver's job token (``TFGRPC_JOB_TOKEN``), same parameters;
 - ``worker``: ``pytest_tfgrpc.ps.worker`` or ``tfgrpc-native-worker``; no parameters;
-- ``floor_server``: ``pytest_tfgrpc.roles.floor_server`` (grpcio only); no parameters.
+- ``floor_server``: ``pytest_tfgrpc.roles.floor_server`` or ``tfgrpc-native-floor serve``;
+  no parameters.
 
 The native programs are the agent host's own build (``tfgrpc-build-native`` there); a host
 without it refuses a native role with ``FAILED_PRECONDITION`` in one line naming the host, the
@@ -171,10 +172,20 @@ _NATIVE_LIMITS = {
 }
 _PARAMS: Mapping[str, Mapping[str, Mapping[str, Callable[[str], list[str]]]]] = {
     "grpcio": {"tensor_server": _LIMITS, "ps": _LIMITS, "worker": {}, "floor_server": {}},
-    "native": {"tensor_server": _NATIVE_LIMITS, "ps": _NATIVE_LIMITS, "worker": {}},
+    "native": {
+        "tensor_server": _NATIVE_LIMITS,
+        "ps": _NATIVE_LIMITS,
+        "worker": {},
+        "floor_server": {},
+    },
 }
 #: The native program of each role (a :class:`~pytest_tfgrpc.native.NativeBinaries` field).
-_NATIVE_PROGRAMS = {"tensor_server": "server", "ps": "server", "worker": "worker"}
+_NATIVE_PROGRAMS = {
+    "tensor_server": "server",
+    "ps": "server",
+    "worker": "worker",
+    "floor_server": "floor",
+}
 
 
 def engines_here() -> tuple[str, ...]:
@@ -256,14 +267,20 @@ def role_argv(
     allowed = _PARAMS[engine][role]
     if engine == "native":
         try:
-            program = getattr(binaries(), _NATIVE_PROGRAMS[role])
+            # None: a build from before the program existed, as good as none.
+            program = getattr(binaries(), _NATIVE_PROGRAMS[role], None)
         except NativeNotBuilt:
+            program = None
+        if program is None:
             raise RoleError(
                 engine_missing(host, engine, role.replace("_", " ")),
                 grpc.StatusCode.FAILED_PRECONDITION,
-            ) from None
+            )
         argv = [str(program)]
-        if role != "worker":
+        if role == "floor_server":
+            address = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
+            argv += ["serve", "--bind", address, "--port", "0"]
+        elif role != "worker":
             argv += ["--host", fabric.host, "--port", "0", "--fabric", fabric.name]
             argv += ["--exit-on-stdin-eof"]
     else:

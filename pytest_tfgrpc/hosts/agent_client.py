@@ -30,7 +30,7 @@ from typing import IO, Any
 import grpc
 
 from pytest_tfgrpc.hosts.agent import ROLES
-from pytest_tfgrpc.native import SERVER_NAME, WORKER_NAME
+from pytest_tfgrpc.native import FLOOR_NAME, SERVER_NAME, WORKER_NAME
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: The role of each native program (the native PS task is the server with a job token).
-_NATIVE_ROLES = {SERVER_NAME: "tensor_server", WORKER_NAME: "worker"}
+_NATIVE_ROLES = {SERVER_NAME: "tensor_server", WORKER_NAME: "worker", FLOOR_NAME: "floor_server"}
 #: The exit status of a remote process whose agent could no longer be reached.
 AGENT_LOST = 255
 _DRIVER_ID = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

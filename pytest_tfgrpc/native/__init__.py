@@ -45,6 +45,7 @@ APT_PACKAGES = (
 SERVER_NAME = "tfgrpc-native-server"
 CLIENT_NAME = "tfgrpc-native-client"
 WORKER_NAME = "tfgrpc-native-worker"
+FLOOR_NAME = "tfgrpc-native-floor"
 
 #: Overrides where built engines are kept (default: ``$XDG_CACHE_HOME/pytest-tfgrpc/native``).
 CACHE_ENV = "TFGRPC_NATIVE_CACHE"
