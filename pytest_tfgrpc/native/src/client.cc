@@ -60,6 +60,7 @@ struct Settings {
   int streams = 1;
   // Of the TLS setting its parent handed it ($TFGRPC_TLS_*, tls.h); plaintext by default.
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  std::string tls_mode = "off";
 };
 
 std::shared_ptr<grpc::Channel> connect(const Settings& s, int stream) {
@@ -72,7 +73,13 @@ std::shared_ptr<grpc::Channel> connect(const Settings& s, int stream) {
   args.SetInt("tfgrpc.stream", stream);
   auto channel = grpc::CreateCustomChannel(target, s.credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    throw CallError("no connection to " + target + " within 10 s");
+    std::string why = s.tls_mode == "off"
+                          ? ""
+                          : " (TLS " + s.tls_mode +
+                                " on this side: a failed handshake looks the same: a server "
+                                "certificate its CA did not sign, or a server that requires a "
+                                "client certificate this side lacks)";
+    throw CallError("no connection to " + target + " within 10 s" + why);
   }
   return channel;
 }
@@ -533,7 +540,9 @@ int main(int argc, char** argv) {
   if (s.chunk_bytes < 64) return usage_error("--chunk-bytes must be at least 64");
   if (!(s.deadline_s > 0)) return usage_error("--deadline-s must be positive");
   try {
-    s.credentials = Tls::from_env().channel_credentials();
+    Tls tls = Tls::from_env();
+    s.credentials = tls.channel_credentials();
+    s.tls_mode = tls.mode();
   } catch (const TlsError& error) {
     std::cerr << "TLS settings: " << error.what() << "\n";
     return 2;
