@@ -823,21 +823,10 @@ def test_accepted():
             "--tfgrpc-tls-ca={ca}",
         ),
         needs=("native",),
-        ret=1,
-        # its PS benchmarks run native workers, which speak plaintext only too
-        outcomes={"error": 2},
-        lines=(
-            *FAIL_SETUP,
-            "*[lo]: engine 'native': the native server*plaintext only, and this run uses TLS",
-            "*test_ps*: engine 'native': native PS workers speak plaintext only, and this run"
-            " uses TLS (mtls)*",
-        ),
-        absent=(
-            "*INTERNALERROR*",
-            "*Traceback (most recent call last)*",
-            "*During handling*",
-            "*engine 'native': engine 'native'*",
-        ),
+        # the native server, client and PS workers speak the run's mutual TLS
+        outcomes={"passed": 2},
+        lines=("*TLS mtls*",),
+        junit={"test_latency[lo]": ("tfgrpc.p2p_latency.settings",)},
     ),
     Case(
         "mtls-end-to-end",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -22,12 +21,12 @@ from pytest_tfgrpc.bench.ps import fetch_weights, ps_throughput, sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
-from pytest_tfgrpc.ps import jobs, ps_cluster
-from pytest_tfgrpc.ps.ps_cluster import ClusterError, PSCluster
+from pytest_tfgrpc.ps import jobs
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.roles.parameter_server import apply_update, check_gradient, initial_weights
-from pytest_tfgrpc.roles.processes import LOCAL
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
 
 NOT_BUILT = native.unavailable_reason()
 needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -143,71 +142,10 @@ def test_a_native_worker_names_the_ps_it_cannot_reach(lo: Fabric) -> None:
         assert ps_throughput(small, [8], run=RUN).sizes[0].count == 30
 
 
-@needs_native
-@pytest.mark.parametrize("variable", ["TFGRPC_TLS_CERT", "TFGRPC_TLS_CA"])
-def test_the_native_worker_refuses_tls_settings(variable: str) -> None:
-    done = subprocess.run(
-        [str(native.binaries().worker)],
-        env={**os.environ, variable: "/nonexistent.pem"},
-        input=b"",
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 2
-    frames = jobs.Frames()
-    frames.feed(done.stdout)
-    body = frames.take()
-    assert body is not None
-    failed = jobs.reply_of(body)
-    assert isinstance(failed, jobs.WorkerFailed)
-    assert "plaintext only" in failed.error and variable in failed.error
-
-
-class _Agent:
-    host = "node1"
-    address = None
-
-
-def test_native_workers_through_node_agents_are_refused_before_anything_starts(
-    lo: Fabric,
-) -> None:
-    with pytest.raises(ClusterError, match="native PS workers cannot run through node agents"):
-        PSCluster(
-            lo,
-            Topology(ps=1, workers=2),
-            workers_engine="native",
-            worker_launchers=(LOCAL, _Agent()),  # type: ignore[arg-type]
-        )
-
-
-def test_native_ps_tasks_through_node_agents_are_refused_before_anything_starts(
-    lo: Fabric,
-) -> None:
-    with pytest.raises(ClusterError, match="native PS tasks cannot run through node agents"):
-        PSCluster(
-            lo,
-            Topology(ps=2, workers=1),
-            ps_engine="native",
-            ps_launchers=(LOCAL, _Agent()),  # type: ignore[arg-type]
-        )
-
-
 def _cluster_with(lo: Fabric, role: str, engine: str) -> PSCluster:
     if role == "ps":
         return PSCluster(lo, Topology(ps=1, workers=1), ps_engine=engine)
     return PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
-
-
-@pytest.mark.parametrize("mode", ["tls", "mtls"])
-@pytest.mark.parametrize(("role", "what"), [("workers", "PS workers"), ("ps", "PS tasks")])
-def test_native_roles_under_tls_are_refused(
-    lo: Fabric, monkeypatch: pytest.MonkeyPatch, mode: str, role: str, what: str
-) -> None:
-    monkeypatch.setattr(ps_cluster, "tls_mode", lambda: mode)
-    expected = f"native {what} speak plaintext only, and this run uses TLS \\({mode}\\)"
-    with pytest.raises(ClusterError, match=expected):
-        _cluster_with(lo, role, "native")
 
 
 @pytest.mark.parametrize("engine", ["c++", "", "NATIVE"])
@@ -216,3 +154,36 @@ def test_an_unknown_engine_of_a_role_is_named(lo: Fabric, engine: str, role: str
     expected = re.escape(f"{role}_engine={engine!r}: expected one of grpcio, native")
     with pytest.raises(ValueError, match=expected):
         _cluster_with(lo, role, engine)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("ps_engine", "workers_engine"),
+    [("grpcio", "native"), ("native", "grpcio"), ("native", "native")],
+)
+def test_native_roles_speak_mutual_tls_in_every_pairing(
+    lo: Fabric, tmp_path_factory: pytest.TempPathFactory, ps_engine: str, workers_engine: str
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    where = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    files = TlsFiles(str(where / "cert.pem"), str(where / "key.pem"), str(where / "ca.pem"))
+    ca.cert_pem.write_to_path(files.ca)
+    leaf.private_key_pem.write_to_path(files.key)
+    for i, pem in enumerate(leaf.cert_chain_pems):
+        pem.write_to_path(files.cert, append=i > 0)
+    use_tls(load_tls(files))  # the driver's own channels to the PS tasks (job control)
+    try:
+        env = {**os.environ, **files.env()}
+        with PSCluster(
+            lo,
+            Topology(ps=1, workers=2),
+            env=env,
+            ps_engine=ps_engine,
+            workers_engine=workers_engine,
+        ) as tls:
+            point = ps_throughput(tls, [4096], run=RUN).sizes[0]
+    finally:
+        use_tls(None)
+    assert [load.rpcs for load in point.per_ps] == [2 * 30]

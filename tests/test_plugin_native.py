@@ -259,31 +259,6 @@ def test_a_bad_streams_marker_fails_the_test_by_name(
     result.stdout.fnmatch_lines(["*test_x*tfgrpc_streams*"])
 
 
-_ON_AGENTS = "engine 'native' cannot start its servers through node agents"
-
-
-@pytest.mark.parametrize(
-    ("marker", "fixture", "message"),
-    [
-        ("tfgrpc_engines(server='native')", "tensor_server", _ON_AGENTS),
-        ("tfgrpc_engines('native')", "tensor_server", _ON_AGENTS),
-        ("tfgrpc_engines('native')", "ps_cluster", _ON_AGENTS),
-    ],
-)
-def test_native_processes_are_not_started_through_agents(
-    pytester: pytest.Pytester, marker: str, fixture: str, message: str
-) -> None:
-    # Agents run only the plugin's Python roles: the test fails before any agent is dialled
-    # (the address given listens nowhere), rather than measuring the grpcio engine instead.
-    pytester.makepyfile(
-        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it({fixture}):\n    pass\n"
-    )
-    result = pytester.runpytest_subprocess("--tfgrpc-agents=127.0.0.1:9", "-p", "no:cacheprovider")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*{message}*"])
-    assert "INTERNALERROR" not in result.stdout.str()
-
-
 @pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
 def test_the_native_engine_runs_native_ps_tasks_workers_and_floor_and_says_so(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch

@@ -38,7 +38,7 @@ from pytest_tfgrpc.roles.processes import (
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
-from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
 
@@ -111,23 +111,10 @@ def _on(launcher: Launcher) -> str:
     return "" if launcher is LOCAL else f" on host {launcher.host}"
 
 
-def _check_engine(engine: str, role: str, launchers: Sequence[Launcher]) -> None:
-    """``engine`` may run the cluster's ``role`` (``workers`` or ``ps``) on ``launchers``."""
+def _check_engine(engine: str, role: str) -> None:
+    """``engine`` is one the cluster's ``role`` (``workers`` or ``ps``) can run."""
     if engine not in ENGINES:
         raise ValueError(f"{role}_engine={engine!r}: expected one of {', '.join(ENGINES)}")
-    if engine != "native":
-        return
-    what = "PS workers" if role == "workers" else "PS tasks"
-    if any(launcher is not LOCAL for launcher in launchers):
-        raise ClusterError(
-            f"native {what} cannot run through node agents (an agent starts only the "
-            "plugin's Python roles): use the grpcio engine for a PS cluster on agents"
-        )
-    if tls_mode() != "off":
-        raise ClusterError(
-            f"native {what} speak plaintext only, and this run uses TLS "
-            f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
-        )
 
 
 class PSCluster:
@@ -143,10 +130,10 @@ class PSCluster:
     ``ps_engine="native"`` starts native PS tasks (``tfgrpc-native-server`` with the job
     token: the same PS service) instead of Python ones. Either pairing works with either:
     every PS call carries the cluster's job token, which workers get in their environment.
-    Native roles are plaintext only, on this host only. Raises :class:`ClusterError` for
-    native roles under TLS or through node agents,
-    :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built, ValueError for an
-    engine that is neither.
+    Native roles speak the run's TLS and run here or through agents (from the agent host's
+    own build). Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built
+    here (an agent's host without them refuses to start them, naming the host), ValueError
+    for an engine that is neither.
     """
 
     def __init__(
@@ -162,8 +149,8 @@ class PSCluster:
         workers_engine: str = "grpcio",
         ps_engine: str = "grpcio",
     ) -> None:
-        _check_engine(workers_engine, "workers", worker_launchers)
-        _check_engine(ps_engine, "ps", ps_launchers)
+        _check_engine(workers_engine, "workers")
+        _check_engine(ps_engine, "ps")
         self.fabric = fabric
         #: The workers' engine: ``grpcio`` (Python workers) or ``native`` (C++ workers).
         self.workers_engine = workers_engine

@@ -32,7 +32,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-from pytest_tfgrpc.native import binaries
+from pytest_tfgrpc.native import FLOOR_NAME, binaries
 from pytest_tfgrpc.roles.processes import LOCAL, ChildProcess, Launcher, ServerError
 
 OP_ECHO = 1
@@ -206,12 +206,9 @@ class FloorServer(ChildProcess):
         engine: str = "grpcio",
     ) -> None:
         if engine == "native":
-            if launcher is not LOCAL:
-                raise FloorError(
-                    f"the native floor server cannot run through node agents (host "
-                    f"{launcher.host}: an agent starts only the plugin's Python roles)"
-                )
-            argv = [str(binaries().floor), "serve", "--bind", host]
+            # Through an agent the program is the agent host's own build, named by its name.
+            program = FLOOR_NAME if launcher is not LOCAL else str(binaries().floor)
+            argv = [program, "serve", "--bind", host]
         else:
             argv = [sys.executable, "-m", "pytest_tfgrpc.roles.floor_server", "--bind", host]
         name = f"{'native ' if engine == 'native' else ''}floor server on {host!r}"
@@ -239,8 +236,9 @@ class FloorServer(ChildProcess):
         end of its stderr) if it cannot bind or does not come up within ``ready_timeout``.
         With a node agent's ``launcher``, it runs on that agent's host, bound to the agent's
         fabric address (``host`` is then that address, and ``port`` the OS's choice).
-        ``engine="native"`` serves with ``tfgrpc-native-floor`` (here only: FloorError through
-        an agent; :class:`~pytest_tfgrpc.native.NativeNotBuilt` when it is not built)."""
+        ``engine="native"`` serves with ``tfgrpc-native-floor`` (here, or through an agent
+        from that host's build; :class:`~pytest_tfgrpc.native.NativeNotBuilt` when it is not
+        built here, the agent's refusal naming the host when it is not built there)."""
         handle = cls(host, port, env=env, launcher=launcher, engine=engine)
         try:
             handle._port = int(handle.read_ready_line(ready_timeout, FloorError)["port"])

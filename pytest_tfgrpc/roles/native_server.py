@@ -47,9 +47,10 @@ def start_native_server(
     ``tfgrpc-server --delay``; it holds the serving thread). ``threads`` completion-queue
     threads serve the calls (1: every message handled on the thread that read it, the lowest
     latency; more: concurrent streams on more cores). Raises
-    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built. ``launcher``
-    is the launcher seam of every child process; a node agent refuses the native server (it
-    runs only its own Python roles), so in practice it runs here.
+    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built here. With an
+    agent's ``launcher`` it runs on that agent's host, from that host's own build (the agent
+    refuses it, naming the host, where there is none). Its TLS is the run's
+    (``$TFGRPC_TLS_*`` in ``env``; through an agent, the host's own certificates).
     """
     if delay_s < 0:
         raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
@@ -88,11 +89,15 @@ def start_tensor_server(
     env: Mapping[str, str] | None = None,
     max_tensor_bytes: int | None = None,
     launcher: Launcher = LOCAL,
+    name: str | None = None,
 ) -> ServerProcess:
     """A tensor server of ``engine`` on ``fabric`` (the Python one or the native one),
     refusing tensors over ``max_tensor_bytes`` (None: gRPC's largest). ``launcher``: where it
-    runs (this host, or an agent's host, which runs only the Python one)."""
-    name = None if launcher is LOCAL else f"tensor server on host {launcher.host}"
+    runs (this host, or an agent's host, from that host's install). ``name``: for messages
+    (default: the engine and the host)."""
+    if name is None and launcher is not LOCAL:
+        native = "native " if engine == "native" else ""
+        name = f"{native}tensor server on host {launcher.host}"
     if check_engine(engine) == "native":
         return start_native_server(
             fabric, env=env, launcher=launcher, name=name, max_tensor_bytes=max_tensor_bytes

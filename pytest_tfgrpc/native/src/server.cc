@@ -38,6 +38,7 @@
 #include <thread>
 
 #include "ps.h"
+#include "tls.h"
 #include "wire.h"
 
 namespace tfgrpc {
@@ -831,10 +832,19 @@ int main(int argc, char** argv) {
   if (const char* token = std::getenv(kTokenEnv)) shared->ps.token = token;
   unsetenv(kTokenEnv);  // nothing this process starts needs it
 
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::string tls_mode;
+  try {
+    Tls tls = Tls::from_env();
+    credentials = tls.server_credentials();
+    tls_mode = tls.mode();
+  } catch (const TlsError& error) {
+    std::cerr << "tfgrpc-native-server: error: TLS settings: " << error.what() << "\n";
+    return 2;
+  }
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(options.host + ":" + std::to_string(options.port),
-                           grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(options.host + ":" + std::to_string(options.port), credentials, &bound);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   set_arguments([&builder](const char* key, int value) { builder.AddChannelArgument(key, value); });
@@ -852,8 +862,10 @@ int main(int argc, char** argv) {
   shared->target = options.host + ":" + std::to_string(bound);
   std::vector<std::thread> threads;
   for (auto& cq : queues) threads.emplace_back(serve, cq.get(), shared.get());
-  std::printf("{\"target\": \"%s\", \"pid\": %d, \"fabric\": \"%s\", \"engine\": \"native\"}\n",
-              shared->target.c_str(), static_cast<int>(getpid()), options.fabric.c_str());
+  std::printf(
+      "{\"target\": \"%s\", \"pid\": %d, \"fabric\": \"%s\", \"engine\": \"native\", "
+      "\"tls\": \"%s\"}\n",
+      shared->target.c_str(), static_cast<int>(getpid()), options.fabric.c_str(), tls_mode.c_str());
   std::fflush(stdout);
   if (options.exit_on_stdin_eof) {
     char buffer[4096];

@@ -13,9 +13,8 @@
 //    reply (ThroughputReply or SyncSGDReply), then waits for the next job.
 //
 // Any failure is written as WorkerFailed. It exits when its stdin closes, so no worker
-// outlives its parent. Plaintext only: a run with TLS files in its environment
-// ($TFGRPC_TLS_*) is refused at start, with that reason. The messages are encoded by hand
-// with wire.h's protobuf primitives, as the rest of the native engine's are.
+// outlives its parent. TLS as its parent's run ($TFGRPC_TLS_*, tls.h). The messages are
+// encoded by hand with wire.h's protobuf primitives, as the rest of the native engine's are.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
@@ -32,9 +31,8 @@
 #include <thread>
 
 #include "call.h"
+#include "tls.h"
 #include "wire.h"
-
-extern char** environ;
 
 namespace tfgrpc {
 namespace {
@@ -320,10 +318,13 @@ double rpc_timeout(int64_t nbytes, double bound_s) {
   return 10.0 + bound_s + static_cast<double>(nbytes) / 1e6;
 }
 
+// Of the TLS setting its parent handed it ($TFGRPC_TLS_*, tls.h), set once by main().
+std::shared_ptr<grpc::ChannelCredentials> credentials;
+
 std::shared_ptr<grpc::Channel> connect(const std::string& target) {
   grpc::ChannelArguments args;
   common_arguments(&args);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
     throw CallError("no connection to " + target + " within 10 s");
   }
@@ -635,27 +636,15 @@ void run(const Job& job) {
   }
 }
 
-// The TLS files a parent hands its workers ($TFGRPC_TLS_*, security.ENV_VARS), if any.
-std::string tls_variable() {
-  for (char** entry = environ; *entry; ++entry) {
-    std::string pair(*entry);
-    size_t eq = pair.find('=');
-    if (pair.rfind("TFGRPC_TLS_", 0) == 0 && eq != std::string::npos && eq + 1 < pair.size()) {
-      return pair.substr(0, eq);
-    }
-  }
-  return "";
-}
-
 }  // namespace
 }  // namespace tfgrpc
 
 int main() {
   using namespace tfgrpc;
-  std::string tls = tls_variable();
-  if (!tls.empty()) {
-    emit_error("TLS settings: the native PS worker speaks plaintext only, and " + tls +
-               " asks for TLS");
+  try {
+    credentials = Tls::from_env().channel_credentials();
+  } catch (const TlsError& error) {
+    emit_error(std::string("TLS settings: ") + error.what());
     return 2;
   }
   if (const char* token = std::getenv(kTokenEnv)) job_token = token;

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12tfgrpc/agent.proto\x12\x06tfgrpc\"/\n\x0cLeaseRequest\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\"0\n\nLeaseReply\x12\x0f\n\x07lease_s\x18\x01 \x01(\x01\x12\x11\n\tprocesses\x18\x02 \x01(\x05\"g\n\tAgentInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61\x62ric\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05roles\x18\x04 \x03(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0f\n\x07version\x18\x06 \x01(\t\"\xdc\x01\n\tRoleStart\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12-\n\x06params\x18\x03 \x03(\x0b\x32\x1d.tfgrpc.RoleStart.ParamsEntry\x12\'\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1a.tfgrpc.RoleStart.EnvEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"H\n\tRoleInput\x12\"\n\x05start\x18\x01 \x01(\x0b\x32\x11.tfgrpc.RoleStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"E\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0e\n\x06\x66\x61\x62ric\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\",\n\x06\x45xited\x12\x12\n\nreturncode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"~\n\nRoleOutput\x12\"\n\x07started\x18\x01 \x01(\x0b\x32\x0f.tfgrpc.StartedH\x00\x12\x10\n\x06stdout\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x03 \x01(\x0cH\x00\x12 \n\x06\x65xited\x18\x04 \x01(\x0b\x32\x0e.tfgrpc.ExitedH\x00\x42\x06\n\x04kind\"G\n\x11InterfaceCounters\x12\x0e\n\x06\x66\x61\x62ric\x18\x01 \x01(\t\x12\x10\n\x08rx_bytes\x18\x02 \x01(\x03\x12\x10\n\x08tx_bytes\x18\x03 \x01(\x03\x32\x98\x02\n\tNodeAgent\x12\x30\n\x05Hello\x12\x14.tfgrpc.LeaseRequest\x1a\x11.tfgrpc.AgentInfo\x12\x35\n\tHeartbeat\x12\x14.tfgrpc.LeaseRequest\x1a\x12.tfgrpc.LeaseReply\x12\x33\n\x07Release\x12\x14.tfgrpc.LeaseRequest\x1a\x12.tfgrpc.LeaseReply\x12\x30\n\x03Run\x12\x11.tfgrpc.RoleInput\x1a\x12.tfgrpc.RoleOutput(\x01\x30\x01\x12;\n\x08\x43ounters\x12\x14.tfgrpc.LeaseRequest\x1a\x19.tfgrpc.InterfaceCountersb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12tfgrpc/agent.proto\x12\x06tfgrpc\"/\n\x0cLeaseRequest\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0f\n\x07lease_s\x18\x02 \x01(\x01\"0\n\nLeaseReply\x12\x0f\n\x07lease_s\x18\x01 \x01(\x01\x12\x11\n\tprocesses\x18\x02 \x01(\x05\"\x85\x01\n\tAgentInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61\x62ric\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05roles\x18\x04 \x03(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x05\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x0f\n\x07\x65ngines\x18\x07 \x03(\t\x12\x0b\n\x03tls\x18\x08 \x01(\t\"\xf9\x01\n\tRoleStart\x12\x0e\n\x06\x64river\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12-\n\x06params\x18\x03 \x03(\x0b\x32\x1d.tfgrpc.RoleStart.ParamsEntry\x12\'\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1a.tfgrpc.RoleStart.EnvEntry\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x0b\n\x03tls\x18\x06 \x01(\x08\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"H\n\tRoleInput\x12\"\n\x05start\x18\x01 \x01(\x0b\x32\x11.tfgrpc.RoleStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"E\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0e\n\x06\x66\x61\x62ric\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\",\n\x06\x45xited\x12\x12\n\nreturncode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"~\n\nRoleOutput\x12\"\n\x07started\x18\x01 \x01(\x0b\x32\x0f.tfgrpc.StartedH\x00\x12\x10\n\x06stdout\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x03 \x01(\x0cH\x00\x12 \n\x06\x65xited\x18\x04 \x01(\x0b\x32\x0e.tfgrpc.ExitedH\x00\x42\x06\n\x04kind\"G\n\x11InterfaceCounters\x12\x0e\n\x06\x66\x61\x62ric\x18\x01 \x01(\t\x12\x10\n\x08rx_bytes\x18\x02 \x01(\x03\x12\x10\n\x08tx_bytes\x18\x03 \x01(\x03\x32\x98\x02\n\tNodeAgent\x12\x30\n\x05Hello\x12\x14.tfgrpc.LeaseRequest\x1a\x11.tfgrpc.AgentInfo\x12\x35\n\tHeartbeat\x12\x14.tfgrpc.LeaseRequest\x1a\x12.tfgrpc.LeaseReply\x12\x33\n\x07Release\x12\x14.tfgrpc.LeaseRequest\x1a\x12.tfgrpc.LeaseReply\x12\x30\n\x03Run\x12\x11.tfgrpc.RoleInput\x1a\x12.tfgrpc.RoleOutput(\x01\x30\x01\x12;\n\x08\x43ounters\x12\x14.tfgrpc.LeaseRequest\x1a\x19.tfgrpc.InterfaceCountersb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,24 +40,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEREQUEST']._serialized_end=77
   _globals['_LEASEREPLY']._serialized_start=79
   _globals['_LEASEREPLY']._serialized_end=127
-  _globals['_AGENTINFO']._serialized_start=129
-  _globals['_AGENTINFO']._serialized_end=232
-  _globals['_ROLESTART']._serialized_start=235
-  _globals['_ROLESTART']._serialized_end=455
-  _globals['_ROLESTART_PARAMSENTRY']._serialized_start=366
-  _globals['_ROLESTART_PARAMSENTRY']._serialized_end=411
-  _globals['_ROLESTART_ENVENTRY']._serialized_start=413
-  _globals['_ROLESTART_ENVENTRY']._serialized_end=455
-  _globals['_ROLEINPUT']._serialized_start=457
-  _globals['_ROLEINPUT']._serialized_end=529
-  _globals['_STARTED']._serialized_start=531
-  _globals['_STARTED']._serialized_end=600
-  _globals['_EXITED']._serialized_start=602
-  _globals['_EXITED']._serialized_end=646
-  _globals['_ROLEOUTPUT']._serialized_start=648
-  _globals['_ROLEOUTPUT']._serialized_end=774
-  _globals['_INTERFACECOUNTERS']._serialized_start=776
-  _globals['_INTERFACECOUNTERS']._serialized_end=847
-  _globals['_NODEAGENT']._serialized_start=850
-  _globals['_NODEAGENT']._serialized_end=1130
+  _globals['_AGENTINFO']._serialized_start=130
+  _globals['_AGENTINFO']._serialized_end=263
+  _globals['_ROLESTART']._serialized_start=266
+  _globals['_ROLESTART']._serialized_end=515
+  _globals['_ROLESTART_PARAMSENTRY']._serialized_start=426
+  _globals['_ROLESTART_PARAMSENTRY']._serialized_end=471
+  _globals['_ROLESTART_ENVENTRY']._serialized_start=473
+  _globals['_ROLESTART_ENVENTRY']._serialized_end=515
+  _globals['_ROLEINPUT']._serialized_start=517
+  _globals['_ROLEINPUT']._serialized_end=589
+  _globals['_STARTED']._serialized_start=591
+  _globals['_STARTED']._serialized_end=660
+  _globals['_EXITED']._serialized_start=662
+  _globals['_EXITED']._serialized_end=706
+  _globals['_ROLEOUTPUT']._serialized_start=708
+  _globals['_ROLEOUTPUT']._serialized_end=834
+  _globals['_INTERFACECOUNTERS']._serialized_start=836
+  _globals['_INTERFACECOUNTERS']._serialized_end=907
+  _globals['_NODEAGENT']._serialized_start=910
+  _globals['_NODEAGENT']._serialized_end=1190
 # @@protoc_insertion_point(module_scope)
