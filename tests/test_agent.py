@@ -57,8 +57,10 @@ def test_each_role_runs_its_own_module_bound_where_the_agent_says() -> None:
         ("ps", {"max_tensor_bytes": "-5"}, {}, "INVALID_ARGUMENT", "max_tensor_bytes='-5'"),
         ("ps", {"max_tensor_bytes": str(1 << 40)}, {}, "INVALID_ARGUMENT", "max_tensor_bytes="),
         ("worker", {"max_tensor_bytes": "4"}, {}, "INVALID_ARGUMENT", "its parameters: none"),
-        # the job-control token goes to a PS only, and only as a token
-        ("worker", {}, {"TFGRPC_JOB_TOKEN": "a" * 32}, "INVALID_ARGUMENT", "TFGRPC_JOB_TOKEN"),
+        # the job token goes to a PS task or a worker only, and only as a token
+        ("tensor_server", {}, {"TFGRPC_JOB_TOKEN": "a" * 32}, "INVALID_ARGUMENT", "TFGRPC_JOB"),
+        ("floor_server", {}, {"TFGRPC_JOB_TOKEN": "a" * 32}, "INVALID_ARGUMENT", "TFGRPC_JOB"),
+        ("worker", {}, {"TFGRPC_JOB_TOKEN": "short"}, "INVALID_ARGUMENT", "TFGRPC_JOB_TOKEN"),
         ("ps", {}, {"TFGRPC_JOB_TOKEN": "short"}, "INVALID_ARGUMENT", "TFGRPC_JOB_TOKEN"),
         ("ps", {}, {"TFGRPC_JOB_TOKEN": "a" * 20 + ";rm"}, "INVALID_ARGUMENT", "TFGRPC_JOB"),
     ],
@@ -86,6 +88,9 @@ def test_a_ps_gets_its_drivers_job_token_and_tensor_limit(
     assert "TFGRPC_JOB_TOKEN" not in env  # never a token the driver did not send
     token = "A-b_c" * 6
     _, env = role_argv("ps", {}, {"TFGRPC_JOB_TOKEN": token}, FABRIC)
+    assert env["TFGRPC_JOB_TOKEN"] == token
+    # A worker sends it on every PS call.
+    _, env = role_argv("worker", {}, {"TFGRPC_JOB_TOKEN": token}, FABRIC)
     assert env["TFGRPC_JOB_TOKEN"] == token
 
 
@@ -240,7 +245,7 @@ class _Recorder:
         (["/x/tfgrpc-native-server", "--delay-ns", "0"], {"TFGRPC_JOB_TOKEN": "t" * 20},
          ("ps", {}, {"TFGRPC_JOB_TOKEN": "t" * 20}, "native", False)),
         (["/x/tfgrpc-native-worker"], {"TFGRPC_TLS_CERT": "/c.pem", "TFGRPC_JOB_TOKEN": "t" * 20},
-         ("worker", {}, {}, "native", True)),
+         ("worker", {}, {"TFGRPC_JOB_TOKEN": "t" * 20}, "native", True)),
         (["/x/tfgrpc-native-floor", "serve", "--bind", "h", "--port", "0"], {},
          ("floor_server", {}, {}, "native", False)),
         ([sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--workers", "8"],

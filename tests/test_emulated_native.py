@@ -16,10 +16,14 @@ from test_native import MULTI_CHUNK, RUN, TLS_CALLS
 
 from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import native_p2p, p2p
+from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import LatencyCall
+from pytest_tfgrpc.bench.ps import ps_throughput
 from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentTLS
 from pytest_tfgrpc.hosts.emulated import pid_alive
+from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import load_tls, use_tls
@@ -31,6 +35,7 @@ pytest.importorskip("trustme")
 Hosts = Callable[..., EmulatedHosts]
 NOT_BUILT = native.unavailable_reason()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
+PAIRINGS = [(p, w) for p in ("grpcio", "native") for w in ("grpcio", "native")]
 EXAMPLES = Path(__file__).resolve().parent.parent / "example_suites"
 
 AGENT_DIES = """
@@ -74,7 +79,7 @@ def test_the_example_suites_pass_natively_with_mutual_tls_on_five_hosts(
     xml = pytester.path / "perf.xml"
     # 100 samples: the suites' p99 budgets need them.
     result = pytester.runpytest_subprocess(
-        "--tfgrpc-iterations=100", "--tfgrpc-warmup=1", "--tfgrpc-max-time=4",
+        "--tfgrpc-iterations=100", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=4",
         *hosts.pytest_args(), "--tfgrpc-engines=native", f"--junitxml={xml}",
         "-p", "no:cacheprovider", timeout=600,
     )  # fmt: skip
@@ -177,4 +182,55 @@ def test_every_pair_of_engines_on_every_call_through_an_agent(
                 finally:
                     use_tls(None)
                     server.stop()
+    _nothing_left(hosts)
+
+
+def test_every_pairing_of_ps_and_worker_engines_and_the_native_floor_through_agents(
+    tfgrpc_emulated_hosts: Hosts,
+) -> None:
+    """PS tasks on ps0 and workers on w0, each started by its host's agent, in every pairing of
+    engines, plaintext and then mutual TLS (each host's own certificate); then the native floor
+    server on ps0, timed from here by the native floor client."""
+    hosts = tfgrpc_emulated_hosts("ps0,w0", tls=True)
+    assert hosts.tls is not None and hosts.tls.ca is not None
+    driver = resolve_fabric(hosts.fabric.bridge)
+    agent_tls = AgentTLS.from_files(hosts.tls.ca, hosts.tls.cert, hosts.tls.key)
+    ps_target, worker_target = hosts.agent_targets(["ps0", "w0"])
+    with (
+        AgentClient(ps_target, hosts.token, tls=agent_tls) as ps_agent,
+        AgentClient(worker_target, hosts.token, tls=agent_tls) as worker_agent,
+    ):
+        for files in (None, hosts.tls):
+            env = {**os.environ, **(files.env() if files is not None else {})}
+            use_tls(load_tls(files) if files is not None else None)
+            try:
+                for ps_engine, workers_engine in PAIRINGS:
+                    with PSCluster(
+                        driver,
+                        Topology(ps=1, workers=2),
+                        env=env,
+                        ps_launchers=(ps_agent.launcher(),),
+                        worker_launchers=(worker_agent.launcher(),),
+                        ps_engine=ps_engine,
+                        workers_engine=workers_engine,
+                    ) as cluster:
+                        result = ps_throughput(cluster, [4096], run=RUN)
+                    point = result.sizes[0]
+                    pairing = (ps_engine, workers_engine, files is not None)
+                    assert [load.rpcs for load in point.per_ps] == [2 * RUN.iterations], pairing
+                    assert result.settings["ps_engine"] == ps_engine, pairing
+                    assert result.settings["workers_engine"] == workers_engine, pairing
+            finally:
+                use_tls(None)
+        server = start_tensor_server(driver, engine="native", launcher=ps_agent.launcher())
+        try:
+            measured = native_p2p.p2p_latency(server, [1, MULTI_CHUNK], TLS_CALLS[0])
+            floor = transport_floor(
+                driver, measured, RUN, launcher=ps_agent.launcher(), engine="native"
+            )
+        finally:
+            server.stop()
+    assert floor.settings["floor_engine"] == "native"
+    assert floor.target.startswith(hosts.fabric.host("ps0").address + ":")
+    assert [s.count for s in floor.sizes] == [RUN.iterations] * 2
     _nothing_left(hosts)

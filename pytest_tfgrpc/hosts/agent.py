@@ -8,7 +8,8 @@ own roles, of one of its engines, and nothing else:
   ``tfgrpc-native-server`` (native); parameters ``delay`` (a duration), ``max_tensor_bytes``,
   and ``workers`` (grpcio, 1-256 threads) or ``threads`` (native, 1-64);
 - ``ps``: the same programs with the driver's job token (``TFGRPC_JOB_TOKEN``), same parameters;
-- ``worker``: ``pytest_tfgrpc.ps.worker`` or ``tfgrpc-native-worker``; no parameters;
+- ``worker``: ``pytest_tfgrpc.ps.worker`` or ``tfgrpc-native-worker``, with the driver's job
+  token too (every PS call carries it); no parameters;
 - ``floor_server``: ``pytest_tfgrpc.roles.floor_server`` or ``tfgrpc-native-floor serve``;
   no parameters.
 
@@ -116,6 +117,8 @@ class RoleError(ValueError):
 
 #: What :func:`pytest_tfgrpc.wire.security.new_token` makes (URL-safe base64).
 _JOB_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+#: The roles given the driver's job token: a PS task checks it, a worker sends it on every call.
+_TOKEN_ROLES = ("ps", "worker")
 
 
 def _workers_param(value: str) -> list[str]:
@@ -300,13 +303,13 @@ def role_argv(
     if tls is not None and role != "floor_server":  # the floor is raw TCP: nothing to secure
         child_env.update(tls.env())
     for name, value in env.items():
-        if name == JOB_TOKEN_ENV and role == "ps" and _JOB_TOKEN.fullmatch(value):
-            child_env[name] = value  # the driver's job-control token for its PS task
+        if name == JOB_TOKEN_ENV and role in _TOKEN_ROLES and _JOB_TOKEN.fullmatch(value):
+            child_env[name] = value  # the driver's job token: its PS tasks and their callers
             continue
         if name not in ALLOCATOR_VARS or not value.isdigit():
             raise RoleError(
                 f"environment {name}={value!r}: only {', '.join(ALLOCATOR_VARS)} with a number"
-                f" (and {JOB_TOKEN_ENV} for a PS)",
+                f" (and {JOB_TOKEN_ENV} for a PS task or worker)",
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         child_env[name] = value

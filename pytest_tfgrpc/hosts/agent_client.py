@@ -296,8 +296,8 @@ class AgentLauncher:
         for flag, key in flags:
             if flag in rest:
                 params[key] = rest[rest.index(flag) + 1]
-        # The allocator policy, and a PS task's job-control token (the driver's own).
-        passed = (*ALLOCATOR_VARS, *((JOB_TOKEN_ENV,) if role == "ps" else ()))
+        # The allocator policy, and the driver's job token for a PS task and its workers.
+        passed = (*ALLOCATOR_VARS, *((JOB_TOKEN_ENV,) if role in ("ps", "worker") else ()))
         wanted = {k: v for k, v in env.items() if k in passed}
         tls = any(env.get(variable) for variable in TLS_ENV_VARS.values())
         return self.client.run(role, params, wanted, stderr, name=name, engine=engine, tls=tls)
