@@ -224,7 +224,7 @@ def test_every_pairing_of_ps_and_worker_engines_and_the_native_floor_through_age
                 use_tls(None)
         server = start_tensor_server(driver, engine="native", launcher=ps_agent.launcher())
         try:
-            measured = native_p2p.p2p_latency(server, [1, MULTI_CHUNK], TLS_CALLS[0])
+            measured = native_p2p.p2p_latency(server, [1, MULTI_CHUNK], LatencyCall(run=RUN))
             floor = transport_floor(
                 driver, measured, RUN, launcher=ps_agent.launcher(), engine="native"
             )
