@@ -490,6 +490,14 @@ def test_tfgrpc_server_engine_native_serves_with_the_same_flags(
 
 
 @needs_native
+def test_tfgrpc_server_engine_native_takes_the_tensor_limit(lo: Fabric) -> None:
+    with _by_hand(lo, "--max-tensor-bytes", "4KiB") as server:
+        assert p2p.p2p_latency(server, [4096], LatencyCall(run=RUN)).sizes[0].count
+        with pytest.raises(BenchmarkError, match="RESOURCE_EXHAUSTED"):
+            p2p.p2p_latency(server, [4097], LatencyCall(run=RUN))
+
+
+@needs_native
 def test_tfgrpc_server_engine_native_refuses_bad_flags_in_one_line(lo: Fabric) -> None:
     argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
     done = subprocess.run(
