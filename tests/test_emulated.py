@@ -122,6 +122,7 @@ def test_tfgrpc_fabric_up_status_down(tmp_path: Path) -> None:
     needs_root()
     token = tmp_path / "token"
     token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
     up = subprocess.run(
         [*FABRIC, "up", "--hosts", "n1,n2@200mbit", "--rate", "1gbit", "--agents",
          "--token-file", str(token)],

@@ -202,9 +202,7 @@ def test_a_p2p_calls_options_are_refused_by_name_before_anything_is_measured(
 ) -> None:
     engine = Fake()
     server = FakeServer(LO)
-    driver = Driver(
-        test="t", messages=None, budget=None, record=_ignore, engine=engine
-    )
+    driver = Driver(test="t", messages=None, budget=None, record=_ignore, engine=engine)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         BandwidthCall(**options)
     # Through the driver: the test and the call named first, then the argument.
@@ -235,9 +233,7 @@ def test_chunk_bytes_the_driver_cannot_use_is_refused_naming_test_and_call(
     options: dict[str, Any], message: str
 ) -> None:
     engine = Fake()
-    driver = Driver(
-        test="t", messages=None, budget=None, record=_ignore, engine=engine
-    )
+    driver = Driver(test="t", messages=None, budget=None, record=_ignore, engine=engine)
     with pytest.raises(SpecError, match=f"^t: p2p_bandwidth\\(\\) argument {re.escape(message)}"):
         driver.p2p_bandwidth(FakeServer(LO), [1024], iterations=1, **options)
     assert engine.seen == []

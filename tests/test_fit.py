@@ -262,7 +262,8 @@ def test_the_fixture_records_the_prediction_in_junit(pytester: pytest.Pytester) 
     assert steps[model + "limit"] in ("ps link", "worker link", "chain", "cores")
     assert not any(".model." in name for name in plain)
     label = "sync_sgd_step"
-    summary = [line for line in result.stdout.lines if f"  {label}  " in line]
+    table = result.stdout.str().split("PS load per task:")[0].splitlines()  # then per-PS rows
+    summary = [line for line in table if f"  {label}  " in line]
     assert len(summary) == 2 and all(line.split()[1:3] == [label, "hep_cnn"] for line in summary)
 
 

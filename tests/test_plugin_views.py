@@ -23,9 +23,9 @@ class BareEcho(Engine):
 
     name = "bare"
 
-    def start_server(self, fabric, env):
-        delay = [] if fabric.name == "lo" else ["--delay", "3ms"]
-        return ServerProcess.start(fabric, env=env, extra_args=delay)
+    def start_server(self, provision):
+        delay = [] if provision.fabric.name == "lo" else ["--delay", "3ms"]
+        return ServerProcess.start(provision.fabric, env=provision.env, extra_args=delay)
 
     def echo(self, server, tensor, *, mode, rpc, run):
         channel = grpc.insecure_channel(server.target)

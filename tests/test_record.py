@@ -66,11 +66,13 @@ _BARE = set(_PARTS.split("|"))
 
 
 def _parsed(tree: ast.AST) -> set[int]:
-    """Bare part names (``"sketch"``) compared with or used to take a string apart."""
+    """Bare part names (``"sketch"``) compared with a piece of a name (``parts[2]``) or used
+    to take a string apart."""
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            candidates = [node.left, *node.comparators]
+        operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        if any(isinstance(side, ast.Subscript) for side in operands):  # parts[2] == "rounds"
+            candidates = operands
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

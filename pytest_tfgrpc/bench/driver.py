@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -17,7 +17,14 @@ from pytest_tfgrpc import bench
 from pytest_tfgrpc.bench.ends import cluster_ends, p2p_ends
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 from pytest_tfgrpc.bench.floor import transport_floor
-from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Progress, Transfer
+from pytest_tfgrpc.bench.p2p import (
+    BandwidthCall,
+    LatencyCall,
+    Message,
+    Progress,
+    Transfer,
+    p2p_latency_pair,
+)
 from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.bench.specs import MessageSpec, RunLayer, SpecError, resolve_run, run_layer
@@ -28,9 +35,14 @@ from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.record import FABRIC, TARGET, result_properties
+from pytest_tfgrpc.report.compare import Comparison, format_comparison
+from pytest_tfgrpc.report.paired import PairedRegression, paired_verdict
+from pytest_tfgrpc.report.record import FABRIC, TARGET, Key, result_properties, verdict_properties
+from pytest_tfgrpc.report.tolerance import parse_tolerances, tolerance_for
 from pytest_tfgrpc.results import BenchmarkResult, End
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
+from pytest_tfgrpc.stats.paired import MIN_PAIRS
+from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 from pytest_tfgrpc.tuning.cpus import (
     measuring_cpus,
     pin_child_server,
@@ -43,6 +55,16 @@ from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 
 Recorder = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class ABResult:
+    """What :meth:`Driver.p2p_latency_ab` measured: server A's result, server B's (each with
+    its rounds) and the paired verdicts of B against A, per size (``comparison``)."""
+
+    a: BenchmarkResult
+    b: BenchmarkResult
+    comparison: Comparison
 
 
 R = TypeVar("R", bound=BenchmarkResult)
@@ -181,6 +203,93 @@ class Driver:
             mode=mode,
             rpc=rpc,
         )
+
+    def p2p_latency_ab(
+        self,
+        server_a: Server,
+        server_b: Server,
+        sizes: Sequence[int | str] | str | int | None = None,
+        *,
+        mode: str = "raw",
+        rpc: str = "unary",
+        label: str | None = None,
+        max_regression: str = "10%",
+        alpha: float = DEFAULT_ALPHA,
+        seed: int = 0,
+        **run_args: float | str,
+    ) -> ABResult:
+        """Server B's echo latency against server A's, measured side by side in one test:
+        every round measures each size on A and on B one right after the other
+        (:func:`~pytest_tfgrpc.bench.p2p.p2p_latency_pair`, the order within a pair by a
+        coin seeded with ``seed``), and each size's p50 is tested across the rounds as pairs
+        (:func:`~pytest_tfgrpc.report.paired.paired_verdict`: a paired t on the rounds' log
+        ratios, at ``alpha`` over the number of sizes). Both sides are recorded, as
+        ``<label>_a`` and ``<label>_b`` (label default ``p2p_latency``), and the verdicts as
+        ``tfgrpc.<label>_ab.<size>.p50.verdict`` (with ``.change``, ``.detectable``,
+        ``.verdict_reason``). A p50 of B worse than A's by more than ``max_regression`` and
+        significantly so fails the test (:class:`~pytest_tfgrpc.report.paired.PairedRegression`,
+        with the gate's table); an inconclusive verdict passes and is recorded. Both servers
+        are measured with the plugin's own client (the grpcio engine's loops).
+
+        :raises SpecError: a bad size, label, tolerance or run setting, before anything runs.
+        """
+        __tracebackhide__ = True
+        name = label or "p2p_latency"
+        for side in ("a", "b", "ab"):
+            self._check_label(f"{name}_{side}")
+        run = self._run(bench.LATENCY_RUN, "p2p_latency_ab", run_args)
+        messages = self._sizes(sizes, "p2p_latency_ab")
+        for server in (server_a, server_b):
+            self._check_server_limit(server, messages, "p2p_latency_ab")
+        try:
+            tolerance = tolerance_for(parse_tolerances(max_regression), "p50")
+            if not 0.0 < alpha < 1.0:
+                raise ValueError(f"alpha={alpha!r}: a significance level between 0 and 1")
+            call = LatencyCall(
+                mode=mode, rpc=rpc, run=run, progress=self._progress_of(name, server_a)
+            )
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: p2p_latency_ab() argument {exc}") from None
+        if run.round_count < MIN_PAIRS:
+            raise SpecError(
+                f"{self._test}: p2p_latency_ab(): {run.round_count} rounds: a paired test "
+                f"needs {MIN_PAIRS} (set fewer iterations per round or more rounds)"
+            )
+        with measuring_cpus():
+            for server in (server_a, server_b):
+                if getattr(server, "launcher", LOCAL) is LOCAL:
+                    pin_child_server(getattr(server, "pid", None))
+            a, b = p2p_latency_pair((server_a, server_b), messages, call, seed=seed)
+        a = self.record(self._engine_result(replace(a, label=f"{name}_a"), None, server_a))
+        b = self.record(self._engine_result(replace(b, label=f"{name}_b"), None, server_b))
+        fabric = server_b.fabric.name
+        verdicts = []
+        for size_a, size_b in zip(a.sizes, b.sizes, strict=True):
+            rounds_a = size_a.round_figures(rates=False).get("p50", ())
+            rounds_b = size_b.round_figures(rates=False).get("p50", ())
+            verdicts.append(
+                paired_verdict(
+                    Key(self._test, fabric, f"{name}_ab", size_a.label),
+                    "p50",
+                    list(zip(rounds_a, rounds_b, strict=True)),
+                    tolerance,
+                    alpha,
+                    len(a.sizes),
+                )
+            )
+        comparison = Comparison(tuple(verdicts))
+        for prop, value in verdict_properties(comparison.verdicts):
+            self._record(prop, value)
+        self._labels.add(f"{name}_ab")
+        result = ABResult(a, b, comparison)
+        if comparison.regressions:
+            figures = ", ".join(f"{v.key.size}.p50" for v in comparison.regressions)
+            table = "\n".join(format_comparison(comparison))
+            raise PairedRegression(
+                f"regression: server B ({server_b.target}) against server A "
+                f"({server_a.target}): {name} {figures} ({comparison.summary()})\n{table}"
+            )
+        return result
 
     def _measuring(self, name: str | None, call: str) -> Engine:
         """The engine a call measures with: the test's, or the registered one ``name``."""

@@ -43,6 +43,7 @@ from pytest_tfgrpc.roles.parameter_server import INIT_RANDOM, apply_update
 from pytest_tfgrpc.units import format_duration
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.security import child_environ
 
 __all__ = [
     "FIT_BANDWIDTH_RUN",
@@ -392,6 +393,7 @@ def measure_cores(
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=child_environ(),
         )
         for _ in range(width)
     ]

@@ -90,6 +90,13 @@ STREAMS_HELP = (
     "default 1): the aggregate is recorded under the call's label, each stream as "
     "<label>_stream<i>"
 )
+SERVER_DELAY_HELP = (
+    "fault injection: the tensor servers the suite's tensor_server fixture starts (the "
+    "plugin's Python or native server, here or through agents) hold every reply back this "
+    "long, e.g. 200us, from 0 to 10s; for rehearsing the gate or tfgrpc-ab, never for "
+    "measuring. Recorded in the run metadata (server_delay), so a baseline without it is a "
+    "setup mismatch"
+)
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
     "inconclusive": (
@@ -278,6 +285,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ini_default=[],
         action="append",
         metavar="NAME[,NAME...]",
+    )
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-server-delay",),
+        "tfgrpc_server_delay",
+        SERVER_DELAY_HELP,
+        metavar="DURATION",
     )
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
     for name, help_text in RUN_HELP.items():

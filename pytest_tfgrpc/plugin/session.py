@@ -18,7 +18,7 @@ import pytest
 from _pytest.junitxml import xml_key
 
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
-from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
+from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_layer
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
@@ -34,6 +34,7 @@ from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.roles.processes import ServerError
 from pytest_tfgrpc.tuning.allocator import apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
+from pytest_tfgrpc.units import UnitError, parse_duration_ns
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 from pytest_tfgrpc.wire.security import TlsError, TlsFiles, load_tls, tls_mode, use_tls
@@ -55,6 +56,10 @@ def new_run_id() -> str:
 _MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
 
 
+#: Why a measuring test could not take the host measurement lock.
+_lock_refused_key = pytest.StashKey[str]()
+
+
 @dataclass
 class RunState:
     """What every tfgrpc test of the run shares."""
@@ -70,6 +75,10 @@ class RunState:
     #: The engines the ``pytest_tfgrpc_add_engines`` hooks registered: asked once every
     #: conftest is loaded (after collection), see :meth:`registry`.
     engines: EngineRegistry | None = None
+    #: Fault injection (--tfgrpc-server-delay): every reply of the fixture's tensor servers
+    #: is held back this long, in seconds; its text as given, "" when none.
+    server_delay_s: float = 0.0
+    server_delay: str = ""
     #: Set once the header lines and the suite properties have been given out.
     header_shown: bool = False
     meta_written: bool = False
@@ -94,6 +103,30 @@ def run_layers(config: pytest.Config) -> tuple[RunLayer, RunLayer]:
         return run_layer("ini tfgrpc_{name}", ini), run_layer("--tfgrpc-{flag}", given)
     except SpecError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+#: The longest --tfgrpc-server-delay, as node agents allow for their servers.
+MAX_SERVER_DELAY_S = 10.0
+
+
+def server_delay(config: pytest.Config) -> tuple[float, str]:
+    """``--tfgrpc-server-delay`` (or its ini twin) in seconds, and as given ("" when none);
+    a bad value is a usage error naming the option and the value."""
+    raw = str(option(config, "tfgrpc_server_delay") or "").strip()
+    if not raw:
+        return 0.0, ""
+    try:
+        seconds = parse_duration_ns(raw) / 1e9
+    except UnitError as exc:
+        raise pytest.UsageError(
+            f"--tfgrpc-server-delay / tfgrpc_server_delay: invalid value {raw!r}: {exc}"
+        ) from None
+    if not 0.0 <= seconds <= MAX_SERVER_DELAY_S:
+        raise pytest.UsageError(
+            f"--tfgrpc-server-delay / tfgrpc_server_delay: {raw!r} is not from 0 to "
+            f"{MAX_SERVER_DELAY_S:g} s"
+        )
+    return seconds, raw
 
 
 def junit_name(config: pytest.Config, nodeid: str) -> str:
@@ -139,6 +172,7 @@ def start(config: pytest.Config) -> RunState:
     except FabricError as exc:
         raise pytest.UsageError(str(exc)) from None
     run = run_layers(config)
+    delay_s, delay = server_delay(config)
     policy = config.getoption("tfgrpc_allocator") or config.getini("tfgrpc_allocator")
     # Never stops the run: a spec that cannot be used fails the tests that need it, and a
     # TF_CONFIG set for TensorFlow is a header note (see plugin/agents.py).
@@ -170,6 +204,8 @@ def start(config: pytest.Config) -> RunState:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
     except ValueError as exc:
         raise pytest.UsageError(f"pytest_tfgrpc_run_metadata: {exc}") from None
+    if delay:
+        meta[f"{META_PREFIX}server_delay"] = delay
     workerinput = getattr(config, "workerinput", None)
     run_id = str(workerinput.get(RUN_ID_KEY, "")) if workerinput else ""
     meta[f"{META_PREFIX}{RUN_ID}"] = run_id or new_run_id()
@@ -180,6 +216,8 @@ def start(config: pytest.Config) -> RunState:
         meta=meta,
         gate=_baseline_gate(config, meta, fabrics),
         cluster=cluster,
+        server_delay_s=delay_s,
+        server_delay=delay,
     )
     config.pluginmanager.register(TfgrpcSession(state), SESSION_NAME)
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run reports
@@ -260,6 +298,11 @@ def header_lines(config: pytest.Config, state: RunState) -> list[str]:
         servers = ", ".join(f"ps[{t.index}] {t.target}" for t in state.cluster.job("ps"))
         lines.append(f"tfgrpc: remote tensor servers from {state.cluster.source}: {servers}")
     lines += agents.header_lines(config)
+    if state.server_delay:
+        lines.append(
+            f"tfgrpc: FAULT INJECTED: the suite's tensor servers hold every reply back "
+            f"{state.server_delay} (--tfgrpc-server-delay); figures are not the servers' own"
+        )
     gate = state.gate
     if gate is not None:
         tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
@@ -294,7 +337,11 @@ class TfgrpcSession:
         if not hasattr(session.config, "workerinput"):
             _write_suite_properties(session.config, self.state)
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        refused = item.stash.get(_lock_refused_key, None)
+        if refused is not None:
+            pytest.fail(refused, pytrace=False)
         check_markers(item)
 
     @pytest.hookimpl(wrapper=True)
@@ -305,7 +352,14 @@ class TfgrpcSession:
         # Set up, measure and tear down one test at a time on this host: across pytest-xdist
         # workers and across concurrent runs.
         run_id = self.state.meta[f"{META_PREFIX}{RUN_ID}"]
-        with MeasurementLock(lock_path(), run_id) as lock:
+        try:
+            lock = MeasurementLock(lock_path(), run_id, wait_s=lock_wait_s())
+            lock.__enter__()
+        except (OSError, ValueError) as exc:
+            # a lock in a place others control, or held too long: the test fails, saying so
+            item.stash[_lock_refused_key] = f"tfgrpc: {exc}"
+            return (yield)
+        try:
             if lock.waited_for and lock.waited_for != run_id and lock.waited_s >= 0.05:
                 # Said in the JUnit XML and at the end of the run (not as a warning, which
                 # -W error would turn into a failure of a test that only waited its turn).
@@ -317,6 +371,8 @@ class TfgrpcSession:
                     )
                 )
             return (yield)
+        finally:
+            lock.__exit__(None, None, None)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

@@ -33,6 +33,32 @@ from pytest_tfgrpc.stats.replicates import UNSTABLE_CV, instability
 REPORTER_NAME = "tfgrpc-summary"
 
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "error": 2, "failed": 3}
+#: Where an outcome another plugin invents ranks (between skipped and error): it is kept,
+#: named as the plugin named it, and never outranks a failure.
+_UNKNOWN_RANK = 1.5
+#: pytest-rerunfailures logs a failed attempt it will run again as ``rerun``: that attempt
+#: is over, and the next one starts afresh.
+_RERUN = "rerun"
+
+
+def _outcome_of(report: pytest.TestReport) -> str:
+    """The report's outcome as the results name it: ``error`` for a failed setup or
+    teardown, ``xfailed``/``xpassed`` for an expected failure, else what the report says
+    (whatever a plugin put there)."""
+    outcome = str(report.outcome)
+    if report.when != "call" and report.failed:
+        return "error"
+    if hasattr(report, "wasxfail") and outcome in ("skipped", "passed"):
+        return "xfailed" if outcome == "skipped" else "xpassed"
+    return outcome
+
+
+def _rank(outcome: str) -> float:
+    return _OUTCOME_RANK.get(
+        {"xfailed": "skipped", "xpassed": "passed"}.get(outcome, outcome), _UNKNOWN_RANK
+    )
+
+
 #: The test's own metadata key that says it waited for another run's measurements.
 _HOST_WAIT = "host_wait"
 
@@ -116,13 +142,21 @@ class SummaryReporter:
         #: Node id -> the record of every test that recorded anything.
         self.records: dict[str, TestRecord] = {}
         self._outcomes: dict[str, tuple[str, float]] = {}
+        #: Attempts another plugin (pytest-rerunfailures) dropped and ran again, per test.
+        self.reruns: dict[str, int] = {}
+        #: The first failure to write each output (results file, plots), one line each.
+        self.output_errors: list[str] = []
+        self._results_broken = False
 
     def _track(self, report: pytest.TestReport) -> tuple[str, float]:
-        outcome: str = report.outcome
-        if report.when != "call" and report.failed:
-            outcome = "error"
+        outcome = _outcome_of(report)
         previous, duration = self._outcomes.get(report.nodeid, ("passed", 0.0))
-        if _OUTCOME_RANK[outcome] < _OUTCOME_RANK[previous]:
+        if outcome == _RERUN:
+            # the attempt is dropped: the next one's setup starts the test's state again
+            self._outcomes.pop(report.nodeid, None)
+            self.reruns[report.nodeid] = self.reruns.get(report.nodeid, 0) + 1
+            return outcome, duration + report.duration
+        if _rank(outcome) < _rank(previous):
             outcome = previous
         state = (outcome, duration + report.duration)
         self._outcomes[report.nodeid] = state
@@ -136,19 +170,12 @@ class SummaryReporter:
         if self.gate is not None and (report.when == "teardown" or junit not in self.ran):
             self.ran[junit] = read_record(junit, report.user_properties)
         outcome, duration = self._track(report)
-        if report.when != "teardown":
+        if report.when != "teardown" or outcome == _RERUN:
             return
-        del self._outcomes[report.nodeid]
+        self._outcomes.pop(report.nodeid, None)
         self.outcomes[report.nodeid] = outcome
         if self.results is not None:
-            self.results.append(
-                report.nodeid,
-                outcome=outcome,
-                duration=duration,
-                properties=report.user_properties,
-                worker=getattr(report, "worker_id", None),
-                junit=junit,
-            )
+            self._append_result(report, outcome, duration, junit)
         if not report.user_properties:
             return
         record = read_record(report.nodeid, report.user_properties)
@@ -165,6 +192,36 @@ class SummaryReporter:
                 record.unjudged
             )
         self.notes += _notes(record)
+
+    def _append_result(
+        self, report: pytest.TestReport, outcome: str, duration: float, junit: str
+    ) -> None:
+        assert self.results is not None
+        record = {"reruns": self.reruns[report.nodeid]} if report.nodeid in self.reruns else {}
+        try:
+            if self._results_broken:
+                self.results.end_partial_line()  # what the failed write left is not glued on
+            self.results.append(
+                report.nodeid,
+                outcome=outcome,
+                duration=duration,
+                properties=report.user_properties,
+                worker=getattr(report, "worker_id", None),
+                junit=junit,
+                extra=record,
+            )
+        except OSError as exc:
+            # The run goes on (its other outputs too); the failure is said once, at the end.
+            if not self._results_broken:
+                self._output_error(
+                    f"results file {self.results.path}: cannot append {report.nodeid}", exc
+                )
+            self._results_broken = True
+        else:
+            self._results_broken = False
+
+    def _output_error(self, what: str, exc: OSError) -> None:
+        self.output_errors.append(f"tfgrpc: {what}: {exc.strerror or exc}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -211,11 +268,15 @@ class SummaryReporter:
                 written = write_plots(self.records, self.plot_dir)
             except PlotUnavailableError as exc:
                 terminalreporter.write_line(f"tfgrpc: no plots: {exc}", yellow=True)
+            except OSError as exc:
+                self._output_error(f"no plots: cannot write into {self.plot_dir}", exc)
             else:
                 for path in written:
                     terminalreporter.write_line(f"tfgrpc: plot {path}")
         if self.html_path is not None:
             self._write_html(terminalreporter)
+        for line in self.output_errors:
+            terminalreporter.write_line(line, red=True)
         if self.gate is None:
             return
         terminalreporter.write_sep("=", "tfgrpc baseline")

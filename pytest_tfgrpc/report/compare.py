@@ -50,11 +50,13 @@ from pytest_tfgrpc.report.record import (
     sketch_property,
 )
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
+from pytest_tfgrpc.report.telemetry_text import gate_context
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
 from pytest_tfgrpc.stats.replicates import (
     MIN_HISTORY,
     ReplicateTest,
+    history_detectable,
     invalid_values,
     replicate_test,
     run_spread,
@@ -71,10 +73,12 @@ from pytest_tfgrpc.units import align_columns
 
 __all__ = [
     "Comparison",
+    "blind_history_warnings",
     "compare_figure",
     "compare_runs",
     "compare_test",
     "format_comparison",
+    "judge_replicated",
     "min_samples",
     "short_history_warning",
     "typical_run_spread",
@@ -92,6 +96,65 @@ def short_history_warning(runs: int) -> str:
         "tested on samples), so a shift between runs can fail unchanged code; keep a history "
         "of 5 or more runs (a directory of their JUnit files): 3 see only large changes"
     )
+
+
+#: A history is blind to a figure when it can see only changes beyond this many times the
+#: figure's tolerance.
+BLIND_FACTOR = 2.0
+
+
+def blind_history_warnings(
+    history: Sequence[Baseline],
+    tolerances: Mapping[str, float],
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    limit: int = 5,
+) -> list[str]:
+    """What a history of >= :data:`MIN_HISTORY` runs cannot see, said before the run: one
+    line per figure of its most recent run whose detectable change
+    (:func:`~pytest_tfgrpc.stats.replicates.history_detectable`, at ``alpha`` over the
+    figures its test tests together, as the gate tests them) is more than
+    :data:`BLIND_FACTOR` times its tolerance, worst first, at most ``limit`` of them and then
+    how many more. The current run's rounds can only make it worse."""
+    runs = [run.measurements for run in history]
+    if len(runs) < MIN_HISTORY:
+        return []
+    metrics = [m for m in gated_metrics(tolerances) if GATED[m].gate is not GateTest.RATIO]
+    floor = _typical_run_spread(runs, set().union(*(r.keys() for r in runs)), metrics)
+    values: dict[tuple[Key, str], tuple[list[float], float]] = {}
+    for key in runs[-1]:
+        measured = [run[key] for run in runs if key in run]
+        for metric in metrics:
+            rounds = [m.rounds[metric] for m in measured if len(m.rounds.get(metric, ())) > 1]
+            if len(rounds) >= MIN_HISTORY:
+                values[(key, metric)] = ([float(np.median(r)) for r in rounds], 0.0)
+                continue
+            figures = [_figure(m, metric) for m in measured]
+            if _across_runs(figures):
+                values[(key, metric)] = ([v for v in figures if v is not None], floor)
+    family: dict[str, int] = {}
+    for key, _ in values:
+        family[key.test] = family.get(key.test, 0) + 1
+    blind = []
+    for (key, metric), (series, spread) in values.items():
+        level = alpha / max(family[key.test], 1)
+        seen = history_detectable(series, alpha=level, min_spread=spread)
+        tolerance = tolerance_for(tolerances, metric)
+        if math.isfinite(seen) and seen > BLIND_FACTOR * tolerance:
+            blind.append((seen, key, metric, tolerance))
+    blind.sort(key=lambda found: (-found[0], found[1].order(), found[2]))
+    lines = [
+        f"this history can see changes above {seen:.0%} in {key.label}.{key.size}.{metric} "
+        f"({key.test}{f' on {key.fabric}' if key.fabric else ''}, {len(runs)} runs); tolerance "
+        f"{_percent(tolerance)}: consider tfgrpc-ab or more runs"
+        for seen, key, metric, tolerance in blind[:limit]
+    ]
+    if len(blind) > limit:
+        lines.append(
+            f"{len(blind) - limit} more figures of this history see only changes above twice "
+            "their tolerance"
+        )
+    return lines
 
 
 def min_samples(metric: str) -> int:
@@ -197,7 +260,7 @@ def compare_figure(
     limit = f"{_percent(tolerance)} tolerance"
     runs = [m.rounds[metric] for m in (*earlier, baseline) if len(m.rounds.get(metric, ())) > 1]
     if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
-        return _replicated(
+        return judge_replicated(
             verdict,
             lambda a: replicate_test(current.rounds[metric], runs, alpha=a),
             gated.higher_is_better,
@@ -208,7 +271,7 @@ def compare_figure(
     if gated.gate is not GateTest.RATIO and _across_runs(history):
         # No rounds, but runs enough to know their spread: the run is the replicate.
         values = [value for value in history if value is not None]
-        return _replicated(
+        return judge_replicated(
             verdict,
             lambda a: run_test(cur_value, values, alpha=a, min_spread=spread_floor),
             gated.higher_is_better,
@@ -316,15 +379,16 @@ def _across_runs(history: Sequence[float | None]) -> bool:
     return len(history) >= MIN_HISTORY and all(value is not None for value in history)
 
 
-def _replicated(
+def judge_replicated(
     verdict: Callable[..., Verdict],
     tested: Callable[[float], ReplicateTest],
     higher_is_better: bool,
     tolerance: float,
     alpha: float,
 ) -> Verdict:
-    """The verdict of a figure tested across rounds or runs (see :func:`compare_figure`):
-    ``tested(alpha)`` runs the test."""
+    """The verdict of a figure tested across replicates (rounds, runs, or the pairs of
+    :mod:`pytest_tfgrpc.report.paired`; see :func:`compare_figure`): ``tested(alpha)`` runs
+    the test; ``verdict(outcome, reason, **found)`` makes the Verdict."""
     try:
         test = tested(alpha)
     except ValueError as error:
@@ -439,23 +503,26 @@ def _compare_measurements(
                 what = f"{key.test} {key.label}.{attribute}"
                 if not any(m.what == what for m in mismatches):
                     mismatches.append(Mismatch(what, was, now))
+        # What the transport saw in both runs, quoted beside any figure that changed.
+        context = gate_context(base.figures, cur.figures)
         for metric in metrics:
             if metric not in base.figures and metric not in cur.figures:
                 continue
-            verdicts.append(
-                compare_figure(
-                    base,
-                    cur,
-                    metric,
-                    tolerance_for(tolerances, metric),
-                    alpha=alpha,
-                    resamples=resamples,
-                    seed=seed,
-                    earlier=runs[:-1],
-                    family=family.get(key.test, 1),
-                    spread_floor=floor,
-                )
+            verdict = compare_figure(
+                base,
+                cur,
+                metric,
+                tolerance_for(tolerances, metric),
+                alpha=alpha,
+                resamples=resamples,
+                seed=seed,
+                earlier=runs[:-1],
+                family=family.get(key.test, 1),
+                spread_floor=floor,
             )
+            if context and verdict.outcome is not Outcome.PASS:
+                verdict = replace(verdict, reason=f"{verdict.reason}; transport: {context}")
+            verdicts.append(verdict)
     return verdicts, mismatches
 
 

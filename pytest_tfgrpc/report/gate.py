@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.compare import (
+    blind_history_warnings,
     compare_test,
     format_comparison,
     short_history_warning,
@@ -112,6 +113,9 @@ class BaselineGate:
             short = short_history_warning(len(self.history))
             if short:
                 self.warnings.append(short)
+            self.warnings += blind_history_warnings(
+                self.history, settings.tolerances, alpha=settings.alpha
+            )
         except BaselineError as exc:
             if settings.bad_baseline == "fail":
                 raise GateSetupError(f"{exc} (--tfgrpc-bad-baseline=fail)") from None

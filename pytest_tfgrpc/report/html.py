@@ -115,7 +115,9 @@ def _baseline_cell(row: SummaryRow) -> str:
     return f'<span class="{word}">{_e(text)}</span>' if word else _e(text)
 
 
-def _figure_cells(row: SummaryRow, mark: str, rate: bool, change: bool) -> list[str]:
+def _figure_cells(
+    row: SummaryRow, mark: str, rate: bool, change: bool, limits: bool = False, tcp: bool = False
+) -> list[str]:
     p50, p99, throughput, samples = cells(row)
     values = [p50, p99, *([throughput] if rate else []), samples]
     headline = 2 if rate else 0  # the figure best/worst ranks by
@@ -125,7 +127,10 @@ def _figure_cells(row: SummaryRow, mark: str, rate: bool, change: bool) -> list[
         else f"<td>{_e(value)}</td>"
         for i, value in enumerate(values)
     ]
-    return out + ([f"<td>{_baseline_cell(row)}</td>"] if change else [])
+    out += [f"<td>{_baseline_cell(row)}</td>"] if change else []
+    if limits:  # the limit, and the figures its verdict used
+        out.append(f"<td>{_e(row.limit or '-')}<br><small>{_e(row.limit_figures)}</small></td>")
+    return out + ([f"<td>{_e(row.transport or '-')}</td>"] if tcp else [])
 
 
 def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
@@ -151,6 +156,9 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
         change = any(r.verdict is not None for r in members)
         heads = ["p50", "p99", *(["throughput"] if rate else []), "samples"]
         heads += ["vs baseline"] if change else []
+        limits = any(r.limit for r in members)
+        tcp = any(r.transport for r in members)
+        heads += (["limit"] if limits else []) + (["transport"] if tcp else [])
         ratio_heads = ["p50", "p99", *(["throughput"] if rate else [])]
         several = len(engines) > 1
         out = ["<table>", '<tr><th class="l" rowspan="2">size</th>']
@@ -175,7 +183,7 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
                     out += ["<td>-</td>"] * len(heads)
                     continue
                 row, mark = found[column]
-                out += _figure_cells(row, mark, rate, change)
+                out += _figure_cells(row, mark, rate, change, limits, tcp)
             by_ratio = {(r.name, r.fabric): r for r in engine_ratios(group)}
             for column in ratios:
                 ratio = by_ratio.get(column)
@@ -197,7 +205,9 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
         "differ beyond noise (U test on the sketched samples). a/b: engine a's figure over "
         "engine b's on that fabric. vs baseline: current/baseline - 1 (+ = the figure grew), "
         "with the gate's word for it and &plusmn; the smallest change it could detect. PS "
-        "load: the slowest task carried the most bytes in (then CPU).</p>"
+        "load: the slowest task carried the most bytes in (then CPU). limit: what bounded the "
+        "size (the README's &quot;What limited a figure&quot;), with the figures the rule used; "
+        "transport: TCP retransmissions per GB and drops, where not zero.</p>"
     )
     return "\n".join(parts) + legend
 

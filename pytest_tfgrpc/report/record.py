@@ -89,6 +89,9 @@ UNUSABLE = "unusable"
 LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology", "ends")
 _SKETCH = "sketch"
 _ROUNDS = "rounds"
+#: ``tfgrpc.<label>.<key>.limit``: what bounded the point, with the figures the rule used
+#: (:meth:`~pytest_tfgrpc.results.Limit.describe`, the rule in :mod:`.limits`).
+_LIMIT = "limit"
 _MODEL = "model"
 _VERDICT = "verdict"
 _NO_BASELINE = "no baseline"
@@ -304,7 +307,8 @@ class Measurement:
     when the run recorded none; ``rounds`` the figures of each round of a point measured in
     rounds (metric -> one value per round, base units), empty otherwise. ``size_bytes`` is the
     point's payload size where its key is no size (a payload's recorded ``.bytes``), ``model``
-    the analytic model's prediction beside it (name -> value as recorded).
+    the analytic model's prediction beside it (name -> value as recorded), ``limit`` what
+    bounded it (``cpu-bound (client): client_busy=0.9 ...``; empty where not named).
     """
 
     key: Key
@@ -316,6 +320,7 @@ class Measurement:
     scoped: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: MappingProxyType({}))
     size_bytes: int | None = None
     model: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    limit: str = ""
 
     @property
     def samples(self) -> int:
@@ -514,6 +519,8 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
         rounds = point.round_figures(rates=result.reports_rates)
         if rounds:
             out.append((_point_property(label, key, _ROUNDS), _format_rounds(rounds)))
+        if point.limit is not None:
+            out.append((_point_property(label, key, _LIMIT), point.limit.describe()))
     for key, pairs in result.model_predictions().items():
         out += [
             (_point_property(label, key, f"{_MODEL}.{name}"), _without_float_noise(value))
@@ -681,6 +688,7 @@ class _Point:
     size_bytes: int | None = None
     model: dict[str, str] = field(default_factory=dict)
     measured: bool = False
+    limit: str = ""
 
 
 def read_record(
@@ -733,6 +741,8 @@ def read_record(
                 point(at.label, at.key).sketch = Sketch.from_string(value)
             elif at.rest == (_ROUNDS,):
                 point(at.label, at.key).rounds = _parse_rounds(value)
+            elif at.rest == (_LIMIT,):
+                point(at.label, at.key).limit = value
             elif at.rest == ("bytes",):
                 point(at.label, at.key).size_bytes = int(value)
             elif at.rest[0] == _MODEL and len(at.rest) == 2:
@@ -775,6 +785,7 @@ def read_record(
                 MappingProxyType({s: MappingProxyType(f) for s, f in p.scoped.items()}),
                 p.size_bytes,
                 MappingProxyType(p.model),
+                p.limit,
             )
         )
     verdicts = []

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.record import Measurement, PSRow, TestRecord, Verdict, without_params
+from pytest_tfgrpc.report.telemetry_text import summary_cell
 from pytest_tfgrpc.stats.significance import mann_whitney_u_sketches
 from pytest_tfgrpc.units import align_columns, format_duration, format_rate, format_size, parse_size
 
@@ -81,6 +82,21 @@ class SummaryRow:
     @property
     def throughput_Bps(self) -> float | None:
         return self.measurement.figure("throughput")
+
+    @property
+    def limit(self) -> str:
+        """The named limit (``cpu-bound (client)``), empty where none was named."""
+        return self.measurement.limit.partition(":")[0]
+
+    @property
+    def limit_figures(self) -> str:
+        """The figures the limit's verdict used (``client_busy=0.97 server_busy=0.41``)."""
+        return self.measurement.limit.partition(":")[2].strip()
+
+    @property
+    def transport(self) -> str:
+        """What the transport saw that is not nothing (``1,204 retx/GB, 413 qdisc drops``)."""
+        return summary_cell(self.measurement.figures)
 
     @property
     def samples(self) -> int | None:
@@ -285,6 +301,9 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
     header = ["test", "benchmark", "size", *(["engine"] if with_engines else []), "fabric"]
     left = len(header)
     header += ["p50", "p99", "throughput", "samples", *(["vs baseline"] if with_change else [])]
+    with_limit = any(row.limit for row in rows)
+    with_transport = any(row.transport for row in rows)
+    header += [*(["limit"] if with_limit else []), *(["transport"] if with_transport else [])]
     table = [header]
     marked_any = False
     for group in groups:
@@ -298,6 +317,10 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
                 line = [*names, *([engine] if with_engines else []), row.fabric, *cells(row)]
                 if with_change:
                     line.append(row.baseline_text())
+                if with_limit:
+                    line.append(row.limit or "-")
+                if with_transport:
+                    line.append(row.transport or "-")
                 table.append([*line, marked.get(i, "")])
         for ratio in engine_ratios(group):
             table.append(
@@ -316,6 +339,13 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
             "a/b: engine a's p50, p99 and throughput over engine b's on that fabric "
             "(x2 in p50: a takes twice b's time)"
         )
+    if with_limit:
+        legend.append(
+            "limit: what bounded the point, by the rule of the README's \"What limited a "
+            'figure" (the JUnit record holds the figures it used)'
+        )
+    if with_transport:
+        legend.append("transport: TCP retransmissions per GB sent and drops, where not zero")
     if with_change:
         legend.append(
             "vs baseline: current/baseline - 1 of throughput, else p50 (+ = grew); "
