@@ -1,14 +1,16 @@
-"""PS throughput with native (C++) workers against Python workers, as ratios inside one run.
+"""PS throughput of every pairing of PS-task and worker engines, as ratios inside one run.
 
     python benchmarks/native_ps.py [--rounds N] [--seconds S] [--ps P] [--workers W]
 
-Both clusters run the plugin's Python PS tasks on loopback; only the workers differ
-(``ps/worker.py`` against ``tfgrpc-native-worker``). Each round measures both engines at
-1 KiB and 4 MiB, raw mode, one after the other, alternating which goes first; a figure is the
-median over rounds of the aggregate RPC rate (calls/s over every worker and PS). The machine's
-load (``os.getloadavg``) is printed before and after. Nothing is asserted: on a shared 2-core
-machine the Python PS tasks, not the workers, may be what bounds the rate. Needs the native
-engine built (``tfgrpc-build-native``).
+Four clusters on loopback: Python PS tasks with Python workers (the grpcio engine), native PS
+tasks (``tfgrpc-native-server`` with the job token) with native workers
+(``tfgrpc-native-worker``: the native engine), and the two mixed pairs. Each round measures
+every pairing at 1 KiB and 4 MiB, raw mode, one after the other, rotating which goes first; a
+figure is the median over rounds of the aggregate RPC rate (calls/s over every worker and PS),
+with the CPU time the PS tasks and the workers spent per GB moved (median over rounds). The
+machine's load (``os.getloadavg``) is printed before and after: figures taken while other work
+runs are labelled by it. Nothing is asserted. Needs the native engine built
+(``tfgrpc-build-native``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 SIZES = {"1KiB": 1 << 10, "4MiB": 4 << 20}
-ENGINES = ("grpcio", "native")
+#: (PS tasks' engine, workers' engine)
+PAIRS = (("grpcio", "grpcio"), ("native", "native"), ("native", "grpcio"), ("grpcio", "native"))
+
+
+def _name(pair: tuple[str, str]) -> str:
+    return f"ps={pair[0]:<6} workers={pair[1]:<6}"
 
 
 def main() -> int:
@@ -38,28 +45,43 @@ def main() -> int:
     topology = Topology(ps=args.ps, workers=args.workers)
     run = RunSpec(iterations=100_000, warmup=20, max_seconds=args.seconds, warmup_seconds=1.0)
     print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    rates: dict[tuple[str, str], list[float]] = {(e, s): [] for e in ENGINES for s in SIZES}
-    clusters = {e: PSCluster(fabric, topology, workers_engine=e) for e in ENGINES}
+    rates: dict[tuple[tuple[str, str], str], list[float]] = {
+        (p, s): [] for p in PAIRS for s in SIZES
+    }
+    ps_cpu: dict[tuple[tuple[str, str], str], list[float]] = {k: [] for k in rates}
+    worker_cpu: dict[tuple[tuple[str, str], str], list[float]] = {k: [] for k in rates}
+    clusters: dict[tuple[str, str], PSCluster] = {}
     try:
+        for pair in PAIRS:
+            clusters[pair] = PSCluster(fabric, topology, ps_engine=pair[0], workers_engine=pair[1])
         for round_ in range(args.rounds):
-            order = ENGINES if round_ % 2 == 0 else ENGINES[::-1]
-            for engine in order:
-                result = ps_throughput(clusters[engine], list(SIZES.values()), run=run)
+            shift = round_ % len(PAIRS)
+            for pair in PAIRS[shift:] + PAIRS[:shift]:
+                result = ps_throughput(clusters[pair], list(SIZES.values()), run=run)
                 for key, point in zip(SIZES, result.sizes, strict=True):
                     assert point.rate_per_s is not None
-                    rates[(engine, key)].append(point.rate_per_s)
+                    rates[(pair, key)].append(point.rate_per_s)
+                    moved_gb = sum(load.bytes_in for load in point.per_ps) / 1e9
+                    if moved_gb > 0:
+                        ps_ns = sum(load.cpu.total_ns for load in point.per_ps)
+                        ps_cpu[(pair, key)].append(ps_ns / 1e9 / moved_gb)
+                        worker_cpu[(pair, key)].append(
+                            point.cpu["workers"].total_ns / 1e9 / moved_gb
+                        )
     finally:
         for cluster in clusters.values():
             cluster.stop()
     print(f"load after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{args.ps} PS x {args.workers} workers, raw mode, {args.rounds} rounds (median)")
     for key in SIZES:
-        python = statistics.median(rates[("grpcio", key)])
-        cpp = statistics.median(rates[("native", key)])
-        print(
-            f"{key:>5}: python workers {python:9.1f} rpc/s, native workers {cpp:9.1f} rpc/s, "
-            f"native/python {cpp / python:.2f}x"
-        )
+        base = statistics.median(rates[(PAIRS[0], key)])
+        for pair in PAIRS:
+            rate = statistics.median(rates[(pair, key)])
+            print(
+                f"{key:>5} {_name(pair)}: {rate:9.1f} rpc/s  {rate / base:5.2f}x python/python"
+                f"  CPU s per GB: PS {statistics.median(ps_cpu[(pair, key)]):7.2f}"
+                f"  workers {statistics.median(worker_cpu[(pair, key)]):7.2f}"
+            )
     return 0
 
 

@@ -375,6 +375,21 @@ class SizeResult:
         return find_figure(self.figures(rates=rates), metric)
 
 
+@dataclass(frozen=True)
+class End:
+    """One end of a measured path: the role that ran there (``client``, ``server``, ``ps0``,
+    ``worker1``), the host it ran on, and the address its traffic used (the server's listening
+    address; a client's source address toward the server)."""
+
+    role: str
+    host: str
+    address: str
+
+    def describe(self) -> str:
+        """``role=host@address``, as ``tfgrpc.placement`` writes a role."""
+        return f"{self.role}={self.host}@{self.address}"
+
+
 @dataclass(frozen=True, eq=False)
 class BenchmarkResult:
     """What one benchmark call measured, over one or more message sizes.
@@ -383,7 +398,9 @@ class BenchmarkResult:
     benchmark's name unless the test gave another. ``rpc`` and ``mode`` say which RPC shape
     and encoding were measured; ``settings`` records everything else that shapes the figures
     (warm-up, chunk size, allocator settings, grpcio and Python versions). ``cluster`` is the
-    parameter-server topology of a PS benchmark, None for P2P.
+    parameter-server topology of a PS benchmark, None for P2P. ``ends`` says where the figures
+    came from: the host and address of each end (client and server; every PS task and worker),
+    empty where no one recorded them.
     """
 
     benchmark: str
@@ -395,6 +412,7 @@ class BenchmarkResult:
     sizes: tuple[SizeResult, ...]
     settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     cluster: Cluster | None = None
+    ends: tuple[End, ...] = ()
 
     @property
     def reports_rates(self) -> bool:

@@ -372,6 +372,58 @@ def test_refusals(tfgrpc, tensor_server, ps_cluster):
     tfgrpc.ps_throughput(ps_cluster, label="after_job_refusals")  # its own jobs still run
 """
 
+#: Issue 25's malformed input to the native server, and strangers' calls to native PS tasks:
+#: each refused with its own status, the server still answering, the job's aggregate intact.
+NATIVE_GUARDED = """
+import grpc, pytest
+from pytest_tfgrpc.model.profiles import Profile, TensorSpec
+from pytest_tfgrpc.roles.parameter_server import method
+from pytest_tfgrpc.wire import codec, grpc_settings
+
+def varint(value):
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+HOSTILE = [
+    ("Echo", b"\\x1a" + varint(2**64 - 11), "INVALID_ARGUMENT"),  # the 11 bytes that looped
+    ("Echo", b"\\x08\\x01\\x22" + varint(2**64 - 11), "INVALID_ARGUMENT"),
+    ("Push", b"\\x08\\x01\\x12" + varint(2**64 - 3), "INVALID_ARGUMENT"),
+    ("Pull", b"\\x08" + varint(2**40), "RESOURCE_EXHAUSTED"),  # the 7 bytes that aborted
+    ("Pull", codec.encode_pull_request(1025, "uint8", 0), "RESOURCE_EXHAUSTED"),
+    ("Pull", b"\\x08" + varint(2**64 - 1), "INVALID_ARGUMENT"),
+]
+
+@pytest.mark.tfgrpc_engines("native")
+@pytest.mark.message_profile(["1KiB"])
+def test_native_refusals(tfgrpc, tensor_server, ps_cluster):
+    with grpc.insecure_channel(tensor_server.target) as channel:
+        for name, body, code in HOSTILE:
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary(grpc_settings.method("protobuf", name))(body, timeout=10)
+            assert info.value.code().name == code, (name, body, info.value.details())
+            print("REFUSED", name, len(body), "B:", code)
+    tfgrpc.p2p_latency(tensor_server, label="after_refusals")  # still healthy
+    assert ps_cluster.ps_engine == "native"
+    with grpc.insecure_channel(ps_cluster.targets[0]) as channel:
+        stranger = [
+            channel.unary_unary(method("Configure")),
+            channel.unary_unary(method("JobStats")),
+            channel.unary_unary(method("Throughput", raw=True)),
+            channel.stream_unary(method("PushGradients")),
+        ]
+        for call in stranger:
+            body = iter([b""]) if call is stranger[-1] else b""
+            with pytest.raises(grpc.RpcError) as info:
+                call(body, timeout=10)
+            assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            print("REFUSED", info.value.details())
+    tiny = Profile("tiny", (TensorSpec("w", (64,)),))
+    tfgrpc.sync_sgd_step(ps_cluster, tiny, check=True, iterations=3, warmup=1, model=False)
+"""
+
 #: A small profile: its PS tasks take what the profile and the fit need, no more.
 PROFILE_SGD = """
 import pytest
@@ -1010,21 +1062,10 @@ def test_accepted():
             "--tfgrpc-tls-ca={ca}",
         ),
         needs=("native",),
-        ret=1,
-        # its PS benchmarks run native workers, which speak plaintext only too
-        outcomes={"error": 2},
-        lines=(
-            *FAIL_SETUP,
-            "*[lo]: engine 'native': the native server*plaintext only, and this run uses TLS",
-            "*test_ps*: engine 'native': native PS workers speak plaintext only, and this run"
-            " uses TLS (mtls)*",
-        ),
-        absent=(
-            "*INTERNALERROR*",
-            "*Traceback (most recent call last)*",
-            "*During handling*",
-            "*engine 'native': engine 'native'*",
-        ),
+        # the native server, client and PS workers speak the run's mutual TLS
+        outcomes={"passed": 2},
+        lines=("*TLS mtls*",),
+        junit={"test_latency[lo]": ("tfgrpc.p2p_latency.settings",)},
     ),
     Case(
         "mtls-end-to-end",
@@ -1620,6 +1661,28 @@ def test_no_client_cert():
         ),
     ),
     Case("ps-limit-fits-profile-and-fit", "I13.security", PROFILE_SGD, outcomes={"passed": 1}),
+    Case(
+        "native-ps-limit-fits-profile-and-fit",
+        "I25.native",
+        PROFILE_SGD,
+        args=("--tfgrpc-engines=native",),
+        needs=("native",),
+        outcomes={"passed": 1},
+    ),
+    Case(
+        "native-malformed-input-and-strangers-refused",
+        "I25.native",
+        NATIVE_GUARDED,
+        args=(*QUICK, "-s"),
+        needs=("native",),
+        outcomes={"passed": 1},
+        seconds=120,
+        lines=(
+            "*REFUSED Echo 11 B: INVALID_ARGUMENT*",
+            "*REFUSED Pull 7 B: RESOURCE_EXHAUSTED*",
+            "*REFUSED the PS service needs the token*the call carried none*",
+        ),
+    ),
     Case(
         "stream-push-over-limit",
         "I13.security",

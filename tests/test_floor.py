@@ -19,11 +19,13 @@ from pytest_tfgrpc.bench import timing
 from pytest_tfgrpc.bench.floor import (
     FloorClient,
     FloorStream,
+    native_floor_samples,
     tcp_pingpong,
     tcp_push_ack,
     tcp_stream,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.native import unavailable_reason
 from pytest_tfgrpc.roles.floor_server import (
     ACK_BYTE,
     HEADER,
@@ -79,10 +81,54 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
     return False
 
 
+NATIVE_MISSING = unavailable_reason()
+#: The floor's servers: the Python one, and the native engine's (the same protocol, so every
+#: test of the server below runs the Python client against both).
+ENGINES = [
+    "grpcio",
+    pytest.param(
+        "native", marks=pytest.mark.skipif(NATIVE_MISSING is not None, reason=str(NATIVE_MISSING))
+    ),
+]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(params=HOSTS)
-def server(request: pytest.FixtureRequest) -> Iterator[FloorServer]:
-    with FloorServer.start(request.param) as srv:
+def server(request: pytest.FixtureRequest, engine: str) -> Iterator[FloorServer]:
+    with FloorServer.start(request.param, engine=engine) as srv:
+        assert srv.engine == engine
         yield srv
+
+
+@pytest.mark.skipif(NATIVE_MISSING is not None, reason=str(NATIVE_MISSING))
+@pytest.mark.parametrize("op", ["echo", "push_ack"])
+def test_the_native_floor_client_times_every_operation_on_either_server(
+    server: FloorServer, op: str
+) -> None:
+    samples = native_floor_samples(*server.address, 64 * 1024, _run(23, 3), op)
+    assert samples.dtype == np.int64
+    assert samples.shape == (23,)
+    assert (samples > 0).all()
+
+
+@pytest.mark.skipif(NATIVE_MISSING is not None, reason=str(NATIVE_MISSING))
+def test_the_native_floor_client_stops_at_the_time_limit(server: FloorServer) -> None:
+    samples = native_floor_samples(*server.address, 1024, _run(10**9, 0, max_seconds=0.2), "echo")
+    assert 1 <= samples.size < 10**9
+
+
+@pytest.mark.skipif(NATIVE_MISSING is not None, reason=str(NATIVE_MISSING))
+def test_a_native_floor_client_that_cannot_connect_says_so() -> None:
+    with FloorServer.start("127.0.0.1") as srv:
+        address = srv.address
+    with pytest.raises(
+        FloorError, match=r"native floor echo of 8 B: cannot connect to 127\.0\.0\.1 port"
+    ):
+        native_floor_samples(*address, 8, _run(1), "echo")
 
 
 def test_server_reports_port_and_pid(server: FloorServer) -> None:
@@ -261,10 +307,10 @@ def test_sigterm_stops_the_server() -> None:
         ("198.19.255.254", "cannot bind to '198.19.255.254'"),
     ],
 )
-def test_bad_bind_address_errors_clearly(host: str, match: str) -> None:
+def test_bad_bind_address_errors_clearly(host: str, match: str, engine: str) -> None:
     before = set(live_children())
     with pytest.raises(FloorError, match=match) as info:
-        FloorServer.start(host, ready_timeout=30)
+        FloorServer.start(host, ready_timeout=30, engine=engine)
     assert "exited with status 2 before it was ready" in str(info.value)
     assert set(live_children()) == before
 

@@ -16,9 +16,7 @@ import pytest
 
 from pytest_tfgrpc.bench.engines import Engine, EngineError, Provision
 from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
-from pytest_tfgrpc.bench.engines.native import NativeEngine
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
-from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
 from pytest_tfgrpc.bench.partial import keeping_partial, partial_result
 from pytest_tfgrpc.plugin.activation import plain_properties, plain_value
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
@@ -242,37 +240,13 @@ def run_uses_tls(tmp_path: Path) -> Iterator[None]:
 
 @pytest.mark.parametrize(
     "engine",
-    [NativeEngine(), TensorFlowEngine(tf_python=sys.executable)],
-    ids=["native", "tensorflow"],
+    [TensorFlowEngine(tf_python=sys.executable)],
+    ids=["tensorflow"],
 )
 def test_engines_without_tls_refuse_a_tls_run(engine: Engine, run_uses_tls: None) -> None:
     # Refused before anything starts: no plaintext server in a run that promises TLS.
     with pytest.raises(EngineError, match=rf"engine '{engine.name}': .*this run uses TLS"):
         engine.start_server(Provision(resolve_fabric("lo")))
-
-
-class _NeverDialled:
-    def __init__(self) -> None:
-        self.fabric = resolve_fabric("lo")
-        self.target = self.fabric.target(1)
-
-    def died(self, grace: float = 0.5) -> BaseException | None:
-        return None
-
-    def stop(self) -> None:
-        pass
-
-
-def test_the_native_client_refuses_a_tls_run(run_uses_tls: None) -> None:
-    engine, server = NativeEngine(), _NeverDialled()
-    with pytest.raises(EngineError, match="plaintext only"):
-        engine.p2p_latency(server, [4], LatencyCall())
-    with pytest.raises(EngineError, match="plaintext only"):
-        engine.p2p_bandwidth(server, [4], BandwidthCall())
-    with pytest.raises(EngineError, match="plaintext only"):
-        engine.p2p_bandwidth_streams(server, [4], streams=2)
-    with pytest.raises(EngineError, match="plaintext only"):  # before it looks for the build
-        engine.start_server(Provision(server.fabric))
 
 
 def test_the_grpcio_engine_serves_with_the_tests_tensor_limit() -> None:

@@ -6,10 +6,12 @@ not built (``tfgrpc-build-native``); the rest run everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -37,7 +39,11 @@ from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.roles.native_server import check_engine, start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerDied, ServerProcess
 from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.grpc_settings import method
+from pytest_tfgrpc.wire.security import TlsFiles, load_tls, open_channel, use_tls
 
 NOT_BUILT = native.unavailable_reason()
 needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -345,3 +351,171 @@ def test_bad_native_server_settings_are_refused_by_name(
 
     with pytest.raises(ValueError, match=f"{argument}="):
         start_native_server(lo, **{argument: value})  # type: ignore[arg-type]
+
+
+# --- TLS: every pair of engines, every call, server-only TLS and mutual TLS ------------------
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A CA, a certificate for 127.0.0.1 it signed, and a second CA that signed nothing."""
+    trustme = pytest.importorskip("trustme")
+    where = tmp_path_factory.mktemp("pki")
+    ca, other = trustme.CA(), trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    paths = {k: str(where / f"{k}.pem") for k in ("ca", "cert", "key", "other_ca")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    other.cert_pem.write_to_path(paths["other_ca"])
+    leaf.private_key_pem.write_to_path(paths["key"])
+    for i, pem in enumerate(leaf.cert_chain_pems):
+        pem.write_to_path(paths["cert"], append=i > 0)
+    return paths
+
+
+def _tls(pki: dict[str, str], mode: str) -> TlsFiles:
+    # Server-only TLS: clients verify the server against the CA and present nothing.
+    if mode == "tls":
+        return TlsFiles(cert=pki["cert"], key=pki["key"])
+    return TlsFiles(cert=pki["cert"], key=pki["key"], ca=pki["ca"])
+
+
+@contextlib.contextmanager
+def _tls_run(client: TlsFiles) -> Iterator[None]:
+    use_tls(load_tls(client))
+    try:
+        yield
+    finally:
+        use_tls(None)
+
+
+TLS_CALLS = [
+    LatencyCall(mode="raw", rpc="unary", run=RUN),
+    LatencyCall(mode="protobuf", rpc="stream", run=RUN),
+    *(
+        BandwidthCall(mode=m, rpc=r, direction=d, chunk_bytes=64 << 10, run=RUN)
+        for m, r, d in [
+            ("raw", "unary", "push"),
+            ("protobuf", "stream", "push"),
+            ("raw", "stream", "pull"),
+            ("protobuf", "unary", "pull"),
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize("mode", ["tls", "mtls"])
+@pytest.mark.parametrize("server_engine", ["grpcio", "native"])
+@pytest.mark.parametrize("client_engine", ["grpcio", "native"])
+def test_tls_across_engines_on_every_call(
+    lo: Fabric, pki: dict[str, str], mode: str, server_engine: str, client_engine: str
+) -> None:
+    if "native" in (server_engine, client_engine) and NOT_BUILT:
+        pytest.skip(NOT_BUILT)
+    files = _tls(pki, mode)
+    # The client's CA: the one that signed the server's certificate (mtls: also its identity).
+    client = TlsFiles(ca=pki["ca"]) if mode == "tls" else files
+    env = {**os.environ, **files.env()}
+    loops = native_p2p if client_engine == "native" else p2p
+    with start_tensor_server(lo, engine=server_engine, env=env) as server, _tls_run(client):
+        for call in TLS_CALLS:
+            if isinstance(call, LatencyCall):
+                result = loops.p2p_latency(server, [1, MULTI_CHUNK], call)
+            else:
+                result = loops.p2p_bandwidth(server, [1, MULTI_CHUNK], call)
+            assert [s.count for s in result.sizes] == [RUN.iterations] * 2, call
+
+
+@needs_native
+def test_a_mutual_tls_native_server_refuses_a_client_without_a_certificate(
+    lo: Fabric, pki: dict[str, str]
+) -> None:
+    env = {**os.environ, **_tls(pki, "mtls").env()}
+    with start_tensor_server(lo, engine="native", env=env) as server:
+        with (
+            _tls_run(TlsFiles(ca=pki["ca"])),
+            pytest.raises(BenchmarkError, match=r"no connection .* within 10 s \(TLS tls on this"),
+        ):
+            native_p2p.p2p_latency(server, [4], LatencyCall(run=RUN))
+        with _tls_run(TlsFiles(ca=pki["other_ca"])), pytest.raises(BenchmarkError, match="TLS"):
+            p2p.p2p_latency(server, [4], LatencyCall(run=RUN))
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"TFGRPC_TLS_CERT": "cert"}, "$TFGRPC_TLS_CERT needs $TFGRPC_TLS_KEY too"),
+        ({"TFGRPC_TLS_CA": "ca"}, "a TLS server needs a certificate and its key"),
+        ({"TFGRPC_TLS_CA": "/nonexistent.pem"}, "$TFGRPC_TLS_CA /nonexistent.pem: cannot be read"),
+        ({"TFGRPC_TLS_CA": "missing"}, "not a PEM file"),
+    ],
+)
+def test_bad_tls_settings_stop_a_native_server_in_one_line(
+    pki: dict[str, str], variables: dict[str, str], message: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFGRPC_TLS_")}
+    # "missing": a file that exists but is no PEM (this module's own source)
+    env.update({k: pki.get(v, __file__ if v == "missing" else v) for k, v in variables.items()})
+    done = subprocess.run(
+        [str(native.binaries().server), "--host", "127.0.0.1"],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert line.startswith("tfgrpc-native-server: error: TLS settings: ") and message in line
+
+
+# --- tfgrpc-server --engine native: the native server started by hand ------------------------
+def _by_hand(lo: Fabric, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+    argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
+    argv += ["--fabric", "lo", "--exit-on-stdin-eof", *flags]
+    return ServerProcess.launch(argv, lo, name="tfgrpc-server --engine native", env=env)
+
+
+@needs_native
+def test_tfgrpc_server_engine_native_serves_with_the_same_flags(
+    lo: Fabric, pki: dict[str, str]
+) -> None:
+    files = _tls(pki, "mtls")
+    flags = ["--cpus", "0", "--delay", "20ms", "--workers", "2"]
+    flags += [f"--tls-{k}={getattr(files, k)}" for k in ("cert", "key", "ca")]
+    with _by_hand(lo, *flags) as server, _tls_run(files):
+        assert os.sched_getaffinity(server.pid) == {0}  # pinned before it became the server
+        result = p2p.p2p_latency(server, [1024], LatencyCall(run=RUN))
+        with open_channel(server.target, ()) as channel:
+            reply = channel.unary_unary(method("raw", "Status"))(b"", timeout=10)
+    # It became the native server (the pid kept through exec), with mutual TLS, 20 ms late.
+    status = service_pb2.ServerStatus.FromString(reply)
+    assert status.pid == server.pid and status.grpc_version.endswith("(C++)")
+    assert status.environment["MALLOC_MMAP_THRESHOLD_"] == "33554432"  # the tuned allocator
+    assert result.sizes[0].summary.min_ns >= 20_000_000
+
+
+@needs_native
+def test_tfgrpc_server_engine_native_takes_the_tensor_limit(lo: Fabric) -> None:
+    with _by_hand(lo, "--max-tensor-bytes", "4KiB") as server:
+        assert p2p.p2p_latency(server, [4096], LatencyCall(run=RUN)).sizes[0].count
+        with pytest.raises(BenchmarkError, match="RESOURCE_EXHAUSTED"):
+            p2p.p2p_latency(server, [4097], LatencyCall(run=RUN))
+
+
+@needs_native
+def test_tfgrpc_server_engine_native_refuses_bad_flags_in_one_line(lo: Fabric) -> None:
+    argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
+    done = subprocess.run(
+        [*argv, "--workers", "65"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith(
+        "--workers 65: the native server takes 1 to 64 threads"
+    )
+
+
+def test_tfgrpc_server_engine_native_without_the_build_names_the_command(
+    tmp_path: Path,
+) -> None:
+    argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--engine", "native"]
+    env = {**os.environ, native.CACHE_ENV: str(tmp_path)}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert done.returncode == 2
+    [line] = [text for text in done.stderr.splitlines() if "error:" in text]
+    assert "--engine native: the native engine is not built" in line
+    assert "tfgrpc-build-native" in line

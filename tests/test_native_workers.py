@@ -1,15 +1,17 @@
-"""The native engine's PS workers (``tfgrpc-native-worker``) against the plugin's Python PS tasks.
+"""The native engine's PS roles in every pairing: native workers (``tfgrpc-native-worker``)
+to native PS tasks (``tfgrpc-native-server`` with the job token), native workers to Python PS
+tasks, and Python workers to native PS tasks, call for call (the grpcio pair is
+``tests/test_ps.py``'s). The native PS service alone, call by call: ``tests/test_native_ps.py``.
 
-Tests that run the C++ worker skip, with the command that builds it, when the native engine
-is not built (``tfgrpc-build-native``).
+Tests that run the C++ programs skip, with the command that builds them, when the native
+engine is not built (``tfgrpc-build-native``).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pytest
@@ -19,12 +21,12 @@ from pytest_tfgrpc.bench.ps import fetch_weights, ps_throughput, sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
-from pytest_tfgrpc.ps import jobs, ps_cluster
-from pytest_tfgrpc.ps.ps_cluster import ClusterError, PSCluster
+from pytest_tfgrpc.ps import jobs
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.roles.parameter_server import apply_update, check_gradient, initial_weights
-from pytest_tfgrpc.roles.processes import LOCAL
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
+from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
 
 NOT_BUILT = native.unavailable_reason()
 needs_native = pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
@@ -38,12 +40,25 @@ def lo() -> Fabric:
     return resolve_fabric("lo")
 
 
-@pytest.fixture(scope="module")
-def cluster(lo: Fabric) -> Iterator[PSCluster]:
+#: (PS tasks' engine, workers' engine): every pairing with a native role.
+PAIRS = [("native", "native"), ("grpcio", "native"), ("native", "grpcio")]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=[f"ps_{p}-workers_{w}" for p, w in PAIRS])
+def cluster(lo: Fabric, request: pytest.FixtureRequest) -> Iterator[PSCluster]:
     if NOT_BUILT is not None:
         pytest.skip(NOT_BUILT)
-    with PSCluster(lo, Topology(ps=2, workers=3), workers_engine="native") as started:
+    ps_engine, workers_engine = request.param
+    with PSCluster(
+        lo, Topology(ps=2, workers=3), workers_engine=workers_engine, ps_engine=ps_engine
+    ) as started:
         yield started
+
+
+def _records_its_roles(settings: Mapping[str, str], cluster: PSCluster) -> None:
+    assert settings["engine"] == settings["workers_engine"] == cluster.workers_engine
+    assert settings["ps_engine"] == cluster.ps_engine
+    assert settings["grpc_cpp"] == native.binaries().grpc_version
 
 
 @needs_native
@@ -52,7 +67,7 @@ def cluster(lo: Fabric) -> Iterator[PSCluster]:
 def test_native_workers_call_every_ps_and_every_call_is_counted(
     cluster: PSCluster, mode: str, size: int
 ) -> None:
-    assert all(w.engine == "native" for w in cluster.workers)
+    assert all(w.engine == cluster.workers_engine for w in cluster.workers)
     result = ps_throughput(cluster, [size], mode=mode, run=RUN)
     point = result.sizes[0]
     # 3 workers x 2 PS x 30 calls, every one counted by its PS with its tensor bytes.
@@ -61,8 +76,7 @@ def test_native_workers_call_every_ps_and_every_call_is_counted(
     assert [load.bytes_in for load in point.per_ps] == [90 * size, 90 * size]
     assert point.rate_per_s is not None and point.rate_per_s > 0
     assert point.cpu["workers"].total_ns > 0
-    assert result.settings["engine"] == "native"
-    assert result.settings["grpc_cpp"] == native.binaries().grpc_version
+    _records_its_roles(result.settings, cluster)
     assert result.mode == mode
 
 
@@ -85,7 +99,7 @@ def test_native_workers_sync_sgd_weights_are_the_numpy_sum_of_all_gradients(
     result = sync_sgd_step(
         cluster, profile, run=STEPS, learning_rate=0.25, check=True, chunk_bytes=chunk_bytes
     )
-    assert result.settings["engine"] == "native"
+    _records_its_roles(result.settings, cluster)
     assert result.placement is not None
     weights = fetch_weights(cluster, result.placement)
     for spec in profile.tensors:
@@ -128,55 +142,48 @@ def test_a_native_worker_names_the_ps_it_cannot_reach(lo: Fabric) -> None:
         assert ps_throughput(small, [8], run=RUN).sizes[0].count == 30
 
 
-@needs_native
-@pytest.mark.parametrize("variable", ["TFGRPC_TLS_CERT", "TFGRPC_TLS_CA"])
-def test_the_native_worker_refuses_tls_settings(variable: str) -> None:
-    done = subprocess.run(
-        [str(native.binaries().worker)],
-        env={**os.environ, variable: "/nonexistent.pem"},
-        input=b"",
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 2
-    frames = jobs.Frames()
-    frames.feed(done.stdout)
-    body = frames.take()
-    assert body is not None
-    failed = jobs.reply_of(body)
-    assert isinstance(failed, jobs.WorkerFailed)
-    assert "plaintext only" in failed.error and variable in failed.error
-
-
-class _Agent:
-    host = "node1"
-    address = None
-
-
-def test_native_workers_through_node_agents_are_refused_before_anything_starts(
-    lo: Fabric,
-) -> None:
-    with pytest.raises(ClusterError, match="native PS workers cannot run through node agents"):
-        PSCluster(
-            lo,
-            Topology(ps=1, workers=2),
-            workers_engine="native",
-            worker_launchers=(LOCAL, _Agent()),  # type: ignore[arg-type]
-        )
-
-
-@pytest.mark.parametrize("mode", ["tls", "mtls"])
-def test_native_workers_under_tls_are_refused(
-    lo: Fabric, monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
-    monkeypatch.setattr(ps_cluster, "tls_mode", lambda: mode)
-    with pytest.raises(ClusterError, match=f"plaintext only, and this run uses TLS \\({mode}\\)"):
-        PSCluster(lo, Topology(ps=1, workers=1), workers_engine="native")
+def _cluster_with(lo: Fabric, role: str, engine: str) -> PSCluster:
+    if role == "ps":
+        return PSCluster(lo, Topology(ps=1, workers=1), ps_engine=engine)
+    return PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
 
 
 @pytest.mark.parametrize("engine", ["c++", "", "NATIVE"])
-def test_an_unknown_workers_engine_is_named(lo: Fabric, engine: str) -> None:
-    expected = re.escape(f"workers_engine={engine!r}: expected one of grpcio, native")
+@pytest.mark.parametrize("role", ["workers", "ps"])
+def test_an_unknown_engine_of_a_role_is_named(lo: Fabric, engine: str, role: str) -> None:
+    expected = re.escape(f"{role}_engine={engine!r}: expected one of grpcio, native")
     with pytest.raises(ValueError, match=expected):
-        PSCluster(lo, Topology(ps=1, workers=1), workers_engine=engine)
+        _cluster_with(lo, role, engine)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("ps_engine", "workers_engine"),
+    [("grpcio", "native"), ("native", "grpcio"), ("native", "native")],
+)
+def test_native_roles_speak_mutual_tls_in_every_pairing(
+    lo: Fabric, tmp_path_factory: pytest.TempPathFactory, ps_engine: str, workers_engine: str
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    where = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    files = TlsFiles(str(where / "cert.pem"), str(where / "key.pem"), str(where / "ca.pem"))
+    ca.cert_pem.write_to_path(files.ca)
+    leaf.private_key_pem.write_to_path(files.key)
+    for i, pem in enumerate(leaf.cert_chain_pems):
+        pem.write_to_path(files.cert, append=i > 0)
+    use_tls(load_tls(files))  # the driver's own channels to the PS tasks (job control)
+    try:
+        env = {**os.environ, **files.env()}
+        with PSCluster(
+            lo,
+            Topology(ps=1, workers=2),
+            env=env,
+            ps_engine=ps_engine,
+            workers_engine=workers_engine,
+        ) as tls:
+            point = ps_throughput(tls, [4096], run=RUN).sizes[0]
+    finally:
+        use_tls(None)
+    assert [load.rpcs for load in point.per_ps] == [2 * 30]

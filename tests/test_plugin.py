@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -401,6 +402,11 @@ def test_the_transport_floor_is_measured_beside_on_request(
     bandwidth = properties(xml)["test_bandwidth[lo]"]
     assert bandwidth["tfgrpc.p2p_bandwidth_floor.rpc"] == "tcp-push-ack"
     assert float(bandwidth["tfgrpc.p2p_bandwidth_floor.1MiB.throughput_MBps"]) > 0
+    # Every result says where both of its ends ran, the floor's too.
+    here = socket.gethostname()
+    for label in ("p2p_bandwidth", "p2p_bandwidth_floor"):
+        ends = f"client={here}@127.0.0.1 server={here}@127.0.0.1"
+        assert bandwidth[f"tfgrpc.{label}.ends"] == ends
 
 
 def test_long_sweeps_report_progress_without_flooding(

@@ -259,33 +259,8 @@ def test_a_bad_streams_marker_fails_the_test_by_name(
     result.stdout.fnmatch_lines(["*test_x*tfgrpc_streams*"])
 
 
-_ON_AGENTS = "engine 'native' cannot start its servers through node agents"
-
-
-@pytest.mark.parametrize(
-    ("marker", "fixture", "message"),
-    [
-        ("tfgrpc_engines(server='native')", "tensor_server", _ON_AGENTS),
-        ("tfgrpc_engines('native')", "tensor_server", _ON_AGENTS),
-        ("tfgrpc_engines('native')", "ps_cluster", _ON_AGENTS),
-    ],
-)
-def test_native_processes_are_not_started_through_agents(
-    pytester: pytest.Pytester, marker: str, fixture: str, message: str
-) -> None:
-    # Agents run only the plugin's Python roles: the test fails before any agent is dialled
-    # (the address given listens nowhere), rather than measuring the grpcio engine instead.
-    pytester.makepyfile(
-        f"import pytest\n\n@pytest.mark.{marker}\ndef test_it({fixture}):\n    pass\n"
-    )
-    result = pytester.runpytest_subprocess("--tfgrpc-agents=127.0.0.1:9", "-p", "no:cacheprovider")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*{message}*"])
-    assert "INTERNALERROR" not in result.stdout.str()
-
-
 @pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or "")
-def test_ps_tests_under_the_native_engine_run_native_workers_and_say_so(
+def test_the_native_engine_runs_native_ps_tasks_workers_and_floor_and_says_so(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(native.CACHE_ENV, CACHE)
@@ -297,16 +272,24 @@ import pytest
 def test_ps(tfgrpc, ps_cluster, tfgrpc_engine):
     assert tfgrpc_engine.name == "native"
     assert {w.engine for w in ps_cluster.workers} == {"native"}
+    assert ps_cluster.ps_engine == "native"
+    roles = {"engine": "native", "workers_engine": "native", "ps_engine": "native"}
     for mode in ("raw", "protobuf"):
         result = tfgrpc.ps_throughput(
             ps_cluster, ["4KiB"], mode=mode, iterations=5, warmup=1, label=f"ps_{mode}"
         )
-        assert result.settings["engine"] == "native"
+        assert roles.items() <= result.settings.items()
         assert [load.bytes_in for load in result.sizes[0].per_ps] == [4096 * 5]
     step = tfgrpc.sync_sgd_step(ps_cluster, "resnet50", iterations=2, warmup=1, check=True)
-    assert step.settings["engine"] == "native"
+    assert roles.items() <= step.settings.items()
+
+@pytest.mark.tfgrpc_engines("grpcio", "native")
+def test_floor(tfgrpc, tensor_server, tfgrpc_engine):
+    tfgrpc.p2p_latency(tensor_server, ["1KiB"], iterations=5, warmup=1, floor=True, label="echo")
+    floors = [r for r in tfgrpc.results if r.label == "echo_floor"]
+    assert [r.settings["floor_engine"] for r in floors] == [tfgrpc_engine.name]
 """
     )
     pytester.makeconftest("")
     result = pytester.runpytest("--tfgrpc-max-seconds=5")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=3)

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.ends import cluster_ends, p2p_ends
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 from pytest_tfgrpc.bench.floor import transport_floor
 from pytest_tfgrpc.bench.p2p import (
@@ -38,7 +39,7 @@ from pytest_tfgrpc.report.compare import Comparison, format_comparison
 from pytest_tfgrpc.report.paired import PairedRegression, paired_verdict
 from pytest_tfgrpc.report.record import FABRIC, TARGET, Key, result_properties, verdict_properties
 from pytest_tfgrpc.report.tolerance import parse_tolerances, tolerance_for
-from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.results import BenchmarkResult, End
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
@@ -377,25 +378,41 @@ class Driver:
                         env=self._server_env,
                         launcher=floor_launcher,
                         pin=server_pinned(getattr(server, "pid", None)),
+                        # A native engine's figure over a native floor: C++ against C++.
+                        engine=getattr(measuring, "implementation", "grpcio"),
                     )
                     placed = {**floor_result.settings, **_placement(server)}
-                    self.record(replace(floor_result, settings=MappingProxyType(placed)))
+                    self.record(
+                        replace(
+                            floor_result,
+                            settings=MappingProxyType(placed),
+                            ends=floor_result.ends or p2p_ends(server, floor_result.target),
+                        )
+                    )
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
         return result
 
     def _engine_result(
-        self, result: R, engine: Engine | None = None, server: Server | None = None
+        self,
+        result: R,
+        engine: Engine | None = None,
+        server: Server | None = None,
+        ends: tuple[End, ...] = (),
     ) -> R:
-        """``result`` with the engine that measured it (and the engine's settings) recorded:
+        """``result`` with the engine that measured it (and the engine's settings) and
+        ``ends`` (a PS cluster's, where its figures came from) recorded:
         the engine the result names, if it names one (a PS benchmark names its workers'
         engine), else the engine that was asked; with ``server`` (P2P), the CPU placement it
-        was measured under too. The result is rebuilt once, whatever it adds."""
+        was measured under and where its two ends ran (unless it records its own) too. The
+        result is rebuilt once, whatever it adds."""
         engine = engine or self.engine
         settings = {**engine.settings(), "engine": engine.name, **result.settings}
+        ends = result.ends or ends
         if server is not None:
             settings.update(_placement(server))
-        return replace(result, settings=MappingProxyType(settings))
+            ends = ends or p2p_ends(server, result.target)
+        return replace(result, settings=MappingProxyType(settings), ends=ends)
 
     @staticmethod
     def _floor_launcher(server: Server) -> Launcher:
@@ -510,7 +527,7 @@ class Driver:
             )
         except EngineError as exc:
             raise SpecError(f"{self._test}: ps_throughput(): {exc}") from None
-        return self.record(self._engine_result(result))
+        return self.record(self._engine_result(result, ends=cluster_ends(cluster)))
 
     def sync_sgd_step(
         self,
@@ -553,7 +570,7 @@ class Driver:
         result = bench.sync_sgd_step(
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
-        return self.record(self._engine_result(result))
+        return self.record(self._engine_result(result, ends=cluster_ends(cluster)))
 
     def _placed(self, profile: Profile, cluster: PSCluster | EngineCluster) -> Placement:
         """``profile`` placed on ``cluster``: the test's placement (made once per test, and

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec, Samples, measure
 from pytest_tfgrpc.metrics import FLOOR_SUFFIX
+from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.roles.floor_server import (
     ACK_BYTE,
@@ -44,6 +46,7 @@ __all__ = [
     "FLOOR_SUFFIX",
     "FloorClient",
     "FloorStream",
+    "native_floor_samples",
     "tcp_pingpong",
     "tcp_push_ack",
     "tcp_stream",
@@ -210,6 +213,48 @@ def tcp_push_ack(host: str, port: int, size: int, run: RunSpec) -> Samples:
         return client.push_ack_samples(size, run)
 
 
+def native_floor_samples(host: str, port: int, size: int, run: RunSpec, op: str) -> Samples:
+    """``op`` (``echo``: ping-pong, ``push_ack``) times of ``size`` bytes, in ns, timed by
+    ``tfgrpc-native-floor measure`` on one fresh connection under ``run``'s bounds, as
+    :func:`~pytest_tfgrpc.bench.timing.measure` bounds the Python loops."""
+    io_timeout = _io_timeout(size, run)
+    argv = [
+        str(binaries().floor),
+        "measure",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--op",
+        op,
+        "--size",
+        str(size),
+        "--iterations",
+        str(run.iterations),
+        "--warmup",
+        str(run.warmup),
+        "--max-seconds",
+        repr(run.time_limit_s),
+        "--warmup-seconds",
+        repr(run.warmup_seconds),
+        "--io-timeout-s",
+        repr(io_timeout),
+    ]
+    bound = run.warmup_seconds + run.time_limit_s + 2 * io_timeout + 10.0
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=bound, check=False)
+    except subprocess.TimeoutExpired:
+        raise FloorError(f"the native floor client did not finish within {bound:.0f} s") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        why = why.removeprefix("tfgrpc-native-floor: ")
+        raise FloorError(f"native floor {op} of {size} B: {why}")
+    samples = np.array(done.stdout.split(), dtype=np.int64)
+    if samples.size == 0:
+        raise FloorError(f"native floor {op} of {size} B: the client printed no samples")
+    return samples
+
+
 def tcp_stream(host: str, port: int, size: int, run: RunSpec) -> FloorStream:
     """A stream of ``size``-byte tensors with one acknowledgement at the end."""
     with FloorClient(host, port, io_timeout=_io_timeout(size, run)) as client:
@@ -224,6 +269,7 @@ def transport_floor(
     env: Mapping[str, str] | None = None,
     launcher: Launcher = LOCAL,
     pin: bool = False,
+    engine: str = "grpcio",
 ) -> BenchmarkResult:
     """Measure the raw-TCP floor of every size of ``result`` on ``fabric``; ``env`` is the
     floor server's environment (the servers' allocator settings, to compare like with like).
@@ -232,15 +278,25 @@ def transport_floor(
     (when the measured server was pinned, so on this host): the floor server runs on the
     placement's server CPUs (``--tfgrpc-cpus``) too.
 
+    ``engine="native"``: the floor's server and timed client are ``tfgrpc-native-floor``'s
+    (C++), so a native engine's figure is compared with a native floor; ``grpcio``: this
+    module's Python client and :mod:`~pytest_tfgrpc.roles.floor_server`. The result says
+    which in ``floor_engine``.
+
     The result is labelled ``<label>_floor``; its ``elapsed_ns`` per size is the sum of its
     samples (the floor's operations run back to back).
     """
     latency = result.benchmark == "p2p_latency"
-    timed = tcp_pingpong if latency else tcp_push_ack
+
+    def timed(host: str, port: int, size: int, run: RunSpec) -> Samples:
+        if engine == "native":
+            return native_floor_samples(host, port, size, run, "echo" if latency else "push_ack")
+        return (tcp_pingpong if latency else tcp_push_ack)(host, port, size, run)
+
     host = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
     host = launcher.address or host
     sizes = []
-    with FloorServer.start(host, env=env, launcher=launcher) as server:
+    with FloorServer.start(host, env=env, launcher=launcher, engine=engine) as server:
         pinned = pin and launcher is LOCAL and pin_server(server.pid, who="the floor server")
         try:
             for size in result.sizes:
@@ -267,5 +323,5 @@ def transport_floor(
         mode="raw",
         rpc="tcp-pingpong" if latency else "tcp-push-ack",
         sizes=tuple(sizes),
-        settings=run_settings(run, engine=None, floor_of=result.label),
+        settings=run_settings(run, engine=None, floor_of=result.label, floor_engine=engine),
     )

@@ -34,6 +34,7 @@ from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
 from pytest_tfgrpc.wire.schemes import Payload
+from pytest_tfgrpc.wire.security import child_env
 
 ENGINE = "native"
 
@@ -82,7 +83,7 @@ def run_native(server: Server, message: Message, call: Transfer, streams: int = 
     if isinstance(call, BandwidthCall):  # an echo keeps the client's defaults
         settings = replace(settings, direction=call.direction, chunk_bytes=call.chunk_bytes)
     try:
-        measured = run_client(settings)
+        measured = run_client(settings, env=child_env())  # the run's TLS setting
     except NativeClientError as error:
         death = server.died()
         if death is not None:

@@ -224,12 +224,15 @@ def ps_throughput(
 
 
 def _engine_settings(cluster: PSCluster) -> dict[str, str]:
-    """The engine whose workers measured on ``cluster``: ``grpcio`` (Python workers) or
-    ``native`` (C++ workers, with their gRPC C++ version as ``grpc_cpp``)."""
-    engine = getattr(cluster, "workers_engine", "grpcio")
-    if engine == "native":
-        return {"engine": engine, "grpc_cpp": binaries().grpc_version}
-    return {"engine": engine}
+    """The engine of each role of ``cluster``: ``engine`` the workers' (they measure),
+    ``workers_engine`` and ``ps_engine`` each role's, ``grpcio`` (Python) or ``native``
+    (C++, with the gRPC C++ version it was built against as ``grpc_cpp``)."""
+    workers = getattr(cluster, "workers_engine", "grpcio")
+    ps = getattr(cluster, "ps_engine", "grpcio")
+    out = {"engine": workers, "workers_engine": workers, "ps_engine": ps}
+    if "native" in (workers, ps):
+        out["grpc_cpp"] = binaries().grpc_version
+    return out
 
 
 def throughput_result(
@@ -484,7 +487,8 @@ def fetch_weights(cluster: PSCluster, placement: Placement) -> dict[str, npt.NDA
         )
         pieces: dict[int, list[Any]] = {}
         timeout = rpc_timeout(sum(shard.nbytes for shard in owned), 60.0)
-        for chunk in call(service_pb2.PullWeightsRequest(step=-1), timeout=timeout):
+        request = service_pb2.PullWeightsRequest(step=-1)
+        for chunk in call(request, timeout=timeout, metadata=cluster.credentials):
             pieces.setdefault(chunk.shard, []).append((chunk.offset, chunk.data))
         for index, shard in enumerate(owned):
             data = b"".join(d for _, d in sorted(pieces.get(index, [])))

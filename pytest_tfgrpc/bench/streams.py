@@ -32,7 +32,7 @@ from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
-from pytest_tfgrpc.wire.security import child_environ, current_tls
+from pytest_tfgrpc.wire.security import child_env
 
 #: No more streams than this from one call: each is a connection (and a process for grpcio).
 MAX_STREAMS = 64
@@ -76,8 +76,7 @@ def _python_streams(server: Server, size: int, call: BandwidthCall, streams: int
     argv += ["--warmup", str(run.warmup), "--max-seconds", repr(run.time_limit_s)]
     argv += ["--warmup-seconds", repr(run.warmup_seconds)]
     timeout = 60.0 + run.warmup_seconds + run.time_limit_s + size / 10e6
-    tls = current_tls()  # the streams connect as the driver does, under its TLS setting
-    env = {**child_environ(), **(tls.files.env() if tls is not None else {})}
+    env = child_env()  # the streams connect as the driver does, under its TLS setting
     workers = [
         subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env

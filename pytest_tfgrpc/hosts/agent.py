@@ -2,16 +2,20 @@
 
 One agent runs on every host of a cluster. The driver (the pytest process) asks it, over the
 ``tfgrpc.NodeAgent`` gRPC service (``protos/tfgrpc/agent.proto``), to start one of the plugin's
-own roles, and nothing else:
+own roles, of one of its engines, and nothing else:
 
-========================  ====================================  ============================
-role                      process                               parameters a driver may set
-========================  ====================================  ============================
-``tensor_server``, ``ps``  ``pytest_tfgrpc.roles.tensor_server``  ``workers`` (1-256),
-                                                                ``delay`` (a duration)
-``worker``                ``pytest_tfgrpc.ps.worker``       none
-``floor_server``          ``pytest_tfgrpc.roles.floor_server`` none
-========================  ====================================  ============================
+- ``tensor_server``: ``pytest_tfgrpc.roles.tensor_server`` (grpcio) or
+  ``tfgrpc-native-server`` (native); parameters ``delay`` (a duration), ``max_tensor_bytes``,
+  and ``workers`` (grpcio, 1-256 threads) or ``threads`` (native, 1-64);
+- ``ps``: the same programs with the driver's job token (``TFGRPC_JOB_TOKEN``), same parameters;
+- ``worker``: ``pytest_tfgrpc.ps.worker`` or ``tfgrpc-native-worker``, with the driver's job
+  token too (every PS call carries it); no parameters;
+- ``floor_server``: ``pytest_tfgrpc.roles.floor_server`` or ``tfgrpc-native-floor serve``;
+  no parameters.
+
+The native programs are the agent host's own build (``tfgrpc-build-native`` there); a host
+without it refuses a native role with ``FAILED_PRECONDITION`` in one line naming the host, the
+role and that command, and says which engines it has in ``Hello``.
 
 The agent fixes what a role binds to (its own fabric, a port the OS picks) and passes on only
 the allocator variables (:data:`~pytest_tfgrpc.tuning.allocator.ALLOCATOR_VARS`, digits only)
@@ -23,7 +27,11 @@ Security: the agent binds its fabric's address only and every call must carry th
 token (``authorization: Bearer <token>``; from ``--token-file`` or ``TFGRPC_AGENT_TOKEN``),
 compared in constant time; a call without it gets ``UNAUTHENTICATED``. With ``--tls-cert`` and
 ``--tls-key`` it serves TLS, and with ``--tls-ca`` it requires client certificates that CA
-signed (mutual TLS); the token is checked either way.
+signed (mutual TLS); the token is checked either way. The same files are the host's identity
+for the roles it starts when a driver asks for TLS (``RoleStart.tls``): they serve and dial
+with them (``$TFGRPC_TLS_*``), so each host names its own certificate, for its own address,
+and no private key leaves its host. An agent without them refuses a TLS role
+(``FAILED_PRECONDITION``); ``Hello`` says which TLS its roles get.
 
 Lifetime: every process belongs to the driver that started it, which holds a lease renewed by
 ``Heartbeat``. The agent stops a driver's processes when its lease runs out, when it calls
@@ -57,13 +65,22 @@ from typing import Any
 import grpc
 
 from pytest_tfgrpc.hosts.telemetry import link_message, reading_message
+from pytest_tfgrpc.native import BUILD_COMMAND, ENGINES, NativeNotBuilt, binaries
 from pytest_tfgrpc.roles.processes import end_process
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
-from pytest_tfgrpc.wire.security import AGENT_TOKEN_ENV, child_environ, read_secret_file
+from pytest_tfgrpc.wire.security import (
+    AGENT_TOKEN_ENV,
+    TlsError,
+    TlsFiles,
+    child_environ,
+    load_tls,
+    read_secret_file,
+)
+from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 from pytest_tfgrpc.wire.telemetry import TelemetryError, TelemetryReader
 
@@ -73,10 +90,13 @@ __all__ = [
     "TOKEN_ENV",
     "AgentServer",
     "RoleError",
+    "engine_missing",
+    "engines_here",
     "main",
     "read_token",
     "role_argv",
     "server_credentials",
+    "tls_mismatch",
 ]
 
 #: The port ``tfgrpc-node`` listens on unless told otherwise (unassigned by IANA).
@@ -109,6 +129,8 @@ class RoleError(ValueError):
 
 #: What :func:`pytest_tfgrpc.wire.security.new_token` makes (URL-safe base64).
 _JOB_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+#: The roles given the driver's job token: a PS task checks it, a worker sends it on every call.
+_TOKEN_ROLES = ("ps", "worker")
 
 
 def _workers_param(value: str) -> list[str]:
@@ -143,13 +165,74 @@ def _max_bytes_param(value: str) -> list[str]:
     return ["--max-tensor-bytes", value]
 
 
+def _threads_param(value: str) -> list[str]:
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise RoleError(
+            f"parameter threads={value!r}: a number of threads from 1 to 64",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    return ["--threads", value]
+
+
+def _delay_ns_param(value: str) -> list[str]:
+    _delay_param(value)  # checked as the grpcio roles check it
+    return ["--delay-ns", str(int(parse_duration_ns(value)))]
+
+
 _LIMITS = {"workers": _workers_param, "delay": _delay_param, "max_tensor_bytes": _max_bytes_param}
-_PARAMS: Mapping[str, Mapping[str, Callable[[str], list[str]]]] = {
-    "tensor_server": _LIMITS,
-    "ps": _LIMITS,
-    "worker": {},
-    "floor_server": {},
+_NATIVE_LIMITS = {
+    "threads": _threads_param,
+    "delay": _delay_ns_param,
+    "max_tensor_bytes": _max_bytes_param,
 }
+_PARAMS: Mapping[str, Mapping[str, Mapping[str, Callable[[str], list[str]]]]] = {
+    "grpcio": {"tensor_server": _LIMITS, "ps": _LIMITS, "worker": {}, "floor_server": {}},
+    "native": {
+        "tensor_server": _NATIVE_LIMITS,
+        "ps": _NATIVE_LIMITS,
+        "worker": {},
+        "floor_server": {},
+    },
+}
+#: The native program of each role (a :class:`~pytest_tfgrpc.native.NativeBinaries` field).
+_NATIVE_PROGRAMS = {
+    "tensor_server": "server",
+    "ps": "server",
+    "worker": "worker",
+    "floor_server": "floor",
+}
+
+
+def engines_here() -> tuple[str, ...]:
+    """The engines whose roles this host can start: grpcio always, native once built."""
+    try:
+        binaries()
+    except NativeNotBuilt:
+        return ("grpcio",)
+    return ENGINES
+
+
+def engine_missing(host: str, engine: str, role: str) -> str:
+    """The one line that says a host cannot run ``role`` of ``engine``, and how to fix it."""
+    if engine == "native":
+        return (
+            f"host {host}: the native engine is not built there, so it cannot run the native "
+            f"{role}: run `{BUILD_COMMAND}` on {host} (or drop the native engine)"
+        )
+    return f"host {host}: its agent cannot start the {engine} {role}"
+
+
+def tls_mismatch(host: str, roles_tls: str, run_tls: str) -> str:
+    """The one line that says a host's roles would not speak the run's TLS (``run_tls``:
+    ``tls`` or ``mtls``; a plaintext run gets plaintext roles from any agent)."""
+    if roles_tls == "off":
+        how = "start its tfgrpc-node with --tls-cert/--tls-key (and --tls-ca for mutual TLS)"
+    else:
+        how = "give both the same mode (a CA on both sides for mutual TLS)"
+    return (
+        f"host {host}: its agent gives the roles it starts TLS {roles_tls!r}, and this run uses "
+        f"{run_tls!r} (--tfgrpc-tls-*): {how}"
+    )
 
 
 def _package_version() -> str:
@@ -162,25 +245,63 @@ def _package_version() -> str:
 
 
 def role_argv(
-    role: str, params: Mapping[str, str], env: Mapping[str, str], fabric: Fabric
+    role: str,
+    params: Mapping[str, str],
+    env: Mapping[str, str],
+    fabric: Fabric,
+    *,
+    engine: str = "grpcio",
+    tls: TlsFiles | None = None,
+    host: str = "this host",
 ) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of ``role`` on ``fabric``, or :class:`RoleError`.
+    """The command and environment of ``role`` of ``engine`` on ``fabric``, or
+    :class:`RoleError`.
 
     Only :data:`ROLES` exist; each accepts only its own parameters (checked here), and binds
     where the agent says. ``env`` may set the allocator variables to digits, nothing else.
+    ``tls``: the agent's own files, which a role that serves or dials gRPC then uses (None:
+    plaintext); the TLS variables of the agent's own environment never pass. A native role
+    on a host without the native build is refused naming ``host``.
     """
     if role not in ROLES:
         raise RoleError(
             f"role {role!r} is not one this agent runs ({', '.join(ROLES)})",
             grpc.StatusCode.PERMISSION_DENIED,
         )
-    allowed = _PARAMS[role]
-    argv = [sys.executable, "-m", ROLES[role]]
-    if ROLES[role] == _TENSOR_SERVER:
-        argv += ["--fabric", fabric.name, "--port", "0", "--exit-on-stdin-eof"]
-    elif role == "floor_server":
-        host = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
-        argv += ["--bind", host, "--port", "0"]
+    if engine not in ENGINES:
+        raise RoleError(
+            f"engine {engine!r}: expected one of {', '.join(ENGINES)}",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    if role not in _PARAMS[engine]:
+        raise RoleError(
+            f"role {role!r} has no {engine} program (its engines: "
+            f"{', '.join(e for e in ENGINES if role in _PARAMS[e])})",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    allowed = _PARAMS[engine][role]
+    if engine == "native":
+        try:
+            program: Path = getattr(binaries(), _NATIVE_PROGRAMS[role])
+        except NativeNotBuilt:
+            raise RoleError(
+                engine_missing(host, engine, role.replace("_", " ")),
+                grpc.StatusCode.FAILED_PRECONDITION,
+            ) from None
+        argv = [str(program)]
+        if role == "floor_server":
+            address = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
+            argv += ["serve", "--bind", address, "--port", "0"]
+        elif role != "worker":
+            argv += ["--host", fabric.host, "--port", "0", "--fabric", fabric.name]
+            argv += ["--exit-on-stdin-eof"]
+    else:
+        argv = [sys.executable, "-m", ROLES[role]]
+        if ROLES[role] == _TENSOR_SERVER:
+            argv += ["--fabric", fabric.name, "--port", "0", "--exit-on-stdin-eof"]
+        elif role == "floor_server":
+            address = f"{fabric.address}%{fabric.zone}" if fabric.zone else fabric.address
+            argv += ["--bind", address, "--port", "0"]
     for name, value in sorted(params.items()):
         if name not in allowed:
             known = ", ".join(allowed) or "none"
@@ -189,16 +310,20 @@ def role_argv(
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         argv += allowed[name](value)
-    # No secret of the agent's (its token) reaches a role; a PS gets the job token below.
-    child_env = {k: v for k, v in child_environ().items() if k not in ALLOCATOR_VARS}
+    # No secret of the agent's (its token) reaches a role; the job token and the host's TLS
+    # files only as below.
+    hidden = {*ALLOCATOR_VARS, JOB_TOKEN_ENV, *TLS_ENV_VARS.values()}
+    child_env = {k: v for k, v in child_environ().items() if k not in hidden}
+    if tls is not None and role != "floor_server":  # the floor is raw TCP: nothing to secure
+        child_env.update(tls.env())
     for name, value in env.items():
-        if name == JOB_TOKEN_ENV and role == "ps" and _JOB_TOKEN.fullmatch(value):
-            child_env[name] = value  # the driver's job-control token for its PS task
+        if name == JOB_TOKEN_ENV and role in _TOKEN_ROLES and _JOB_TOKEN.fullmatch(value):
+            child_env[name] = value  # the driver's job token: its PS tasks and their callers
             continue
         if name not in ALLOCATOR_VARS or not value.isdigit():
             raise RoleError(
                 f"environment {name}={value!r}: only {', '.join(ALLOCATOR_VARS)} with a number"
-                f" (and {JOB_TOKEN_ENV} for a PS)",
+                f" (and {JOB_TOKEN_ENV} for a PS task or worker)",
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         child_env[name] = value
@@ -272,10 +397,19 @@ class _Lease:
 class AgentServer(agent_pb2_grpc.NodeAgentServicer):
     """The agent's service and its bookkeeping; :meth:`serve` starts it on ``fabric``."""
 
-    def __init__(self, fabric: Fabric, token: str, *, host: str | None = None) -> None:
+    def __init__(
+        self,
+        fabric: Fabric,
+        token: str,
+        *,
+        host: str | None = None,
+        role_tls: TlsFiles | None = None,
+    ) -> None:
         self.fabric = fabric
         self._reader: TelemetryReader | None = None
         self.host = host or socket.gethostname()
+        #: The host's identity for the roles it starts under TLS (None: it has none).
+        self.role_tls = role_tls if role_tls is not None and role_tls.enabled else None
         self._token = token
         self._leases: dict[str, _Lease] = {}
         self._lock = threading.Lock()
@@ -292,6 +426,8 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             roles=list(ROLES),
             pid=os.getpid(),
             version=_package_version(),
+            engines=list(engines_here()),
+            tls=self.role_tls.describe() if self.role_tls is not None else "off",
         )
 
     def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -349,7 +485,19 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         start = first.start
         driver = self._driver(start.driver, context)
         try:
-            argv, env = role_argv(start.role, dict(start.params), dict(start.env), self.fabric)
+            if start.tls and self.role_tls is None:
+                raise RoleError(
+                    tls_mismatch(self.host, "off", "tls"), grpc.StatusCode.FAILED_PRECONDITION
+                )
+            argv, env = role_argv(
+                start.role,
+                dict(start.params),
+                dict(start.env),
+                self.fabric,
+                engine=start.engine or "grpcio",
+                tls=self.role_tls if start.tls else None,
+                host=self.host,
+            )
         except RoleError as exc:
             context.abort(exc.code, str(exc))
         with self._lock:
@@ -562,7 +710,12 @@ def main(argv: list[str] | None = None) -> int:
         credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
     except ValueError as exc:
         parser.error(str(exc))
-    agent = AgentServer(fabric, token, host=args.host_name)
+    role_tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
+    try:
+        load_tls(role_tls, "--tls-")  # the roles read them too: checked once, here
+    except TlsError as exc:
+        parser.error(str(exc))
+    agent = AgentServer(fabric, token, host=args.host_name, role_tls=role_tls)
     try:
         target = agent.serve(args.port, credentials)
     except OSError as exc:

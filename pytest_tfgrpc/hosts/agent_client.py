@@ -31,8 +31,10 @@ import grpc
 
 from pytest_tfgrpc.hosts.agent import ROLES
 from pytest_tfgrpc.hosts.telemetry import reading_from_message
+from pytest_tfgrpc.native import FLOOR_NAME, SERVER_NAME, WORKER_NAME
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 from pytest_tfgrpc.wire.telemetry import Reading, TelemetryError
 
@@ -47,6 +49,8 @@ __all__ = [
     "driver_id",
 ]
 
+#: The role of each native program (the native PS task is the server with a job token).
+_NATIVE_ROLES = {SERVER_NAME: "tensor_server", WORKER_NAME: "worker", FLOOR_NAME: "floor_server"}
 #: The exit status of a remote process whose agent could no longer be reached.
 AGENT_LOST = 255
 _DRIVER_ID = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -72,6 +76,10 @@ class AgentInfo:
     pid: int
     version: str
     target: str
+    #: The engines whose roles it can start (``native`` only where it is built).
+    engines: tuple[str, ...] = ("grpcio",)
+    #: The TLS its roles get when a driver asks (``off``: it has no certificate).
+    tls: str = "off"
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,8 @@ class AgentClient:
                 pid=reply.pid,
                 version=reply.version,
                 target=target,
+                engines=tuple(reply.engines),
+                tls=reply.tls or "off",
             )
             self._heartbeat()
         except BaseException:
@@ -214,9 +224,12 @@ class AgentClient:
         stderr: IO[bytes],
         *,
         name: str,
+        engine: str = "grpcio",
+        tls: bool = False,
     ) -> RemoteProcess:
-        """Start ``role`` there; returns once the agent says it started (or raises)."""
-        return RemoteProcess(self, role, params, env, stderr, name=name)
+        """Start ``role`` of ``engine`` there (with the host's own certificates if ``tls``);
+        returns once the agent says it started (or raises)."""
+        return RemoteProcess(self, role, params, env, stderr, name=name, engine=engine, tls=tls)
 
     def close(self) -> None:
         """Stop renewing, release the lease (the agent stops what is left), close."""
@@ -240,9 +253,13 @@ class AgentClient:
 class AgentLauncher:
     """Starts a :class:`~pytest_tfgrpc.roles.processes.ChildProcess` through an agent.
 
-    It reads the role from the module the handle would run and passes on only what the agent
-    accepts: ``--workers`` and ``--delay`` of a server, and the allocator variables of ``env``;
-    what a role binds to is the agent's choice (its fabric, a port the OS picks).
+    It reads the role and engine from the program the handle would run (a role module of
+    :data:`~pytest_tfgrpc.hosts.agent.ROLES`, or a native program) and passes on only what
+    the agent accepts: a server's ``--workers``/``--threads``, ``--delay``/``--delay-ns`` and
+    ``--max-tensor-bytes``, the allocator variables of ``env``, a PS task's job token, and
+    whether the run uses TLS (the agent's host then serves and dials with its own
+    certificates); what a role binds to is the agent's choice (its fabric, a port the OS
+    picks), and the agent runs its own install's programs, never a path sent here.
     """
 
     def __init__(self, client: AgentClient) -> None:
@@ -267,21 +284,41 @@ class AgentLauncher:
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
     ) -> RemoteProcess:
-        module = argv[2] if len(argv) > 2 and argv[1] == "-m" else ""
-        roles = [role for role, mod in ROLES.items() if mod == module]
-        if not roles:
-            raise AgentError(f"{name}: {module or argv[0]!r} is not a role an agent runs")
-        role = "ps" if "--workers" in argv and roles[0] == "tensor_server" else roles[0]
+        env = env or {}
+        program = os.path.basename(argv[0]) if argv else ""
         params: dict[str, str] = {}
-        rest = list(argv[3:])
-        flags = (("--workers", "workers"), ("--delay", "delay"))
-        for flag, key in (*flags, ("--max-tensor-bytes", "max_tensor_bytes")):
+        if program in _NATIVE_ROLES:
+            engine, role = "native", _NATIVE_ROLES[program]
+            if role == "tensor_server" and JOB_TOKEN_ENV in env:
+                role = "ps"  # the native PS task is the native server with a job token
+            flags: tuple[tuple[str, str], ...] = (
+                ("--threads", "threads"),
+                ("--max-tensor-bytes", "max_tensor_bytes"),
+            )
+            rest = list(argv[1:])
+            if "--delay-ns" in rest and int(rest[rest.index("--delay-ns") + 1]):
+                params["delay"] = f"{rest[rest.index('--delay-ns') + 1]}ns"
+        else:
+            module = argv[2] if len(argv) > 2 and argv[1] == "-m" else ""
+            roles = [role for role, mod in ROLES.items() if mod == module]
+            if not roles:
+                raise AgentError(f"{name}: {module or program!r} is not a role an agent runs")
+            engine = "grpcio"
+            role = "ps" if "--workers" in argv and roles[0] == "tensor_server" else roles[0]
+            flags = (
+                ("--workers", "workers"),
+                ("--delay", "delay"),
+                ("--max-tensor-bytes", "max_tensor_bytes"),
+            )
+            rest = list(argv[3:])
+        for flag, key in flags:
             if flag in rest:
                 params[key] = rest[rest.index(flag) + 1]
-        # The allocator policy, and a PS task's job-control token (the driver's own).
-        passed = (*ALLOCATOR_VARS, *((JOB_TOKEN_ENV,) if role == "ps" else ()))
-        wanted = {k: v for k, v in (env or {}).items() if k in passed}
-        return self.client.run(role, params, wanted, stderr, name=name)
+        # The allocator policy, and the driver's job token for a PS task and its workers.
+        passed = (*ALLOCATOR_VARS, *((JOB_TOKEN_ENV,) if role in ("ps", "worker") else ()))
+        wanted = {k: v for k, v in env.items() if k in passed}
+        tls = any(env.get(variable) for variable in TLS_ENV_VARS.values())
+        return self.client.run(role, params, wanted, stderr, name=name, engine=engine, tls=tls)
 
 
 class _StdinWriter:
@@ -318,6 +355,8 @@ class RemoteProcess:
         stderr: IO[bytes],
         *,
         name: str,
+        engine: str = "grpcio",
+        tls: bool = False,
     ) -> None:
         self.client = client
         self.name = name
@@ -334,7 +373,9 @@ class RemoteProcess:
         self._done = threading.Event()
         self._refusal: str | None = None
         self._terminated = False
-        start = agent_pb2.RoleStart(driver=client.driver, role=role, params=params, env=env)
+        start = agent_pb2.RoleStart(
+            driver=client.driver, role=role, params=params, env=env, engine=engine, tls=tls
+        )
         self._outbox.put(agent_pb2.RoleInput(start=start))
         self._call = client._stub.Run(self._requests(), metadata=client._metadata)
         threading.Thread(target=self._relay, name=f"tfgrpc-remote-{name}", daemon=True).start()

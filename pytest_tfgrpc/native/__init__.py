@@ -45,6 +45,7 @@ APT_PACKAGES = (
 SERVER_NAME = "tfgrpc-native-server"
 CLIENT_NAME = "tfgrpc-native-client"
 WORKER_NAME = "tfgrpc-native-worker"
+FLOOR_NAME = "tfgrpc-native-floor"
 
 #: Overrides where built engines are kept (default: ``$XDG_CACHE_HOME/pytest-tfgrpc/native``).
 CACHE_ENV = "TFGRPC_NATIVE_CACHE"
@@ -61,6 +62,7 @@ class NativeBinaries:
     server: Path
     client: Path
     worker: Path
+    floor: Path
     grpc_version: str
     source_hash: str
 
@@ -110,13 +112,17 @@ def binaries() -> NativeBinaries:
     where = build_dir()
     info_path = where / "build.json"
     server, client, worker = where / SERVER_NAME, where / CLIENT_NAME, where / WORKER_NAME
-    if not (info_path.is_file() and all(os.access(p, os.X_OK) for p in (server, client, worker))):
+    floor = where / FLOOR_NAME
+    programs = (server, client, worker, floor)
+    if not (info_path.is_file() and all(os.access(p, os.X_OK) for p in programs)):
         raise NativeNotBuilt(
             f"the native engine is not built for pytest-tfgrpc {plugin_version()} "
             f"(sources {source_hash()}, looked in {where}): {how_to_build()}"
         )
     info = json.loads(info_path.read_text())
-    return NativeBinaries(server, client, worker, str(info.get("grpc_version", "")), source_hash())
+    return NativeBinaries(
+        server, client, worker, floor, str(info.get("grpc_version", "")), source_hash()
+    )
 
 
 def unavailable_reason() -> str | None:

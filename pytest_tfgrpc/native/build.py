@@ -1,7 +1,7 @@
 """``tfgrpc-build-native``: build the native engine into the per-user cache.
 
 The build runs cmake in a fresh temporary directory next to the final one and renames it into
-place only once both programs are built, so a failed or interrupted build is never found.
+place only once every program is built, so a failed or interrupted build is never found.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from pytest_tfgrpc.native import (
     APT_PACKAGES,
     CLIENT_NAME,
+    FLOOR_NAME,
     SERVER_NAME,
     SOURCE_DIR,
     WORKER_NAME,
@@ -85,7 +86,7 @@ def build(*, force: bool = False, quiet: bool = True, jobs: int = 2) -> Path:
             quiet,
         )
         _run(["cmake", "--build", str(work / "cmake"), "-j", str(jobs)], work, quiet)
-        for name in (SERVER_NAME, CLIENT_NAME, WORKER_NAME):
+        for name in (SERVER_NAME, CLIENT_NAME, WORKER_NAME, FLOOR_NAME):
             shutil.copy2(work / "cmake" / name, out / name)
         info = {"grpc_version": grpc_version, "source": str(SOURCE_DIR)}
         (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -159,8 +159,14 @@ def decode_run(data: bytes) -> NativeRun:
     return NativeRun(size, wire, wall, cpu_by_role, tuple(streams))
 
 
-def run_client(settings: ClientSettings, *, extra_argv: Sequence[str] = ()) -> NativeRun:
-    """Run the native client once and return what it measured.
+def run_client(
+    settings: ClientSettings,
+    *,
+    extra_argv: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> NativeRun:
+    """Run the native client once, in ``env`` (None: this process's; its TLS setting travels
+    as ``$TFGRPC_TLS_*``), and return what it measured.
 
     Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built, and
     :class:`NativeClientError` with the client's own message if it fails or runs past
@@ -172,7 +178,12 @@ def run_client(settings: ClientSettings, *, extra_argv: Sequence[str] = ()) -> N
     lifeline, keep = os.pipe()
     try:
         done = subprocess.run(
-            argv, stdin=lifeline, capture_output=True, timeout=settings.timeout_s, check=False
+            argv,
+            stdin=lifeline,
+            capture_output=True,
+            timeout=settings.timeout_s,
+            check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         raise NativeClientError(

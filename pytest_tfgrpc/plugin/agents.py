@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
-from pytest_tfgrpc.hosts.agent import read_token
+from pytest_tfgrpc.hosts.agent import engine_missing, read_token, tls_mismatch
 from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentLauncher, AgentTLS
 from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterLoad,
@@ -218,15 +218,20 @@ def _record(request: pytest.FixtureRequest, name: str, value: str) -> None:
 def _fail_without(agents: _Agents) -> None:
     if agents.problem:
         pytest.fail(agents.problem, pytrace=False)
-    if tls_mode() != "off":
-        # The run's certificate files are paths on this host; an agent's roles serve
-        # plaintext, which a TLS client would meet as a handshake failure mid-test.
-        pytest.fail(
-            "--tfgrpc-tls-*: servers, PS tasks and workers started through node agents do not"
-            " serve TLS yet (the agent's own link does: --tfgrpc-agent-tls-*); drop"
-            " --tfgrpc-tls-* or --tfgrpc-agents",
-            pytrace=False,
-        )
+
+
+def _check_hosts(clients: Sequence[AgentClient], engine: str, roles: str) -> None:
+    """Fail the test, before anything starts, when a host cannot run ``roles`` as the run
+    asks: ``engine`` (grpcio or native) is not built there, or the run uses TLS and the
+    agent's roles would get another mode (a role serving plaintext to a TLS client fails
+    mid-test as a handshake)."""
+    run_tls = tls_mode()
+    for client in dict.fromkeys(clients):
+        info = client.info
+        if engine not in info.engines:
+            pytest.fail(engine_missing(info.host, engine, roles), pytrace=False)
+        if run_tls != "off" and info.tls != run_tls:
+            pytest.fail(tls_mismatch(info.host, info.tls, run_tls), pytrace=False)
 
 
 def _is_local(address: str) -> bool:
@@ -245,10 +250,13 @@ def agents_in_use(config: pytest.Config) -> bool:
     return _agents_of(config) is not None
 
 
-def server_launchers(request: pytest.FixtureRequest, fabric: Fabric) -> tuple[Launcher, ...]:
+def server_launchers(
+    request: pytest.FixtureRequest, fabric: Fabric, engine: str = "grpcio"
+) -> tuple[Launcher, ...]:
     """With agents, the launcher of the first agent reached through ``fabric`` (where the
     tensor server runs; :func:`record_server` records it once started); otherwise ``()``,
-    this host, and the path is recorded now."""
+    this host, and the path is recorded now. The agent's host must run ``engine``'s server
+    (grpcio or native) and the run's TLS, or the test fails naming the host."""
     load = cluster_of(request.config)
     if load.problem is not None:
         pytest.fail(str(load.problem), pytrace=False)
@@ -272,9 +280,11 @@ def server_launchers(request: pytest.FixtureRequest, fabric: Fabric) -> tuple[La
         return ()
     _fail_without(agents)
     try:
-        return (agents.reachable(agents.ps, fabric)[0].launcher(),)
+        client = agents.reachable(agents.ps, fabric)[0]
     except (AgentError, ValueError) as exc:
         pytest.fail(str(exc), pytrace=False)
+    _check_hosts([client], engine, "tensor server")
+    return (client.launcher(),)
 
 
 def record_server(request: pytest.FixtureRequest, server: EngineServer) -> None:
@@ -292,14 +302,15 @@ def record_server(request: pytest.FixtureRequest, server: EngineServer) -> None:
 
 
 def cluster_launchers(
-    request: pytest.FixtureRequest, fabric: Fabric, topology: Topology
+    request: pytest.FixtureRequest, fabric: Fabric, topology: Topology, engine: str = "grpcio"
 ) -> ClusterPlacement:
     """With agents, where each PS and worker of ``topology`` runs (fields of the engine's
     :class:`~pytest_tfgrpc.bench.engines.Provision`); otherwise ``{}``, all here.
 
     PS ``i`` runs on the ``i``-th PS agent (cyclically), worker ``j`` on the worker agents
     after those the PS tasks took when both come from one pool, so that P + W agents give
-    every process a host of its own. Records placement and path.
+    every process a host of its own. Records placement and path. Every host must run
+    ``engine``'s PS tasks or workers and the run's TLS (see :func:`server_launchers`).
     """
     agents = _agents_of(request.config)
     if agents is None:
@@ -315,6 +326,8 @@ def cluster_launchers(
     offset = topology.ps if agents.workers == agents.ps else 0
     ps = [ps_agents[i % len(ps_agents)] for i in range(topology.ps)]
     workers = [worker_agents[(offset + j) % len(worker_agents)] for j in range(topology.workers)]
+    _check_hosts(ps, engine, "PS task")
+    _check_hosts(workers, engine, "worker")
     placed = [(f"ps{i}", c.info.host, c.info.address) for i, c in enumerate(ps)]
     placed += [(f"worker{j}", c.info.host, c.info.address) for j, c in enumerate(workers)]
     _record(request, PLACEMENT, placement_value(placed))

@@ -26,17 +26,21 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.hosts.emulated import EmulatedFabric, HostAgent
+    from pytest_tfgrpc.wire.security import TlsFiles
 
 __all__ = ["EmulatedHosts", "tfgrpc_emulated_hosts"]
 
 
 @dataclass(frozen=True)
 class EmulatedHosts:
-    """A built fabric with an agent in every host; ``token_file`` holds the agents' token."""
+    """A built fabric with an agent in every host; ``token_file`` holds the agents' token.
+    ``tls``: the driver's certificate, key and CA when the hosts were built with TLS (each
+    agent then has a certificate of its own, for its own address, from that CA)."""
 
     fabric: EmulatedFabric
     agents: dict[str, HostAgent]
     token_file: str
+    tls: TlsFiles | None = None
 
     @property
     def token(self) -> str:
@@ -49,11 +53,34 @@ class EmulatedHosts:
 
     def pytest_args(self, names: Sequence[str] | None = None) -> list[str]:
         """Options that make a pytest run (the driver, here) use these hosts' agents."""
-        return [
+        args = [
             f"--fabric={self.fabric.bridge}",
             f"--tfgrpc-agents={','.join(self.agent_targets(names))}",
             f"--tfgrpc-agent-token-file={self.token_file}",
         ]
+        if self.tls is not None:  # the run's TLS; its CA verifies the agents too
+            args += [f"--tfgrpc-tls-{k}={getattr(self.tls, k)}" for k in ("cert", "key", "ca")]
+        return args
+
+
+def _issue(fabric: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
+    """A CA, and a certificate for each host's address (and the driver's) that it signed."""
+    trustme = pytest.importorskip("trustme", reason="tls=True needs trustme (the dev extra)")
+    from pytest_tfgrpc.wire.security import TlsFiles
+
+    ca = trustme.CA()
+    ca_path = where / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    out = {}
+    names = [("_driver", fabric.driver_address), *((h.name, h.address) for h in fabric.hosts)]
+    for name, address in names:
+        leaf = ca.issue_cert(address, *([] if name.startswith("_") else [name]))
+        cert, key = where / f"{name}.pem", where / f"{name}-key.pem"
+        leaf.private_key_pem.write_to_path(str(key))
+        for i, pem in enumerate(leaf.cert_chain_pems):
+            pem.write_to_path(str(cert), append=i > 0)
+        out[name] = TlsFiles(str(cert), str(key), str(ca_path))
+    return out
 
 
 @pytest.fixture
@@ -62,7 +89,10 @@ def tfgrpc_emulated_hosts(
 ) -> Iterator[Callable[..., EmulatedHosts]]:
     """A factory: ``build("ps0,ps1@200mbit,w0", rate="1gbit", agents=True)`` builds the hosts
     (``name[@rate]`` or a count), each link capped at its rate or ``rate``; removed with
-    everything in them when the test ends. Skips the test where fabrics cannot be built."""
+    everything in them when the test ends. Skips the test where fabrics cannot be built.
+    ``tls=True`` gives every host and the driver a certificate for its own address from one
+    fresh CA (trustme, the ``dev`` extra): the agents and the roles they start serve mutual
+    TLS, and :meth:`EmulatedHosts.pytest_args` hands the run the driver's files."""
     # Imported here: registered in every run, this module costs nothing until used.
     from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
 
@@ -71,16 +101,24 @@ def tfgrpc_emulated_hosts(
         pytest.skip(why)
     with contextlib.ExitStack() as stack:
 
-        def build(hosts: str, *, rate: str | None = None, agents: bool = True) -> EmulatedHosts:
+        def build(
+            hosts: str, *, rate: str | None = None, agents: bool = True, tls: bool = False
+        ) -> EmulatedHosts:
             fabric = stack.enter_context(emulated_fabric(parse_hosts(hosts, rate)))
             token_file = tmp_path_factory.mktemp("agent-token") / "token"
             token_file.write_text(secrets.token_hex(24) + "\n")
             token_file.chmod(0o600)
+            pki = _issue(fabric, tmp_path_factory.mktemp("pki")) if tls else None
             started: dict[str, HostAgent] = {}
             if agents:
                 for host in fabric.hosts:
-                    started[host.name] = HostAgent(host, str(token_file))
+                    extra = []
+                    if pki is not None:  # the host's own identity, for its agent and roles
+                        own = pki[host.name]
+                        extra = [f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")]
+                    started[host.name] = HostAgent(host, str(token_file), extra_args=extra)
                     stack.callback(started[host.name].stop)
-            return EmulatedHosts(fabric, started, str(token_file))
+            driver = pki["_driver"] if pki is not None else None
+            return EmulatedHosts(fabric, started, str(token_file), driver)
 
         yield build

@@ -84,10 +84,16 @@ def _on_agents_or_fail(request: pytest.FixtureRequest, engine: Engine) -> None:
     if agents_in_use(request.config) and not engine.runs_on_agents:
         pytest.fail(
             f"{request.node.nodeid}: engine {engine.name!r} cannot start its servers through "
-            "node agents (they run only the plugin's Python roles, the grpcio engine); drop "
-            "--tfgrpc-agents or the engine",
+            "node agents (they run only the plugin's own roles, of the grpcio and native "
+            "engines); drop --tfgrpc-agents or the engine",
             pytrace=False,
         )
+
+
+def _roles_engine(engine: Engine) -> str:
+    """Which of the plugin's role programs an engine's processes are (an agent starts
+    them): a loop engine's implementation, grpcio or native."""
+    return str(getattr(engine, "implementation", "grpcio"))
 
 
 @pytest.fixture
@@ -97,10 +103,10 @@ def tensor_server(
     """A server of the test's engine in its own process(es), bound to ``fabric``: ``.target``,
     ``.fabric``, ``.pid``. Stopped when the test ends; if it dies during the test, the test
     fails. Its engine is the test's (``tfgrpc_engine``), or the ``tfgrpc_engines`` marker's
-    ``server=``. With node agents (``--tfgrpc-agents``; grpcio engine), started on the first
-    agent's host reached through ``fabric``; with a cluster spec (grpcio engine), the spec's
-    server reached through ``fabric`` on another host. The plugin's own servers take no
-    tensor larger than the test's ``message_profile`` sizes."""
+    ``server=``. With node agents (``--tfgrpc-agents``; grpcio and native engines), started on
+    the first agent's host reached through ``fabric``; with a cluster spec (grpcio engine),
+    the spec's server reached through ``fabric`` on another host. The plugin's own servers
+    take no tensor larger than the test's ``message_profile`` sizes."""
     from pytest_tfgrpc.bench.engines import EngineError, Provision
     from pytest_tfgrpc.hosts.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
     from pytest_tfgrpc.plugin.agents import record_server, server_launchers
@@ -126,7 +132,7 @@ def tensor_server(
             "servers take no injected delay (the plugin's grpcio and native servers do)",
             pytrace=False,
         )
-    launchers = server_launchers(request, fabric)
+    launchers = server_launchers(request, fabric, _roles_engine(engine))
     if not launchers and session.cluster is not None and engine.runs_on_agents:
         # A cluster spec names tfgrpc-server processes already running on other hosts.
         if delay:
@@ -184,9 +190,9 @@ def ps_cluster(
 ) -> Iterator[EngineCluster]:
     """Parameter-server tasks (and workers) of the test's engine bound to ``fabric``, as the
     test's ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
-    (``--tfgrpc-agents``; grpcio engine), on the agents' hosts. Stopped when the test ends; if
-    one of its processes dies during the test, the test fails. The plugin's own PS tasks take
-    no message larger than the test needs."""
+    (``--tfgrpc-agents``; grpcio and native engines), on the agents' hosts. Stopped when the
+    test ends; if one of its processes dies during the test, the test fails. The plugin's own
+    PS tasks take no message larger than the test needs."""
     from pytest_tfgrpc.bench.engines import EngineError, Provision
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
@@ -201,7 +207,7 @@ def ps_cluster(
         max_tensor_bytes=specs.largest_ps_message,
         topology=specs.topology,
         placement=specs.placement,
-        **cluster_launchers(request, tfgrpc_fabric, specs.topology),
+        **cluster_launchers(request, tfgrpc_fabric, specs.topology, _roles_engine(tfgrpc_engine)),
     )
     try:
         cluster = tfgrpc_engine.start_cluster(provision)

@@ -24,6 +24,7 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.native import ENGINES, binaries
 from pytest_tfgrpc.ps import jobs as protocol
 from pytest_tfgrpc.ps.jobs import FromWorker, JobMessage, Reply
+from pytest_tfgrpc.roles.native_server import start_native_server
 from pytest_tfgrpc.roles.parameter_server import method
 from pytest_tfgrpc.roles.processes import (
     LOCAL,
@@ -37,7 +38,7 @@ from pytest_tfgrpc.roles.processes import (
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
 from pytest_tfgrpc.wire.fabric import Fabric
-from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mode
+from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
 
@@ -110,21 +111,10 @@ def _on(launcher: Launcher) -> str:
     return "" if launcher is LOCAL else f" on host {launcher.host}"
 
 
-def _check_workers_engine(engine: str, launchers: Sequence[Launcher]) -> None:
+def _check_engine(engine: str, role: str) -> None:
+    """``engine`` is one the cluster's ``role`` (``workers`` or ``ps``) can run."""
     if engine not in ENGINES:
-        raise ValueError(f"workers_engine={engine!r}: expected one of {', '.join(ENGINES)}")
-    if engine != "native":
-        return
-    if any(launcher is not LOCAL for launcher in launchers):
-        raise ClusterError(
-            "native PS workers cannot run through node agents (an agent starts only the "
-            "plugin's Python roles): use the grpcio engine for a PS cluster on agents"
-        )
-    if tls_mode() != "off":
-        raise ClusterError(
-            "native PS workers speak plaintext only, and this run uses TLS "
-            f"({tls_mode()}): use the grpcio engine for PS benchmarks under TLS"
-        )
+        raise ValueError(f"{role}_engine={engine!r}: expected one of {', '.join(ENGINES)}")
 
 
 class PSCluster:
@@ -136,10 +126,14 @@ class PSCluster:
     only from this handle (a token of its own).
 
     ``workers_engine="native"`` starts the native engine's C++ workers
-    (``tfgrpc-native-worker``, same protocol and PS calls) instead of Python ones: plaintext
-    only, on this host only. Raises :class:`ClusterError` for native workers under TLS or
-    through node agents, :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built,
-    ValueError for an engine that is neither.
+    (``tfgrpc-native-worker``, same protocol and PS calls) instead of Python ones;
+    ``ps_engine="native"`` starts native PS tasks (``tfgrpc-native-server`` with the job
+    token: the same PS service) instead of Python ones. Either pairing works with either:
+    every PS call carries the cluster's job token, which workers get in their environment.
+    Native roles speak the run's TLS and run here or through agents (from the agent host's
+    own build). Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` when they are not built
+    here (an agent's host without them refuses to start them, naming the host), ValueError
+    for an engine that is neither.
     """
 
     def __init__(
@@ -153,11 +147,15 @@ class PSCluster:
         worker_launchers: Sequence[Launcher] = (LOCAL,),
         max_tensor_bytes: int | None = None,
         workers_engine: str = "grpcio",
+        ps_engine: str = "grpcio",
     ) -> None:
-        _check_workers_engine(workers_engine, worker_launchers)
+        _check_engine(workers_engine, "workers")
+        _check_engine(ps_engine, "ps")
         self.fabric = fabric
         #: The workers' engine: ``grpcio`` (Python workers) or ``native`` (C++ workers).
         self.workers_engine = workers_engine
+        #: The PS tasks' engine: ``grpcio`` (Python) or ``native`` (C++).
+        self.ps_engine = ps_engine
         self.topology = topology
         #: The largest tensor message a PS takes, if a limit below gRPC's was set.
         self.max_tensor_bytes = max_tensor_bytes
@@ -165,7 +163,8 @@ class PSCluster:
         self.workers: tuple[WorkerProcess, ...] = ()
         self._channels: list[grpc.Channel] = []
         self._job_ids = 0
-        # Job control belongs to this driver: its PS processes take jobs only with this token.
+        # The cluster's calls belong to this driver and its workers: its PS tasks take them
+        # only with this token.
         self._token = new_token()
         ps_env = {**(os.environ if env is None else env), TOKEN_ENV: self._token}
         try:
@@ -173,7 +172,7 @@ class PSCluster:
             self.workers = tuple(
                 WorkerProcess(
                     i,
-                    env=env,
+                    env=ps_env,
                     launcher=worker_launchers[i % len(worker_launchers)],
                     engine=workers_engine,
                 )
@@ -182,18 +181,30 @@ class PSCluster:
             threads = str(max(16, 2 * topology.workers + 4))  # a blocked pull holds a thread
             for index in range(topology.ps):
                 launcher = ps_launchers[index % len(ps_launchers)]
-                self.ps = (
-                    *self.ps,
-                    ServerProcess.start(
+                name = f"PS {index}" + (_on(launcher) or f" on {fabric.name}")
+                if ps_engine == "native":
+                    # Completion-queue threads, not handler threads: a pull parked at the
+                    # barrier holds none.
+                    task = start_native_server(
+                        fabric,
+                        threads=2,
+                        env=ps_env,
+                        ready_timeout=ready_timeout,
+                        name=f"native {name}",
+                        launcher=launcher,
+                        max_tensor_bytes=max_tensor_bytes,
+                    )
+                else:
+                    task = ServerProcess.start(
                         fabric,
                         extra_args=("--workers", threads),
                         env=ps_env,
                         ready_timeout=ready_timeout,
-                        name=f"PS {index}" + (_on(launcher) or f" on {fabric.name}"),
+                        name=name,
                         launcher=launcher,
                         max_tensor_bytes=max_tensor_bytes,
-                    ),
-                )
+                    )
+                self.ps = (*self.ps, task)
             hellos = self._collect(
                 self.workers, time.monotonic() + ready_timeout, "start", protocol.Hello
             )
@@ -240,8 +251,8 @@ class PSCluster:
 
     # --- PS control ----------------------------------------------------------------------
     @property
-    def _credentials(self) -> tuple[tuple[str, str], ...]:
-        """The metadata job-control calls carry: the run's token."""
+    def credentials(self) -> tuple[tuple[str, str], ...]:
+        """The metadata every call to this cluster's PS tasks carries: its job token."""
         return ((TOKEN_KEY, self._token),)
 
     def next_job_id(self) -> int:
@@ -279,7 +290,7 @@ class PSCluster:
                 response_deserializer=service_pb2.PSJobStats.FromString,
             )
             try:
-                replies.append(call(request, timeout=timeout, metadata=self._credentials))
+                replies.append(call(request, timeout=timeout, metadata=self.credentials))
             except grpc.RpcError as error:
                 raise explain(error, ps, name) from None
         return tuple(replies)

@@ -12,8 +12,9 @@ not one interpreter's GIL. The parent talks to a worker in the messages of
 3. the parent writes ``Go`` to all workers at once (the start barrier); the worker runs the
    job and writes its reply, samples as packed int64; then it waits for the next job.
 
-Any failure is written as ``WorkerFailed``. The worker exits when its stdin closes, which is
-how no worker outlives its parent, however the parent ends.
+Every PS call carries the cluster's job token (given in ``$TFGRPC_JOB_TOKEN``, read once and
+removed from the environment). Any failure is written as ``WorkerFailed``. The worker exits when
+its stdin closes, which is how no worker outlives its parent, however the parent ends.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.client import RAISE_HINT, BenchmarkError, connect_aio, rpc_timeout
 from pytest_tfgrpc.wire.security import (
+    TOKEN_ENV,
+    TOKEN_KEY,
     TlsError,
     files_from_env,
     load_tls,
@@ -78,6 +81,9 @@ GO_TIMEOUT_S = 120.0
 
 
 M = TypeVar("M")
+
+#: The metadata every PS call carries: the cluster's job token, if the parent gave one.
+Credentials = tuple[tuple[str, str], ...]
 
 
 def _emit(message: FromWorker) -> None:
@@ -136,7 +142,10 @@ async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
 
 # --- PS throughput ---------------------------------------------------------------------------
 async def _throughput(
-    job: ThroughputJob, channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
+    job: ThroughputJob,
+    channels: Sequence[grpc.aio.Channel],
+    lines: queue.Queue[bytes],
+    credentials: Credentials,
 ) -> ThroughputReply:
     protobuf = job.mode == "protobuf"
     calls = [ch.unary_unary(method("Throughput", raw=not protobuf)) for ch in channels]
@@ -144,8 +153,8 @@ async def _throughput(
     # A call may take as long as the job's own bounds allow, and its bytes at the least rate.
     bound = job.warmup_seconds + job.seconds
     timeouts = [rpc_timeout(size, bound) for size in job.payload_bytes]
-    warm_meta = ((PHASE_KEY, WARMUP),)
-    measure_meta = ((PHASE_KEY, MEASURE),)
+    warm_meta = ((PHASE_KEY, WARMUP), *credentials)
+    measure_meta = ((PHASE_KEY, MEASURE), *credentials)
     clock = time.perf_counter_ns
 
     async def loop(ps: int, count: int, seconds: float, meta: Any, samples: list[int]) -> None:
@@ -213,7 +222,10 @@ def _serialize(message: Any) -> bytes:
 
 
 async def _sync_sgd(
-    job: SyncSGDJob, channels: Sequence[grpc.aio.Channel], lines: queue.Queue[bytes]
+    job: SyncSGDJob,
+    channels: Sequence[grpc.aio.Channel],
+    lines: queue.Queue[bytes],
+    credentials: Credentials,
 ) -> SyncSGDReply:
     worker, check, chunk_bytes = job.worker, job.check, job.chunk_bytes
     targets = job.targets
@@ -238,7 +250,7 @@ async def _sync_sgd(
         header = service_pb2.WeightChunk(step=step, worker=worker, measured=measured)
         target = targets[ps]
         try:
-            await pushes[ps]([_serialize(header), *body], timeout=timeout)
+            await pushes[ps]([_serialize(header), *body], timeout=timeout, metadata=credentials)
         except grpc.RpcError as error:
             raise BenchmarkError(
                 _describe(error, target, f"push of step {step}", timeout)
@@ -246,7 +258,7 @@ async def _sync_sgd(
         request = service_pb2.PullWeightsRequest(
             step=step, worker=worker, measured=measured, chunk_bytes=chunk_bytes
         )
-        call = pulls[ps](_serialize(request), timeout=timeout)
+        call = pulls[ps](_serialize(request), timeout=timeout, metadata=credentials)
         got = 0
         try:
             async for reply in call:
@@ -292,14 +304,14 @@ async def _sync_sgd(
     )
 
 
-async def _run(job: JobMessage, lines: queue.Queue[bytes]) -> Reply:
+async def _run(job: JobMessage, lines: queue.Queue[bytes], credentials: Credentials) -> Reply:
     channels: list[grpc.aio.Channel] = []
     try:
         for target in job.targets:
             channels.append(await connect_aio(target))
         if isinstance(job, ThroughputJob):
-            return await _throughput(job, channels, lines)
-        return await _sync_sgd(job, channels, lines)
+            return await _throughput(job, channels, lines, credentials)
+        return await _sync_sgd(job, channels, lines, credentials)
     finally:
         for channel in channels:
             await channel.close()
@@ -312,6 +324,8 @@ def main() -> int:
     except TlsError as error:
         _emit(WorkerFailed(error=f"TLS settings: {error}"))
         return 2
+    token = os.environ.pop(TOKEN_ENV, "")
+    credentials: Credentials = ((TOKEN_KEY, token),) if token else ()
     lines: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
     _emit(Hello(pid=os.getpid()))
@@ -324,7 +338,7 @@ def main() -> int:
         if isinstance(job, Go):
             continue  # a "go" meant for a job that failed before it was ready
         try:
-            reply = asyncio.run(_run(job, lines))
+            reply = asyncio.run(_run(job, lines, credentials))
         except (BenchmarkError, grpc.RpcError, ValueError) as error:
             _emit(WorkerFailed(error=str(error) or type(error).__name__))
         else:

@@ -12,7 +12,8 @@ is the only place they are strings. Everything that reads figures (gate, summary
 - ``tfgrpc.path``, ``tfgrpc.placement``: whether a test's traffic crossed the fabric or stayed
   on one host (loopback), and on which host each server, PS task and worker ran;
 - ``tfgrpc.<label>.<field>`` for ``target`` (the result's server: a floor's is its floor
-  server), ``rpc``, ``mode``, ``settings``, ``topology``;
+  server), ``rpc``, ``mode``, ``settings``, ``topology``, ``ends`` (where its figures came from:
+  ``client=HOST@ADDRESS server=HOST@ADDRESS``, or every ``ps<i>=`` and ``worker<j>=``);
 - ``tfgrpc.<label>.<key>.<metric>_<unit>``: a figure of one point (message size, payload or
   profile), e.g. ``tfgrpc.p2p_latency.1KiB.p99_us``; the metric and its unit come from
   :mod:`pytest_tfgrpc.metrics`;
@@ -39,7 +40,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from pytest_tfgrpc.metrics import METRICS, RATIO, Metric, is_floor, significant
-from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.results import BenchmarkResult, End
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.units import parse_size
@@ -85,7 +86,7 @@ PLACEMENT = f"{PREFIX}placement"
 BASELINE = f"{PREFIX}baseline"
 UNUSABLE = "unusable"
 #: Properties of a whole result label (``tfgrpc.<label>.<field>``), strings, not figures.
-LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology")
+LABEL_FIELDS = ("target", "rpc", "mode", "settings", "topology", "ends")
 _SKETCH = "sketch"
 _ROUNDS = "rounds"
 #: ``tfgrpc.<label>.<key>.limit``: what bounded the point, with the figures the rule used
@@ -380,7 +381,8 @@ def _task_order(scope: str) -> int:
 @dataclass(frozen=True)
 class LabelRecord:
     """What a test recorded of one result label beyond its points: ``target``, ``rpc``,
-    ``mode``, ``topology`` (``2ps_3workers_round_robin``, PS only) and ``settings``."""
+    ``mode``, ``topology`` (``2ps_3workers_round_robin``, PS only), ``settings`` and ``ends``
+    (where its figures came from; empty where not recorded)."""
 
     label: str
     target: str = ""
@@ -388,6 +390,7 @@ class LabelRecord:
     mode: str = ""
     topology: str = ""
     settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    ends: tuple[End, ...] = ()
 
     @property
     def engine(self) -> str:
@@ -484,7 +487,8 @@ def _fraction(value: float) -> str:
 
 def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
     """The properties of one result, whichever benchmark made it: where and how it was
-    measured (target, rpc, mode, topology when it has one, settings), then per point its
+    measured (target, rpc, mode, topology when it has one, its ends when known, settings), then
+    per point its
     payload, every figure (with the scoped per-PS and workers' figures), a sketch of every
     sample and its rounds; then the model's predictions
     (:meth:`~pytest_tfgrpc.results.BenchmarkResult.model_predictions`)."""
@@ -497,6 +501,9 @@ def result_properties(result: BenchmarkResult) -> list[tuple[str, str]]:
     ]
     if result.topology:
         out.append((_label_property(label, "topology"), result.topology))
+    if result.ends:
+        ends = placement_value((e.role, e.host, e.address) for e in result.ends)
+        out.append((_label_property(label, "ends"), ends))
     out.append((_label_property(label, "settings"), settings))
     for point in result.sizes:
         key = point.label
@@ -593,9 +600,21 @@ def path_value(
 
 
 def placement_value(roles: Iterable[tuple[str, str, str]]) -> str:
-    """A ``tfgrpc.placement`` value from ``(role, host, address)`` triples:
-    ``server=HOST@ADDRESS`` or ``ps0=... worker0=...``."""
+    """A ``tfgrpc.placement`` (or ``tfgrpc.<label>.ends``) value from ``(role, host,
+    address)`` triples: ``server=HOST@ADDRESS`` or ``ps0=... worker0=...``."""
     return " ".join(f"{role}={host}@{address}" for role, host, address in roles)
+
+
+def _ends(value: str) -> tuple[End, ...]:
+    """The ends a ``tfgrpc.<label>.ends`` value names (:func:`placement_value`'s format);
+    a part without ``=`` and ``@`` is skipped."""
+    ends = []
+    for part in value.split():
+        role, eq, rest = part.partition("=")
+        host, at, address = rest.rpartition("@")
+        if eq and at:
+            ends.append(End(role, host, address))
+    return tuple(ends)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,6 +765,7 @@ def read_record(
             mode=got.get("mode", ""),
             topology=got.get("topology", ""),
             settings=_settings(got.get("settings", "")),
+            ends=_ends(got.get("ends", "")),
         )
 
     label_records = {label: fields(label) for label in {*labels, *(lbl for lbl, _ in points)}}

@@ -15,7 +15,8 @@ child process through the same machinery as the tensor server
 same loops as every gRPC figure, is :mod:`pytest_tfgrpc.bench.floor`.
 
 Run ``python -m pytest_tfgrpc.roles.floor_server --bind HOST`` to serve: it prints one JSON line
-``{"port": N, "pid": P}`` once listening, and exits on stdin EOF or SIGTERM.
+``{"port": N, "pid": P}`` once listening, and exits on stdin EOF or SIGTERM. The native engine's
+floor, ``tfgrpc-native-floor serve``, is the same server in C++ (``native/src/floor.cc``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
+from pytest_tfgrpc.native import FLOOR_NAME, binaries
 from pytest_tfgrpc.roles.processes import LOCAL, ChildProcess, Launcher, ServerError
 
 OP_ECHO = 1
@@ -201,13 +203,22 @@ class FloorServer(ChildProcess):
         *,
         env: Mapping[str, str] | None = None,
         launcher: Launcher = LOCAL,
+        engine: str = "grpcio",
     ) -> None:
-        argv = [sys.executable, "-m", "pytest_tfgrpc.roles.floor_server", "--bind", host]
-        name = f"floor server on {host!r}"
+        if engine == "native":
+            # Through an agent the program is the agent host's own build, named by its name.
+            program = FLOOR_NAME if launcher is not LOCAL else str(binaries().floor)
+            argv = [program, "serve", "--bind", host]
+        else:
+            argv = [sys.executable, "-m", "pytest_tfgrpc.roles.floor_server", "--bind", host]
+        name = f"{'native ' if engine == 'native' else ''}floor server on {host!r}"
         if launcher is not LOCAL:
             name += f" (host {launcher.host})"
         super().__init__([*argv, "--port", str(port)], name=name, env=env, launcher=launcher)
         self.host = host
+        #: What serves the floor: ``grpcio`` (this module, Python) or ``native``
+        #: (``tfgrpc-native-floor``, C++, the same protocol).
+        self.engine = engine
         self._port: int | None = None
 
     @classmethod
@@ -219,12 +230,16 @@ class FloorServer(ChildProcess):
         env: Mapping[str, str] | None = None,
         ready_timeout: float = 15.0,
         launcher: Launcher = LOCAL,
+        engine: str = "grpcio",
     ) -> FloorServer:
         """Start a floor server on ``host`` and return once it listens; FloorError (with the
         end of its stderr) if it cannot bind or does not come up within ``ready_timeout``.
         With a node agent's ``launcher``, it runs on that agent's host, bound to the agent's
-        fabric address (``host`` is then that address, and ``port`` the OS's choice)."""
-        handle = cls(host, port, env=env, launcher=launcher)
+        fabric address (``host`` is then that address, and ``port`` the OS's choice).
+        ``engine="native"`` serves with ``tfgrpc-native-floor`` (here, or through an agent
+        from that host's build; :class:`~pytest_tfgrpc.native.NativeNotBuilt` when it is not
+        built here, the agent's refusal naming the host when it is not built there)."""
+        handle = cls(host, port, env=env, launcher=launcher, engine=engine)
         try:
             handle._port = int(handle.read_ready_line(ready_timeout, FloorError)["port"])
         except BaseException:

@@ -33,21 +33,30 @@ def start_native_server(
     ready_timeout: float = 30.0,
     name: str | None = None,
     launcher: Launcher = LOCAL,
+    max_tensor_bytes: int | None = None,
 ) -> ServerProcess:
     """Start the native tensor server on ``fabric`` and return once it serves.
+
+    It also serves the PS service (``tfgrpc.ParameterServer``) when ``env`` hands it a job
+    token (:data:`~pytest_tfgrpc.wire.security.TOKEN_ENV`): a native PS task is this server,
+    as a Python PS task is the Python tensor server. It refuses, with RESOURCE_EXHAUSTED,
+    tensors over ``max_tensor_bytes`` (None: the largest one gRPC message carries), including
+    what a pull or a job would make it allocate.
 
     ``delay_s`` holds every tensor-service reply back that long (fault injection, as
     ``tfgrpc-server --delay``; it holds the serving thread). ``threads`` completion-queue
     threads serve the calls (1: every message handled on the thread that read it, the lowest
     latency; more: concurrent streams on more cores). Raises
-    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built. ``launcher``
-    is the launcher seam of every child process; a node agent refuses the native server (it
-    runs only its own Python roles), so in practice it runs here.
+    :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built here. With an
+    agent's ``launcher`` it runs on that agent's host, from that host's own build (the agent
+    refuses it, naming the host, where there is none). Its TLS is the run's
+    (``$TFGRPC_TLS_*`` in ``env``; through an agent, the host's own certificates).
     """
     if delay_s < 0:
         raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
         raise ValueError(f"threads={threads!r}: a whole number of threads from 1 to 64")
+    limit = [] if max_tensor_bytes is None else ["--max-tensor-bytes", str(max_tensor_bytes)]
     argv = [
         str(binaries().server),
         "--host",
@@ -60,6 +69,7 @@ def start_native_server(
         str(int(delay_s * 1e9)),
         "--threads",
         str(threads),
+        *limit,
         "--exit-on-stdin-eof",
     ]
     return ServerProcess.launch(
@@ -79,15 +89,26 @@ def start_tensor_server(
     env: Mapping[str, str] | None = None,
     max_tensor_bytes: int | None = None,
     launcher: Launcher = LOCAL,
+    name: str | None = None,
     delay_s: float = 0.0,
 ) -> ServerProcess:
-    """A tensor server of ``engine`` on ``fabric``: the Python one, refusing tensors over
-    ``max_tensor_bytes`` (None: gRPC's largest), or the native one (gRPC's own limit).
-    ``launcher``: where it runs (this host, or an agent's host, which runs only the Python
-    one). ``delay_s`` holds every reply back that long (fault injection, ``--delay``)."""
-    name = None if launcher is LOCAL else f"tensor server on host {launcher.host}"
+    """A tensor server of ``engine`` on ``fabric`` (the Python one or the native one),
+    refusing tensors over ``max_tensor_bytes`` (None: gRPC's largest). ``launcher``: where it
+    runs (this host, or an agent's host, from that host's install). ``name``: for messages
+    (default: the engine and the host). ``delay_s`` holds every reply back that long (fault
+    injection, ``--delay``)."""
+    if name is None and launcher is not LOCAL:
+        native = "native " if engine == "native" else ""
+        name = f"{native}tensor server on host {launcher.host}"
     if check_engine(engine) == "native":
-        return start_native_server(fabric, env=env, launcher=launcher, name=name, delay_s=delay_s)
+        return start_native_server(
+            fabric,
+            env=env,
+            launcher=launcher,
+            name=name,
+            max_tensor_bytes=max_tensor_bytes,
+            delay_s=delay_s,
+        )
     return ServerProcess.start(
         fabric,
         env=env,

@@ -1,10 +1,11 @@
 """The tensor server: a real gRPC server in its own process, bound to one fabric address.
 
-Run as ``tfgrpc-server --fabric ib0`` (or ``python -m pytest_tfgrpc.roles.tensor_server``). When
-it
-serves, it prints one JSON line (``{"target": ..., "pid": ..., "fabric": ...}``) on stdout;
+Run as ``tfgrpc-server --fabric ib0`` (or ``python -m pytest_tfgrpc.roles.tensor_server``).
+When it serves, it prints one JSON line (``{"target": ..., "pid": ..., "fabric": ...}``) on stdout;
 with ``--exit-on-stdin-eof`` it also stops when its stdin closes, which is how the plugin
 makes sure no server outlives the pytest process that started it, however that ends.
+``--engine native`` checks the same flags, then becomes the native C++ server
+(``tfgrpc-native-server``, the same services and ready line) by ``exec``.
 
 Every method exists twice: in ``tfgrpc.TensorService`` (TensorProto messages, decoded and
 encoded by hand as TensorFlow does) and in ``tfgrpc.RawTensorService`` (opaque bytes, no
@@ -29,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from pytest_tfgrpc.native import ENGINES, NativeNotBuilt, binaries
 from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.parameter_server import ParameterServer
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
@@ -368,7 +370,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fabric", default="lo", help="interface to bind to (default: lo)")
     parser.add_argument("--port", type=int, default=0, help="port (default: one the OS picks)")
-    parser.add_argument("--workers", type=int, default=16, help="handler threads (default: 16)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="grpcio",
+        help="grpcio (this Python server, the default) or native (tfgrpc-native-server, the "
+        "C++ server built by tfgrpc-build-native; the same service, flags and ready line)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="handler threads (default: 16); native: completion-queue threads, 1-64 (default: "
+        "1, the lowest latency)",
+    )
     parser.add_argument(
         "--delay",
         default="0s",
@@ -391,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--max-tensor-bytes",
-        default=os.environ.get(MAX_TENSOR_ENV) or str(grpc_settings.MAX_TENSOR_BYTES),
+        default=os.environ.get(MAX_TENSOR_ENV) or None,
         help="largest tensor a request may make the server receive or allocate, e.g. 64MiB "
         f"(default: ${MAX_TENSOR_ENV}, else {grpc_settings.MAX_TENSOR_BYTES} B, gRPC's limit); "
         "larger requests are refused with RESOURCE_EXHAUSTED",
@@ -432,8 +447,11 @@ def main(argv: list[str] | None = None) -> int:
         delay_s = parse_duration_ns(args.delay) / 1e9
     except UnitError as exc:
         parser.error(f"--delay: {exc}")
+    limited = args.max_tensor_bytes is not None
+    max_tensor_bytes = grpc_settings.MAX_TENSOR_BYTES
     try:
-        max_tensor_bytes = parse_size(args.max_tensor_bytes)
+        if limited:
+            max_tensor_bytes = parse_size(args.max_tensor_bytes)
     except UnitError as exc:
         parser.error(f"--max-tensor-bytes: {exc}")
     if max_tensor_bytes > grpc_settings.MAX_TENSOR_BYTES:
@@ -450,6 +468,27 @@ def main(argv: list[str] | None = None) -> int:
     problem = _check_bindable(fabric, args.port)
     if problem:
         parser.error(problem)
+    if args.engine == "native":
+        threads = 1 if args.workers is None else args.workers
+        if not 1 <= threads <= 64:
+            parser.error(f"--workers {threads}: the native server takes 1 to 64 threads")
+        try:
+            program = binaries().server
+        except NativeNotBuilt as exc:
+            parser.error(f"--engine native: {exc}")
+        native_argv = [
+            str(program), "--host", fabric.host, "--port", str(args.port),
+            "--fabric", fabric.name, "--delay-ns", str(int(delay_s * 1e9)),
+            "--threads", str(threads),
+            *(["--max-tensor-bytes", str(max_tensor_bytes)] if limited else []),
+            *(["--exit-on-stdin-eof"] if args.exit_on_stdin_eof else []),
+        ]  # fmt: skip
+        # Pinned above (exec keeps the CPUs); its allocator and TLS through the environment.
+        tuned = apply_policy(args.allocator)
+        env = {k: v for k, v in (tuned or os.environ).items() if k not in ENV_VARS.values()}
+        env.update(tls.files.env() if tls is not None else {})
+        os.execve(native_argv[0], native_argv, env)
+    workers = 16 if args.workers is None else args.workers
     # The same allocator policy as plugin-started servers get (there through the
     # environment, here in-process before the first large allocation), and reported.
     apply_policy(args.allocator)
@@ -464,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         fabric.host,
         args.port,
         fabric.name,
-        workers=args.workers,
+        workers=workers,
         delay_s=delay_s,
         max_tensor_bytes=max_tensor_bytes,
         job_token=os.environ.get(TOKEN_ENV) or None,

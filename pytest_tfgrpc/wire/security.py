@@ -201,6 +201,17 @@ def tls_mode() -> str:
     return _current.files.describe() if _current is not None else "off"
 
 
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the process's TLS setting in
+    :data:`ENV_VARS` and no other, and none of the secrets :func:`child_environ` leaves out:
+    what a child that dials or serves for this process gets (the native client, stream
+    workers)."""
+    env = {k: v for k, v in child_environ(base).items() if k not in ENV_VARS.values()}
+    if _current is not None:
+        env.update(_current.files.env())
+    return env
+
+
 def open_channel(target: str, options: Sequence[tuple[str, int]]) -> grpc.Channel:
     """A channel to ``target`` under the process's TLS setting."""
     if _current is None:

@@ -94,7 +94,7 @@ class LoopEngine(Engine):
         )
 
     def start_cluster(self, provision: Provision) -> PSCluster:
-        """The plugin's PS tasks and workers (of :attr:`implementation`) as ``provision``
+        """The plugin's PS tasks and workers, both of :attr:`implementation`, as ``provision``
         asks, on its launchers' hosts. The PS tasks refuse tensor messages over
         ``provision.max_tensor_bytes`` (None: the largest gRPC carries); with a placed
         profile, never under what ``sync_sgd_step``'s fit pushes to PS 0
@@ -108,6 +108,7 @@ class LoopEngine(Engine):
             env=provision.env,
             max_tensor_bytes=limit,
             workers_engine=self.implementation,
+            ps_engine=self.implementation,
             ps_launchers=provision.ps_launchers or (LOCAL,),
             worker_launchers=provision.worker_launchers or (LOCAL,),
         )

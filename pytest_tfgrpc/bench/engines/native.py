@@ -13,38 +13,27 @@ from types import ModuleType
 from typing import ClassVar
 
 from pytest_tfgrpc.bench import native_p2p
-from pytest_tfgrpc.bench.engines.base import EngineError
 from pytest_tfgrpc.bench.engines.grpcio import LoopEngine
 from pytest_tfgrpc.native import unavailable_reason
-from pytest_tfgrpc.wire.security import tls_mode
-
-#: Why the native engine refuses a run with TLS (``--tfgrpc-tls-*``).
-PLAINTEXT_ONLY = "the native server and client speak plaintext only, and this run uses TLS"
 
 __all__ = ["NativeEngine"]
 
 
 class NativeEngine(LoopEngine):
     """The plugin's C++ tensor server and client (opt-in: ``tfgrpc-build-native``). Its
-    server keeps gRPC's own message limit (a test's largest size is not enforced). Its PS
-    benchmarks run the plugin's Python PS processes with C++ workers
-    (``tfgrpc-native-worker``: the workers push to the PS tasks, the PS side is the same as
-    the grpcio engine's); their results say ``engine=native``."""
+    server refuses tensors over the test's largest size, as the Python one does. Its PS
+    benchmarks run native PS tasks (``tfgrpc-native-server`` with the job token) and C++
+    workers (``tfgrpc-native-worker``); their results say ``engine=native``,
+    ``ps_engine=native`` and ``workers_engine=native``. Server, client, PS tasks and workers
+    speak the run's TLS (``--tfgrpc-tls-*``, handed over as ``$TFGRPC_TLS_*``), and node
+    agents start every one of its roles (and its floor server) from their own hosts' builds."""
 
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
-    # PSCluster refuses native workers under TLS and through agents, naming the cause.
     implementation: ClassVar[str] = "native"
+    runs_on_agents: ClassVar[bool] = True
 
     def unavailable(self) -> str | None:
         """Why it cannot run: not built for this plugin version and source (the message names
         the command that builds it), or None."""
         return unavailable_reason()
-
-    def check_usable(self) -> None:
-        """:raises EngineError: the run uses TLS, which the native server and client do not
-        speak."""
-        # Its client has no TLS: under --tfgrpc-tls-* it would meet a TLS server as a failed
-        # handshake mid-test. A setup error naming the cause is the honest answer.
-        if tls_mode() != "off":
-            raise EngineError(f"engine 'native': {PLAINTEXT_ONLY}")

@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "call.h"
+#include "tls.h"
 #include "wire.h"
 
 namespace tfgrpc {
@@ -57,18 +58,28 @@ struct Settings {
   int64_t chunk_bytes = kDefaultChunkBytes;
   double deadline_s = 0;
   int streams = 1;
+  // Of the TLS setting its parent handed it ($TFGRPC_TLS_*, tls.h); plaintext by default.
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  std::string tls_mode = "off";
 };
 
-std::shared_ptr<grpc::Channel> connect(const std::string& target, int stream) {
+std::shared_ptr<grpc::Channel> connect(const Settings& s, int stream) {
+  const std::string& target = s.target;
   grpc::ChannelArguments args;
   common_arguments(&args);
   // Each stream its own connection: gRPC folds channels with equal arguments into one
   // subchannel unless the pool is local, and the stream index keeps the arguments distinct.
   args.SetInt("grpc.use_local_subchannel_pool", 1);
   args.SetInt("tfgrpc.stream", stream);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(target, s.credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    throw CallError("no connection to " + target + " within 10 s");
+    std::string why = s.tls_mode == "off"
+                          ? ""
+                          : " (TLS " + s.tls_mode +
+                                " on this side: a failed handshake looks the same: a server "
+                                "certificate its CA did not sign, or a server that requires a "
+                                "client certificate this side lacks)";
+    throw CallError("no connection to " + target + " within 10 s" + why);
   }
   return channel;
 }
@@ -369,7 +380,7 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
                 std::barrier<>* sync, StreamResult* out) {
   bool arrived = false;
   try {
-    auto channel = connect(s.target, index);
+    auto channel = connect(s, index);
     std::unique_ptr<Operation> op = make_operation(s, channel, tensor);
     op->prepare();
     int64_t warm_end = now_ns() + static_cast<int64_t>(s.warmup_seconds * 1e9);
@@ -410,7 +421,7 @@ int usage_error(const std::string& message) {
 
 int run(const Settings& s) {
   Tensor tensor(s);
-  std::shared_ptr<grpc::Channel> status_channel = connect(s.target, -1);
+  std::shared_ptr<grpc::Channel> status_channel = connect(s, -1);
   std::barrier<> sync(s.streams + 1);
   std::vector<StreamResult> results(static_cast<size_t>(s.streams));
   std::vector<std::thread> threads;
@@ -528,6 +539,14 @@ int main(int argc, char** argv) {
     return usage_error("--iterations >= 1, --warmup >= 0, --max-seconds and --warmup-seconds > 0");
   if (s.chunk_bytes < 64) return usage_error("--chunk-bytes must be at least 64");
   if (!(s.deadline_s > 0)) return usage_error("--deadline-s must be positive");
+  try {
+    Tls tls = Tls::from_env();
+    s.credentials = tls.channel_credentials();
+    s.tls_mode = tls.mode();
+  } catch (const TlsError& error) {
+    std::cerr << "TLS settings: " << error.what() << "\n";
+    return 2;
+  }
   try {
     return run(s);
   } catch (const std::exception& error) {

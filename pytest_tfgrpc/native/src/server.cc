@@ -11,6 +11,14 @@
 // on the thread that polled it, with no hand-off between threads (gRPC's sync server hands each
 // message from a poller thread to a handler thread: ~5 context switches per 1 KiB echo here).
 //
+// It also serves tfgrpc.ParameterServer and its raw twin (ps.h), as the Python tensor server
+// does, so a native PS task is this server started with the run's job token.
+//
+// Every request is bounded before it costs anything: tensors over --max-tensor-bytes (default
+// $TFGRPC_MAX_TENSOR_BYTES, else gRPC's message limit less 64 B of framing) are refused with
+// RESOURCE_EXHAUSTED, as the Python server refuses them, including a pull's size before the
+// tensor is made; streamed replies are cut into slices as they are written, never all at once.
+//
 // It binds the one host:port it is given, prints {"target", "pid", "fabric"} as one JSON
 // line once it serves, and with --exit-on-stdin-eof stops when its stdin closes.
 #include <grpcpp/generic/async_generic_service.h>
@@ -19,6 +27,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -27,6 +37,8 @@
 #include <mutex>
 #include <thread>
 
+#include "ps.h"
+#include "tls.h"
 #include "wire.h"
 
 namespace tfgrpc {
@@ -44,17 +56,16 @@ int itemsize(int dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-// Seeded pseudo-random bytes: tensor content nothing on the path can compress away.
-std::string random_content(size_t nbytes) {
-  std::string out(nbytes, '\0');
+// Seeded pseudo-random bytes, written in place: tensor content nothing on the path can
+// compress away.
+void fill_random(uint8_t* out, size_t nbytes) {
   uint64_t state = 20180401;
   for (size_t i = 0; i < nbytes; i += 8) {
     state ^= state << 13;
     state ^= state >> 7;
     state ^= state << 17;
-    std::memcpy(&out[i], &state, std::min<size_t>(8, nbytes - i));
+    std::memcpy(out + i, &state, std::min<size_t>(8, nbytes - i));
   }
-  return out;
 }
 
 struct Options {
@@ -64,6 +75,7 @@ struct Options {
   int64_t delay_ns = 0;
   int threads = 1;
   bool exit_on_stdin_eof = false;
+  int64_t max_tensor_bytes = kMaxTensorBytes;
 };
 
 // What every call shares: settings, counters, the pull cache, and the shutdown flag.
@@ -78,6 +90,7 @@ struct Shared {
   grpc::Slice pull_cache;
   std::mutex shutdown_mutex;
   bool shutting_down = false;
+  ParameterServer ps;
 
   void add(int64_t m, int64_t b) {
     messages.fetch_add(m, std::memory_order_relaxed);
@@ -88,9 +101,39 @@ struct Shared {
   }
 };
 
-enum class Method { kUnknown, kEcho, kEchoStream, kPush, kPushStream, kPull, kPullStream, kStatus };
+enum class Method {
+  kUnknown,
+  kEcho,
+  kEchoStream,
+  kPush,
+  kPushStream,
+  kPull,
+  kPullStream,
+  kStatus,
+  kConfigure,
+  kJobStats,
+  kThroughput,
+  kPushGradients,
+  kPullWeights,
+};
+
+bool ps_method(Method method) { return method >= Method::kConfigure; }
 
 Method parse_method(const std::string& path, bool* protobuf) {
+  static const std::map<std::string, Method> ps_names = {
+      {"Configure", Method::kConfigure},         {"JobStats", Method::kJobStats},
+      {"Throughput", Method::kThroughput},       {"PushGradients", Method::kPushGradients},
+      {"PullWeights", Method::kPullWeights}};
+  for (const char* prefix : {kPsService, kRawPsService}) {
+    size_t length = std::strlen(prefix);
+    if (path.compare(0, length, prefix) != 0) continue;
+    *protobuf = prefix == kPsService;
+    auto it = ps_names.find(path.substr(length));
+    if (it == ps_names.end() || (!*protobuf && it->second != Method::kThroughput)) {
+      return Method::kUnknown;  // the raw twin serves Throughput only
+    }
+    return it->second;
+  }
   static const std::map<std::string, Method> names = {
       {"Echo", Method::kEcho}, {"EchoStream", Method::kEchoStream}, {"Push", Method::kPush},
       {"PushStream", Method::kPushStream}, {"Pull", Method::kPull},
@@ -111,13 +154,23 @@ Status check_tensor(const ByteBuffer& message) {
   std::string head = peek(message, kPeekBytes);
   ContentSpan span = content_span(reinterpret_cast<const uint8_t*>(head.data()), head.size());
   if (!span.ok) return Status(StatusCode::INVALID_ARGUMENT, "not a TensorProto");
-  if (span.offset + span.length != message.Length()) {
+  // By subtraction: a content length near 2^64 must not wrap into a match.
+  if (span.offset > message.Length() || span.length != message.Length() - span.offset) {
     return Status(StatusCode::INVALID_ARGUMENT,
                   "TensorProto content claims " + std::to_string(span.length) +
                       " bytes at offset " + std::to_string(span.offset) + ", message has " +
                       std::to_string(message.Length()));
   }
   return Status::OK;
+}
+
+// The bytes of a ByteBuffer, contiguous: in place when it is one slice, else copied into
+// `scratch`. Returns (pointer, length).
+std::pair<const uint8_t*, size_t> contiguous(const ByteBuffer& buffer, grpc::Slice* single,
+                                            std::string* scratch) {
+  if (buffer.TrySingleSlice(single).ok()) return {single->begin(), single->size()};
+  *scratch = to_string(buffer);
+  return {reinterpret_cast<const uint8_t*>(scratch->data()), scratch->size()};
 }
 
 // One call, from its arrival to its end. Every completion comes back as proceed(ok).
@@ -141,13 +194,16 @@ class Call {
       case State::kWriting:
         if (!ok) return finish(Status(StatusCode::CANCELLED, "the client went away"));
         return after_write();
+      case State::kWaiting:
+        // The barrier's alarm: ok when it expired, not ok when a push or a new job woke it.
+        return after_wait(ok);
       case State::kFinishing:
         return finished();
     }
   }
 
  private:
-  enum class State { kRequested, kReading, kWriting, kFinishing };
+  enum class State { kRequested, kReading, kWriting, kWaiting, kFinishing };
 
   void respawn() {
     std::lock_guard<std::mutex> lock(shared_->shutdown_mutex);
@@ -159,12 +215,20 @@ class Call {
     if (method_ == Method::kUnknown) {
       return finish(Status(StatusCode::UNIMPLEMENTED, "no method " + context_.method()));
     }
+    if (ps_method(method_)) {
+      // Before any work, and before the request is even read.
+      Status status = shared_->ps.authorize(context_);
+      if (!status.ok()) return finish(status);
+    }
     if (method_ == Method::kPushStream) {
       const auto& metadata = context_.client_metadata();
       auto found = metadata.find(kMessageBytesKey);
       if (found != metadata.end()) {
-        message_bytes_ =
-            std::atoll(std::string(found->second.data(), found->second.size()).c_str());
+        std::string text(found->second.data(), found->second.size());
+        char* end = nullptr;
+        errno = 0;
+        long long value = std::strtoll(text.c_str(), &end, 10);
+        if (!text.empty() && *end == '\0' && errno == 0) message_bytes_ = value;
       }
       if (message_bytes_ < 0) {  // 0 B is a message too (an empty tensor), as in Python
         // Refused after the first message, as the Python server does: a client whose write
@@ -172,10 +236,16 @@ class Call {
         refusal_ = Status(StatusCode::INVALID_ARGUMENT,
                           std::string("a stream must announce its message size in '") +
                               kMessageBytesKey + "' metadata");
+      } else if (message_bytes_ > limit() + kFramingBytes) {
+        // Read and dropped up to what was announced (at most kDrainBytes), then refused.
+        refusal_ = shared_->ps.too_large(message_bytes_, "a pushed message");
+        drain_ = std::min<int64_t>(message_bytes_, kDrainBytes);
       }
     }
     read();
   }
+
+  int64_t limit() const { return shared_->options.max_tensor_bytes; }
 
   void read() {
     state_ = State::kReading;
@@ -200,18 +270,32 @@ class Call {
   void finished() { delete this; }
 
   void end_of_input() {
-    bool unary = method_ == Method::kEcho || method_ == Method::kPush ||
-                 method_ == Method::kPull || method_ == Method::kPullStream ||
-                 method_ == Method::kStatus;
-    if (unary) return finish(Status(StatusCode::INTERNAL, "the call carried no request"));
+    if (!refusal_.ok()) return finish(refusal_);
+    if (method_ == Method::kPushGradients) return commit_push();
+    bool streaming_in = method_ == Method::kEchoStream || method_ == Method::kPushStream;
+    if (!streaming_in) return finish(Status(StatusCode::INTERNAL, "the call carried no request"));
     finish(Status::OK);
   }
 
+  // A unary request over the limit (with `framing` bytes of message around the tensor).
+  bool over_limit(const char* what, int64_t framing) {
+    int64_t size = static_cast<int64_t>(request_.Length());
+    if (size <= limit() + framing) return false;
+    finish(shared_->ps.too_large(size, what));
+    return true;
+  }
+
   void on_message() {
-    if (!refusal_.ok()) return finish(refusal_);
+    if (!refusal_.ok()) {
+      drained_ += static_cast<int64_t>(request_.Length());
+      if (drained_ < drain_) return read();
+      return finish(refusal_);
+    }
+    int64_t framing = protobuf_ ? kFramingBytes : 0;
     switch (method_) {
       case Method::kEcho:
       case Method::kEchoStream: {
+        if (over_limit("an echoed message", framing)) return;
         shared_->add(1, static_cast<int64_t>(request_.Length()));
         shared_->delay();
         if (protobuf_) {
@@ -222,6 +306,7 @@ class Call {
         return write(request_);
       }
       case Method::kPush: {
+        if (over_limit("a pushed message", framing)) return;
         shared_->delay();
         if (protobuf_) {
           Status status = check_tensor(request_);
@@ -238,19 +323,97 @@ class Call {
         return on_pull();
       case Method::kStatus:
         return reply_and_finish(to_buffer(status_reply()));
+      case Method::kConfigure: {
+        if (over_limit("a job", kFramingBytes)) return;
+        std::string reply;
+        Status status = shared_->ps.configure(to_string(request_), &reply);
+        if (!status.ok()) return finish(status);
+        return reply_and_finish(to_buffer(reply));
+      }
+      case Method::kJobStats: {
+        std::shared_ptr<Job> job = shared_->ps.current();
+        if (!job) return finish(no_job());
+        std::string reply;
+        {
+          std::lock_guard<std::mutex> lock(shared_->ps.mutex);
+          reply = job->stats();
+        }
+        return reply_and_finish(to_buffer(reply));
+      }
+      case Method::kThroughput:
+        return on_throughput();
+      case Method::kPushGradients:
+        return on_gradient();
+      case Method::kPullWeights:
+        return on_pull_weights();
       case Method::kUnknown:
         break;
     }
     finish(Status(StatusCode::INTERNAL, "unreachable"));
   }
 
+  static Status small_slices(int64_t asked) {
+    return Status(StatusCode::INVALID_ARGUMENT,
+                  "chunk_bytes " + std::to_string(asked) + ": a streamed reply is cut into slices of at least " +
+                      std::to_string(kMinChunkBytes) + " B (0: the server's default)");
+  }
+
+  static Status no_job() {
+    return Status(StatusCode::FAILED_PRECONDITION, "no job configured on this PS");
+  }
+
   void after_write() {
-    if (method_ == Method::kPullStream) {
-      if (next_piece_ < pieces_.size()) return write(pieces_[next_piece_++]);
-      pieces_.clear();
-      return finish(Status::OK);
+    ByteBuffer piece;
+    if (method_ == Method::kPullStream || method_ == Method::kPullWeights) {
+      if (next_piece(&piece)) return write(piece);
+      return end_of_pieces();
     }
     read();  // EchoStream, PushStream: the next message
+  }
+
+  // --- streamed replies, cut as they are written ----------------------------------------------
+  // Slices of sources_[i] of at most chunk_ bytes each, wrapped by the method's framing.
+  bool next_piece(ByteBuffer* out) {
+    while (source_ < sources_.size() && offset_ >= sources_[source_].size()) {
+      ++source_;
+      offset_ = 0;
+    }
+    if (source_ >= sources_.size()) return false;
+    const grpc::Slice& source = sources_[source_];
+    size_t end = offset_ + std::min<size_t>(static_cast<size_t>(chunk_), source.size() - offset_);
+    grpc::Slice piece = source.sub(offset_, end);
+    std::string head;
+    if (method_ == Method::kPullWeights) {
+      head = weight_chunk_head(static_cast<int64_t>(source_), static_cast<int64_t>(offset_),
+                               pull_step_, end - offset_);
+    } else if (protobuf_) {
+      head = chunk_prefix(end - offset_);
+    }
+    if (head.empty()) {
+      *out = ByteBuffer(&piece, 1);
+    } else {
+      grpc::Slice parts[2] = {grpc::Slice(head), piece};
+      *out = ByteBuffer(parts, 2);
+    }
+    sent_ += static_cast<int64_t>(end - offset_);
+    offset_ = end;
+    return true;
+  }
+
+  void start_pieces() {
+    ByteBuffer piece;
+    if (next_piece(&piece)) return write(piece);
+    end_of_pieces();
+  }
+
+  void end_of_pieces() {
+    sources_.clear();
+    if (method_ == Method::kPullWeights && pull_measured_ && pull_step_ >= 0) {
+      std::lock_guard<std::mutex> lock(shared_->ps.mutex);
+      job_->bytes_out += sent_;
+      job_->rpcs += 1;
+    }
+    finish(Status::OK);
   }
 
   // PushStream: slices of messages of the announced size; one Ack per whole message.
@@ -262,6 +425,7 @@ class Call {
       data_bytes = span.length;
       if (received_ == 0) first_ = peek(request_, span.prefix + kPeekBytes).substr(span.prefix);
     }
+    // data_bytes is at most one received message (< 2 GiB): no overflow below.
     received_ += static_cast<int64_t>(data_bytes);
     if (received_ < message_bytes_) return read();
     if (received_ > message_bytes_) {
@@ -272,7 +436,8 @@ class Call {
     }
     if (protobuf_) {
       ContentSpan span = content_span(reinterpret_cast<const uint8_t*>(first_.data()), first_.size());
-      if (!span.ok || static_cast<int64_t>(span.offset + span.length) != message_bytes_) {
+      uint64_t whole = static_cast<uint64_t>(message_bytes_);
+      if (!span.ok || span.offset > whole || span.length != whole - span.offset) {
         return finish(Status(StatusCode::INVALID_ARGUMENT,
                              "TensorProto of " + std::to_string(span.offset + span.length) +
                                  " bytes in a " + std::to_string(message_bytes_) + " B message"));
@@ -294,7 +459,10 @@ class Call {
       return finish(Status(StatusCode::INVALID_ARGUMENT, "not a PullRequest"));
     }
     int64_t nbytes = fields[0];
+    // Before anything is allocated: 7 bytes of request must not cost a terabyte.
+    if (nbytes > limit()) return finish(shared_->ps.too_large(nbytes, "a pull"));
     int dtype = static_cast<int>(fields[1]);
+    if (fields[2] != 0 && fields[2] < kMinChunkBytes) return finish(small_slices(fields[2]));
     int64_t chunk = fields[2] > 0 ? fields[2] : kDefaultChunkBytes;
     int size = itemsize(dtype);
     if (size == 0) {
@@ -306,30 +474,224 @@ class Call {
     {
       std::lock_guard<std::mutex> lock(shared_->pull_mutex);
       if (shared_->pull_key != std::make_pair(nbytes, dtype)) {
-        std::string content = random_content(static_cast<size_t>(nbytes));
-        std::string encoded =
-            protobuf_ ? encode_header(dtype, {nbytes / size}, static_cast<uint64_t>(nbytes)) + content
-                      : content;
-        shared_->pull_cache = grpc::Slice(encoded);
+        shared_->pull_cache = grpc::Slice();  // the old tensor goes before the new one comes
+        std::string header =
+            protobuf_ ? encode_header(dtype, {nbytes / size}, static_cast<uint64_t>(nbytes)) : "";
+        // One allocation of the whole message, filled in place.
+        grpc::Slice encoded(header.size() + static_cast<size_t>(nbytes));
+        uint8_t* out = const_cast<uint8_t*>(encoded.begin());
+        std::memcpy(out, header.data(), header.size());
+        fill_random(out + header.size(), static_cast<size_t>(nbytes));
+        shared_->pull_cache = encoded;
         shared_->pull_key = {nbytes, dtype};
       }
       message = shared_->pull_cache;
     }
     if (method_ == Method::kPull) return reply_and_finish(ByteBuffer(&message, 1));
-    size_t total = message.size();
-    for (size_t start = 0; start < total; start += static_cast<size_t>(chunk)) {
-      size_t end = std::min(total, start + static_cast<size_t>(chunk));
-      grpc::Slice piece = message.sub(start, end);
-      if (protobuf_) {
-        grpc::Slice parts[2] = {grpc::Slice(chunk_prefix(end - start)), piece};
-        pieces_.emplace_back(parts, 2);
-      } else {
-        pieces_.emplace_back(&piece, 1);
+    sources_ = {message};
+    chunk_ = chunk;
+    start_pieces();
+  }
+
+  // --- the PS service ---------------------------------------------------------------------------
+  void on_throughput() {
+    int64_t size = static_cast<int64_t>(request_.Length());
+    if (over_limit("a Throughput payload", protobuf_ ? kFramingBytes : 0)) return;
+    if (protobuf_) {
+      Status status = check_tensor(request_);
+      if (!status.ok()) return finish(status);
+      std::string head = peek(request_, kPeekBytes);
+      size = static_cast<int64_t>(
+          content_span(reinterpret_cast<const uint8_t*>(head.data()), head.size()).length);
+    }
+    const auto& metadata = context_.client_metadata();
+    auto phase = metadata.find(kPhaseKey);
+    bool measured = phase != metadata.end() && phase->second == kMeasure;
+    if (measured) {
+      ParameterServer& ps = shared_->ps;
+      std::lock_guard<std::mutex> lock(ps.mutex);
+      if (ps.job) {
+        ps.job->start_measuring();
+        ps.job->rpcs += 1;
+        ps.job->bytes_in += size;
       }
     }
-    next_piece_ = 0;
-    if (pieces_.empty()) return finish(Status::OK);
-    write(pieces_[next_piece_++]);
+    reply_and_finish(to_buffer(encode_ack(static_cast<int64_t>(request_.Length()), 1)));
+  }
+
+  // PushGradients: the first chunk names step, worker and phase; every chunk after it must
+  // continue the push in order (shard by shard, offset by offset), and is staged in the call.
+  void on_gradient() {
+    grpc::Slice single;
+    std::string scratch;
+    auto [p, n] = contiguous(request_, &single, &scratch);
+    WeightChunk chunk;
+    if (!parse_chunk(p, n, &chunk)) {
+      return finish(Status(StatusCode::INVALID_ARGUMENT, "not a WeightChunk"));
+    }
+    if (!job_) {
+      job_ = shared_->ps.current();
+      if (!job_) return finish(no_job());
+      ParameterServer& ps = shared_->ps;
+      std::lock_guard<std::mutex> lock(ps.mutex);
+      push_step_ = chunk.step;
+      push_worker_ = chunk.worker;
+      push_measured_ = chunk.measured;
+      if (!accepts_push()) return finish(out_of_turn());
+      staged_.assign(static_cast<size_t>(job_->total_bytes / 4), 0.0f);
+    }
+    if (chunk.length == 0) return read();
+    const std::vector<int64_t>& sizes = job_->sizes;
+    while (shard_ < sizes.size() && cursor_ >= sizes[shard_]) {
+      ++shard_;
+      cursor_ = 0;
+    }
+    if (shard_ >= sizes.size() || chunk.shard != static_cast<int64_t>(shard_) ||
+        chunk.offset != cursor_ || chunk.length % 4 ||
+        chunk.length > static_cast<uint64_t>(sizes[shard_] - cursor_)) {
+      return finish(Status(
+          StatusCode::INVALID_ARGUMENT,
+          "a gradient slice (" + std::to_string(chunk.length) + " B at " +
+              std::to_string(chunk.offset) + " of shard " + std::to_string(chunk.shard) +
+              ") does not continue the push: slices must cover this PS's shards in order, "
+              "float32-aligned"));
+    }
+    std::memcpy(staged_.data() + job_->bases[shard_] + cursor_ / 4, chunk.data, chunk.length);
+    cursor_ += static_cast<int64_t>(chunk.length);
+    pushed_ += static_cast<int64_t>(chunk.length);
+    read();
+  }
+
+  // Under the PS lock: this push's step is the one being pushed, by a worker of the job that
+  // has not pushed it yet. Checked at the first chunk and again when committing.
+  bool accepts_push() const {
+    const Job& job = *job_;
+    return push_step_ == job.step && push_worker_ >= 0 && push_worker_ < job.spec.workers &&
+           job.pushed.count(push_worker_) == 0;
+  }
+
+  Status out_of_turn() const {
+    return Status(StatusCode::FAILED_PRECONDITION,
+                  "worker " + std::to_string(push_worker_) + "'s push of step " +
+                      std::to_string(push_step_) +
+                      " is out of turn: not the step this PS takes now, a worker index outside "
+                      "the job, or a step that worker already pushed");
+  }
+
+  // The whole push arrived: add it to the aggregate, or refuse it without touching the sum.
+  void commit_push() {
+    if (!job_) return finish(Status(StatusCode::INVALID_ARGUMENT, "an empty gradient push"));
+    if (pushed_ != job_->total_bytes) {
+      return finish(Status(StatusCode::INVALID_ARGUMENT,
+                           "worker " + std::to_string(push_worker_) + " pushed " +
+                               std::to_string(pushed_) + " B of gradients for step " +
+                               std::to_string(push_step_) + "; this PS owns " +
+                               std::to_string(job_->total_bytes) + " B"));
+    }
+    ParameterServer& ps = shared_->ps;
+    {
+      std::lock_guard<std::mutex> lock(ps.mutex);
+      if (ps.job != job_) return finish(Status(StatusCode::ABORTED, "the job was replaced during the push"));
+      if (!accepts_push()) return finish(out_of_turn());
+      Job& job = *job_;
+      for (size_t s = 0; s < job.accumulators.size(); ++s) {
+        std::vector<float>& sum = job.accumulators[s];
+        const float* add = staged_.data() + job.bases[s];
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += add[i];
+      }
+      job.pushed.insert(push_worker_);
+      if (push_measured_) {
+        job.start_measuring();
+        job.step_measured = true;
+        job.bytes_in += pushed_;
+        job.rpcs += 1;
+      }
+      if (static_cast<int64_t>(job.pushed.size()) == job.spec.workers) {
+        job.apply();
+        ps.wake();
+      }
+    }
+    staged_ = std::vector<float>();
+    reply_and_finish(to_buffer(encode_ack(pushed_, 1)));
+  }
+
+  // PullWeights: wait at the barrier for the step's update (parked on an alarm, no thread
+  // held), then stream the weights.
+  void on_pull_weights() {
+    std::vector<int64_t> fields = {0, 0, 0, 0};
+    if (!varint_fields(to_string(request_), &fields)) {
+      return finish(Status(StatusCode::INVALID_ARGUMENT, "not a PullWeightsRequest"));
+    }
+    pull_step_ = fields[0];
+    pull_measured_ = fields[2] != 0;
+    if (fields[3] != 0 && fields[3] < kMinChunkBytes) return finish(small_slices(fields[3]));
+    chunk_ = fields[3] > 0 ? fields[3] : kDefaultPullChunk;
+    job_ = shared_->ps.current();
+    if (!job_) return finish(no_job());
+    ParameterServer& ps = shared_->ps;
+    std::unique_lock<std::mutex> lock(ps.mutex);
+    if (pull_step_ < 0) {
+      sources_ = job_->served;
+      lock.unlock();
+      return start_pieces();
+    }
+    if (pull_step_ > job_->step) {
+      return finish(Status(StatusCode::FAILED_PRECONDITION,
+                           "pull of step " + std::to_string(pull_step_) +
+                               " before this PS took its pushes"));
+    }
+    double timeout = job_->spec.barrier_timeout_seconds;
+    if (!(timeout > 0)) timeout = 0;
+    timeout = std::min(timeout, 86400.0);
+    deadline_ = std::chrono::system_clock::now() +
+                std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6));
+    if (job_->step > pull_step_) return pull_ready(lock);
+    if (ps.stopping) return finish(Status(StatusCode::UNAVAILABLE, "the PS is shutting down"));
+    state_ = State::kWaiting;
+    ps.waiting.insert(&alarm_);
+    alarm_.Set(cq_, deadline_, this);
+  }
+
+  void after_wait(bool expired) {
+    ParameterServer& ps = shared_->ps;
+    std::unique_lock<std::mutex> lock(ps.mutex);
+    ps.waiting.erase(&alarm_);
+    if (ps.job != job_) return finish(Status(StatusCode::ABORTED, "the job was replaced"));
+    if (job_->step > pull_step_) return pull_ready(lock);
+    if (ps.stopping) return finish(Status(StatusCode::UNAVAILABLE, "the PS is shutting down"));
+    if (expired || std::chrono::system_clock::now() >= deadline_) {
+      double timeout = job_->spec.barrier_timeout_seconds;
+      return finish(Status(StatusCode::DEADLINE_EXCEEDED,
+                           "step " + std::to_string(pull_step_) + ": " +
+                               std::to_string(job_->pushed.size()) + " of " +
+                               std::to_string(job_->spec.workers) +
+                               " workers pushed their gradients within " + format_seconds(timeout) +
+                               " s"));
+    }
+    state_ = State::kWaiting;  // woken for another reason: park again until the deadline
+    ps.waiting.insert(&alarm_);
+    alarm_.Set(cq_, deadline_, this);
+  }
+
+  // Under the PS lock: the step was applied.
+  void pull_ready(std::unique_lock<std::mutex>& lock) {
+    if (job_->step != pull_step_ + 1) {
+      return finish(Status(StatusCode::FAILED_PRECONDITION,
+                           "pull of step " + std::to_string(pull_step_) +
+                               ", a step this PS has applied and moved past"));
+    }
+    if (job_->spec.task == 0) {
+      context_.AddTrailingMetadata(kNextPhaseKey, job_->next_phase[pull_step_]);
+    }
+    sources_ = job_->served;
+    lock.unlock();
+    start_pieces();
+  }
+
+  static std::string format_seconds(double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", seconds);
+    return text;
   }
 
   std::string status_reply() const {
@@ -356,6 +718,10 @@ class Call {
       put_len_field(&entry, 2, value);
       put_len_field(&out, 9, entry);
     }
+    std::string limit;
+    put_len_field(&limit, 1, "max_tensor_bytes");
+    put_len_field(&limit, 2, std::to_string(shared_->options.max_tensor_bytes));
+    put_len_field(&out, 9, limit);
     return out;
   }
 
@@ -372,8 +738,28 @@ class Call {
   int64_t received_ = 0;
   int64_t acked_ = 0;
   std::string first_;  // the first bytes of a streamed message (its TensorProto header)
-  std::vector<ByteBuffer> pieces_;
-  size_t next_piece_ = 0;
+  int64_t drain_ = 0;    // an over-limit push: bytes read and dropped before the refusal
+  int64_t drained_ = 0;
+  // A streamed reply: the sources, where the next slice starts, the slice size, bytes sent.
+  std::vector<grpc::Slice> sources_;
+  size_t source_ = 0;
+  size_t offset_ = 0;
+  int64_t chunk_ = kDefaultChunkBytes;
+  int64_t sent_ = 0;
+  // The PS service: the job a call works on, a push's header, cursor and staged gradients,
+  // a pull's step and the alarm it waits on at the barrier.
+  std::shared_ptr<Job> job_;
+  int64_t push_step_ = 0;
+  int64_t push_worker_ = 0;
+  bool push_measured_ = false;
+  size_t shard_ = 0;
+  int64_t cursor_ = 0;
+  int64_t pushed_ = 0;
+  std::vector<float> staged_;
+  int64_t pull_step_ = 0;
+  bool pull_measured_ = false;
+  std::chrono::system_clock::time_point deadline_;
+  grpc::Alarm alarm_;
 };
 
 void serve(grpc::ServerCompletionQueue* cq, Shared* shared) {
@@ -387,7 +773,7 @@ void serve(grpc::ServerCompletionQueue* cq, Shared* shared) {
 int usage_error(const std::string& message) {
   std::cerr << "tfgrpc-native-server: error: " << message << "\n"
             << "usage: tfgrpc-native-server --host HOST [--port N] [--fabric NAME] "
-               "[--delay-ns N] [--threads N] [--exit-on-stdin-eof]\n";
+               "[--delay-ns N] [--threads N] [--max-tensor-bytes N] [--exit-on-stdin-eof]\n";
   return 2;
 }
 
@@ -398,6 +784,15 @@ int main(int argc, char** argv) {
   using namespace tfgrpc;
   auto shared = std::make_unique<Shared>();
   Options& options = shared->options;
+  if (const char* limit = std::getenv("TFGRPC_MAX_TENSOR_BYTES"); limit && *limit) {
+    char* end = nullptr;
+    options.max_tensor_bytes = std::strtoll(limit, &end, 10);
+    if (*end || options.max_tensor_bytes < 0 || options.max_tensor_bytes > kMaxTensorBytes) {
+      return usage_error(std::string("$TFGRPC_MAX_TENSOR_BYTES=") + limit +
+                         ": the native server takes a number of bytes from 0 to " +
+                         std::to_string(kMaxTensorBytes));
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--exit-on-stdin-eof") {
@@ -418,6 +813,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--delay-ns") {
       options.delay_ns = std::strtoll(v, &end, 10);
       if (*end || options.delay_ns < 0) return usage_error("--delay-ns " + std::string(v));
+    } else if (arg == "--max-tensor-bytes") {
+      options.max_tensor_bytes = std::strtoll(v, &end, 10);
+      if (*end || options.max_tensor_bytes < 0 || options.max_tensor_bytes > kMaxTensorBytes) {
+        return usage_error("--max-tensor-bytes " + std::string(v) + ": a number of bytes from 0 to " +
+                           std::to_string(kMaxTensorBytes));
+      }
     } else if (arg == "--threads") {
       long threads = std::strtol(v, &end, 10);
       if (*end || threads < 1 || threads > 64) return usage_error("--threads " + std::string(v));
@@ -427,10 +828,23 @@ int main(int argc, char** argv) {
     }
   }
 
+  shared->ps.max_tensor_bytes = options.max_tensor_bytes;
+  if (const char* token = std::getenv(kTokenEnv)) shared->ps.token = token;
+  unsetenv(kTokenEnv);  // nothing this process starts needs it
+
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::string tls_mode;
+  try {
+    Tls tls = Tls::from_env();
+    credentials = tls.server_credentials();
+    tls_mode = tls.mode();
+  } catch (const TlsError& error) {
+    std::cerr << "tfgrpc-native-server: error: TLS settings: " << error.what() << "\n";
+    return 2;
+  }
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(options.host + ":" + std::to_string(options.port),
-                           grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(options.host + ":" + std::to_string(options.port), credentials, &bound);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   set_arguments([&builder](const char* key, int value) { builder.AddChannelArgument(key, value); });
@@ -448,8 +862,10 @@ int main(int argc, char** argv) {
   shared->target = options.host + ":" + std::to_string(bound);
   std::vector<std::thread> threads;
   for (auto& cq : queues) threads.emplace_back(serve, cq.get(), shared.get());
-  std::printf("{\"target\": \"%s\", \"pid\": %d, \"fabric\": \"%s\", \"engine\": \"native\"}\n",
-              shared->target.c_str(), static_cast<int>(getpid()), options.fabric.c_str());
+  std::printf(
+      "{\"target\": \"%s\", \"pid\": %d, \"fabric\": \"%s\", \"engine\": \"native\", "
+      "\"tls\": \"%s\"}\n",
+      shared->target.c_str(), static_cast<int>(getpid()), options.fabric.c_str(), tls_mode.c_str());
   std::fflush(stdout);
   if (options.exit_on_stdin_eof) {
     char buffer[4096];
@@ -462,6 +878,7 @@ int main(int argc, char** argv) {
     std::lock_guard<std::mutex> lock(shared->shutdown_mutex);
     shared->shutting_down = true;
   }
+  shared->ps.stop();
   server->Shutdown(std::chrono::system_clock::now());
   for (auto& cq : queues) cq->Shutdown();
   for (auto& thread : threads) thread.join();

@@ -22,6 +22,16 @@ constexpr int kMaxMessageBytes = INT_MAX;
 constexpr int kLookaheadBytes = 8 << 20;
 constexpr int64_t kDefaultChunkBytes = 1 << 20;
 constexpr const char* kMessageBytesKey = "x-tfgrpc-message-bytes";
+// channels.FRAMING_BYTES, MAX_TENSOR_BYTES: the message bytes a TensorProto may add around its
+// content, and the largest tensor one message carries.
+constexpr int64_t kFramingBytes = 64;
+constexpr int64_t kMaxTensorBytes = int64_t{kMaxMessageBytes} - kFramingBytes;
+// tensor_server._DRAIN_BYTES: the most an over-limit stream push is read before it is refused.
+constexpr int64_t kDrainBytes = 64 << 20;
+// The smallest slice a streamed reply is cut into (the plugin's clients ask for 64 B at
+// least): every slice costs a round through the completion queue and ~15 B of framing, so
+// 1-byte slices would cost 15x their bytes on the wire and hold the serving thread.
+constexpr int64_t kMinChunkBytes = 64;
 
 inline std::string method_path(const std::string& mode, const std::string& name) {
   return (mode == "raw" ? "/tfgrpc.RawTensorService/" : "/tfgrpc.TensorService/") + name;
@@ -103,19 +113,44 @@ struct Reader {
     return 0;
   }
 
+  // Skip `count` bytes; a count beyond the end fails without moving (so no length, however
+  // near 2^64, can wrap the position).
+  void advance(uint64_t count) {
+    if (!ok || count > n - pos) {
+      ok = false;
+      pos = n;
+      return;
+    }
+    pos += static_cast<size_t>(count);
+  }
+
+  // The bytes of a length-delimited field's payload (after its tag), in place.
+  const uint8_t* bytes(uint64_t* length) {
+    *length = varint();
+    const uint8_t* start = p + pos;
+    advance(*length);
+    return ok ? start : nullptr;
+  }
+
+  uint64_t fixed(int width) {
+    uint64_t value = 0;
+    if (ok && static_cast<size_t>(width) <= n - pos) std::memcpy(&value, p + pos, width);
+    advance(static_cast<uint64_t>(width));
+    return value;
+  }
+
   void skip(int wire) {
     if (wire == kVarint) {
       varint();
     } else if (wire == kI64) {
-      pos += 8;
+      advance(8);
     } else if (wire == kI32) {
-      pos += 4;
+      advance(4);
     } else if (wire == kLen) {
-      pos += varint();
+      advance(varint());
     } else {
       ok = false;
     }
-    if (pos > n) ok = false;
   }
 };
 
@@ -222,7 +257,8 @@ inline ChunkSpan chunk_span(const grpc::ByteBuffer& buffer) {
   if (key != (1 << 3 | kLen)) return span;
   span.length = r.varint();
   span.prefix = r.pos;
-  span.ok = r.ok && span.prefix + span.length == buffer.Length();
+  // Compared by subtraction: a length near 2^64 must not wrap into a match.
+  span.ok = r.ok && span.prefix <= buffer.Length() && span.length == buffer.Length() - span.prefix;
   return span;
 }
 

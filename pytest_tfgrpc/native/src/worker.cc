@@ -3,7 +3,8 @@
 // It speaks the same worker protocol (protos/tfgrpc/worker.proto, framed as
 // pytest_tfgrpc/ps/jobs.py frames it: each message's size as a varint, then its bytes; samples
 // as packed int64 nanoseconds) on stdin/stdout, and makes the same tfgrpc.ParameterServer
-// calls against the plugin's Python PS tasks:
+// calls against the plugin's PS tasks (Python or native), each carrying
+// the cluster's job token ($TFGRPC_JOB_TOKEN):
 //
 // 1. it writes Hello once it is up;
 // 2. the parent writes a job (ThroughputJob or SyncSGDJob); the worker connects to every PS,
@@ -12,9 +13,8 @@
 //    reply (ThroughputReply or SyncSGDReply), then waits for the next job.
 //
 // Any failure is written as WorkerFailed. It exits when its stdin closes, so no worker
-// outlives its parent. Plaintext only: a run with TLS files in its environment
-// ($TFGRPC_TLS_*) is refused at start, with that reason. The messages are encoded by hand
-// with wire.h's protobuf primitives, as the rest of the native engine's are.
+// outlives its parent. TLS as its parent's run ($TFGRPC_TLS_*, tls.h). The messages are
+// encoded by hand with wire.h's protobuf primitives, as the rest of the native engine's are.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
@@ -31,9 +31,8 @@
 #include <thread>
 
 #include "call.h"
+#include "tls.h"
 #include "wire.h"
-
-extern char** environ;
 
 namespace tfgrpc {
 namespace {
@@ -50,12 +49,24 @@ constexpr const char* kNextPhaseKey = "x-tfgrpc-next-phase";
 constexpr const char* kWarmup = "warmup";
 constexpr const char* kMeasure = "measure";
 constexpr const char* kStop = "stop";
+// security.TOKEN_ENV, TOKEN_KEY: the run's job token, which every PS call carries.
+constexpr const char* kTokenEnv = "TFGRPC_JOB_TOKEN";
+constexpr const char* kTokenKey = "x-tfgrpc-job-token";
 // ps/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
 constexpr double kGoTimeoutS = 120.0;
 
 // --- the worker protocol (protos/tfgrpc/worker.proto) --------------------------------------
 // ps/jobs.py MAX_FRAME_BYTES: a size beyond it is a broken stream, not a message.
 constexpr uint64_t kMaxFrameBytes = 1ULL << 30;
+
+// The job token of the cluster this worker belongs to (read once at start).
+std::string job_token;
+
+// A call's context: its deadline and the run's token.
+void prepare(ClientContext* context, double timeout_s) {
+  set_deadline(context, timeout_s);
+  if (!job_token.empty()) context->AddMetadata(kTokenKey, job_token);
+}
 
 struct Shard {
   int64_t offset;  // in the tensor, bytes
@@ -307,10 +318,13 @@ double rpc_timeout(int64_t nbytes, double bound_s) {
   return 10.0 + bound_s + static_cast<double>(nbytes) / 1e6;
 }
 
+// Of the TLS setting its parent handed it ($TFGRPC_TLS_*, tls.h), set once by main().
+std::shared_ptr<grpc::ChannelCredentials> credentials;
+
 std::shared_ptr<grpc::Channel> connect(const std::string& target) {
   grpc::ChannelArguments args;
   common_arguments(&args);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
     throw CallError("no connection to " + target + " within 10 s");
   }
@@ -375,7 +389,7 @@ std::string throughput(const Job& job,
         request = ByteBuffer(&contents[ps], 1);
       }
       ClientContext context;
-      set_deadline(&context, timeout);
+      prepare(&context, timeout);
       context.AddMetadata(kPhaseKey, phase);
       ByteBuffer reply;
       check(grpc::internal::BlockingUnaryCall(channels[ps].get(), methods[ps], &context, request,
@@ -535,7 +549,7 @@ std::string sync_sgd(const Job& job,
     std::string what = " of step " + std::to_string(step) + " to " + target;
     {
       ClientContext context;
-      set_deadline(&context, timeout);
+      prepare(&context, timeout);
       ByteBuffer ack;
       std::unique_ptr<grpc::ClientWriter<ByteBuffer>> writer(
           grpc::internal::ClientWriterFactory<ByteBuffer>::Create(channels[ps].get(), pushes[ps],
@@ -546,7 +560,7 @@ std::string sync_sgd(const Job& job,
       check(writer->Finish(), "push" + what);
     }
     ClientContext context;
-    set_deadline(&context, timeout);
+    prepare(&context, timeout);
     std::string request = step_fields(step, worker, measured, 1);
     put_varint_field(&request, 4, static_cast<uint64_t>(chunk_bytes));
     std::unique_ptr<grpc::ClientReader<ByteBuffer>> reader(
@@ -622,29 +636,19 @@ void run(const Job& job) {
   }
 }
 
-// The TLS files a parent hands its workers ($TFGRPC_TLS_*, security.ENV_VARS), if any.
-std::string tls_variable() {
-  for (char** entry = environ; *entry; ++entry) {
-    std::string pair(*entry);
-    size_t eq = pair.find('=');
-    if (pair.rfind("TFGRPC_TLS_", 0) == 0 && eq != std::string::npos && eq + 1 < pair.size()) {
-      return pair.substr(0, eq);
-    }
-  }
-  return "";
-}
-
 }  // namespace
 }  // namespace tfgrpc
 
 int main() {
   using namespace tfgrpc;
-  std::string tls = tls_variable();
-  if (!tls.empty()) {
-    emit_error("TLS settings: the native PS worker speaks plaintext only, and " + tls +
-               " asks for TLS");
+  try {
+    credentials = Tls::from_env().channel_credentials();
+  } catch (const TlsError& error) {
+    emit_error(std::string("TLS settings: ") + error.what());
     return 2;
   }
+  if (const char* token = std::getenv(kTokenEnv)) job_token = token;
+  unsetenv(kTokenEnv);
   std::thread(lifeline).detach();
   std::string hello;
   put_varint_field(&hello, 1, static_cast<uint64_t>(getpid()));

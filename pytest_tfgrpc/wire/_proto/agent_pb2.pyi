@@ -24,23 +24,27 @@ class LeaseReply(_message.Message):
     def __init__(self, lease_s: _Optional[float] = ..., processes: _Optional[int] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("host", "fabric", "address", "roles", "pid", "version")
+    __slots__ = ("host", "fabric", "address", "roles", "pid", "version", "engines", "tls")
     HOST_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
     host: str
     fabric: str
     address: str
     roles: _containers.RepeatedScalarFieldContainer[str]
     pid: int
     version: str
-    def __init__(self, host: _Optional[str] = ..., fabric: _Optional[str] = ..., address: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    engines: _containers.RepeatedScalarFieldContainer[str]
+    tls: str
+    def __init__(self, host: _Optional[str] = ..., fabric: _Optional[str] = ..., address: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., engines: _Optional[_Iterable[str]] = ..., tls: _Optional[str] = ...) -> None: ...
 
 class RoleStart(_message.Message):
-    __slots__ = ("driver", "role", "params", "env")
+    __slots__ = ("driver", "role", "params", "env", "engine", "tls")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,11 +63,15 @@ class RoleStart(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
     driver: str
     role: str
     params: _containers.ScalarMap[str, str]
     env: _containers.ScalarMap[str, str]
-    def __init__(self, driver: _Optional[str] = ..., role: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    engine: str
+    tls: bool
+    def __init__(self, driver: _Optional[str] = ..., role: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., engine: _Optional[str] = ..., tls: _Optional[bool] = ...) -> None: ...
 
 class RoleInput(_message.Message):
     __slots__ = ("start", "stdin")

@@ -1,0 +1,101 @@
+// TLS for every native program: the credentials of its channels and its listening port.
+//
+// One setting per process, as in pytest_tfgrpc/wire/security.py, read from the environment
+// variables a parent hands its children (security.ENV_VARS):
+//
+//   TFGRPC_TLS_CERT + TFGRPC_TLS_KEY  servers serve TLS with them; clients present them
+//   TFGRPC_TLS_CA                     clients verify servers against it; servers with a CA
+//                                     require and verify client certificates (mutual TLS)
+//
+// None set: plaintext (the default). The checks and their messages are load_tls()'s: a file
+// that cannot be read or is not PEM, a certificate without its key or the other way round.
+//
+// Use (one call each, at start-up; TlsError carries a one-line message naming the variable):
+//   tfgrpc::Tls tls = tfgrpc::Tls::from_env();
+//   builder.AddListeningPort(address, tls.server_credentials(), &port);
+//   grpc::CreateCustomChannel(target, tls.channel_credentials(), args);
+//   tls.mode()  // "off", "tls" or "mtls", as security.tls_mode() (for ready lines, records)
+#pragma once
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace tfgrpc {
+
+class TlsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Tls {
+ public:
+  // The setting the parent handed this process; TlsError if it cannot work.
+  static Tls from_env() {
+    Tls tls;
+    tls.cert_ = read("TFGRPC_TLS_CERT");
+    tls.key_ = read("TFGRPC_TLS_KEY");
+    tls.ca_ = read("TFGRPC_TLS_CA");
+    if (tls.cert_.empty() != tls.key_.empty()) {
+      bool cert = !tls.cert_.empty();
+      throw TlsError(std::string("$TFGRPC_TLS_") + (cert ? "CERT" : "KEY") + " needs $TFGRPC_TLS_" +
+                     (cert ? "KEY" : "CERT") + " too");
+    }
+    return tls;
+  }
+
+  bool enabled() const { return !cert_.empty() || !ca_.empty(); }
+  bool mutual() const { return !cert_.empty() && !ca_.empty(); }
+  const char* mode() const { return !enabled() ? "off" : mutual() ? "mtls" : "tls"; }
+
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials() const {
+    if (!enabled()) return grpc::InsecureChannelCredentials();
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = ca_;  // empty: the system's roots, as grpc.ssl_channel_credentials
+    options.pem_private_key = key_;
+    options.pem_cert_chain = cert_;
+    return grpc::SslCredentials(options);
+  }
+
+  // TlsError for a CA alone: a server needs its own certificate to serve TLS.
+  std::shared_ptr<grpc::ServerCredentials> server_credentials() const {
+    if (!enabled()) return grpc::InsecureServerCredentials();
+    if (cert_.empty()) {
+      throw TlsError(
+          "a TLS server needs a certificate and its key ($TFGRPC_TLS_CERT, $TFGRPC_TLS_KEY); "
+          "only $TFGRPC_TLS_CA is set");
+    }
+    grpc::SslServerCredentialsOptions options(
+        ca_.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                    : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    options.pem_root_certs = ca_;
+    options.pem_key_cert_pairs.push_back({key_, cert_});
+    return grpc::SslServerCredentials(options);
+  }
+
+ private:
+  static std::string read(const char* variable) {
+    const char* path = std::getenv(variable);
+    if (path == nullptr || *path == '\0') return "";
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw TlsError(std::string("$") + variable + " " + path + ": cannot be read");
+    std::ostringstream data;
+    data << file.rdbuf();
+    std::string pem = data.str();
+    if (pem.find("-----BEGIN ") == std::string::npos) {
+      throw TlsError(std::string("$") + variable + " " + path +
+                     ": not a PEM file (no '-----BEGIN' line)");
+    }
+    return pem;
+  }
+
+  std::string cert_, key_, ca_;
+};
+
+}  // namespace tfgrpc
