@@ -16,62 +16,17 @@ checked by ``tests/test_layers.py``; each subpackage's docstring says what it ho
 - ``tuning | native | model | wire``: CPU placement and allocator; the C++ engine's build and
   runner; model profiles, placement and the analytic model; what travels on the wire
 - ``results``: the result types
-- ``stats | units``: statistics of samples; units and their parsing
+- ``metrics``: the metric registry: every figure's name, unit, direction and gate test
+- ``stats | units | private_files``: statistics of samples; units and their parsing; files
+  kept in this user's private directory (the measurement lock)
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-#: Public name -> the module that defines it. Resolved on first use, by name, so that this
-#: package imports none of them at start-up.
-_EXPORTS = {
-    # results
-    "BenchmarkResult": "pytest_tfgrpc.results",
-    "SizeResult": "pytest_tfgrpc.results",
-    "CpuTime": "pytest_tfgrpc.results",
-    "Figure": "pytest_tfgrpc.results",
-    "PSResult": "pytest_tfgrpc.bench.ps",
-    "check_aggregate": "pytest_tfgrpc.bench.ps",
-    "AggregateError": "pytest_tfgrpc.bench.ps",
-    "Summary": "pytest_tfgrpc.stats.summary",
-    "Sketch": "pytest_tfgrpc.stats.sketch",
-    # budgets
-    "assert_budget": "pytest_tfgrpc.report.budget",
-    "Budget": "pytest_tfgrpc.report.budget",
-    "BudgetError": "pytest_tfgrpc.report.budget",
-    "BudgetExceeded": "pytest_tfgrpc.report.budget",
-    # model profiles, placement, the analytic model
-    "load_profile": "pytest_tfgrpc.model.profiles",
-    "list_profiles": "pytest_tfgrpc.model.profiles",
-    "Profile": "pytest_tfgrpc.model.profiles",
-    "TensorSpec": "pytest_tfgrpc.model.profiles",
-    "Topology": "pytest_tfgrpc.model.placement",
-    "Placement": "pytest_tfgrpc.model.placement",
-    "place_profile": "pytest_tfgrpc.model.placement",
-    "HostCosts": "pytest_tfgrpc.model.analytic",
-    "LinkFit": "pytest_tfgrpc.model.analytic",
-    "StepPrediction": "pytest_tfgrpc.model.analytic",
-    # what the fixtures hand out
-    "Driver": "pytest_tfgrpc.bench.driver",
-    "RunSpec": "pytest_tfgrpc.bench.timing",
-    "Fabric": "pytest_tfgrpc.wire.fabric",
-    "FabricError": "pytest_tfgrpc.wire.fabric",
-    "ServerProcess": "pytest_tfgrpc.roles.processes",
-    "RemoteServer": "pytest_tfgrpc.hosts.cluster_spec",
-    "PSCluster": "pytest_tfgrpc.ps.ps_cluster",
-    # engines (write one: see the README's "Engines" section)
-    "Engine": "pytest_tfgrpc.bench.engines.base",
-    "EngineError": "pytest_tfgrpc.bench.engines.base",
-    "Measured": "pytest_tfgrpc.bench.engines.base",
-    "PSVariable": "pytest_tfgrpc.bench.engines.base",
-    "Provision": "pytest_tfgrpc.bench.engines.base",
-    "EngineRegistry": "pytest_tfgrpc.bench.engines.registry",
-    # payloads
-    "Payload": "pytest_tfgrpc.wire.schemes",
-    "Tensor": "pytest_tfgrpc.wire.tensors",
-}
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.driver import Driver as Driver
@@ -115,6 +70,29 @@ if TYPE_CHECKING:
 
     __version__: str
 
+
+def _exports() -> dict[str, str]:
+    """Public name -> the module that defines it: the ``if TYPE_CHECKING:`` imports above,
+    read from this file, so that the public API is listed once, for type checkers and for
+    :func:`__getattr__`, which resolves each on first use so that this package imports none of
+    them at start-up."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    )
+    return {
+        alias.asname or alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+        for alias in node.names
+    }
+
+
+_EXPORTS = _exports()
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 

@@ -5,11 +5,12 @@ One family for every benchmark (P2P, PS throughput, sync-SGD steps): a
 profile), CPU time is a :class:`CpuTime` per process role, and every figure a result reports
 (for JUnit, the terminal summary and budgets) comes from :meth:`SizeResult.figures`, so that
 they never disagree about a name or a value. Names and units are declared in
-:mod:`pytest_tfgrpc.report.metrics`.
+:mod:`pytest_tfgrpc.metrics`.
 """
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.metrics import METRICS, Metric
 from pytest_tfgrpc.stats.summary import Summary, summarize
 from pytest_tfgrpc.units import size_label
 
@@ -38,6 +40,12 @@ class CpuTime:
     @property
     def total_ns(self) -> int:
         return self.user_ns + self.system_ns
+
+
+def process_cpu_ns() -> tuple[int, int]:
+    """This process's user and system CPU time so far (``getrusage``), in nanoseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
 
 
 @dataclass(frozen=True)
@@ -75,23 +83,105 @@ class Cluster:
 @dataclass(frozen=True)
 class Figure:
     """One named figure of one point, in its metric's base unit (ns, B/s, 1/s, a ratio, a
-    count or bytes; :mod:`pytest_tfgrpc.report.metrics` declares each name and unit).
+    count or bytes; :mod:`pytest_tfgrpc.metrics` declares each name and unit).
 
     ``scope`` is empty for a figure of the whole point, ``ps<i>`` for one PS task's, ``workers``
     for all workers'.
     """
 
-    metric: str
+    metric: Metric
     value: float
     scope: str = ""
 
+    @classmethod
+    def of(cls, name: str, value: float, scope: str = "") -> Figure:
+        """The figure of the registered metric ``name``; KeyError for an unknown name."""
+        return cls(METRICS[name], value, scope)
+
+
+@dataclass(frozen=True)
+class Transport:
+    """What the kernel saw of a point's connections over its measured windows (between
+    timed loops, never inside them: :mod:`pytest_tfgrpc.wire.telemetry`), both ends where
+    they could be read (here, and on a server's host through its node agent).
+
+    Counts are sums of each window's change: ``retransmits`` (TCP segments retransmitted,
+    both ends, for segments lost: less ``spurious_retransmits``, those the receiver reported
+    as duplicates with D-SACK, sent again when an ack was late), ``data_segs_out``,
+    ``bytes_sent``, ``bytes_acked`` (of the connections'
+    sockets), ``link_bytes``, ``link_drops``, ``link_errors`` (the fabric interfaces' bytes,
+    drops and errors, both directions), ``qdisc_drops`` (their root qdiscs'); None where
+    nothing was read. ``rtt_ns``, ``rttvar_ns``, ``cwnd`` and ``delivery_rate_Bps`` are the
+    data sender's (the socket that sent most) smoothed RTT, its mean deviation, congestion
+    window (segments) and delivery rate, one reading at the end of each window.
+    ``nominal_Bps`` is the path's nominal rate (bytes/s: the lowest ``tbf`` rate, reported
+    speed or named rate of the links read; None where none is known) and ``nominal_source``
+    says where it came from. ``sides`` names where telemetry was read (``local``, a host).
+    """
+
+    connections: int
+    retransmits: int
+    data_segs_out: int
+    bytes_sent: int
+    bytes_acked: int
+    rtt_ns: tuple[float, ...] = ()
+    rttvar_ns: tuple[float, ...] = ()
+    cwnd: tuple[float, ...] = ()
+    delivery_rate_Bps: tuple[float, ...] = ()
+    link_bytes: int | None = None
+    link_drops: int | None = None
+    link_errors: int | None = None
+    qdisc_drops: int | None = None
+    nominal_Bps: float | None = None
+    nominal_source: str = ""
+    sides: tuple[str, ...] = ()
+    spurious_retransmits: int = 0
+
+    @property
+    def retransmits_per_MB(self) -> float:
+        """Retransmitted segments per MB (1e6 bytes) sent."""
+        return self.retransmits * 1e6 / self.bytes_sent if self.bytes_sent else 0.0
+
+    @property
+    def loss_share(self) -> float:
+        """Retransmitted segments / data segments sent."""
+        return self.retransmits / self.data_segs_out if self.data_segs_out else 0.0
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What bounded a point, by the rule of :mod:`pytest_tfgrpc.report.limits`: ``kind`` is
+    ``link``, ``loss``, ``cpu``, ``latency`` or ``unknown``; ``side`` the role a CPU limit
+    names (``client``, ``server``, ``ps<i>``, ``workers``); ``used`` the figures the verdict
+    was drawn from, by name (``efficiency``, ``loss_share``, ``client_cpu_share``, ...)."""
+
+    kind: str
+    side: str = ""
+    used: tuple[tuple[str, float], ...] = ()
+
+    def describe(self) -> str:
+        """``cpu-bound (client): client_cpu_share=0.97 server_cpu_share=0.41``."""
+        name = "unknown" if self.kind == "unknown" else f"{self.kind}-bound"
+        if self.side:
+            name += f" ({self.side})"
+        used = " ".join(f"{key}={value:.3g}" for key, value in self.used)
+        return f"{name}: {used}" if used else name
+
 
 def find_figure(figures: Sequence[Figure], metric: str) -> Figure | None:
-    """The figure named ``metric``, or None."""
-    return next((fig for fig in figures if fig.metric == metric and not fig.scope), None)
+    """The figure of the metric named ``metric`` (a whole point's), or None."""
+    return next((fig for fig in figures if fig.metric.name == metric and not fig.scope), None)
 
 
 def _no_cpu() -> Mapping[str, CpuTime]:
+    return MappingProxyType({})
+
+
+def _no_wait() -> Mapping[str, int]:
     return MappingProxyType({})
 
 
@@ -111,6 +201,10 @@ class SizeResult:
     (RPCs or steps per second over all workers), ``rate_Bps`` (bytes per second over all
     workers), ``per_ps``, ``imbalance`` (the placement's: busiest PS bytes / mean) and
     ``bytes_imbalance`` (the same ratio of the bytes each PS received in a closed loop).
+
+    ``transport`` is what the kernel saw of the point's connections (:class:`Transport`),
+    ``cpu_wait`` the time each local side's threads waited on a run queue for a CPU (ns, by
+    role), ``limit`` what bounded the point (:class:`Limit`); None or empty where not read.
 
     ``rounds`` holds, when the point was measured in several rounds interleaved in time with
     the other points (P2P), the sample count of each round, in order: ``samples_ns`` is the
@@ -133,6 +227,9 @@ class SizeResult:
     imbalance: float | None = None
     bytes_imbalance: float | None = None
     rounds: tuple[int, ...] = ()
+    transport: Transport | None = None
+    cpu_wait: Mapping[str, int] = field(default_factory=_no_wait)
+    limit: Limit | None = None
 
     @classmethod
     def from_samples(
@@ -189,34 +286,72 @@ class SizeResult:
         s = self.summary
         times = (s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns)
         prefix = "step_" if self.step else ""
-        out = [Figure(prefix + name, float(v)) for name, v in zip(TIME_FIGURES, times, strict=True)]
+        out = [
+            Figure.of(prefix + name, float(v)) for name, v in zip(TIME_FIGURES, times, strict=True)
+        ]
         if rates:
-            out.append(Figure("throughput", self.throughput_Bps))
+            out.append(Figure.of("throughput", self.throughput_Bps))
             if self.rate_Bps is None:  # one operation's bytes over its time: P2P only
-                out.append(Figure("throughput_p50", self.throughput_p50_Bps))
+                out.append(Figure.of("throughput_p50", self.throughput_p50_Bps))
         if self.rate_per_s is not None:
-            out.append(Figure("step_rate" if self.step else "rpc_rate", self.rate_per_s))
+            out.append(Figure.of("step_rate" if self.step else "rpc_rate", self.rate_per_s))
             per_op = "bytes_per_step" if self.step else "bytes_per_rpc_round"
-            out.append(Figure(per_op, float(self.size_bytes)))
+            out.append(Figure.of(per_op, float(self.size_bytes)))
         if self.imbalance is not None:
-            out.append(Figure("imbalance", self.imbalance))
+            out.append(Figure.of("imbalance", self.imbalance))
         if self.bytes_imbalance is not None:
-            out.append(Figure("bytes_imbalance", self.bytes_imbalance))
+            out.append(Figure.of("bytes_imbalance", self.bytes_imbalance))
         for role, cpu in self.cpu.items():
             scoped = role not in ("client", "server")
             metric = "cpu" if scoped else f"{role}_cpu"
             scope = role if scoped else ""
-            out.append(Figure(f"{metric}_user", float(cpu.user_ns), scope))
-            out.append(Figure(f"{metric}_system", float(cpu.system_ns), scope))
-        out.append(Figure("samples", float(s.count)))
+            out.append(Figure.of(f"{metric}_user", float(cpu.user_ns), scope))
+            out.append(Figure.of(f"{metric}_system", float(cpu.system_ns), scope))
+        for role, waited in self.cpu_wait.items():
+            out.append(Figure.of(f"{role}_cpu_wait", float(waited)))
+        out.append(Figure.of("samples", float(s.count)))
+        out.extend(self._transport_figures(rates))
         for load in self.per_ps:
             where = f"ps{load.task}"
-            out.append(Figure("bytes_in", float(load.bytes_in), where))
-            out.append(Figure("bytes_out", float(load.bytes_out), where))
-            out.append(Figure("rpcs", float(load.rpcs), where))
-            out.append(Figure("cpu_user", float(load.cpu.user_ns), where))
-            out.append(Figure("cpu_system", float(load.cpu.system_ns), where))
+            out.append(Figure.of("bytes_in", float(load.bytes_in), where))
+            out.append(Figure.of("bytes_out", float(load.bytes_out), where))
+            out.append(Figure.of("rpcs", float(load.rpcs), where))
+            out.append(Figure.of("cpu_user", float(load.cpu.user_ns), where))
+            out.append(Figure.of("cpu_system", float(load.cpu.system_ns), where))
         return tuple(out)
+
+    def _transport_figures(self, rates: bool) -> list[Figure]:
+        tcp = self.transport
+        if tcp is None:
+            return []
+        out = [
+            Figure.of("retransmits", float(tcp.retransmits)),
+            Figure.of("spurious_retransmits", float(tcp.spurious_retransmits)),
+            Figure.of("retransmits_per_MB", tcp.retransmits_per_MB),
+            Figure.of("tcp_bytes_sent", float(tcp.bytes_sent)),
+            Figure.of("tcp_bytes_acked", float(tcp.bytes_acked)),
+        ]
+        for name, values in (
+            ("rtt_p50", tcp.rtt_ns),
+            ("rttvar_p50", tcp.rttvar_ns),
+            ("cwnd_p50", tcp.cwnd),
+            ("delivery_rate_p50", tcp.delivery_rate_Bps),
+        ):
+            median = _median(values)
+            if median is not None:
+                out.append(Figure.of(name, median))
+        for name, count in (
+            ("link_drops", tcp.link_drops),
+            ("link_errors", tcp.link_errors),
+            ("qdisc_drops", tcp.qdisc_drops),
+        ):
+            if count is not None:
+                out.append(Figure.of(name, float(count)))
+        if tcp.nominal_Bps:
+            out.append(Figure.of("link_rate", tcp.nominal_Bps))
+            if rates and self.rate_Bps is None:
+                out.append(Figure.of("efficiency", self.throughput_Bps / tcp.nominal_Bps))
+        return out
 
     def round_figures(self, *, rates: bool = True) -> dict[str, tuple[float, ...]]:
         """Per round (:attr:`rounds`), the figures that replicate: mean, p50, p90, p99, p999
@@ -232,8 +367,8 @@ class SizeResult:
             )
             start += count
             for fig in part.figures(rates=rates):
-                if fig.metric in ROUND_FIGURES:
-                    out.setdefault(fig.metric, []).append(fig.value)
+                if fig.metric.name in ROUND_FIGURES:
+                    out.setdefault(fig.metric.name, []).append(fig.value)
         return {metric: tuple(values) for metric, values in out.items()}
 
     def figure(self, metric: str, *, rates: bool = True) -> Figure | None:
@@ -278,6 +413,8 @@ class BenchmarkResult:
                 return point
         raise KeyError(f"{self.label} measured no payload {label!r}")
 
-    def extra_properties(self) -> list[tuple[str, str]]:
-        """Properties beyond the figures (a PS step's model prediction); none here."""
-        return []
+    def model_predictions(self) -> Mapping[str, Sequence[tuple[str, str]]]:
+        """The analytic model's prediction beside each point that has one: point label ->
+        ``(name, value)`` pairs (:func:`~pytest_tfgrpc.model.analytic.prediction_figures`);
+        none here."""
+        return {}

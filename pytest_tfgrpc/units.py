@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 
 __all__ = [
     "UnitError",
+    "align_columns",
     "format_duration",
     "format_rate",
     "format_size",
@@ -331,3 +332,20 @@ def format_size(n: float) -> str:
     return _three_digits(
         float(n), ((" B", 1.0), (" KB", 1e3), (" MB", 1e6), (" GB", 1e9), (" TB", 1e12))
     )
+
+
+def align_columns(rows: Sequence[Sequence[str]], left: int, separator: str = "  ") -> list[str]:
+    """Rows of cells as aligned text lines: the first ``left`` columns to the left, the others
+    (figures) to the right, joined by ``separator``, trailing blanks cut. Short rows are padded
+    with empty cells. The one table layout of the terminal, ``tfgrpc-compare``, budgets and
+    ``tfgrpc-model``."""
+    width = max((len(row) for row in rows), default=0)
+    table = [[*row, *([""] * (width - len(row)))] for row in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(width)]
+    return [
+        separator.join(
+            cell.ljust(w) if i < left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import scipy.stats  # noqa: F401  (the gate's t quantiles: numpy.fft et al. load with it)
@@ -15,6 +17,9 @@ import scipy.stats  # noqa: F401  (the gate's t quantiles: numpy.fft et al. load
 # loaded twice in one process: load it all here, once.
 import pytest_tfgrpc.plugin.session  # noqa: F401
 from pytest_tfgrpc import native
+
+if TYPE_CHECKING:
+    from netns import VethLink
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/netns.py as a plain module
 
@@ -30,7 +35,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = ["pytester"]
 
 #: Run options that keep pytester runs short; measured figures stay real.
-QUICK = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3", "--tfgrpc-max-time=2")
+QUICK = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3", "--tfgrpc-max-seconds=2")
 
 
 def pid_alive(pid: int) -> bool:
@@ -48,3 +53,15 @@ def pid_alive(pid: int) -> bool:
 @pytest.fixture
 def quick() -> tuple[str, ...]:
     return QUICK
+
+
+@pytest.fixture
+def link() -> Iterator[VethLink]:
+    """A veth link into a network namespace of its own (skips where none can be made)."""
+    from netns import can_make_links, veth_link
+
+    ok, reason = can_make_links()
+    if not ok:
+        pytest.skip(reason)
+    with veth_link() as made:
+        yield made

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def test_a_ps_gets_its_drivers_job_token_and_tensor_limit(
 def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("a" * 20 + "\nignored\n")
+    path.chmod(0o600)
     assert read_token(str(path), {"TFGRPC_AGENT_TOKEN": "b" * 20}) == "a" * 20
     assert read_token(None, {"TFGRPC_AGENT_TOKEN": " " + "b" * 20 + "\n"}) == "b" * 20
     with pytest.raises(ValueError, match="no agent token: give --token-file"):
@@ -94,6 +96,29 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
     path.write_text("")
     with pytest.raises(ValueError, match="no agent token"):
         read_token(str(path), {})
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o620, 0o666, 0o777])
+def test_a_token_file_others_could_read_or_change_is_refused(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "token"
+    path.write_text("a" * 20 + "\n")
+    path.chmod(mode)
+    with pytest.raises(ValueError, match=rf"readable or writable by others .*chmod 600 {path}$"):
+        read_token(str(path), {})
+    path.chmod(0o640)  # a group may read it (a Kubernetes secret with fsGroup)
+    assert read_token(str(path), {}) == "a" * 20
+
+
+def test_a_token_file_that_is_not_a_file_or_not_ours_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_token(str(tmp_path), {})
+    path = tmp_path / "token"
+    path.write_text("a" * 20 + "\n")
+    path.chmod(0o600)
+    if os.geteuid() == 0:
+        os.chown(path, 12345, 12345)
+        with pytest.raises(ValueError, match="belongs to uid 12345"):
+            read_token(str(path), {})
 
 
 @pytest.mark.parametrize(
@@ -115,3 +140,10 @@ def test_agent_tls_defaults_to_the_runs_tls(
 
     config = pytester.parseconfig(*args)
     assert agent_tls_files(config) == expected
+
+
+def test_the_agents_token_never_reaches_a_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFGRPC_AGENT_TOKEN", "x" * 32)
+    for role in ("tensor_server", "ps", "worker"):
+        _, env = role_argv(role, {}, {}, FABRIC)
+        assert "TFGRPC_AGENT_TOKEN" not in env

@@ -227,7 +227,7 @@ def test_latency(tfgrpc, tensor_server):
     tfgrpc.p2p_latency(tensor_server)
 """
 
-QUICK = ("--tfgrpc-iterations=10", "--tfgrpc-warmup=1", "--tfgrpc-max-time=2")
+QUICK = ("--tfgrpc-iterations=10", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=2")
 ENVIRONMENT_FORMS = [
     '{"task": {"type": "worker", "index": 0}}',
     '{"sparseCluster": {"worker": {"0": "w0:2222"}}, "task": {"type": "worker", "index": 0}}',

@@ -13,25 +13,23 @@ from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from pytest_tfgrpc.cli.compare import main
 from pytest_tfgrpc.report.compare import (
-    Outcome,
-    Verdict,
     compare_figure,
     compare_runs,
     compare_test,
     format_comparison,
     min_samples,
-    verdict_properties,
 )
-from pytest_tfgrpc.report.junit import (
-    Baseline,
-    BaselineError,
+from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
+from pytest_tfgrpc.report.record import (
     Key,
     Measurement,
+    Outcome,
+    Verdict,
     junit_test_id,
-    load_baseline,
-    measurements_from_properties,
+    read_record,
+    result_properties,
+    verdict_properties,
 )
-from pytest_tfgrpc.report.properties import result_properties
 from pytest_tfgrpc.report.setup_check import check_metadata
 from pytest_tfgrpc.report.tolerance import (
     ToleranceError,
@@ -155,12 +153,13 @@ def test_meta_written_per_test_case_is_read_too(tmp_path: Path) -> None:
     assert baseline.meta["grpcio"] == "1.99.0"
 
 
-def test_junit_test_id_matches_what_pytest_writes(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("prefix", ["", "ci.run"])
+def test_junit_test_id_matches_what_pytest_writes(pytester: pytest.Pytester, prefix: str) -> None:
     pytester.makepyfile(
         test_ids="""
         import pytest
         class TestA:
-            @pytest.mark.parametrize("x", ["lo", "a.b::c"])
+            @pytest.mark.parametrize("x", ["lo", "a.b::c", "\\x1b"])
             def test_b(self, x):
                 pass
         def test_c():
@@ -169,11 +168,12 @@ def test_junit_test_id_matches_what_pytest_writes(pytester: pytest.Pytester) -> 
     )
     result = pytester.runpytest("--junitxml=out.xml", "-p", "no:tfgrpc", "--collect-only", "-q")
     nodeids = [line for line in result.outlines if "::" in line]
-    pytester.runpytest("--junitxml=out.xml", "-p", "no:tfgrpc")
+    given = [f"--junit-prefix={prefix}"] if prefix else []
+    pytester.runpytest("--junitxml=out.xml", "-p", "no:tfgrpc", *given)
     xml = JUnitXml.fromfile(str(pytester.path / "out.xml"))
     written = {f"{case.classname}.{case.name}" for suite in xml for case in suite}
-    assert len(nodeids) == 3
-    assert {junit_test_id(nodeid) for nodeid in nodeids} == written
+    assert len(nodeids) == 4
+    assert {junit_test_id(nodeid, prefix) for nodeid in nodeids} == written
 
 
 @pytest.mark.parametrize(
@@ -471,19 +471,25 @@ def test_compare_test_takes_live_properties(tmp_path: Path) -> None:
     base = run(tmp_path, "a.xml", {TEST: properties({1024: latencies(2000, 1)})})
     nodeid = "tests/test_perf.py::test_latency[lo]"
     live = properties({1024: latencies(2000, 2, 1.3), 2048: latencies(2000, 3)})
-    measured = measurements_from_properties(junit_test_id(nodeid), live)
+    record = read_record(junit_test_id(nodeid), live)
+    measured = record.by_key()
     assert set(measured) == {Key(TEST, "lo", "p2p_latency", s) for s in ("1KiB", "2KiB")}
-    comparison = compare_test(base, junit_test_id(nodeid), live, {"*": 0.1, "p99": 0.1})
+    comparison = compare_test(base, record, {"*": 0.1, "p99": 0.1})
     assert {v.outcome for v in comparison.verdicts} == {Outcome.REGRESSION}
     assert [k.size for k in comparison.new] == ["2KiB"]
-    recorded = dict(verdict_properties(comparison))
+    recorded = dict(verdict_properties(comparison.verdicts, comparison.new))
     assert recorded["tfgrpc.p2p_latency.1KiB.p99.verdict"] == "regression"
     assert recorded["tfgrpc.p2p_latency.1KiB.p50.verdict_reason"].startswith("p50: +")
     assert recorded["tfgrpc.p2p_latency.2KiB.verdict"] == "no baseline"
     # Verdicts recorded on a test do not read back as figures of a later run.
-    again = measurements_from_properties(TEST, [*live, *recorded.items()])
-    assert again.keys() == measured.keys()
-    assert all(set(m.figures) == set(measured[k].figures) for k, m in again.items())
+    again = read_record(TEST, [*live, *recorded.items()])
+    assert again.by_key().keys() == measured.keys()
+    assert all(set(m.figures) == set(measured[m.key].figures) for m in again.measurements)
+    # ... and read back as the verdicts they are.
+    judged = {v.figure: v for v in again.verdicts}
+    assert judged["p2p_latency.1KiB.p99"].outcome is Outcome.REGRESSION
+    assert judged["p2p_latency.1KiB.p50"].reason.startswith("p50: +")
+    assert [k.size for k in again.unjudged] == ["2KiB"]
 
 
 # --- setup mismatches -------------------------------------------------------------------------

@@ -893,7 +893,8 @@ def test_an_empty_placement_is_no_placement_given(
 def test_a_placement_differing_from_the_baselines_is_a_setup_mismatch(
     old: str | None, new: str
 ) -> None:
-    from pytest_tfgrpc.report.junit import Baseline, Key, Measurement
+    from pytest_tfgrpc.report.junit import Baseline
+    from pytest_tfgrpc.report.record import Key, Measurement
     from pytest_tfgrpc.report.setup_check import check_metadata
 
     key = Key("t", "lo", "p2p_latency", "1KiB")

@@ -25,7 +25,7 @@ from pytest_tfgrpc.hosts.emulated import (
 )
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 
-FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=4")
+FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=4")
 Hosts = Callable[..., EmulatedHosts]
 FABRIC = (sys.executable, "-m", "pytest_tfgrpc.cli.fabric")  # tfgrpc-fabric
 
@@ -122,6 +122,7 @@ def test_tfgrpc_fabric_up_status_down(tmp_path: Path) -> None:
     needs_root()
     token = tmp_path / "token"
     token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
     up = subprocess.run(
         [*FABRIC, "up", "--hosts", "n1,n2@200mbit", "--rate", "1gbit", "--agents",
          "--token-file", str(token)],
@@ -372,7 +373,7 @@ def test_the_node_acceptance_suite_rejects_a_slow_node(
     suite = Path(__file__).parent.parent / "example_suites" / "node_acceptance" / "test_node.py"
     pytester.makepyfile(test_node=suite.read_text())
     good = pytester.path / "good.xml"
-    gated = ("--tfgrpc-iterations=12", "--tfgrpc-warmup=1", "--tfgrpc-max-time=6")
+    gated = ("--tfgrpc-iterations=12", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=6")
     first = pytester.runpytest_subprocess(
         *gated, *hosts.pytest_args(["good", "peer"]), f"--junitxml={good}", timeout=300
     )

@@ -19,9 +19,13 @@ def test_the_plugin_has_no_isinstance_on_engine_classes() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in ENGINE_CLASSES:
                 found.append(f"{path.name}:{node.lineno}: {node.id}")
-            if isinstance(node, ast.ImportFrom) and node.module and (
-                node.module.startswith("pytest_tfgrpc.bench.engines.")
-                or node.module in ("pytest_tfgrpc.bench.fit", "pytest_tfgrpc.ps.ps_cluster")
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and (
+                    node.module.startswith("pytest_tfgrpc.bench.engines.")
+                    or node.module in ("pytest_tfgrpc.bench.fit", "pytest_tfgrpc.ps.ps_cluster")
+                )
             ):
                 found.append(f"{path.name}:{node.lineno}: from {node.module}")
     assert found == []

@@ -25,13 +25,14 @@ from pytest_tfgrpc.bench.engines import (
 )
 from pytest_tfgrpc.bench.engines.tensorflow import TensorFlowEngine
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
-from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
+from pytest_tfgrpc.bench.specs import SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology, place_profile
 from pytest_tfgrpc.model.profiles import load_profile
 from pytest_tfgrpc.ps.tf_cluster import TF_PYTHON_ENV
-from pytest_tfgrpc.report.junit import Baseline, Key, Measurement
+from pytest_tfgrpc.report.junit import Baseline
 from pytest_tfgrpc.report.metadata import extra_metadata
+from pytest_tfgrpc.report.record import Key, Measurement
 from pytest_tfgrpc.report.setup_check import check_metadata
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabrics
 from pytest_tfgrpc.wire.tensors import Tensor
@@ -201,9 +202,7 @@ def test_a_p2p_calls_options_are_refused_by_name_before_anything_is_measured(
 ) -> None:
     engine = Fake()
     server = FakeServer(LO)
-    driver = Driver(
-        test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
-    )
+    driver = Driver(test="t", messages=None, budget=None, record=_ignore, engine=engine)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         BandwidthCall(**options)
     # Through the driver: the test and the call named first, then the argument.
@@ -234,9 +233,7 @@ def test_chunk_bytes_the_driver_cannot_use_is_refused_naming_test_and_call(
     options: dict[str, Any], message: str
 ) -> None:
     engine = Fake()
-    driver = Driver(
-        test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore, engine=engine
-    )
+    driver = Driver(test="t", messages=None, budget=None, record=_ignore, engine=engine)
     with pytest.raises(SpecError, match=f"^t: p2p_bandwidth\\(\\) argument {re.escape(message)}"):
         driver.p2p_bandwidth(FakeServer(LO), [1024], iterations=1, **options)
     assert engine.seen == []

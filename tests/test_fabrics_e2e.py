@@ -9,13 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import QUICK, pid_alive
 from junitparser.xunit2 import JUnitXml
-from netns import VethLink, can_make_links, veth_link
+from netns import VethLink
 
 from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import interface_counters, resolve_fabric
@@ -41,15 +40,6 @@ with grpc.insecure_channel(sys.argv[1]) as channel:
     status = channel.unary_unary(grpc_settings.method("raw", "Status"))(b"", timeout=5)
 print(service_pb2.ServerStatus.FromString(status).target)
 """
-
-
-@pytest.fixture
-def link() -> Iterator[VethLink]:
-    ok, reason = can_make_links()
-    if not ok:
-        pytest.skip(reason)
-    with veth_link() as made:
-        yield made
 
 
 def test_a_suite_runs_on_each_fabric(

@@ -420,6 +420,233 @@ TF_CONFIGS = {
 }
 
 
+# --- I25: issue 25's suites ----------------------------------------------------------------------
+#: Fails on its first attempt, passes on the next (a flaky test pytest-rerunfailures reruns).
+FLAKY = """
+import pathlib
+import pytest
+
+@pytest.mark.message_profile(["4B"])
+def test_flaky(tfgrpc, tensor_server):
+    mark = pathlib.Path("attempts")
+    attempt = int(mark.read_text()) if mark.exists() else 0
+    mark.write_text(str(attempt + 1))
+    tfgrpc.p2p_latency(tensor_server)
+    assert attempt >= {fail_first}
+
+@pytest.fixture
+def shaky():
+    mark = pathlib.Path("setups")
+    attempt = int(mark.read_text()) if mark.exists() else 0
+    mark.write_text(str(attempt + 1))
+    assert attempt >= {fail_first}
+
+def test_shaky_setup(tfgrpc, tensor_server, shaky):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+#: Every way pytest marks an expected failure, each beside a measured figure.
+XFAILS = """
+import pytest
+
+@pytest.mark.xfail(reason="known")
+def test_xfail(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+    assert False
+
+@pytest.mark.xfail(reason="fixed since")
+def test_xpass(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+@pytest.mark.xfail(strict=True, reason="must fail")
+def test_xpass_strict(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+@pytest.mark.xfail(run=False, reason="not run")
+def test_xfail_not_run(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_xfail_inside(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+    pytest.xfail("decided at run time")
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+#: Another plugin that names outcomes its own way (in every phase).
+INVENTED_OUTCOME = """
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if "{phase}" in (call.when, "all") and "invented" in item.name:
+        report.outcome = "{word}"
+"""
+
+INVENTED_SUITE = """
+def test_invented(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+
+def test_after(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server, ["4B"])
+"""
+
+
+#: An agent (its token in its environment, as a Kubernetes Secret gives it) and a driver.
+AGENT_SECRETS = """
+import json, math, os, subprocess, sys
+import grpc
+import pytest
+from pytest_tfgrpc.hosts.agent_client import AgentClient
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+
+TOKEN = os.environ["TFGRPC_AGENT_TOKEN"]
+
+@pytest.fixture(scope="module")
+def agent():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", "lo", "--port", "0",
+         "--exit-on-stdin-eof"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    yield json.loads(proc.stdout.readline())["target"]
+    proc.stdin.close()
+    proc.wait(10)
+
+def environ(pid):
+    with open(f"/proc/{{pid}}/environ", "rb") as f:
+        return dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
+
+@pytest.mark.parametrize("lease", [{leases}])
+def test_lease_refused(agent, lease):
+    with grpc.insecure_channel(agent) as channel:
+        stub = agent_pb2_grpc.NodeAgentStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Heartbeat(agent_pb2.LeaseRequest(driver="d", lease_s=lease), timeout=10,
+                           metadata=(("authorization", "Bearer " + TOKEN),))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "a lease is a finite number of seconds" in info.value.details()
+        reply = stub.Heartbeat(agent_pb2.LeaseRequest(driver="d", lease_s=5.0), timeout=10,
+                               metadata=(("authorization", "Bearer " + TOKEN),))
+        assert reply.lease_s == 5.0
+
+def test_no_child_gets_the_agent_token(agent, tensor_server, fabric):
+    assert b"TFGRPC_AGENT_TOKEN" not in environ(tensor_server.pid)
+    with AgentClient(agent, TOKEN) as client, open(os.devnull, "wb") as sink:
+        role = client.run("tensor_server", dict(), dict(), sink, name="role")
+        try:
+            role.stdout.readline()
+            assert b"TFGRPC_AGENT_TOKEN" not in environ(role.pid)
+        finally:
+            role.stdin.close()
+            role.wait(10)
+"""
+
+
+#: Pushes that must not reach a step's sum: a stranger's, a broken stream's, malformed ones.
+BAD_PUSHES = """
+import logging
+import grpc, numpy as np, pytest
+from pytest_tfgrpc.roles.parameter_server import INIT_INDEX, initial_weights, method
+from pytest_tfgrpc.wire._proto import service_pb2 as pb
+
+NBYTES = 64
+logging.getLogger("grpc._channel").disabled = True  # the broken stream is on purpose
+
+def stubs(ps_cluster):
+    channel = ps_cluster.channel(0)
+    configure = channel.unary_unary(method("Configure"),
+        request_serializer=pb.PSJob.SerializeToString,
+        response_deserializer=pb.PSJobStats.FromString)
+    push = channel.stream_unary(method("PushGradients"),
+        request_serializer=pb.WeightChunk.SerializeToString,
+        response_deserializer=pb.Ack.FromString)
+    pull = channel.unary_stream(method("PullWeights"),
+        request_serializer=pb.PullWeightsRequest.SerializeToString,
+        response_deserializer=pb.WeightChunk.FromString)
+    return configure, push, pull
+
+def chunks(pieces, worker=0, step=0):
+    return [pb.WeightChunk(shard=s, offset=o, data=d, step=step, worker=worker)
+            for s, o, d in pieces]
+
+BAD = {{
+    "stranger-4B": [(0, 0, b"\\xff" * 4)],
+    "short": [(0, 0, np.full(8, 1e9, np.float32).tobytes())],
+    "long": [(0, 0, np.ones(17, np.float32).tobytes())],
+    "past-the-shard": [(0, 32, np.ones(16, np.float32).tobytes())],
+    "negative-offset": [(0, -4, np.ones(16, np.float32).tobytes())],
+    "unaligned": [(0, 2, np.ones(16, np.float32).tobytes())],
+    "no-such-shard": [(7, 0, np.ones(16, np.float32).tobytes())],
+    "twice-the-first-half": [(0, 0, np.ones(8, np.float32).tobytes())] * 2
+        + [(0, 32, np.ones(8, np.float32).tobytes())],
+    "wrong-step": "step",
+    "broken-stream": "break",
+}}
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_bad_push_leaves_the_sum_alone(ps_cluster, bad):
+    configure, push, pull = stubs(ps_cluster)
+    job = pb.PSJob(job_id=7, task=0, workers=1, learning_rate=1.0, init=INIT_INDEX, steps=5,
+                   shards=[pb.ShardSpec(tensor="w", offset=0, nbytes=NBYTES)],
+                   barrier_timeout_seconds=10, max_seconds=60, warmup_seconds=1)
+    configure(job, timeout=10, metadata=ps_cluster._credentials)
+    case = BAD[bad]
+    if case == "break":
+        def stream():
+            yield chunks([(0, 0, np.full(8, 1e9, np.float32).tobytes())])[0]
+            raise RuntimeError("the worker died mid-push")
+        requests = stream()
+    elif case == "step":
+        requests = iter(chunks([(0, 0, np.ones(16, np.float32).tobytes())], step=3))
+    else:
+        requests = iter(chunks(case))
+    with pytest.raises(grpc.RpcError) as info:
+        push(requests, timeout=10)
+    details = info.value.details() or ""
+    assert "step 0" not in details and "step 3" not in details, details
+    gradient = (np.arange(16) % 16).astype(np.float32)
+    push(iter(chunks([(0, 0, gradient.tobytes())])), timeout=10)
+    got = b"".join(c.data for c in pull(pb.PullWeightsRequest(step=0), timeout=10))
+    expected = initial_weights(0, NBYTES, INIT_INDEX) - gradient
+    assert np.array_equal(np.frombuffer(got, np.float32), expected)
+"""
+
+
+#: Compressed calls (a decompression bomb: 64 MiB of zeros is 65 KiB of gzip) to a server
+#: limited to 1 KiB tensors: refused unread, the server's memory never grows with them.
+COMPRESSED = """
+import grpc, pytest
+from pytest_tfgrpc.wire import codec, grpc_settings
+
+def peak_kib(pid):
+    with open(f"/proc/{{pid}}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM"))
+
+@pytest.mark.message_profile(["1KiB"])
+@pytest.mark.parametrize("mode", ["raw", "protobuf"])
+@pytest.mark.parametrize("algorithm", ["Gzip", "Deflate"])
+@pytest.mark.parametrize("nbytes", [1 << 10, 64 << 20])
+def test_compressed(tfgrpc, tensor_server, mode, algorithm, nbytes):
+    before = peak_kib(tensor_server.pid)
+    compression = getattr(grpc.Compression, algorithm)
+    raw = bytes(nbytes)
+    body = raw if mode == "raw" else codec.encode_tensor(raw, "uint8", (nbytes,))
+    with grpc.insecure_channel(tensor_server.target, compression=compression) as channel:
+        push = channel.unary_unary(grpc_settings.method(mode, "Push"))
+        with pytest.raises(grpc.RpcError) as info:
+            push(body, timeout=20)
+    assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED, info.value.details()
+    assert peak_kib(tensor_server.pid) - before < 32 << 10
+    tfgrpc.p2p_latency(tensor_server, ["4B"], label="after")
+"""
+
+
 # --- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -452,6 +679,17 @@ class Case:
     #: replace each (old, new) pair of ``baseline_edit`` in it.
     baseline_args: tuple[str, ...] | None = None
     baseline_edit: tuple[tuple[str, str], ...] = ()
+    #: How many baseline runs: ``base.xml``, then ``base1.xml``, ... (a history).
+    baseline_runs: int = 1
+    #: What a stranger left at ``{tmp}/planted.lock`` first: ``link`` (to ``victim``),
+    #: ``dangling`` (a link to nothing yet), ``fifo``, ``dir``, ``chown`` (a file of uid 12345).
+    plant: str = ""
+    #: ``files`` whose text must be the same after the run (a victim of a planted link).
+    unchanged: tuple[str, ...] = ()
+    #: Modes of ``files`` (name -> mode), set after writing them.
+    modes: Mapping[str, int] = field(default_factory=dict)
+    #: The module ``command`` runs (``python -m``) instead of ``tfgrpc-server --fabric lo``.
+    cli: str = ""
     needs: tuple[str, ...] = ()
     ret: int | None = 0
     lines: tuple[str, ...] = ()
@@ -713,7 +951,7 @@ def test_accepted():
         seconds=60,
         lines=(
             "*DEADLINE_EXCEEDED: the deadline was 11 s (10 s slack + run bound 1 s*"
-            "raise it with --tfgrpc-max-time*",
+            "raise it with --tfgrpc-max-seconds*",
         ),
     ),
     Case(
@@ -1029,6 +1267,26 @@ def test_no_client_cert():
         seconds=20,  # workers get the signal too, not only the controller
         junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
     ),
+    *(
+        Case(
+            f"sighup-mid-session{suffix}",
+            "I25.signals",
+            SLOW,
+            args=(*QUICK, *extra, "--tfgrpc-results={tmp}/results.jsonl"),
+            sigterm_after=2,
+            kill_signal=signal.SIGHUP,
+            needs=needs,
+            ret=None,
+            lines=("*SIGHUP received*",),
+            junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            results=2,
+            seconds=seconds,
+        )
+        for suffix, extra, needs, seconds in (
+            ("", (), (), 60),
+            ("-xdist", ("-n", "2"), ("xdist",), 30),
+        )
+    ),
     Case(
         "sigkill-leaves-no-stale-junit",
         "E22/I13.signals",
@@ -1126,6 +1384,228 @@ def test_no_client_cert():
         needs=("pytest_benchmark",),
         outcomes={"passed": 1},
     ),
+    # --- I25.outcomes: outcomes other plugins report --------------------------------------------
+    *(
+        Case(
+            f"rerun-{name}",
+            "I25.outcomes",
+            FLAKY.replace("{fail_first}", str(fail_first)),
+            args=(*QUICK, "--reruns", str(reruns), "--tfgrpc-results={tmp}/results.jsonl"),
+            needs=("pytest_rerunfailures",),
+            ret=ret,
+            lines=lines,
+            junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            results=3,
+        )
+        for name, fail_first, reruns, ret, lines in (
+            ("then-pass", 1, 1, 0, ("*3 passed, 2 rerun*",)),
+            ("always-fails", 9, 2, 1, ("*1 failed, 1 passed, 1 error, 4 rerun*",)),
+            ("exhausted", 3, 1, 1, ("*rerun*",)),
+        )
+    ),
+    Case(
+        "xfail-variants",
+        "I25.outcomes",
+        XFAILS,
+        args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
+        ret=1,
+        lines=("*1 failed, 1 passed, 3 xfailed, 1 xpassed*", "*tfgrpc: HTML report*"),
+        junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+        results=6,
+    ),
+    *(
+        Case(
+            f"invented-outcome-{phase}-{word}",
+            "I25.outcomes",
+            INVENTED_SUITE,
+            files={
+                "conftest.py": INVENTED_OUTCOME.replace("{phase}", phase).replace("{word}", word)
+            },
+            args=(*QUICK, "--tfgrpc-results={tmp}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
+            ret=None,
+            lines=("*tfgrpc: HTML report*",),
+            junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            results=2,
+        )
+        for phase, word in (
+            ("call", "flaky"),
+            ("setup", "quarantined"),
+            ("all", "<b>&x"),
+            ("teardown", ""),
+        )
+    ),
+    # --- I25.full-disk: every output the plugin writes, on a full filesystem ------------------
+    *(
+        Case(
+            f"full-disk-{name}",
+            "I25.full-disk",
+            XFAILS.split("@pytest.mark.xfail(reason=")[0] + "\n" + INVENTED_SUITE,
+            args=(*QUICK, *args),
+            ret=0,
+            lines=(*lines, *(("*tfgrpc: HTML report*",) if "html" not in name else ())),
+            junit={"test_after[lo]": ("tfgrpc.p2p_latency.4B.*",)},
+            outcomes={"passed": 2},
+        )
+        for name, args, lines in (
+            (
+                "results",
+                ("--tfgrpc-results={full_dir}/results.jsonl", "--tfgrpc-html={tmp}/r.html"),
+                ("tfgrpc: results file */results.jsonl: cannot append *: No space left*",),
+            ),
+            (
+                "html",
+                ("--tfgrpc-html={full_dir}/r.html", "--tfgrpc-results={tmp}/results.jsonl"),
+                ("tfgrpc: no HTML report: cannot write */r.html: No space left*",),
+            ),
+            (
+                "plots",
+                ("--tfgrpc-plot={full_dir}/plots", "--tfgrpc-html={tmp}/r.html"),
+                ("tfgrpc: no plots: cannot write into */plots: No space left*",),
+            ),
+            (
+                "results-dev-full",
+                ("--tfgrpc-results=/dev/full", "--tfgrpc-html={tmp}/r.html"),
+                ("tfgrpc: results file /dev/full: cannot append *: No space left*",),
+            ),
+        )
+    ),
+    # --- I25.history: a history too short to show a change ----------------------------------
+    *(
+        Case(
+            f"history-too-short-{name}",
+            "I25.messages",
+            LATENCY,
+            baseline_args=QUICK,
+            baseline_runs=runs,
+            cli="pytest_tfgrpc.cli.history",
+            command=command,
+            needs=("otava",),
+            lines=(f"*{count} runs are too short a history*at least 3 runs*",),
+        )
+        for name, runs, command, count in (
+            ("one-run", 1, ("{tmp}/base.xml",), 1),
+            ("two-runs", 2, ("{tmp}/base.xml", "{tmp}/base1.xml"), 2),
+            ("one-run-twice", 1, ("{tmp}/base.xml", "{tmp}/base.xml"), 1),
+        )
+    ),
+    # --- I25.secrets: token files, tokens in children, leases ---------------------------------
+    *(
+        Case(
+            f"agent-token-file-mode-{mode:o}",
+            "I25.secrets",
+            files={"token": "s" * 32 + "\n"},
+            modes={"token": mode},
+            cli="pytest_tfgrpc.hosts.agent",
+            command=("--fabric", "lo", "--port", "0", "--token-file", "{tmp}/token"),
+            ret=2,
+            lines=(
+                f"*token file */token is readable or writable by others (mode 0{mode:o}): "
+                "run chmod 600 */token*",
+            ),
+            seconds=30,
+        )
+        for mode in (0o644, 0o604, 0o666, 0o622)
+    ),
+    *(
+        Case(
+            f"driver-token-file-mode-{mode:o}",
+            "I25.secrets",
+            LATENCY,
+            files={"token": "s" * 32 + "\n"},
+            modes={"token": mode},
+            args=(
+                *QUICK,
+                "--tfgrpc-agents=127.0.0.1:{closed_port}",
+                "--tfgrpc-agent-token-file={tmp}/token",
+            ),
+            ret=None,
+            lines=("*token file */token is readable or writable by others*chmod 600*",),
+            seconds=60,
+        )
+        for mode in (0o644, 0o606)
+    ),
+    Case(
+        "agent-secrets-and-leases",
+        "I25.secrets",
+        AGENT_SECRETS.replace(
+            "{leases}", "math.nan, math.inf, -math.inf, -1.0, 0.0, 0.5, 121.0, 1e300, 5e-324"
+        ),
+        args=QUICK,
+        env={"TFGRPC_AGENT_TOKEN": "k" * 32},
+        outcomes={"passed": 10},
+        seconds=120,
+    ),
+    # --- I25.shared-paths: the measurement lock where others could reach it -------------------
+    *(
+        Case(
+            f"host-lock-{name}",
+            "I25.shared-paths",
+            LATENCY,
+            files={"victim": "root's file\n"},
+            args=QUICK,
+            env={"TFGRPC_HOST_LOCK": "{tmp}/planted.lock"},
+            plant=plant,
+            unchanged=("victim",),
+            ret=1,
+            lines=(line,),
+            seconds=60,
+        )
+        for name, plant, line in (
+            ("symlink", "link", "*planted.lock is a symbolic link: refusing*"),
+            ("dangling-symlink", "dangling", "*planted.lock is a symbolic link: refusing*"),
+            ("fifo", "fifo", "*planted.lock is not a regular file*"),
+            ("directory", "dir", "*planted.lock: Is a directory*"),
+            (
+                "other-owner",
+                "chown",
+                "*planted.lock is not a regular file of this user (uid 12345)*",
+            ),
+        )
+    ),
+    *(
+        Case(
+            f"host-lock-held-{wait}s",
+            "I25.shared-paths",
+            LATENCY,
+            args=QUICK,
+            env={"TFGRPC_HOST_LOCK": "{held_lock}", "TFGRPC_HOST_LOCK_WAIT": wait},
+            ret=1,
+            lines=(
+                f"*measurement lock */host.lock is held by run 20990101T000000Z-elsewhere-0000"
+                f" (pid 4242) for more than {wait} s*",
+            ),
+            outcomes={"error": 1},
+            seconds=60,
+        )
+        for wait in ("1", "3")
+    ),
+    Case(
+        "host-lock-wait-not-a-number",
+        "I25.shared-paths",
+        LATENCY,
+        args=QUICK,
+        env={"TFGRPC_HOST_LOCK": "{tmp}/ok.lock", "TFGRPC_HOST_LOCK_WAIT": "nan"},
+        ret=1,
+        lines=("*TFGRPC_HOST_LOCK_WAIT='nan': a positive number of seconds*",),
+        seconds=60,
+    ),
+    # --- I25.data-plane: a push is checked whole before it touches the sum --------------------
+    Case(
+        "bad-pushes-leave-the-sum-alone",
+        "I25.data-plane",
+        BAD_PUSHES,
+        args=QUICK,
+        outcomes={"passed": 10},
+        seconds=180,
+    ),
+    Case(
+        "compressed-calls-refused-unread",
+        "I25.exhaustion",
+        COMPRESSED,
+        args=QUICK,
+        outcomes={"passed": 8},
+        seconds=240,
+    ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(
         "oversize-and-unauthenticated-refused",
@@ -1195,6 +1675,10 @@ class World:
     def _make(self, name: str) -> dict[str, str]:
         if name in ("ca", "cert", "key", "other_ca", "other_cert", "other_key"):
             return _certificates(self.tmp)
+        if name == "held_lock":
+            return {name: self._held_lock()}
+        if name == "full_dir":
+            return {name: self._full_dir()}
         if name == "closed_port":
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
@@ -1213,6 +1697,46 @@ class World:
         if name.startswith("veth_"):
             return {name: self._link(name)}
         raise KeyError(f"no placeholder {name!r}")
+
+    def _held_lock(self) -> str:
+        """A lock file (in a private directory) whose flock another process holds through
+        a read-only handle, naming a run that is not the test's."""
+        import fcntl
+
+        private = self.tmp / "locks"
+        private.mkdir(mode=0o700)
+        path = private / "host.lock"
+        path.write_text("20990101T000000Z-elsewhere-0000 pid 4242")
+        path.chmod(0o600)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1]); "
+             "fcntl.flock(f, fcntl.LOCK_EX); print(flush=True); sys.stdin.read()", str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline() == b"\n"
+        self.stack.callback(holder.wait, 10)
+        self.stack.callback(holder.stdin.close)  # type: ignore[union-attr]
+        del fcntl
+        return str(path)
+
+    def _full_dir(self) -> str:
+        """A directory on a small tmpfs filled to its last block (needs root)."""
+        if os.geteuid() != 0:
+            pytest.skip("needs root (a small tmpfs)")
+        mount = self.tmp / "full"
+        mount.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tfgrpc-full", str(mount)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+        self.stack.callback(subprocess.run, ["umount", "-l", str(mount)], check=False)
+        with contextlib.suppress(OSError), open(mount / "filler", "wb") as filler:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        return str(mount)
 
     def _remote_over_slow_link(self) -> dict[str, str]:
         """A tensor server in a namespace behind a 1 Mbit/s veth link (traffic to an address
@@ -1300,24 +1824,30 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     results = tmp / "results.jsonl"
     for name, text in case.files.items():
         (tmp / name).write_text(world.fill(text))
+        if name in case.modes:
+            (tmp / name).chmod(case.modes[name])
+    _plant(case.plant, tmp)
     tag = uuid.uuid4().hex
-    env = {**os.environ, **case.env, "TFGRPC_FAULT": tag}
+    env = {**os.environ, **{k: world.fill(v) for k, v in case.env.items()}, "TFGRPC_FAULT": tag}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:
         (tmp / "test_case.py").write_text(world.fill(case.suite))
-        base = tmp / "base.xml"
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
-             *case.baseline_args, str(tmp / "test_case.py")],
-            cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
-        )  # fmt: skip
-        text = base.read_text()
-        for old, new in case.baseline_edit:
-            assert old in text, f"{old!r} not in the baseline"
-            text = text.replace(old, new)
-        base.write_text(text)
-    if case.command:
+        for run in range(case.baseline_runs):
+            base = tmp / f"base{run or ''}.xml"
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
+                 *case.baseline_args, str(tmp / "test_case.py")],
+                cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
+            )  # fmt: skip
+            text = base.read_text()
+            for old, new in case.baseline_edit:
+                assert old in text, f"{old!r} not in the baseline"
+                text = text.replace(old, new)
+            base.write_text(text)
+    if case.command and case.cli:
+        argv = [sys.executable, "-m", case.cli, *(world.fill(a) for a in case.command)]
+    elif case.command:
         argv = [sys.executable, "-m", "pytest_tfgrpc.roles.tensor_server", "--fabric", "lo"]
         argv += [world.fill(a) for a in case.command]
     else:
@@ -1348,6 +1878,23 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     seconds = time.monotonic() - start
     _no_process_left(tag, case.id)
     return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
+
+
+def _plant(kind: str, tmp: Path) -> None:
+    planted = tmp / "planted.lock"
+    if kind == "link":
+        planted.symlink_to(tmp / "victim")
+    elif kind == "dangling":
+        planted.symlink_to(tmp / "made-by-the-run")
+    elif kind == "fifo":
+        os.mkfifo(planted)
+    elif kind == "dir":
+        planted.mkdir()
+    elif kind == "chown":
+        if os.geteuid() != 0:
+            pytest.skip("needs root (a file of another user)")
+        planted.write_text("")
+        os.chown(planted, 12345, 12345)
 
 
 def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> None:
@@ -1437,6 +1984,8 @@ def _check(case: Case, world: World, outcome: Outcome) -> str:
             json.loads(line)
     if case.seconds is not None:
         assert outcome.seconds < case.seconds
+    for name in case.unchanged:
+        assert (world.tmp / name).read_text() == world.fill(case.files[name]), f"{name} changed"
     first = next(
         (line for line in text.splitlines() if line.startswith(("E ", "ERROR", "FAILED"))), ""
     )

@@ -36,7 +36,7 @@ from pytest_tfgrpc.model.analytic import CpuCost, LinkFit, predict_step
 from pytest_tfgrpc.model.placement import Topology, place, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.report.record import read_record, result_properties
 from pytest_tfgrpc.report.summary import summary_rows
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
@@ -221,7 +221,7 @@ def test_the_step_after_a_fit_carries_its_prediction(cluster: PSCluster) -> None
     assert error == pytest.approx(100 * (predicted - measured) / measured, abs=2e-3)
     assert props[model + "limit"] == prediction.limit
     # The prediction stays out of the terminal summary: one row, the measured step.
-    rows = summary_rows("t", result_properties(result))
+    rows = summary_rows(read_record("t", result_properties(result)))
     assert [(r.label, r.size) for r in rows] == [("sgd", point.key)]
     plain = sync_sgd_step(cluster, PROFILE, run=steps, label="plain")
     assert plain.prediction is None
@@ -247,7 +247,7 @@ def test_plain(tfgrpc, ps_cluster):
 def test_the_fixture_records_the_prediction_in_junit(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE)
     xml = pytester.path / "perf.xml"
-    fast = ("--tfgrpc-iterations=3", "--tfgrpc-warmup=1", "--tfgrpc-max-time=5")
+    fast = ("--tfgrpc-iterations=3", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=5")
     result = pytester.runpytest(*fast, f"--junitxml={xml}")
     result.assert_outcomes(passed=2)
     props = {
@@ -262,7 +262,8 @@ def test_the_fixture_records_the_prediction_in_junit(pytester: pytest.Pytester) 
     assert steps[model + "limit"] in ("ps link", "worker link", "chain", "cores")
     assert not any(".model." in name for name in plain)
     label = "sync_sgd_step"
-    summary = [line for line in result.stdout.lines if f"  {label}  " in line]
+    table = result.stdout.str().split("PS load per task:")[0].splitlines()  # then per-PS rows
+    summary = [line for line in table if f"  {label}  " in line]
     assert len(summary) == 2 and all(line.split()[1:3] == [label, "hep_cnn"] for line in summary)
 
 
@@ -271,7 +272,7 @@ def test_a_step_is_placed_once_and_the_model_takes_that_placement(
 ) -> None:
     # The driver places the profile; the benchmark, the fit and the model use that placement.
     from pytest_tfgrpc.bench.driver import Driver
-    from pytest_tfgrpc.bench.specs import RunOverrides
+    from pytest_tfgrpc.bench.specs import run_layer
     from pytest_tfgrpc.model import placement, profiles
 
     placed: list[object] = []
@@ -297,7 +298,11 @@ def test_a_step_is_placed_once_and_the_model_takes_that_placement(
         test="t",
         messages=None,
         budget=None,
-        options=RunOverrides(iterations=2, warmup=1, max_seconds=5.0, warmup_seconds=5.0),
+        run=[
+            run_layer(
+                "test", {"iterations": 2, "warmup": 1, "max_seconds": 5.0, "warmup_seconds": 5.0}
+            )
+        ],
         record=lambda name, value: None,
     )
     result = driver.sync_sgd_step(cluster, PROFILE, model=True)

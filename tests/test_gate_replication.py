@@ -16,23 +16,26 @@ import pytest
 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.cli import history as history_cli
-from pytest_tfgrpc.report.compare import Outcome, compare_figure, compare_runs
+from pytest_tfgrpc.report.compare import compare_figure, compare_runs
 from pytest_tfgrpc.report.gate import unmatched_figures
 from pytest_tfgrpc.report.history import format_trends, trends
 from pytest_tfgrpc.report.junit import (
     Baseline,
     BaselineError,
-    Key,
-    Measurement,
     load_baseline,
     load_history,
     read_junit,
 )
-from pytest_tfgrpc.report.properties import format_rounds, parse_rounds, result_properties
+from pytest_tfgrpc.report.record import Key, Measurement, Outcome, read_record, result_properties
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.stats.replicates import invalid_values, replicate_test
 
 KEY = Key("t.test_a[lo]", "lo", "p2p_latency", "1KiB")
+
+
+def format_rounds(rounds: dict[str, tuple[float, ...]]) -> str:
+    """A ``.rounds`` property's value, as the README documents it."""
+    return ";".join(f"{m}={','.join(repr(v) for v in values)}" for m, values in rounds.items())
 
 
 def rounds(level: float, spread: float, seed: int, n: int = 10) -> tuple[float, ...]:
@@ -243,12 +246,14 @@ def test_rounds_are_recorded_and_read_back() -> None:
     point = SizeResult.from_samples(1024, 1040, samples, int(samples.sum()), rounds=(5,) * 4)
     assert point.round_figures(rates=False)["p50"] == (1000.0, 2000.0, 3000.0, 4000.0)
     result = BenchmarkResult("p2p_latency", "p2p_latency", "lo", "x:1", "raw", "unary", (point,))
-    props = dict(result_properties(result))
-    assert parse_rounds(props["tfgrpc.p2p_latency.1KiB.rounds"])["p50"] == (1e3, 2e3, 3e3, 4e3)
-    assert parse_rounds(format_rounds({"p99": (1.5, 2.25)})) == {"p99": (1.5, 2.25)}
+    (read,) = read_record("t", result_properties(result)).measurements
+    assert read.rounds["p50"] == (1e3, 2e3, 3e3, 4e3)
+    again = read_record("t", [("tfgrpc.x.1KiB.rounds", format_rounds({"p99": (1.5, 2.25)}))])
+    assert again.measurements[0].rounds == {"p99": (1.5, 2.25)}
     for bad in ("p50", "p50=a,b", "=1,2"):
         with pytest.raises(ValueError, match="round figures"):
-            parse_rounds(bad)
+            read_record("t", [("tfgrpc.x.1KiB.rounds", bad)], strict=True)
+        assert not read_record("t", [("tfgrpc.x.1KiB.rounds", bad)]).measurements
 
 
 # --- histories and what was not compared ------------------------------------------------------
@@ -363,10 +368,13 @@ def test_every_unmatched_baseline_figure_says_why(tmp_path: Path) -> None:
          base.measurements[keys["t.test_kept[lo]"]]},
     )  # fmt: skip
     ran = {
-        "t.test_kept[lo]": list(props_of(300e3, 1).items()),
-        "t.test_failed[lo]": [],
-        "t.test_prefixed[lo]": list(props_of(300e3, 1).items()),
-        "t.test_eth[eth0]": [],
+        test: read_record(test, props)
+        for test, props in {
+            "t.test_kept[lo]": list(props_of(300e3, 1).items()),
+            "t.test_failed[lo]": [],
+            "t.test_prefixed[lo]": list(props_of(300e3, 1).items()),
+            "t.test_eth[eth0]": [],
+        }.items()
     }
     why = {
         (u.key.test, u.key.fabric): u.why
@@ -508,10 +516,12 @@ def test_unstable_rounds_are_warned_as_pyperf_does() -> None:
         ("tfgrpc.p2p_latency.64KiB.rounds", shaky),
         ("tfgrpc.p2p_latency.4KiB.rounds", "not rounds"),
     ]
-    (line,) = unstable_rounds("t.py::test_a", props)
+    (line,) = unstable_rounds(read_record("t.py::test_a", props))
     assert line == "unstable: t.py::test_a p2p_latency.64KiB: p50 44% between rounds (CV)"
     both = format_rounds({"p50": (100.0, 150.0, 60.0), "throughput": (1.0, 2.0, 1.0)})
-    (line,) = unstable_rounds("t.py::test_b", [("tfgrpc.p2p_bandwidth.1MiB.rounds", both)])
+    (line,) = unstable_rounds(
+        read_record("t.py::test_b", [("tfgrpc.p2p_bandwidth.1MiB.rounds", both)])
+    )
     assert (
         line
         == "unstable: t.py::test_b p2p_bandwidth.1MiB: p50 44%, throughput 43% between rounds (CV)"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pytest_tfgrpc.report.html import HtmlRun, render_html, write_html
+from pytest_tfgrpc.report.record import read_record
 from pytest_tfgrpc.stats.sketch import Sketch
 
 CHROMIUM = next(
@@ -50,11 +51,12 @@ def _props(fabric: str, p50_us: float, seed: int, verdict: bool) -> list[tuple[s
 
 
 def _run() -> HtmlRun:
+    props = {
+        "t.py::test_rtt[lo]": _props("lo", 100.0, 1, verdict=True),
+        "t.py::test_rtt[veth0]": _props("veth0", 300.0, 2, verdict=False),
+    }
     return HtmlRun(
-        figures={
-            "t.py::test_rtt[lo]": _props("lo", 100.0, 1, verdict=True),
-            "t.py::test_rtt[veth0]": _props("veth0", 300.0, 2, verdict=False),
-        },
+        records={test: read_record(test, pairs) for test, pairs in props.items()},
         outcomes={"t.py::test_rtt[lo]": "failed", "t.py::test_rtt[veth0]": "passed"},
         fabrics=["lo", "veth0"],
         meta={"tfgrpc.meta.host": "box<1>", "tfgrpc.meta.grpcio": "1.2.3"},

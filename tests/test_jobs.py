@@ -1,8 +1,7 @@
-"""The typed messages between the PS cluster driver and its workers: round trips and refusals."""
+"""The worker protocol (protos/tfgrpc/worker.proto): framing, round trips and refusals."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -24,7 +23,12 @@ THROUGHPUT = jobs.ThroughputJob(
 SYNC = jobs.SyncSGDJob(
     targets=("127.0.0.1:1", "[::1]:2"),
     worker=0,
-    shards=(((0, 4096), (4096, 64)), ()),
+    shards=[
+        jobs.OwnedShards(
+            shards=[jobs.Shard(offset=0, nbytes=4096), jobs.Shard(offset=4096, nbytes=64)]
+        ),
+        jobs.OwnedShards(),
+    ],
     chunk_bytes=1024,
     warmup=2,
     max_steps=23,
@@ -33,142 +37,151 @@ SYNC = jobs.SyncSGDJob(
 )
 
 
+def _body(data: bytes) -> bytes:
+    frames = jobs.Frames()
+    frames.feed(data)
+    body = frames.take()
+    assert body is not None and frames.pending == 0
+    return body
+
+
+@pytest.mark.parametrize("message", [THROUGHPUT, SYNC, jobs.Go(go=True), jobs.Go(go=False)])
+def test_driver_messages_round_trip_framed(message: Any) -> None:
+    assert jobs.job_of(_body(jobs.frame(jobs.to_worker(message)))) == message
+
+
 @pytest.mark.parametrize(
-    "message",
-    [
-        THROUGHPUT,
-        SYNC,
-        jobs.Go(True),
-        jobs.Go(False),
-        jobs.Hello(1234),
-        jobs.Ready(),
-        jobs.WorkerFailed("boom"),
-    ],
+    "message", [jobs.Hello(pid=1234), jobs.Ready(), jobs.WorkerFailed(error="boom")]
 )
-def test_messages_round_trip_on_one_line(message: Any) -> None:
-    line = jobs.encode(message)
-    assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert jobs.decode(line) == message
+def test_worker_messages_round_trip_framed(message: Any) -> None:
+    assert jobs.reply_of(_body(jobs.frame(jobs.from_worker(message)))) == message
+
+
+def test_frames_come_whole_from_any_split_of_the_stream() -> None:
+    stream = b"".join(
+        jobs.frame(jobs.from_worker(m))
+        for m in (jobs.Hello(pid=7), jobs.Ready(), jobs.WorkerFailed(error="x" * 300))
+    )
+    frames = jobs.Frames()
+    got = []
+    for byte in stream:  # one byte at a time: the worst split a pipe can make
+        frames.feed(bytes([byte]))
+        while (body := frames.take()) is not None:
+            got.append(jobs.reply_of(body))
+    assert got == [jobs.Hello(pid=7), jobs.Ready(), jobs.WorkerFailed(error="x" * 300)]
+    assert frames.pending == 0
 
 
 def test_sync_job_knows_the_bytes_each_ps_owns() -> None:
-    assert SYNC.owned_bytes == (4160, 0)
+    assert jobs.owned_bytes(SYNC) == (4160, 0)
 
 
 def test_replies_carry_samples_as_packed_int64() -> None:
     big = [2**40 + 7, 1, 0, 123_456_789]
     reply = jobs.ThroughputReply(
-        samples_ns=(np.array(big, dtype=np.int64), np.array([], dtype=np.int64)),
+        samples=[jobs.Samples(ns=big), jobs.Samples()],
         elapsed_ns=10,
         cpu_user_ns=5,
         cpu_system_ns=0,
     )
-    line = jobs.encode(reply)
-    raw = json.loads(line)
-    assert all(isinstance(s, str) for s in raw["samples_ns"])  # not JSON lists
-    back = jobs.decode(line, jobs.ThroughputReply)
-    assert [list(s) for s in back.samples_ns] == [big, []]
-    assert back.samples_ns[0].dtype == np.int64 and not back.samples_ns[0].flags.writeable
-    step = jobs.decode(jobs.encode(jobs.SyncSGDReply(np.array(big), 9, 1, 2)), jobs.SyncSGDReply)
+    body = _body(jobs.frame(jobs.from_worker(reply)))
+    # packed: tag and length once, then a varint per sample (not a tag per sample)
+    assert len(body) < 4 * len(big) + 32
+    back = jobs.reply_of(body)
+    assert isinstance(back, jobs.ThroughputReply)
+    arrays = [jobs.samples(s.ns) for s in back.samples]
+    assert [list(a) for a in arrays] == [big, []]
+    assert arrays[0].dtype == np.int64 and not arrays[0].flags.writeable
+    step = jobs.reply_of(
+        _body(jobs.frame(jobs.from_worker(jobs.SyncSGDReply(samples_ns=big, steps=9))))
+    )
+    assert isinstance(step, jobs.SyncSGDReply)
     assert list(step.samples_ns) == big and step.steps == 9
 
 
-def test_packed_samples_are_eight_bytes_each() -> None:
-    samples = np.arange(1000, dtype=np.int64) * 1_000_003
-    assert len(jobs.pack_samples(samples)) == 8 * 1000 * 4 // 3 + 4 - (8000 * 4 // 3) % 4
-    assert len(jobs.pack_samples(samples)) < len(json.dumps(samples.tolist()))
-    assert list(jobs.unpack_samples(jobs.pack_samples(samples))) == samples.tolist()
-
-
 @pytest.mark.parametrize(
-    ("line", "match"),
+    ("body", "match"),
     [
-        (b"not json", "not a JSON line"),
-        (b"[1, 2]", "no 'kind'"),
-        (b'{"kind": "teleport"}', "kind='teleport': expected one of"),
-        (b'{"kind": "hello", "pid": 0}', r"pid=0: expected a whole number >= 1"),
-        (b'{"kind": "hello", "pid": true}', "pid=True"),
-        (b'{"kind": "hello"}', "hello: .*pid"),
-        (b'{"kind": "hello", "pid": 3, "extra": 1}', "unknown field 'extra'"),
-        (b'{"kind": "go", "go": "yes"}', "go='yes': expected true or false"),
-        (b'{"kind": "error", "error": ""}', "error='': expected a non-empty string"),
+        (b"\xff\xff", "not a worker message"),
+        (b"", "an empty worker message"),
+        (jobs.from_worker(jobs.Hello(pid=0)).SerializeToString(), r"pid=0: expected a whole"),
+        (jobs.from_worker(jobs.WorkerFailed()).SerializeToString(), "error='': a failure"),
         (
-            b'{"kind": "sync_sgd_result", "samples_ns": "!!", "steps": 1,'
-            b' "cpu_user_ns": 0, "cpu_system_ns": 0}',
-            "samples: not base64",
+            jobs.from_worker(jobs.SyncSGDReply(samples_ns=[5, -1], steps=2)).SerializeToString(),
+            "negative",
         ),
         (
-            b'{"kind": "sync_sgd_result", "samples_ns": "AAAA", "steps": 1,'
-            b' "cpu_user_ns": 0, "cpu_system_ns": 0}',
-            "not a whole number of int64",
+            jobs.from_worker(jobs.SyncSGDReply(samples_ns=[1, 2], steps=1)).SerializeToString(),
+            "steps=1: fewer than its 2 samples",
         ),
         (
-            b'{"kind": "sync_sgd_result", "samples_ns": "", "steps": 1,'
-            b' "cpu_user_ns": -1, "cpu_system_ns": 0}',
-            "cpu_user_ns=-1",
-        ),
-        (
-            b'{"kind": "throughput_result", "samples_ns": "", "elapsed_ns": 1,'
-            b' "cpu_user_ns": 0, "cpu_system_ns": 0}',
-            "expected a list, one per PS",
+            jobs.from_worker(jobs.ThroughputReply(elapsed_ns=0)).SerializeToString(),
+            "elapsed_ns=0",
         ),
     ],
 )
-def test_decode_refuses_what_is_not_a_message(line: bytes, match: str) -> None:
+def test_reply_of_refuses_what_is_not_a_message(body: bytes, match: str) -> None:
     with pytest.raises(jobs.MessageError, match=match):
-        jobs.decode(line)
+        jobs.reply_of(body)
 
 
-def test_negative_samples_are_refused() -> None:
-    with pytest.raises(jobs.MessageError, match="negative"):
-        jobs.unpack_samples(jobs.pack_samples(np.array([5, -1], dtype=np.int64)))
+def test_a_stream_that_is_not_framed_is_refused() -> None:
+    frames = jobs.Frames()
+    frames.feed(b"\xff" * 11)
+    with pytest.raises(jobs.MessageError, match="not framed"):
+        frames.take()
+    frames = jobs.Frames()
+    frames.feed(jobs.frame(jobs.to_worker(jobs.Go(go=True)))[:1] and b"\x80\x80\x80\x80\x08")
+    with pytest.raises(jobs.MessageError, match="over"):
+        frames.take()
 
 
-def test_a_reply_counts_no_fewer_steps_than_samples() -> None:
-    with pytest.raises(jobs.MessageError, match="steps=1"):
-        jobs.SyncSGDReply(np.array([1, 2], dtype=np.int64), 1, 0, 0)
+def _changed(job: Any, **change: Any) -> bytes:
+    copy = type(job)()
+    copy.CopyFrom(job)
+    for name, value in change.items():
+        if isinstance(value, list):
+            copy.ClearField(name)
+            getattr(copy, name).extend(value)
+        else:
+            setattr(copy, name, value)
+    body: bytes = jobs.to_worker(copy).SerializeToString()
+    return body
 
 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"targets": ()}, "targets=\\(\\): expected a non-empty list"),
+        ({"targets": []}, r"targets=\[\]: expected a non-empty list"),
         ({"mode": "json"}, "mode='json': expected one of raw, protobuf"),
-        ({"payload_bytes": (64,)}, "1 sizes for 2 targets"),
-        ({"payload_bytes": (64, -1)}, "payload_bytes\\[\\]=-1"),
+        ({"payload_bytes": [64]}, "1 sizes for 2 targets"),
         ({"iterations": 0}, "iterations=0"),
         ({"seconds": float("nan")}, "seconds=nan: expected a finite"),
         ({"warmup_seconds": float("inf")}, "warmup_seconds=inf"),
     ],
 )
-def test_throughput_jobs_validate_their_fields(change: dict[str, Any], match: str) -> None:
-    fields = {**THROUGHPUT.__dict__, **change}
+def test_throughput_jobs_are_checked(change: dict[str, Any], match: str) -> None:
     with pytest.raises(jobs.MessageError, match=match):
-        jobs.ThroughputJob(**fields)
+        jobs.job_of(_changed(THROUGHPUT, **change))
 
 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"shards": (((0, 4),),)}, "1 lists of shards for 2 targets"),
-        ({"shards": (((0, 4, 5),), ())}, "is not \\(offset, nbytes\\)"),
-        ({"shards": (((-4, 4),), ())}, "shard offset=-4"),
+        ({"shards": [jobs.OwnedShards()]}, "1 lists of shards for 2 targets"),
         ({"chunk_bytes": 0}, "chunk_bytes=0"),
         ({"max_steps": 0}, "max_steps=0"),
-        ({"barrier_timeout": 0}, "barrier_timeout=0"),
-        ({"check": 1}, "check=1: expected true or false"),
+        ({"barrier_timeout": 0.0}, "barrier_timeout=0"),
     ],
 )
-def test_sync_jobs_validate_their_fields(change: dict[str, Any], match: str) -> None:
-    fields = {**SYNC.__dict__, **change}
+def test_sync_jobs_are_checked(change: dict[str, Any], match: str) -> None:
     with pytest.raises(jobs.MessageError, match=match):
-        jobs.SyncSGDJob(**fields)
+        jobs.job_of(_changed(SYNC, **change))
 
 
-def test_decode_can_insist_on_a_kind() -> None:
-    with pytest.raises(jobs.MessageError, match="a 'ready' message where 'hello' was expected"):
-        jobs.decode(jobs.encode(jobs.Ready()), jobs.Hello)
-    assert jobs.decode(jobs.encode(jobs.Go(True)), (jobs.SyncSGDJob, jobs.Go)) == jobs.Go(True)
+def test_an_empty_driver_message_is_refused() -> None:
+    with pytest.raises(jobs.MessageError, match="no job, no go"):
+        jobs.job_of(b"")
 
 
 def test_bench_imports_no_worker_entry_module() -> None:
@@ -180,13 +193,13 @@ def test_bench_imports_no_worker_entry_module() -> None:
         assert "ps.worker" not in path.read_text(), path.name
 
 
-def test_a_line_outside_the_protocol_is_a_cluster_error_naming_the_worker() -> None:
+def test_bytes_outside_the_protocol_are_a_cluster_error_naming_the_worker() -> None:
     from pytest_tfgrpc.ps.ps_cluster import ClusterError, WorkerProcess
 
     worker = WorkerProcess(3)
     try:
-        worker._buffer = b'{"hello": 12}\n' + jobs.encode(jobs.Ready())
-        with pytest.raises(ClusterError, match=r"PS worker 3 wrote not a message \(no 'kind'\)"):
+        worker._frames.feed(b"\x02\xff\xff" + jobs.frame(jobs.from_worker(jobs.Ready())))
+        with pytest.raises(ClusterError, match=r"PS worker 3 wrote not a worker message"):
             worker.take_message()
         assert worker.take_message() == jobs.Ready()
         assert worker.take_message() is None
@@ -204,14 +217,14 @@ def test_a_worker_answers_a_bad_job_with_a_typed_failure() -> None:
         while message is None and time.monotonic() < deadline:
             assert worker.read_more()
             message = worker.take_message()
-        assert message == jobs.Hello(worker.pid)
-        worker._proc.stdin.write(b'{"kind": "sync_sgd", "targets": []}\n')
+        assert message == jobs.Hello(pid=worker.pid)
+        worker._proc.stdin.write(jobs.frame(jobs.to_worker(jobs.SyncSGDJob())))
         worker._proc.stdin.flush()
         message = None
         while message is None and time.monotonic() < deadline:
             assert worker.read_more()
             message = worker.take_message()
         assert isinstance(message, jobs.WorkerFailed)
-        assert message.error.startswith("bad job: ")
+        assert message.error.startswith("bad job: targets=[]")
     finally:
         worker.stop()

@@ -20,7 +20,8 @@ LAYERS = (
     "roles",
     "tuning | native | model | wire",
     "results",
-    "stats | units",
+    "metrics",
+    "stats | units | private_files",
 )
 LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 

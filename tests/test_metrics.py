@@ -5,6 +5,8 @@ for every bad budget, floors marked."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +16,7 @@ from junitparser.xunit2 import JUnitXml, TestCase, TestSuite
 
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.cli.compare import main as compare_main
-from pytest_tfgrpc.report.budget import BudgetError, parse_budget
-from pytest_tfgrpc.report.compare import Outcome, compare_test
-from pytest_tfgrpc.report.gate import BaselineGate, settings_from_options
-from pytest_tfgrpc.report.junit import load_baseline
-from pytest_tfgrpc.report.metrics import (
+from pytest_tfgrpc.metrics import (
     BUDGET_METRICS,
     GATED,
     METRICS,
@@ -26,11 +24,15 @@ from pytest_tfgrpc.report.metrics import (
     GateTest,
     is_floor,
 )
-from pytest_tfgrpc.report.properties import (
+from pytest_tfgrpc.report.budget import BudgetError, parse_budget
+from pytest_tfgrpc.report.compare import compare_test
+from pytest_tfgrpc.report.gate import BaselineGate, settings_from_options
+from pytest_tfgrpc.report.junit import load_baseline
+from pytest_tfgrpc.report.record import (
+    Outcome,
+    TestRecord,
     figure_name,
-    figure_value,
-    parse_figure,
-    read_figures,
+    read_record,
     result_properties,
 )
 from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS, ToleranceError, parse_tolerances
@@ -95,6 +97,14 @@ def _props(result: PSResult | BenchmarkResult) -> list[tuple[str, str]]:
     return [("tfgrpc.fabric", "lo"), *result_properties(result)]
 
 
+def _record(result: PSResult | BenchmarkResult) -> TestRecord:
+    return read_record(TEST, _props(result))
+
+
+def figure_value(metric: str, value: float) -> str:
+    return METRICS[metric].unit.property_value(value)
+
+
 def _write_junit(path: Path, properties: list[tuple[str, str]]) -> Path:
     case = TestCase("test_steps[lo]", "test_perf")
     for name, value in properties:
@@ -123,13 +133,14 @@ def test_every_recorded_figure_is_registered_and_reads_back(
     result: PSResult | BenchmarkResult,
 ) -> None:
     figures = [f for point in result.sizes for f in point.figures(rates=True)]
-    assert {f.metric for f in figures} <= set(METRICS)
-    read = {(r.at.key, r.at.scope, r.at.metric.name): r.value for r in read_figures(_props(result))}
+    assert {f.metric for f in figures} <= set(METRICS.values())
+    (point,) = read_record("t", _props(result)).measurements
     for figure in figures:
-        value = read[(result.sizes[0].label, figure.scope, figure.metric)]
+        scoped = point.scoped[figure.scope] if figure.scope else point.figures
+        value = scoped[figure.metric.name]
         # Written with the digits the measurement supports: times to the nanosecond, other
         # figures to SIGNIFICANT significant digits.
-        if METRICS[figure.metric].unit.base == "ns":
+        if figure.metric.unit.base == "ns":
             assert value == pytest.approx(figure.value, abs=0.5)
         else:
             assert value == pytest.approx(figure.value, rel=10.0 ** (1 - SIGNIFICANT))
@@ -156,14 +167,16 @@ def test_codec_names_follow_the_readme() -> None:
         "tfgrpc.x.1KiB.p99",  # a time without its unit is not the registered name
         "other.x.1KiB.p99_us",
     ):
-        assert parse_figure(name) is None, name
+        assert not read_record("t", [(name, "1")]).measurements, name
 
 
 def test_floor_rows_are_marked_as_floors() -> None:
-    floor = parse_figure("tfgrpc.p2p_latency_floor.1KiB.p50_us")
-    grpc = parse_figure("tfgrpc.p2p_latency.1KiB.p50_us")
-    assert floor is not None and floor.floor
-    assert grpc is not None and not grpc.floor
+    record = read_record(
+        "t",
+        [("tfgrpc.p2p_latency_floor.1KiB.p50_us", "1"), ("tfgrpc.p2p_latency.1KiB.p50_us", "2")],
+    )
+    assert record.label("p2p_latency_floor").floor
+    assert not record.label("p2p_latency").floor
     assert is_floor("p2p_bandwidth_floor") and not is_floor("_floor") and not is_floor("floor")
 
 
@@ -224,7 +237,7 @@ def test_the_gate_flags_a_sync_sgd_step_50_percent_slower(tmp_path: Path, steps:
     baseline = _write_junit(tmp_path / "base.xml", _props(base))
     settings = settings_from_options(str(baseline), ["10%"], alpha=None, inconclusive=None,
                                      bad_baseline=None, mismatch=None)  # fmt: skip
-    verdict = BaselineGate(settings, {}, ["lo"]).judge(NODEID, _props(slow))
+    verdict = BaselineGate(settings, {}, ["lo"]).judge(NODEID, _record(slow))
     assert verdict.failure is not None and verdict.failure.startswith("regression: ")
     recorded = dict(verdict.properties)
     at = "tfgrpc.sync_sgd_step.hep_cnn"
@@ -236,7 +249,7 @@ def test_the_gate_flags_a_sync_sgd_step_50_percent_slower(tmp_path: Path, steps:
     else:
         assert recorded[f"{at}.step_p99.verdict"] == "inconclusive"
         assert "needs >= 1000" in recorded[f"{at}.step_p99.verdict_reason"]
-    same = BaselineGate(settings, {}, ["lo"]).judge(NODEID, _props(base))
+    same = BaselineGate(settings, {}, ["lo"]).judge(NODEID, _record(base))
     assert same.failure is None
 
 
@@ -246,7 +259,7 @@ def test_the_gate_tests_imbalance_by_its_ratio_and_rpc_rate_by_the_samples(
     base = _ps_result(_ps_point(_steps(200, 1), step=False, imbalance=1.2))
     worse = _ps_result(_ps_point(_steps(200, 2, scale=1.5), step=False, imbalance=1.5))
     baseline = load_baseline(_write_junit(tmp_path / "base.xml", _props(base)))
-    comparison = compare_test(baseline, TEST, _props(worse), parse_tolerances("10%"))
+    comparison = compare_test(baseline, _record(worse), parse_tolerances("10%"))
     by_metric = {v.metric: v for v in comparison.verdicts}
     assert by_metric["imbalance"].outcome is Outcome.REGRESSION
     assert by_metric["imbalance"].method == "ratio"
@@ -295,12 +308,17 @@ def test_figures_are_written_with_the_digits_they_support(
 
 
 def test_model_predictions_carry_no_float_noise() -> None:
-    from pytest_tfgrpc.report.properties import model_properties
+    class Predicted(BenchmarkResult):
+        def model_predictions(self) -> Mapping[str, Sequence[tuple[str, str]]]:
+            return {"hep_cnn": [("step_us", "1234.5600000000001"), ("limit", "link")]}
 
-    pairs = model_properties(
-        "sync_sgd_step", "hep_cnn", [("step_us", "1234.5600000000001"), ("limit", "link")]
-    )
+    plain = _ps_result(_ps_point(_steps(20, 1), step=True))
+    result = Predicted(**{f.name: getattr(plain, f.name) for f in fields(BenchmarkResult)})
+    pairs = [(n, v) for n, v in result_properties(result) if ".model." in n]
     assert pairs == [
         ("tfgrpc.sync_sgd_step.hep_cnn.model.step_us", "1234.56"),
         ("tfgrpc.sync_sgd_step.hep_cnn.model.limit", "link"),
     ]
+    (point,) = read_record("t", result_properties(result)).measurements
+    assert point.model == {"step_us": "1234.56", "limit": "link"}
+    assert "step_us" not in point.figures

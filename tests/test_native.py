@@ -22,7 +22,7 @@ from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import native_p2p, p2p
 from pytest_tfgrpc.bench.driver import Driver
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
-from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
+from pytest_tfgrpc.bench.specs import SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native.build import BuildError, build
 from pytest_tfgrpc.native.client import (
@@ -108,7 +108,7 @@ def test_an_unknown_engine_is_refused_by_name(engine: object) -> None:
 
 
 def _driver() -> Driver:
-    return Driver(test="t", messages=None, budget=None, options=RunOverrides(), record=_ignore)
+    return Driver(test="t", messages=None, budget=None, record=_ignore)
 
 
 def _ignore(name: str, value: str) -> None:

@@ -140,7 +140,12 @@ def test_the_native_worker_refuses_tls_settings(variable: str) -> None:
         check=False,
     )
     assert done.returncode == 2
-    failed = jobs.decode(done.stdout.splitlines()[0], jobs.WorkerFailed)
+    frames = jobs.Frames()
+    frames.feed(done.stdout)
+    body = frames.take()
+    assert body is not None
+    failed = jobs.reply_of(body)
+    assert isinstance(failed, jobs.WorkerFailed)
     assert "plaintext only" in failed.error and variable in failed.error
 
 

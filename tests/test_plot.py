@@ -22,7 +22,7 @@ from pytest_tfgrpc.report.plot import (
     properties_from_junit,
     write_plots,
 )
-from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.report.record import result_properties
 from pytest_tfgrpc.report.results_file import ResultLog, read_results
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, SizeResult
 

@@ -473,8 +473,25 @@ def test_the_run_marker_makes_a_time_based_run(
     result = pytester.runpytest(*quick)
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
-        ["@pytest.mark.tfgrpc_run argument iterations=0*"]
+        ["iterations=0 from @pytest.mark.tfgrpc_run: expected a whole number >= 1*"]
     )  # the cause first
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [
+        (("--tfgrpc-iterations=x",), "", "iterations='x' from --tfgrpc-iterations: expected*"),
+        ((), "tfgrpc_max_seconds = 0", "max_seconds='0' from ini tfgrpc_max_seconds: *"),
+    ],
+)
+def test_a_bad_run_option_is_a_usage_error_naming_its_source(
+    pytester: pytest.Pytester, args: tuple[str, ...], ini: str, message: str
+) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}"])
 
 
 def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
@@ -486,7 +503,7 @@ def test_an_unknown_run_argument_is_named(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*p2p_latency() got an unexpected argument 'iteration'*"])
+    result.stdout.fnmatch_lines(["*unknown run setting 'iteration' from p2p_latency(); the*"])
 
 
 def test_a_bad_budget_string_shows_no_internal_traceback(

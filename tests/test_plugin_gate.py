@@ -18,7 +18,7 @@ from junitparser.xunit2 import JUnitXml
 from pytest_tfgrpc import native
 
 #: Enough samples per round (10 rounds) for a p50 of each.
-STEADY = ("--tfgrpc-iterations=100", "--tfgrpc-warmup=5", "--tfgrpc-max-time=2")
+STEADY = ("--tfgrpc-iterations=100", "--tfgrpc-warmup=5", "--tfgrpc-max-seconds=2")
 
 #: Where a test is about which figures are compared, not their noise (3 samples a round).
 WIDE = ("--tfgrpc-max-regression=1000%",)

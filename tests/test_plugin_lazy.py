@@ -125,7 +125,7 @@ def test_an_option_wakes_the_plugin_before_collection(
     ("value", "message"),
     [
         ("tfgrpc_fabric = nosuchif0", "*nosuchif0*"),
-        ("tfgrpc_iterations = many", "*--tfgrpc-iterations / tfgrpc_iterations*many*"),
+        ("tfgrpc_iterations = many", "iterations='many' from ini tfgrpc_iterations: *"),
         ("tfgrpc_allocator = greedy", "*tfgrpc_allocator*'greedy'*"),
     ],
 )

@@ -48,7 +48,7 @@ def test_both_engines_run_a_suite_and_say_which(
     monkeypatch.setenv(native.CACHE_ENV, CACHE)
     pytester.makepyfile(SUITE)
     result = pytester.runpytest(
-        "--tfgrpc-iterations=5", "--tfgrpc-warmup=1", "--tfgrpc-max-time=2", "--junitxml=out.xml"
+        "--tfgrpc-iterations=5", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=2", "--junitxml=out.xml"
     )
     result.assert_outcomes(passed=4)
     settings = _settings(pytester.path / "out.xml")
@@ -308,5 +308,5 @@ def test_ps(tfgrpc, ps_cluster, tfgrpc_engine):
 """
     )
     pytester.makeconftest("")
-    result = pytester.runpytest("--tfgrpc-max-time=5")
+    result = pytester.runpytest("--tfgrpc-max-seconds=5")
     result.assert_outcomes(passed=1)

@@ -8,7 +8,7 @@ from junitparser.xunit2 import JUnitXml
 from pytest_tfgrpc.model.placement import place_profile
 from pytest_tfgrpc.model.profiles import load_profile
 
-FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-time=5")
+FAST = ("--tfgrpc-iterations=8", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=5")
 
 
 def properties(xml: str) -> dict[str, dict[str, str]]:

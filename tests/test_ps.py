@@ -18,10 +18,10 @@ from pytest_tfgrpc.bench.ps import (
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import SHARDINGS, Placement, Topology, place_profile
 from pytest_tfgrpc.model.profiles import Profile, TensorSpec, load_profile
-from pytest_tfgrpc.ps.jobs import SyncSGDJob
+from pytest_tfgrpc.ps.jobs import OwnedShards, Shard, SyncSGDJob
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetError, check, parse_budget
-from pytest_tfgrpc.report.properties import result_properties
+from pytest_tfgrpc.report.record import result_properties
 from pytest_tfgrpc.roles.parameter_server import apply_update, check_gradient, initial_weights
 from pytest_tfgrpc.roles.processes import ServerDied
 from pytest_tfgrpc.wire._proto import service_pb2
@@ -156,7 +156,7 @@ def test_a_job_can_run_on_the_first_workers_and_one_ps(cluster: PSCluster) -> No
     job = SyncSGDJob(
         targets=cluster.targets[:1],
         worker=0,
-        shards=(((0, 4096),),),
+        shards=[OwnedShards(shards=[Shard(offset=0, nbytes=4096)])],
         chunk_bytes=1024,
         warmup=1,
         max_steps=5,

@@ -273,7 +273,7 @@ _ALIASES = {"--junitxml": "--junit-xml"}
 #: Programs that run another command: the options they take before it (``srun -N2 cmd``).
 _WRAPPERS = {"ssh": 1, "srun": 0}
 #: Plain system tools a recipe may use; they must exist on this machine.
-_SYSTEM_TOOLS = ("head", "base64", "cat", "apt-get", "mkdir", "date")
+_SYSTEM_TOOLS = ("head", "base64", "cat", "apt-get", "mkdir", "date", "install")
 
 
 def _check(command: list[str]) -> None:

@@ -13,7 +13,7 @@ from junitparser.xunit2 import JUnitXml
 from netns import can_make_links, veth_link
 
 from pytest_tfgrpc.bench.driver import Driver
-from pytest_tfgrpc.bench.specs import RunOverrides
+from pytest_tfgrpc.bench.specs import run_layer
 from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterSpecError,
     RemoteServer,
@@ -83,7 +83,7 @@ def test_a_floor_against_a_server_nothing_here_started_is_refused_before_measuri
         test="t",
         messages=None,
         budget=None,
-        options=RunOverrides(iterations=2, warmup=0),
+        run=[run_layer("test", {"iterations": 2, "warmup": 0})],
         record=lambda name, value: recorded.append((name, value)),
     )
     benchmark = getattr(driver, call)

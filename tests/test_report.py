@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pytest_tfgrpc.report.summary import format_summary, summary_rows
+from pytest_tfgrpc.report.record import read_record
+from pytest_tfgrpc.report.summary import SummaryRow, format_summary, summary_rows
 from pytest_tfgrpc.stats.sketch import Sketch
+
+
+def rows_of(test: str, properties: list[tuple[str, str]]) -> list[SummaryRow]:
+    return summary_rows(read_record(test, properties))
 
 
 def sketch(p50_us: float, seed: int, n: int = 200, spread: float = 0.05) -> str:
@@ -45,9 +50,9 @@ def props(  # type: ignore[no-untyped-def]
 
 
 def test_fabrics_sit_side_by_side_with_best_and_worst_marked() -> None:
-    rows = summary_rows("t.py::test_x[lo]", props("lo", 300.0, 1500.0))
-    rows += summary_rows("t.py::test_x[ib0]", props("ib0", 100.0, 5000.0))
-    rows += summary_rows("t.py::test_x[eth0]", props("eth0", 200.0, 1100.0))
+    rows = rows_of("t.py::test_x[lo]", props("lo", 300.0, 1500.0))
+    rows += rows_of("t.py::test_x[ib0]", props("ib0", 100.0, 5000.0))
+    rows += rows_of("t.py::test_x[eth0]", props("eth0", 200.0, 1100.0))
     lines = format_summary(rows, ["lo", "eth0", "ib0"])
     assert lines[0].split() == [
         "test",
@@ -72,33 +77,29 @@ def test_fabrics_sit_side_by_side_with_best_and_worst_marked() -> None:
     ]
     assert lines[2].split() == ["eth0", "200us", "400us", "1.10", "GB/s", "50", "worst"]
     assert lines[3].split() == ["ib0", "100us", "200us", "5.00", "GB/s", "50", "best"]
-    assert lines[4].startswith("best/worst: by throughput, else p50, where the fabrics differ")
+    assert lines[4].startswith("best/worst: by throughput, else p50, among one engine's fabrics")
 
 
 def test_fabrics_within_noise_get_no_best_or_worst() -> None:
     # 8% apart (beyond the gap), with +-90% spread on 200 samples each: the U test sees noise.
-    rows = summary_rows("t.py::test_x[lo]", props("lo", 300.0, seed=1, spread=0.9))
-    rows += summary_rows("t.py::test_x[eth0]", props("eth0", 324.0, seed=2, spread=0.9))
+    rows = rows_of("t.py::test_x[lo]", props("lo", 300.0, seed=1, spread=0.9))
+    rows += rows_of("t.py::test_x[eth0]", props("eth0", 324.0, seed=2, spread=0.9))
     lines = format_summary(rows, ["lo", "eth0"])
     assert not any("best" in line or "worst" in line for line in lines), lines
     # Figures without sketches cannot be told apart either.
     bare = [p for p in props("lo", 300.0) if not p[0].endswith(".sketch")]
-    rows = summary_rows("t.py::test_x[lo]", bare)
-    rows += summary_rows(
-        "t.py::test_x[eth0]", [p for p in props("eth0", 100.0) if "sketch" not in p[0]]
-    )
+    rows = rows_of("t.py::test_x[lo]", bare)
+    rows += rows_of("t.py::test_x[eth0]", [p for p in props("eth0", 100.0) if "sketch" not in p[0]])
     assert not any("best" in line for line in format_summary(rows, ["lo", "eth0"]))
 
 
 def test_baseline_changes_use_one_sign_convention_and_say_better_or_worse() -> None:
     # Latency grew 12.5%: worse. Throughput grew 12.5%: better. Same sign, opposite words.
-    latency = summary_rows(
+    latency = rows_of(
         "t.py::test_l[lo]", props("lo", 300.0, None, 0.125, verdict="regression", detectable=0.03)
     )
-    rate = summary_rows(
-        "t.py::test_r[lo]", props("lo", 300.0, 1000.0, 0.125, verdict="improvement")
-    )
-    same = summary_rows("t.py::test_s[lo]", props("lo", 300.0, None, -0.004))
+    rate = rows_of("t.py::test_r[lo]", props("lo", 300.0, 1000.0, 0.125, verdict="improvement"))
+    same = rows_of("t.py::test_s[lo]", props("lo", 300.0, None, -0.004))
     lines = format_summary(latency + rate + same, ["lo"])
     assert lines[0].split()[-2:] == ["vs", "baseline"]
     assert lines[1].endswith("+12.5% worse ±3.0%")
@@ -108,7 +109,7 @@ def test_baseline_changes_use_one_sign_convention_and_say_better_or_worse() -> N
 
 
 def test_properties_without_figures_make_no_row() -> None:
-    rows = summary_rows(
+    rows = rows_of(
         "t.py::test_x[lo]", [("tfgrpc.fabric", "lo"), ("tfgrpc.y.1KiB.verdict", "no baseline")]
     )
     assert rows == []

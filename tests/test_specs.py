@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pytest_tfgrpc.bench.specs import (
-    RunOverrides,
+    RUN_SETTINGS,
     SpecError,
     budget_spec,
     message_spec,
+    resolve_run,
+    run_layer,
     run_marker_spec,
-    run_spec,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.profiles import load_profile
@@ -82,49 +83,73 @@ BASE = RunSpec(iterations=100, warmup=5, max_seconds=5.0, warmup_seconds=1.0)
 
 
 def test_run_settings_layer_default_options_arguments() -> None:
-    options = RunOverrides(iterations=20, max_seconds=2.0)
-    run = run_spec(BASE, options, {"iterations": 7, "warmup": None}, "here")
+    options = run_layer("--tfgrpc-{flag}", {"iterations": "20", "max_seconds": "2s"})
+    call = run_layer("p2p_latency()", {"iterations": 7, "warmup": None})
+    run = resolve_run(BASE, [options, call])
     assert (run.iterations, run.warmup, run.max_seconds) == (7, 5, 2.0)
+    ini = run_layer("ini tfgrpc_{name}", {"warmup": "9", "iterations": ""})
+    assert resolve_run(BASE, [ini, options]).warmup == 9  # an option over the ini file
 
 
 def test_a_duration_makes_the_run_time_based() -> None:
-    run = run_spec(BASE, RunOverrides(), {"duration": 10.0}, "here")
+    run = resolve_run(BASE, [run_layer("here", {"duration": 10.0})])
     assert run.duration == 10.0 and run.time_limit_s == 10.0 and run.iterations == 1_000_000
 
 
-def test_bad_run_settings_name_the_call() -> None:
-    with pytest.raises(SpecError, match=r"test_x: p2p_latency.*iterations must be at least 1"):
-        run_spec(BASE, RunOverrides(), {"iterations": 0}, "test_x: p2p_latency()")
+def test_one_spelling_per_setting_everywhere() -> None:
+    from pytest_tfgrpc.plugin.options import MARKERS, RUN_HELP
+
+    assert list(RUN_HELP) == list(RUN_SETTINGS)
+    assert RUN_SETTINGS == ("iterations", "warmup", "max_seconds", "warmup_seconds", "duration")
+    assert all(f"{name}=None" in MARKERS["tfgrpc_run"] for name in RUN_SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("source", "given", "message"),
+    [
+        ("--tfgrpc-{flag}", {"iterations": "x"}, "iterations='x' from --tfgrpc-iterations: "),
+        ("ini tfgrpc_{name}", {"max_seconds": "0"}, "max_seconds='0' from ini tfgrpc_max_seconds"),
+        ("p2p_latency()", {"iterations": 0}, "iterations=0 from p2p_latency(): expected a whole"),
+        ("p2p_latency()", {"max_time": 1}, "unknown run setting 'max_time' from p2p_latency()"),
+    ],
+)
+def test_bad_run_settings_name_their_source(
+    source: str, given: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        run_layer(source, given)
+    assert str(info.value).startswith(message)
 
 
 def test_a_run_marker_reads_counts_and_durations() -> None:
-    spec = run_marker_spec((), {"iterations": 20, "duration": "2s", "warmup_seconds": 0.5})
-    assert (spec.iterations, spec.duration, spec.warmup_seconds) == (20, 2.0, 0.5)
+    _, spec = run_marker_spec((), {"iterations": 20, "duration": "2s", "warmup_seconds": 0.5})
+    assert (spec["iterations"], spec["duration"], spec["warmup_seconds"]) == (20, 2.0, 0.5)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"iterations": 0}, "iterations=0: a whole number >= 1"),
-        ({"warmup": 1.5}, "warmup=1.5: a whole number >= 0"),
-        ({"duration": "soon"}, "duration='soon'"),
-        ({"rounds": 3}, "unknown argument 'rounds'"),
+        (
+            {"iterations": 0},
+            "iterations=0 from @pytest.mark.tfgrpc_run: expected a whole number >= 1",
+        ),
+        ({"warmup": 1.5}, "warmup=1.5 from @pytest.mark.tfgrpc_run: expected a whole number >= 0"),
+        ({"duration": "soon"}, "duration='soon' from @pytest.mark.tfgrpc_run"),
+        ({"rounds": 3}, "unknown run setting 'rounds' from @pytest.mark.tfgrpc_run"),
     ],
 )
 def test_bad_run_markers_name_the_argument(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(SpecError, match=r"@pytest\.mark\.tfgrpc_run") as info:
+    with pytest.raises(SpecError) as info:
         run_marker_spec((), kwargs)
     assert message in str(info.value)
 
 
 def test_a_marker_duration_outranks_option_counts() -> None:
-    options = RunOverrides(iterations=30, warmup=3, max_seconds=2.0)
-    merged = options.merged(RunOverrides(duration=1.0))
-    run = run_spec(BASE, merged, {}, "here")
+    options = run_layer("options", {"iterations": 30, "warmup": 3, "max_seconds": 2.0})
+    marker = run_layer("marker", {"duration": 1.0})
+    run = resolve_run(BASE, [options, marker])
     assert run.duration == 1.0 and run.iterations == 1_000_000 and run.warmup == 1_000_000
-    long = run_spec(BASE, options.merged(RunOverrides(duration=20.0)), {}, "here")
+    long = resolve_run(BASE, [options, run_layer("marker", {"duration": 20.0})])
     assert long.time_limit_s == 20.0  # the options' 2 s cap does not cut a closer duration
-    argued = run_spec(BASE, options, {"duration": 20.0}, "here")
-    assert argued.time_limit_s == 20.0 and argued.iterations == 1_000_000
-    counted = options.merged(RunOverrides(iterations=5))
-    assert run_spec(BASE, counted, {}, "here").iterations == 5
+    counted = resolve_run(BASE, [options, run_layer("marker", {"iterations": 5})])
+    assert counted.iterations == 5

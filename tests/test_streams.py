@@ -11,7 +11,7 @@ from pytest_tfgrpc import native
 from pytest_tfgrpc.bench.driver import Driver
 from pytest_tfgrpc.bench.p2p import BandwidthCall
 from pytest_tfgrpc.bench.settings import run_settings
-from pytest_tfgrpc.bench.specs import RunOverrides, SpecError
+from pytest_tfgrpc.bench.specs import SpecError
 from pytest_tfgrpc.bench.streams import (
     MAX_STREAMS,
     aggregate_samples,
@@ -56,7 +56,7 @@ def test_a_bad_stream_count_is_refused_by_name(bad: object) -> None:
         check_streams(bad)
     with pytest.raises(ValueError, match="streams=None"):
         check_streams(None)  # the driver's None means "the test's default", checked there
-    driver = Driver(test="t", messages=None, budget=None, options=RunOverrides(), record=print)
+    driver = Driver(test="t", messages=None, budget=None, record=print)
     with pytest.raises(SpecError, match=r"p2p_bandwidth\(\) argument streams="):
         driver.p2p_bandwidth(None, [1024], streams=bad)  # type: ignore[arg-type]
 
@@ -79,7 +79,6 @@ def test_streams_record_the_aggregate_and_each_stream(
         test="t",
         messages=None,
         budget=None,
-        options=RunOverrides(),
         record=lambda name, value: recorded.append((name, value)),
     )
     result = driver.p2p_bandwidth(

@@ -9,30 +9,39 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 from pytest_tfgrpc.bench.floor import transport_floor
-from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Progress, Transfer
+from pytest_tfgrpc.bench.p2p import (
+    BandwidthCall,
+    LatencyCall,
+    Message,
+    Progress,
+    Transfer,
+    p2p_latency_pair,
+)
 from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.ps import PSResult
-from pytest_tfgrpc.bench.specs import MessageSpec, RunOverrides, SpecError, run_spec
+from pytest_tfgrpc.bench.specs import MessageSpec, RunLayer, SpecError, resolve_run, run_layer
 from pytest_tfgrpc.bench.streams import check_streams
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.metrics import FLOOR_SUFFIX, stream_label
 from pytest_tfgrpc.model.placement import Placement, placed_on
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.budget import Budget, BudgetExceeded, check, format_breaches
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, stream_label
-from pytest_tfgrpc.report.properties import FABRIC, TARGET, result_properties
+from pytest_tfgrpc.report.compare import Comparison, format_comparison
+from pytest_tfgrpc.report.paired import PairedRegression, paired_verdict
+from pytest_tfgrpc.report.record import FABRIC, TARGET, Key, result_properties, verdict_properties
+from pytest_tfgrpc.report.tolerance import parse_tolerances, tolerance_for
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
+from pytest_tfgrpc.stats.paired import MIN_PAIRS
+from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 from pytest_tfgrpc.tuning.cpus import (
     measuring_cpus,
     pin_child_server,
@@ -47,14 +56,14 @@ from pytest_tfgrpc.wire.schemes import Payload
 Recorder = Callable[[str, str], None]
 
 
-class RunArgs(TypedDict, total=False):
-    """Run settings every benchmark call takes (over the options and the marker)."""
+@dataclass(frozen=True)
+class ABResult:
+    """What :meth:`Driver.p2p_latency_ab` measured: server A's result, server B's (each with
+    its rounds) and the paired verdicts of B against A, per size (``comparison``)."""
 
-    iterations: int
-    warmup: int
-    max_seconds: float
-    warmup_seconds: float
-    duration: float
+    a: BenchmarkResult
+    b: BenchmarkResult
+    comparison: Comparison
 
 
 R = TypeVar("R", bound=BenchmarkResult)
@@ -66,11 +75,12 @@ class Driver:
 
     ``test_placement`` gives the test's model profile placed on its topology (the plugin
     makes it once per test), which PS calls use for that profile instead of placing it again.
-    Every call also takes the run settings of :class:`RunArgs` (``iterations``, ``warmup``,
-    ``max_seconds``, ``warmup_seconds``, ``duration``), over the options and the test's
-    ``tfgrpc_run`` marker. Each call returns a frozen
-    :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures
-    become JUnit properties at once (so a later failure in the test loses none), and the
+    Every call also takes the run settings (:data:`~pytest_tfgrpc.bench.specs.RUN_SETTINGS`:
+    ``iterations``, ``warmup``, ``duration``, ``max_seconds``, ``warmup_seconds``) as
+    keywords, over ``run``: the layers the plugin resolved from the ini file, the options and
+    the test's ``tfgrpc_run`` marker (:func:`~pytest_tfgrpc.bench.specs.resolve_run`). Each
+    call returns a frozen :class:`~pytest_tfgrpc.results.BenchmarkResult`; its figures become
+    JUnit properties at once (so a later failure in the test loses none), and the
     test's ``@budget`` marker, if any, is checked against it.
     """
 
@@ -80,8 +90,8 @@ class Driver:
         test: str,
         messages: MessageSpec | None,
         budget: Budget | None,
-        options: RunOverrides,
         record: Recorder,
+        run: Sequence[RunLayer] = (),
         progress: Callable[[str], None] | None = None,
         server_env: Mapping[str, str] | None = None,
         engine: Engine | None = None,
@@ -93,7 +103,7 @@ class Driver:
         self._test = test
         self._messages = messages
         self._budget = budget
-        self._options = options
+        self._run_layers = tuple(run)
         self._record = record
         self._progress = progress
         self._server_env = server_env
@@ -155,11 +165,9 @@ class Driver:
 
         return progress
 
-    def _run(self, default: RunSpec, call: str, arguments: RunArgs) -> RunSpec:
-        unknown = sorted(set(arguments) - set(RunArgs.__annotations__))
-        if unknown:
-            raise SpecError(f"{call}() got an unexpected argument {unknown[0]!r}")
-        return run_spec(default, self._options, dict(arguments), f"{call}()")
+    def _run(self, default: RunSpec, call: str, arguments: Mapping[str, object]) -> RunSpec:
+        layer = run_layer(f"{call}()", arguments)
+        return resolve_run(default, (*self._run_layers, layer))
 
     def p2p_latency(
         self,
@@ -171,7 +179,7 @@ class Driver:
         label: str | None = None,
         floor: bool = False,
         engine: str | None = None,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> BenchmarkResult:
         """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
 
@@ -194,6 +202,93 @@ class Driver:
             mode=mode,
             rpc=rpc,
         )
+
+    def p2p_latency_ab(
+        self,
+        server_a: Server,
+        server_b: Server,
+        sizes: Sequence[int | str] | str | int | None = None,
+        *,
+        mode: str = "raw",
+        rpc: str = "unary",
+        label: str | None = None,
+        max_regression: str = "10%",
+        alpha: float = DEFAULT_ALPHA,
+        seed: int = 0,
+        **run_args: float | str,
+    ) -> ABResult:
+        """Server B's echo latency against server A's, measured side by side in one test:
+        every round measures each size on A and on B one right after the other
+        (:func:`~pytest_tfgrpc.bench.p2p.p2p_latency_pair`, the order within a pair by a
+        coin seeded with ``seed``), and each size's p50 is tested across the rounds as pairs
+        (:func:`~pytest_tfgrpc.report.paired.paired_verdict`: a paired t on the rounds' log
+        ratios, at ``alpha`` over the number of sizes). Both sides are recorded, as
+        ``<label>_a`` and ``<label>_b`` (label default ``p2p_latency``), and the verdicts as
+        ``tfgrpc.<label>_ab.<size>.p50.verdict`` (with ``.change``, ``.detectable``,
+        ``.verdict_reason``). A p50 of B worse than A's by more than ``max_regression`` and
+        significantly so fails the test (:class:`~pytest_tfgrpc.report.paired.PairedRegression`,
+        with the gate's table); an inconclusive verdict passes and is recorded. Both servers
+        are measured with the plugin's own client (the grpcio engine's loops).
+
+        :raises SpecError: a bad size, label, tolerance or run setting, before anything runs.
+        """
+        __tracebackhide__ = True
+        name = label or "p2p_latency"
+        for side in ("a", "b", "ab"):
+            self._check_label(f"{name}_{side}")
+        run = self._run(bench.LATENCY_RUN, "p2p_latency_ab", run_args)
+        messages = self._sizes(sizes, "p2p_latency_ab")
+        for server in (server_a, server_b):
+            self._check_server_limit(server, messages, "p2p_latency_ab")
+        try:
+            tolerance = tolerance_for(parse_tolerances(max_regression), "p50")
+            if not 0.0 < alpha < 1.0:
+                raise ValueError(f"alpha={alpha!r}: a significance level between 0 and 1")
+            call = LatencyCall(
+                mode=mode, rpc=rpc, run=run, progress=self._progress_of(name, server_a)
+            )
+        except ValueError as exc:
+            raise SpecError(f"{self._test}: p2p_latency_ab() argument {exc}") from None
+        if run.round_count < MIN_PAIRS:
+            raise SpecError(
+                f"{self._test}: p2p_latency_ab(): {run.round_count} rounds: a paired test "
+                f"needs {MIN_PAIRS} (set fewer iterations per round or more rounds)"
+            )
+        with measuring_cpus():
+            for server in (server_a, server_b):
+                if getattr(server, "launcher", LOCAL) is LOCAL:
+                    pin_child_server(getattr(server, "pid", None))
+            a, b = p2p_latency_pair((server_a, server_b), messages, call, seed=seed)
+        a = self.record(self._engine_result(replace(a, label=f"{name}_a"), None, server_a))
+        b = self.record(self._engine_result(replace(b, label=f"{name}_b"), None, server_b))
+        fabric = server_b.fabric.name
+        verdicts = []
+        for size_a, size_b in zip(a.sizes, b.sizes, strict=True):
+            rounds_a = size_a.round_figures(rates=False).get("p50", ())
+            rounds_b = size_b.round_figures(rates=False).get("p50", ())
+            verdicts.append(
+                paired_verdict(
+                    Key(self._test, fabric, f"{name}_ab", size_a.label),
+                    "p50",
+                    list(zip(rounds_a, rounds_b, strict=True)),
+                    tolerance,
+                    alpha,
+                    len(a.sizes),
+                )
+            )
+        comparison = Comparison(tuple(verdicts))
+        for prop, value in verdict_properties(comparison.verdicts):
+            self._record(prop, value)
+        self._labels.add(f"{name}_ab")
+        result = ABResult(a, b, comparison)
+        if comparison.regressions:
+            figures = ", ".join(f"{v.key.size}.p50" for v in comparison.regressions)
+            table = "\n".join(format_comparison(comparison))
+            raise PairedRegression(
+                f"regression: server B ({server_b.target}) against server A "
+                f"({server_a.target}): {name} {figures} ({comparison.summary()})\n{table}"
+            )
+        return result
 
     def _measuring(self, name: str | None, call: str) -> Engine:
         """The engine a call measures with: the test's, or the registered one ``name``."""
@@ -218,7 +313,7 @@ class Driver:
         sizes: Any,
         label: str | None,
         floor: bool,
-        run_args: RunArgs,
+        run_args: Mapping[str, float | str],
         *,
         streams: int | None = 1,
         **options: Any,
@@ -266,14 +361,13 @@ class Driver:
                         server, messages, streams=count, **options
                     )
                     for each in both.streams:
-                        self.record(_placed(self._engine_result(each, measuring), server))
-                    aggregate = self._engine_result(both.aggregate, measuring)
-                    result = self.record(_placed(aggregate, server))
+                        self.record(self._engine_result(each, measuring, server))
+                    result = self.record(self._engine_result(both.aggregate, measuring, server))
                 else:
                     result = self._keeping_partial(
                         measuring, benchmark, server, messages, measure, placed=server
                     )
-                    result = self.record(_placed(self._engine_result(result, measuring), server))
+                    result = self.record(self._engine_result(result, measuring, server))
                 if floor_launcher is not None:
                     # The floor server on the measured server's CPUs if that one was pinned.
                     floor_result = transport_floor(
@@ -284,17 +378,23 @@ class Driver:
                         launcher=floor_launcher,
                         pin=server_pinned(getattr(server, "pid", None)),
                     )
-                    self.record(_placed(floor_result, server))
+                    placed = {**floor_result.settings, **_placement(server)}
+                    self.record(replace(floor_result, settings=MappingProxyType(placed)))
         except EngineError as exc:
             raise SpecError(f"{self._test}: {call}(): {exc}") from None
         return result
 
-    def _engine_result(self, result: R, engine: Engine | None = None) -> R:
+    def _engine_result(
+        self, result: R, engine: Engine | None = None, server: Server | None = None
+    ) -> R:
         """``result`` with the engine that measured it (and the engine's settings) recorded:
         the engine the result names, if it names one (a PS benchmark names its workers'
-        engine), else the engine that was asked."""
+        engine), else the engine that was asked; with ``server`` (P2P), the CPU placement it
+        was measured under too. The result is rebuilt once, whatever it adds."""
         engine = engine or self.engine
         settings = {**engine.settings(), "engine": engine.name, **result.settings}
+        if server is not None:
+            settings.update(_placement(server))
         return replace(result, settings=MappingProxyType(settings))
 
     @staticmethod
@@ -324,7 +424,7 @@ class Driver:
         floor: bool = False,
         engine: str | None = None,
         streams: int | None = None,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> BenchmarkResult:
         """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
 
@@ -374,7 +474,7 @@ class Driver:
         *,
         mode: str = "raw",
         label: str | None = None,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> PSResult:
         """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see README.
 
@@ -420,7 +520,7 @@ class Driver:
         check: bool = False,
         label: str | None = None,
         model: bool = True,
-        **run_args: Unpack[RunArgs],
+        **run_args: float | str,
     ) -> PSResult:
         """Synchronous SGD steps of a model profile on the cluster; see the README.
 
@@ -502,8 +602,7 @@ class Driver:
             if partial is not None and partial.label not in self._labels:
                 # The failure that interrupted the sweep is the one to report, not a budget.
                 with contextlib.suppress(BudgetExceeded):
-                    partial = self._engine_result(partial, engine)
-                    self.record(partial if placed is None else _placed(partial, placed))
+                    self.record(self._engine_result(partial, engine, placed))
             raise
 
     def _check_label(self, label: str) -> None:
@@ -539,8 +638,7 @@ class Driver:
         return result
 
 
-def _placed(result: R, server: Server) -> R:
-    """``result`` with the CPU placement its P2P figures were measured under recorded: the
-    client's, and whether this host pinned ``server``."""
-    placement = result_placement(getattr(server, "pid", None))
-    return replace(result, settings=MappingProxyType({**result.settings, **placement}))
+def _placement(server: Server) -> dict[str, str]:
+    """The CPU placement P2P figures were measured under: the client's, and whether this host
+    pinned ``server``."""
+    return dict(result_placement(getattr(server, "pid", None)))

@@ -36,12 +36,14 @@ from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, p2p_bandwidth, p
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, HostCosts, LinkFit, fit_from_results
 from pytest_tfgrpc.model.placement import Placement
+from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.parameter_server import INIT_RANDOM, apply_update
 from pytest_tfgrpc.units import format_duration
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.security import child_environ
 
 __all__ = [
     "FIT_BANDWIDTH_RUN",
@@ -262,14 +264,14 @@ def _exchange(
     ``shard_bytes``: the step's own code at both ends, on the step's own processes."""
     (reply,), (stats,) = cluster.sync_sgd(
         [[(f"fit{i}", 0, shard_bytes) for i in range(shards)]],
-        run,
+        **run.step_bounds(EXCHANGE_BARRIER_S),
         workers=1,
         chunk_bytes=chunk_bytes,
         learning_rate=0.1,
         init=INIT_RANDOM,
         barrier_timeout=EXCHANGE_BARRIER_S,
     )
-    samples = reply.samples_ns
+    samples = jobs_samples(reply.samples_ns)
     count = len(samples)
     if count == 0 or stats.measured_steps != count:
         raise BenchmarkError(
@@ -391,6 +393,7 @@ def measure_cores(
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=child_environ(),
         )
         for _ in range(width)
     ]

@@ -22,7 +22,7 @@ import numpy as np
 
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec, Samples, measure
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX
+from pytest_tfgrpc.metrics import FLOOR_SUFFIX
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.roles.floor_server import (
     ACK_BYTE,

@@ -32,6 +32,7 @@ import numpy as np
 from pytest_tfgrpc.bench.cpu import CpuProbe
 from pytest_tfgrpc.bench.partial import keeping_partial
 from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, server_cores
 from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.units import size_label
@@ -376,11 +377,22 @@ class _Sweep:
                 had.user_ns + used.user_ns, had.system_ns + used.system_ns
             )
 
-    def results(self) -> tuple[SizeResult, ...]:
+    def results(
+        self,
+        telemetry: Mapping[int, TransportProbe] | None = None,
+        cores: Mapping[str, int | None] | None = None,
+        echo: bool = False,
+    ) -> tuple[SizeResult, ...]:
         """A result per message with at least one round measured (all of them once the sweep
-        is done; before a failure, those measured so far)."""
-        return tuple(
-            _size_result(
+        is done; before a failure, those measured so far), with each message's transport
+        telemetry (``telemetry``, by message index) and named limit."""
+        out = []
+        for index, (message, tensor, part, took, used) in enumerate(
+            zip(self.messages, self.tensors, self.parts, self.elapsed, self.cpu, strict=True)
+        ):
+            if not part:
+                continue
+            point = _size_result(
                 message,
                 tensor,
                 self.mode,
@@ -389,11 +401,14 @@ class _Sweep:
                 used or None,
                 tuple(len(samples) for samples in part),
             )
-            for message, tensor, part, took, used in zip(
-                self.messages, self.tensors, self.parts, self.elapsed, self.cpu, strict=True
+            probe = (telemetry or {}).get(index)
+            transport = probe.transport() if probe is not None else None
+            waits = probe.cpu_wait if probe is not None else None
+            op_bytes = _wire(tensor, self.mode, "echo" if echo else "")
+            out.append(
+                explained(point, transport, cores=cores or {}, op_bytes=op_bytes, cpu_wait=waits)
             )
-            if part
-        )
+        return tuple(out)
 
 
 def _measure_each(
@@ -413,12 +428,20 @@ def _measure_each(
     run, mode, progress = call.run, call.mode, call.progress
     sweep = _Sweep(_check_messages(messages), mode)
     settings = run_settings(run, **call.extra_settings())
+    # Per message, the transport telemetry of its windows (read when each window opens and
+    # closes, inside the CPU probe's readings so that its RPCs fall outside).
+    telemetry: dict[int, TransportProbe] = {}
+    cores = server_cores(server)
+    echo = "echo" in what
 
     def build(results: tuple[SizeResult, ...]) -> BenchmarkResult:
         return p2p_result(call, server, results, settings)
 
+    def gathered() -> tuple[SizeResult, ...]:
+        return sweep.results(telemetry, cores, echo)
+
     count = len(sweep.messages)
-    with contextlib.ExitStack() as stack, keeping_partial(sweep.results, build):
+    with contextlib.ExitStack() as stack, keeping_partial(gathered, build):
         # A probe per message, opened when the message is first measured and kept for its
         # later rounds (its CPU times are read per round).
         probes: dict[int, CpuProbe] = {}
@@ -434,13 +457,18 @@ def _measure_each(
                 try:
                     if index not in probes:
                         probes[index] = stack.enter_context(CpuProbe(server.target))
+                        telemetry[index] = stack.enter_context(probe_for(server))
                     probe = probes[index]
-                    samples, took = measure_one(tensor, probe, spec, limit.seconds)
+                    phase = telemetry[index].around(probe)
+                    samples, took = measure_one(tensor, phase, spec, limit.seconds)
                 except grpc.RpcError as error:
-                    raise explain(error, server, f"{what} of {tensor.nbytes} B", limit) from None
+                    seen = telemetry[index].last_seen() if index in telemetry else ""
+                    raise explain(
+                        error, server, f"{what} of {tensor.nbytes} B", limit, seen
+                    ) from None
                 sweep.add(index, samples, took, probe.usage or {})
             shuffle(order)
-    return build(sweep.results())
+    return build(gathered())
 
 
 def p2p_latency(server: Server, sizes: Sequence[Message], call: LatencyCall) -> BenchmarkResult:
@@ -581,3 +609,59 @@ def p2p_bandwidth(server: Server, sizes: Sequence[Message], call: BandwidthCall)
             return channels.run(push)
 
         return _measure_each(server, sizes, call, f"{rpc} {direction}", measure_one)
+
+
+# --- two servers, side by side ---------------------------------------------------------------
+def p2p_latency_pair(
+    servers: tuple[Server, Server], sizes: Sequence[Message], call: LatencyCall, *, seed: int = 0
+) -> tuple[BenchmarkResult, BenchmarkResult]:
+    """Echo latency of two servers, A and B, interleaved size by size: every round visits
+    every message (in a new seeded order each round, as :func:`p2p_latency`), and measures
+    each message on both servers one right after the other, which first decided by a seeded
+    coin. Round ``r`` of a message on A and on B are then a pair that shared the machine's
+    state (:mod:`pytest_tfgrpc.stats.paired`). Returns A's result and B's, both with their
+    rounds; a failed call raises as :func:`p2p_latency` does, naming the server."""
+    mode, rpc, run, progress = call.mode, call.rpc, call.run, call.progress
+    messages = _check_messages(sizes)
+    sweeps = (_Sweep(messages, mode), _Sweep(messages, mode))
+    settings = run_settings(run, **call.extra_settings())
+    coin = random.Random(seed)
+    count = len(messages)
+    with contextlib.ExitStack() as stack:
+        channels = [stack.enter_context(_Channels(server)) for server in servers]
+        probes: dict[tuple[int, int], CpuProbe] = {}
+        order = list(range(count))
+        shuffle = random.Random(count).shuffle
+        for round_index in range(run.round_count):
+            spec = run.round_spec(round_index)
+            for index in order:
+                if progress is not None and round_index == 0:
+                    progress(index + 1, count, _name(messages[index]))
+                sides = [0, 1] if coin.random() < 0.5 else [1, 0]
+                for side in sides:
+                    server, sweep, open_channels = servers[side], sweeps[side], channels[side]
+                    tensor = sweep.tensors[index]
+                    limit = deadline(server, run, _wire(tensor, mode, "unary echo"))
+                    try:
+                        if (side, index) not in probes:
+                            probe = stack.enter_context(CpuProbe(server.target))
+                            probes[(side, index)] = probe
+                        probe = probes[(side, index)]
+                        if rpc == "unary":
+                            samples, took = _latency_unary(
+                                open_channels.get(tensor), tensor, mode, spec, probe, limit.seconds
+                            )
+                        else:
+                            samples, took = open_channels.run(
+                                _latency_stream(server, tensor, mode, spec, probe, limit.seconds)
+                            )
+                    except grpc.RpcError as error:
+                        what = f"{rpc} echo of {tensor.nbytes} B"
+                        raise explain(error, server, what, limit) from None
+                    sweep.add(index, samples, took, probe.usage or {})
+            shuffle(order)
+    a, b = (
+        p2p_result(call, server, sweep.results(), settings)
+        for server, sweep in zip(servers, sweeps, strict=True)
+    )
+    return a, b

@@ -34,8 +34,8 @@ from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, To
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.ps.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
+from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.report.properties import model_properties
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
 from pytest_tfgrpc.roles.parameter_server import (
     INIT_INDEX,
@@ -83,16 +83,16 @@ class PSResult(BenchmarkResult):
     #: The learning rate of the steps (sync-SGD).
     learning_rate: float = 0.0
 
-    def extra_properties(self) -> list[tuple[str, str]]:
-        """The prediction as ``tfgrpc.<label>.<key>.model.<metric>``, with ``...model.error_pct``
-        against the measured step p50."""
-        out: list[tuple[str, str]] = []
-        for point in self.sizes:
-            if self.prediction is not None and point.step:
-                measured = point.summary.p50_ns / 1e9
-                figures = prediction_figures(self.prediction, measured_s=measured)
-                out += model_properties(self.label, point.label, figures)
-        return out
+    def model_predictions(self) -> Mapping[str, Sequence[tuple[str, str]]]:
+        """The prediction beside each sync-SGD step point, with ``error_pct`` against the
+        measured step p50 (recorded as ``tfgrpc.<label>.<key>.model.<name>``)."""
+        if self.prediction is None:
+            return {}
+        return {
+            point.label: prediction_figures(self.prediction, measured_s=point.summary.p50_ns / 1e9)
+            for point in self.sizes
+            if point.step
+        }
 
 
 def _key(text: str) -> str:
@@ -186,7 +186,7 @@ def ps_throughput(
                     targets=cluster.targets,
                     worker=w,
                     mode=mode,
-                    payload_bytes=tuple(per_ps),
+                    payload_bytes=per_ps,
                     iterations=run.iterations,
                     warmup=run.warmup,
                     warmup_seconds=run.warmup_seconds,
@@ -196,12 +196,12 @@ def ps_throughput(
             ]
             replies = cluster.run(jobs, run.job_timeout_s())
             stats = cluster.job_stats()
-            samples = np.concatenate([s for r in replies for s in r.samples_ns])
+            samples = np.concatenate([jobs_samples(s.ns) for r in replies for s in r.samples])
             rate = 0.0
             rate_bytes = 0.0
             for reply in replies:
                 seconds = reply.elapsed_ns / 1e9
-                counts = [len(s) for s in reply.samples_ns]
+                counts = [len(s.ns) for s in reply.samples]
                 rate += sum(counts) / seconds
                 rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
             loads = _loads(cluster, stats, per_ps)
@@ -328,7 +328,7 @@ def sync_sgd_step(
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
     replies, stats = cluster.sync_sgd(
         [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
-        run,
+        **run.step_bounds(barrier_timeout),
         workers=topology.workers,
         chunk_bytes=chunk_bytes,
         learning_rate=learning_rate,
@@ -352,7 +352,7 @@ def sync_sgd_step(
             chunk_bytes=chunk_bytes,
             partition_bytes=partition_bytes,
         )
-    per_worker = [r.samples_ns for r in replies]
+    per_worker = [jobs_samples(r.samples_ns) for r in replies]
     counts = {len(s) for s in per_worker}
     if len(counts) != 1 or 0 in counts:
         raise BenchmarkError(f"workers measured different numbers of steps: {sorted(counts)}")

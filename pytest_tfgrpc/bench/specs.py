@@ -8,7 +8,8 @@ plugin puts the test's node id in front.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 from typing import Any
 
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -161,85 +162,94 @@ def budget_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Budget:
         raise SpecError(f"@pytest.mark.budget: {exc}") from None
 
 
-@dataclass(frozen=True)
-class RunOverrides:
-    """Run settings given on the command line, in the ini file or by a marker; None = not
-    given."""
+#: The run settings, one spelling each: ``--tfgrpc-<name>`` (dashes) and its ini twin
+#: ``tfgrpc_<name>``, the ``tfgrpc_run`` marker's and the benchmark calls' keywords; the
+#: fields of :class:`~pytest_tfgrpc.bench.timing.RunSpec` a user sets (``rounds`` is each
+#: benchmark's own).
+RUN_SETTINGS = tuple(f.name for f in fields(RunSpec) if f.name != "rounds")
+#: The counts among them, with their least value; the others are seconds (> 0).
+_LEAST = {"iterations": 1, "warmup": 0}
 
-    iterations: int | None = None
-    warmup: int | None = None
-    max_seconds: float | None = None
-    warmup_seconds: float | None = None
-    duration: float | None = None
-
-    def merged(self, closer: RunOverrides) -> RunOverrides:
-        """These settings, with the ones ``closer`` gives (a marker over options) winning.
-
-        A closer duration makes the run time-based: the counts of farther layers then no
-        longer bound it.
-        """
-        values = {k: v for k, v in self.__dict__.items() if v is not None}
-        _layer(values, closer.__dict__)
-        return RunOverrides(**values)
+#: One source's run settings, parsed: where they come from (for errors) and their values.
+RunLayer = tuple[str, Mapping[str, float]]
 
 
-def _layer(values: dict[str, Any], closer: Mapping[str, Any]) -> None:
-    """Put the settings ``closer`` gives over ``values``. A closer duration makes the run
-    time-based: the counts and the time cap of farther layers no longer bound it."""
-    given = {key: value for key, value in closer.items() if value is not None}
-    if "duration" in given:
-        for key in ("iterations", "warmup", "max_seconds"):
-            if key not in given:
-                values.pop(key, None)
-    values.update(given)
+def _where(source: str, name: str) -> str:
+    return source.format(name=name, flag=name.replace("_", "-"))
 
 
-_RUN_COUNTS = ("iterations", "warmup")
-_RUN_SECONDS = ("max_seconds", "warmup_seconds", "duration")
+def run_layer(source: str, given: Mapping[str, object]) -> RunLayer:
+    """The run settings one source gives (``None`` or ``""``: not given), parsed: counts as
+    whole numbers, seconds as numbers or durations (``"2s"``, ``"500ms"``).
+
+    ``source`` says where they come from, formatted with the setting's ``{name}`` and its
+    dashed ``{flag}``: ``"--tfgrpc-{flag}"``, ``"ini tfgrpc_{name}"``,
+    ``"@pytest.mark.tfgrpc_run"``, ``"p2p_latency() arguments"``. Raises :class:`SpecError`
+    naming the setting, the value and its source (``iterations=0 from --tfgrpc-iterations:
+    ...``), as pytest-timeout's errors do.
+    """
+    values: dict[str, float] = {}
+    for name, value in given.items():
+        if value is None or value == "":
+            continue
+        where = _where(source, name)
+        if name not in RUN_SETTINGS:
+            raise SpecError(
+                f"unknown run setting {name!r} from {where}; the settings are "
+                f"{', '.join(RUN_SETTINGS)}"
+            )
+        if name in _LEAST:
+            least = _LEAST[name]
+            number = value
+            if isinstance(value, str) and value.strip().isdigit():
+                number = int(value)
+            if isinstance(number, bool) or not isinstance(number, int) or number < least:
+                raise SpecError(
+                    f"{name}={value!r} from {where}: expected a whole number >= {least}"
+                )
+            values[name] = number
+            continue
+        try:
+            seconds = parse_seconds(value)  # type: ignore[arg-type]
+        except (UnitError, TypeError) as exc:
+            raise SpecError(f"{name}={value!r} from {where}: {exc}") from None
+        if not seconds > 0:
+            raise SpecError(f"{name}={value!r} from {where}: expected seconds > 0")
+        values[name] = seconds
+    return source, MappingProxyType(values)
 
 
-def run_marker_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> RunOverrides:
+def resolve_run(default: RunSpec, layers: Sequence[RunLayer]) -> RunSpec:
+    """The run of one benchmark call: its ``default``, then each layer, farthest first (the
+    ini file, the options, the ``tfgrpc_run`` marker, the call's keywords), a closer value
+    winning.
+
+    A closer ``duration`` makes the run time-based, as TF-gRPC-Bench's: the counts and the
+    time cap of farther layers no longer bound it; it warms up for ``warmup_seconds`` and
+    measures for ``duration``, the counts only guarding memory. Pure: the layers were
+    checked by :func:`run_layer`.
+    """
+    values: dict[str, Any] = {}
+    for _, closer in layers:
+        if "duration" in closer:
+            for key in ("iterations", "warmup", "max_seconds"):
+                if key not in closer:
+                    values.pop(key, None)
+        values.update(closer)
+    if values.get("duration") is not None:
+        values.setdefault("iterations", 1_000_000)
+        values.setdefault("warmup", 1_000_000)
+        values.setdefault("max_seconds", max(default.max_seconds, values["duration"]))
+    return replace(default, **values)
+
+
+def run_marker_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> RunLayer:
     """``@tfgrpc_run(iterations=None, warmup=None, duration=None, max_seconds=None,
     warmup_seconds=None)`` -> the test's run settings (seconds as numbers or ``"2s"``)."""
     where = "@pytest.mark.tfgrpc_run"
     if args:
         raise SpecError(f"{where} takes keyword settings such as duration='10s', not {args[0]!r}")
-    unknown = sorted(set(kwargs) - {*_RUN_COUNTS, *_RUN_SECONDS})
-    if unknown:
-        known = ", ".join((*_RUN_COUNTS, *_RUN_SECONDS))
-        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
-    values: dict[str, Any] = {}
-    for name, value in kwargs.items():
-        if name in _RUN_COUNTS:
-            least = 1 if name == "iterations" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise SpecError(f"{where} argument {name}={value!r}: a whole number >= {least}")
-            values[name] = value
-        else:
-            try:
-                values[name] = parse_seconds(value)
-            except UnitError as exc:
-                raise SpecError(f"{where} argument {name}={value!r}: {exc}") from None
-    return RunOverrides(**values)
-
-
-def run_spec(
-    default: RunSpec, options: RunOverrides, arguments: Mapping[str, Any], where: str
-) -> RunSpec:
-    """The run spec of one call: the benchmark's default, then options, then arguments."""
-    values: dict[str, Any] = {}
-    for layer in (options.__dict__, arguments):
-        _layer(values, layer)
-    if values.get("duration") is not None:
-        # A time-based run (TF-gRPC-Bench's way) warms up for warmup_seconds and measures
-        # for its duration; the counts only guard memory.
-        values.setdefault("iterations", 1_000_000)
-        values.setdefault("warmup", 1_000_000)
-        values.setdefault("max_seconds", max(default.max_seconds, values["duration"]))
-    try:
-        return replace(default, **values)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{where}: {exc}") from None
+    return run_layer(where, kwargs)
 
 
 _TOPOLOGY_MARKER = "@pytest.mark.ps_topology"

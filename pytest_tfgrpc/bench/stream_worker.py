@@ -10,7 +10,6 @@ which every process shares). Errors go to stderr with exit status 3.
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 
@@ -20,7 +19,7 @@ import numpy as np
 from pytest_tfgrpc.bench import p2p
 from pytest_tfgrpc.bench.timing import RunSpec, Samples
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, encode_run
-from pytest_tfgrpc.results import CpuTime
+from pytest_tfgrpc.results import CpuTime, process_cpu_ns
 from pytest_tfgrpc.wire.client import BenchmarkError, connect, run_async
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import files_from_env, load_tls, use_tls
@@ -39,11 +38,6 @@ class _Target:
         return None
 
 
-def _cpu_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
-
-
 class _StartTogether:
     """The measured phase's start waits for the parent's go; its CPU time is read around it."""
 
@@ -57,11 +51,11 @@ class _StartTogether:
         sys.stdout.buffer.flush()
         if sys.stdin.buffer.read(1) != b"G":
             raise BenchmarkError("the parent went away before the measured phase")
-        self._cpu0 = _cpu_ns()
+        self._cpu0 = process_cpu_ns()
         self.start_ns = time.perf_counter_ns()
 
     def stop(self) -> None:
-        user, system = _cpu_ns()
+        user, system = process_cpu_ns()
         self.cpu = {"client": CpuTime(user - self._cpu0[0], system - self._cpu0[1])}
 
 

@@ -15,7 +15,6 @@ result of its own, labelled ``<label>_stream<i>``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -28,12 +27,12 @@ from pytest_tfgrpc.bench.native_p2p import native_settings, run_native, size_res
 from pytest_tfgrpc.bench.p2p import BandwidthCall, Message, _check_messages, p2p_result
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import Samples
+from pytest_tfgrpc.metrics import stream_label
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
-from pytest_tfgrpc.report.metrics import stream_label
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
-from pytest_tfgrpc.wire.security import current_tls
+from pytest_tfgrpc.wire.security import child_environ, current_tls
 
 #: No more streams than this from one call: each is a connection (and a process for grpcio).
 MAX_STREAMS = 64
@@ -78,7 +77,7 @@ def _python_streams(server: Server, size: int, call: BandwidthCall, streams: int
     argv += ["--warmup-seconds", repr(run.warmup_seconds)]
     timeout = 60.0 + run.warmup_seconds + run.time_limit_s + size / 10e6
     tls = current_tls()  # the streams connect as the driver does, under its TLS setting
-    env = {**os.environ, **(tls.files.env() if tls is not None else {})}
+    env = {**child_environ(), **(tls.files.env() if tls is not None else {})}
     workers = [
         subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env

@@ -6,7 +6,7 @@ import gc
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -80,6 +80,17 @@ class RunSpec:
         """The most a cluster job of this run may take: the warm-up and measured time, two
         barrier waits of ``barrier_s``, and a minute for starting and reporting."""
         return self.warmup_seconds + self.time_limit_s + 2 * barrier_s + 60.0
+
+    def step_bounds(self, barrier_s: float) -> dict[str, Any]:
+        """The bounds of a cluster's sync-SGD job of this run, as
+        :meth:`~pytest_tfgrpc.ps.ps_cluster.PSCluster.sync_sgd` takes them."""
+        return {
+            "warmup": self.warmup,
+            "steps": self.iterations,
+            "warmup_seconds": self.warmup_seconds,
+            "max_seconds": self.time_limit_s,
+            "timeout_s": self.job_timeout_s(barrier_s),
+        }
 
     def describe(self) -> dict[str, str]:
         out = {

@@ -17,16 +17,24 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from pytest_tfgrpc.report.compare import (
-    Outcome,
+    Comparison,
     compare_runs,
     format_comparison,
     short_history_warning,
 )
 from pytest_tfgrpc.report.junit import BaselineError, load_baseline, load_history
+from pytest_tfgrpc.report.record import Outcome
 from pytest_tfgrpc.report.tolerance import DEFAULT_TOLERANCE, ToleranceError, parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA, DEFAULT_RESAMPLES, MAX_RESAMPLES
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_REGRESSION", "main"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_OK",
+    "EXIT_REGRESSION",
+    "add_gate_options",
+    "gate_failures",
+    "main",
+]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -57,25 +65,30 @@ def _resamples(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=(
-            "Compare the tfgrpc figures of two pytest JUnit XML files. A figure regressed "
-            "when it is worse by more than its tolerance and the change is significant "
-            "(Mann-Whitney U for p50/mean/rates, bootstrap CI for p90/p99/p999, their "
-            "step_ forms alike; a placement's imbalance by its ratio)."
-        ),
-        epilog="exit status: 0 no regression, 1 regression (or a failing policy), 2 bad input",
-    )
-    parser.add_argument(
-        "old",
-        metavar="OLD",
-        nargs="+",
-        help="the baseline: a run's JUnit XML, or several earlier runs (JUnit files, "
-        "directories of them, --tfgrpc-results files), oldest first",
-    )
-    parser.add_argument("new", metavar="NEW.xml", help="the current run's JUnit XML")
+def gate_failures(
+    comparison: Comparison, *, missing: str, inconclusive: str, mismatch: str
+) -> list[str]:
+    """Why a comparison fails the command, one phrase each (empty: it passes): a regression,
+    an invalid figure, nothing compared, and what the policies (``fail`` or not) make fail."""
+    failures = []
+    if comparison.regressions:
+        failures.append(f"{len(comparison.regressions)} regressed")
+    invalid = comparison.with_outcome(Outcome.INVALID)
+    if invalid:
+        failures.append(f"{len(invalid)} invalid (zero, negative, NaN or infinite)")
+    if not comparison.verdicts:
+        failures.append("nothing compared: no figure of the baseline matches the current run")
+    if missing == "fail" and comparison.missing:
+        failures.append(f"{len(comparison.missing)} missing (--missing fail)")
+    if inconclusive == "fail" and comparison.inconclusive:
+        failures.append(f"{len(comparison.inconclusive)} inconclusive (--inconclusive fail)")
+    if mismatch == "fail" and comparison.mismatches:
+        failures.append(f"{len(comparison.mismatches)} setup mismatched (--mismatch fail)")
+    return failures
+
+
+def add_gate_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say how figures are judged, shared with ``tfgrpc-ab``."""
     parser.add_argument(
         "--missing",
         choices=("fail", "warn"),
@@ -111,6 +124,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="warn",
         help="whether a setup mismatch (host, fabric, MTU, grpcio, ...) fails (default: warn)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Compare the tfgrpc figures of two pytest JUnit XML files. A figure regressed "
+            "when it is worse by more than its tolerance and the change is significant "
+            "(Mann-Whitney U for p50/mean/rates, bootstrap CI for p90/p99/p999, their "
+            "step_ forms alike; a placement's imbalance by its ratio)."
+        ),
+        epilog="exit status: 0 no regression, 1 regression (or a failing policy), 2 bad input",
+    )
+    parser.add_argument(
+        "old",
+        metavar="OLD",
+        nargs="+",
+        help="the baseline: a run's JUnit XML, or several earlier runs (JUnit files, "
+        "directories of them, --tfgrpc-results files), oldest first",
+    )
+    parser.add_argument("new", metavar="NEW.xml", help="the current run's JUnit XML")
+    add_gate_options(parser)
     parser.add_argument(
         "--resamples",
         type=_resamples,
@@ -148,20 +183,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{PROG}: warning: {short}", file=stderr)
     for line in format_comparison(comparison):
         print(line, file=stdout)
-    failures = []
-    if comparison.regressions:
-        failures.append(f"{len(comparison.regressions)} regressed")
-    invalid = comparison.with_outcome(Outcome.INVALID)
-    if invalid:
-        failures.append(f"{len(invalid)} invalid (zero, negative, NaN or infinite)")
-    if not comparison.verdicts:
-        failures.append("nothing compared: no figure of the baseline matches the current run")
-    if args.missing == "fail" and comparison.missing:
-        failures.append(f"{len(comparison.missing)} missing (--missing fail)")
-    if args.inconclusive == "fail" and comparison.inconclusive:
-        failures.append(f"{len(comparison.inconclusive)} inconclusive (--inconclusive fail)")
-    if args.mismatch == "fail" and comparison.mismatches:
-        failures.append(f"{len(comparison.mismatches)} setup mismatched (--mismatch fail)")
+    failures = gate_failures(
+        comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
+    )
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
     print(f"{PROG}: {comparison.summary()}: {verdict}", file=stdout)
     return EXIT_REGRESSION if failures else EXIT_OK

@@ -13,16 +13,17 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from pytest_tfgrpc.metrics import GATED
 from pytest_tfgrpc.report.history import (
     DEFAULT_MAX_PVALUE,
     DEFAULT_WINDOW,
+    MIN_RUNS,
     HistoryUnavailableError,
     format_trends,
     plot_trends,
     trends,
 )
 from pytest_tfgrpc.report.junit import BaselineError, load_history
-from pytest_tfgrpc.report.metrics import GATED
 from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS
 
 PROG = "tfgrpc-history"
@@ -82,6 +83,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         f"{sum(len(t.change_points) for t in found)} change points",
         file=stdout,
     )
+    if len(runs) < MIN_RUNS:
+        print(
+            f"{PROG}: {len(runs)} runs are too short a history: a change point needs at least "
+            f"{MIN_RUNS} runs of a figure",
+            file=stderr,
+        )
     if args.fail_on_change and worse:
         print(f"{PROG}: the last run starts a worse level for {len(worse)} figures", file=stdout)
         return 1

@@ -26,7 +26,7 @@ from pytest_tfgrpc.model.analytic import (
 )
 from pytest_tfgrpc.model.placement import SHARDINGS
 from pytest_tfgrpc.report.junit import BaselineError, read_junit
-from pytest_tfgrpc.report.properties import FABRIC, figure_name, read_figures
+from pytest_tfgrpc.report.record import figure_name, read_record
 from pytest_tfgrpc.report.results_file import read_results
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_rate_Bps, parse_size
 
@@ -47,16 +47,18 @@ def _add_points(
 ) -> None:
     """Add one test's P2P medians to ``points``, under its ``tfgrpc.fabric``. A transport
     floor's rows (``<label>_floor``, raw TCP) are not the gRPC link and are left out."""
-    fabric = str(properties.get(FABRIC) or _NO_FABRIC)
-    for figure in read_figures(properties.items(), strict=False):
-        at = figure.at
-        if at.metric.name != _MEDIAN or at.scope or at.floor:
+    record = read_record("", properties.items())
+    fabric = record.fabric or _NO_FABRIC
+    for measurement in record.measurements:
+        at = measurement.key
+        median = measurement.figures.get(_MEDIAN)
+        if median is None or record.label(at.label).floor:
             continue
         try:
-            size = parse_size(at.key)
+            size = parse_size(at.size)
         except UnitError:
             continue
-        seconds = figure.value / 1e9
+        seconds = median / 1e9
         point = link_point(at.label, size, seconds)
         if point is not None and seconds > 0:
             points.setdefault(fabric, []).append(point)

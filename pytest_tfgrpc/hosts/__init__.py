@@ -7,6 +7,6 @@
 - ``emulated``: emulated hosts on one machine (network namespaces, rate-capped links)
 
 Layer: beside ``ps`` and ``report`` (none imports another); may import ``roles`` and the layers
-below it (``tuning``, ``native``, ``model``, ``wire``, ``results``, ``stats``, ``units``). An agent
-starts roles by module path, never by importing ``ps``.
+below it (``tuning``, ``native``, ``model``, ``wire``, ``results``, ``metrics``, ``stats``,
+``units``). An agent starts roles by module path, never by importing ``ps``.
 """

@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import hmac
 import json
+import math
 import os
 import queue
 import re
@@ -55,13 +56,16 @@ from typing import Any
 
 import grpc
 
+from pytest_tfgrpc.hosts.telemetry import link_message, reading_message
 from pytest_tfgrpc.roles.processes import end_process
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, interface_counters, resolve_fabric
+from pytest_tfgrpc.wire.security import AGENT_TOKEN_ENV, child_environ, read_secret_file
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
+from pytest_tfgrpc.wire.telemetry import TelemetryError, TelemetryReader
 
 __all__ = [
     "DEFAULT_PORT",
@@ -77,9 +81,11 @@ __all__ = [
 
 #: The port ``tfgrpc-node`` listens on unless told otherwise (unassigned by IANA).
 DEFAULT_PORT = 7461
-TOKEN_ENV = "TFGRPC_AGENT_TOKEN"
+TOKEN_ENV = AGENT_TOKEN_ENV
 #: The longest lease a driver gets; a driver renews well before it ends.
 MAX_LEASE_S = 120.0
+#: The shortest lease a driver gets.
+MIN_LEASE_S = 1.0
 MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
@@ -183,9 +189,8 @@ def role_argv(
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         argv += allowed[name](value)
-    child_env = {
-        k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS and k != JOB_TOKEN_ENV
-    }
+    # No secret of the agent's (its token) reaches a role; a PS gets the job token below.
+    child_env = {k: v for k, v in child_environ().items() if k not in ALLOCATOR_VARS}
     for name, value in env.items():
         if name == JOB_TOKEN_ENV and role == "ps" and _JOB_TOKEN.fullmatch(value):
             child_env[name] = value  # the driver's job-control token for its PS task
@@ -207,13 +212,12 @@ def read_token(
     ``option`` is how the caller's user gives the file (the agent's ``--token-file``, pytest's
     ``--tfgrpc-agent-token-file``), named in the error.
 
-    ValueError when there is none or it is shorter than 16 characters.
+    ValueError when there is none or it is shorter than 16 characters;
+    :class:`~pytest_tfgrpc.wire.security.SecretFileError` (a ValueError) when others could
+    read or change the file (with the ``chmod`` to run).
     """
     if path:
-        try:
-            token = Path(path).read_text().strip().splitlines()[0:1]
-        except OSError as exc:
-            raise ValueError(f"token file {path}: {exc.strerror or exc}") from None
+        token = read_secret_file(path, "token file").strip().splitlines()[0:1]
         text = token[0].strip() if token else ""
         where = f"token file {path}"
     else:
@@ -274,6 +278,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
 
     def __init__(self, fabric: Fabric, token: str, *, host: str | None = None) -> None:
         self.fabric = fabric
+        self._reader: TelemetryReader | None = None
         self.host = host or socket.gethostname()
         self._token = token
         self._leases: dict[str, _Lease] = {}
@@ -295,7 +300,13 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
 
     def Heartbeat(self, request: Any, context: grpc.ServicerContext) -> Any:
         driver = self._driver(request.driver, context)
-        lease_s = min(max(request.lease_s, 1.0), MAX_LEASE_S)
+        lease_s = float(request.lease_s)
+        if not math.isfinite(lease_s) or not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"lease_s={lease_s!r}: a lease is a finite number of seconds from "
+                f"{MIN_LEASE_S:g} to {MAX_LEASE_S:g}",
+            )
         with self._lock:
             lease = self._leases.setdefault(driver, _Lease(0.0))
             lease.expires = time.monotonic() + lease_s
@@ -309,7 +320,30 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
 
     def Counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         rx, tx = interface_counters(self.fabric.name)
-        return agent_pb2.InterfaceCounters(fabric=self.fabric.name, rx_bytes=rx, tx_bytes=tx)
+        try:
+            link = self._telemetry().link(self.fabric.name)
+        except TelemetryError:  # bytes from sysfs still answer
+            return agent_pb2.InterfaceCounters(fabric=self.fabric.name, rx_bytes=rx, tx_bytes=tx)
+        return link_message(link)
+
+    def Telemetry(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._driver(request.driver, context)
+        if not 0 < request.port < 65536:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"port {request.port} is not a port")
+        try:
+            reading = self._telemetry().read(
+                request.address, request.port, discover=request.discover
+            )
+        except (TelemetryError, OSError) as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"telemetry on {self.host}: {exc}")
+        return reading_message(reading)
+
+    def _telemetry(self) -> TelemetryReader:
+        """The agent's one reader (netlink sockets kept open; reads are serialised)."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = TelemetryReader(self.fabric.name)
+            return self._reader
 
     def Run(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
         first = next(requests, None)
@@ -437,6 +471,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
+            options=grpc_settings.NO_COMPRESSION,
         )
         agent_pb2_grpc.add_NodeAgentServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         address = self.fabric.target(port)
@@ -459,6 +494,8 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             self._stop_driver(driver, "the agent is shutting down")
         if self._server is not None:
             self._server.stop(grace=1.0).wait(3.0)
+        if self._reader is not None:
+            self._reader.close()
 
     def wait(self) -> None:
         if self._server is not None:

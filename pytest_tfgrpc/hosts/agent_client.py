@@ -30,9 +30,11 @@ from typing import IO, Any
 import grpc
 
 from pytest_tfgrpc.hosts.agent import ROLES
+from pytest_tfgrpc.hosts.telemetry import reading_from_message
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
+from pytest_tfgrpc.wire.telemetry import Reading, TelemetryError
 
 __all__ = [
     "AGENT_LOST",
@@ -191,6 +193,15 @@ class AgentClient:
         reply = self._call(self._stub.Counters, agent_pb2.LeaseRequest(driver=self.driver))
         return int(reply.rx_bytes), int(reply.tx_bytes)
 
+    def telemetry(self, address: str, port: int, discover: bool = True) -> Reading:
+        """What the agent's host knows of the connections of ``address:port`` there, and
+        its fabric's counters (:mod:`pytest_tfgrpc.wire.telemetry`; ``discover`` as for
+        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`)."""
+        request = agent_pb2.TelemetryRequest(
+            driver=self.driver, address=address, port=port, discover=discover
+        )
+        return reading_from_message(self._call(self._stub.Telemetry, request))
+
     def launcher(self) -> AgentLauncher:
         """The launcher that starts processes on this agent's host."""
         return AgentLauncher(self)
@@ -245,6 +256,13 @@ class AgentLauncher:
     def address(self) -> str | None:
         info = self.client.info
         return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
+
+    def read_telemetry(self, address: str, port: int, discover: bool) -> Reading:
+        """The server side of a connection, read on this agent's host."""
+        try:
+            return self.client.telemetry(address, port, discover)
+        except AgentError as exc:
+            raise TelemetryError(str(exc)) from None
 
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str

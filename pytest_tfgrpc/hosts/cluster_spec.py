@@ -31,10 +31,9 @@ from pytest_tfgrpc.wire.client import unreachable
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import looks_like_tls_failure, open_channel
 
-#: The jobs TensorFlow and Kubeflow name; the plugin uses ``ps`` (servers, or agents for PS
-#: tasks) and ``worker`` (agents for workers). Other jobs, these or any, are kept and unused.
-TASK_TYPES = ("chief", "master", "worker", "ps", "evaluator")
-#: The jobs whose names are resolved when the spec is read; other jobs keep them as written.
+#: The jobs the plugin uses, whose names are resolved when the spec is read: ``ps`` (servers,
+#: or agents for PS tasks) and ``worker`` (agents for workers). Other jobs TensorFlow and
+#: Kubeflow name (``chief``, ``evaluator``, ...) are kept as written, and unused.
 USED_JOBS = ("ps", "worker")
 _EXAMPLE = '{"cluster": {"ps": ["host:port"]}}'
 

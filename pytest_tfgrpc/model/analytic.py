@@ -84,7 +84,7 @@ from pytest_tfgrpc.model.placement import (
 )
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 from pytest_tfgrpc.results import BenchmarkResult
-from pytest_tfgrpc.units import format_duration, format_rate, format_size
+from pytest_tfgrpc.units import align_columns, format_duration, format_rate, format_size
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -655,7 +655,7 @@ def prediction_figures(
     prediction: StepPrediction, *, measured_s: float | None = None
 ) -> list[tuple[str, str]]:
     """``(name, value)`` pairs that put ``prediction`` beside a measured step; the property
-    codec (:func:`pytest_tfgrpc.report.properties.model_properties`) names them
+    record (:func:`pytest_tfgrpc.report.record.result_properties`) names them
     ``tfgrpc.<label>.<key>.model.<name>``.
 
     Names: ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
@@ -700,16 +700,7 @@ def prediction_figures(
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> str:
     """Aligned columns: the first ``left`` to the left, the rest to the right."""
-    lines = [tuple(header), *(tuple(row) for row in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = []
-    for line in lines:
-        cells = [
-            cell.ljust(width) if i < left else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    return "\n".join(align_columns([header, *rows], left))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ version and a hash of the sources, where :func:`binaries` finds them from then o
 change or a new plugin version therefore asks for a new build instead of running a stale one.
 
 Layer: beside ``tuning``, ``model`` and ``wire`` (none imports another), below ``roles``; may
-import only ``results``, ``stats`` and ``units``.
+import only ``results``, ``metrics``, ``stats`` and ``units``.
 """
 
 from __future__ import annotations

@@ -107,8 +107,10 @@ def plain_properties(properties: Iterable[Any]) -> list[tuple[str, Any]]:
     return out
 
 
-_sigterm_key = pytest.StashKey[Any]()
-_SIGTERM_NOTE = "tfgrpc: SIGTERM received; ending the run as Ctrl-C does"
+_sigterm_key = pytest.StashKey[dict[int, Any]]()
+#: The signals that end a run as Ctrl-C does: a CI timeout's SIGTERM, and SIGHUP (a closed
+#: terminal, a lost ssh session), which would otherwise end it with no JUnit XML.
+_ENDING = (signal.SIGTERM, signal.SIGHUP)
 
 
 #: Set once pytest has taken the interrupt (its ``pytest_keyboard_interrupt``): from then on
@@ -147,9 +149,10 @@ def _hurry() -> None:
 
 
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    # A CI timeout sends SIGTERM: end the run through pytest's KeyboardInterrupt path, so
-    # finished tests reach the JUnit XML and every fixture stops its processes.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends at once
+    # End the run through pytest's KeyboardInterrupt path, so finished tests reach the
+    # JUnit XML and every fixture stops its processes.
+    for ending in _ENDING:
+        signal.signal(ending, signal.SIG_DFL)  # a second signal ends at once
     _hurry()
     threading.Thread(target=_redeliver_while_in_call, name="tfgrpc-interrupt", daemon=True).start()
     if _forward_to_workers:
@@ -158,7 +161,8 @@ def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
         for pid in _children():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
-    raise KeyboardInterrupt(_SIGTERM_NOTE)
+    name = signal.Signals(signum).name
+    raise KeyboardInterrupt(f"tfgrpc: {name} received; ending the run as Ctrl-C does")
 
 
 _forward_to_workers = False
@@ -185,9 +189,11 @@ def _take_sigterm(config: pytest.Config) -> None:
     global _forward_to_workers
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return  # someone else's handler: theirs wins
-    config.stash[_sigterm_key] = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    taken: dict[int, Any] = {}
+    for signum in _ENDING:
+        if signal.getsignal(signum) is signal.SIG_DFL:  # someone else's handler: theirs wins
+            taken[signum] = signal.signal(signum, _sigterm_as_interrupt)
+    config.stash[_sigterm_key] = taken
     dist = getattr(config.option, "dist", "no") or "no"
     numprocesses = getattr(config.option, "numprocesses", None)
     _forward_to_workers = not hasattr(config, "workerinput") and (
@@ -229,8 +235,9 @@ def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> N
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _sigterm_key in config.stash and signal.getsignal(signal.SIGTERM) is _sigterm_as_interrupt:
-        signal.signal(signal.SIGTERM, config.stash[_sigterm_key])
+    for signum, previous in config.stash.get(_sigterm_key, {}).items():
+        if signal.getsignal(signum) is _sigterm_as_interrupt:
+            signal.signal(signum, previous)
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own parametrization: ids end in [...-NAME]

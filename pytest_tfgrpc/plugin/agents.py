@@ -38,7 +38,7 @@ from pytest_tfgrpc.hosts.cluster_spec import (
 from pytest_tfgrpc.hosts.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.options import TLS_HELP, option
-from pytest_tfgrpc.report.properties import LOOPBACK, PATH, PLACEMENT
+from pytest_tfgrpc.report.record import PATH, PLACEMENT, path_value, placement_value
 from pytest_tfgrpc.roles.processes import Launcher
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import tls_mode
@@ -259,11 +259,16 @@ def server_launchers(request: pytest.FixtureRequest, fabric: Fabric) -> tuple[La
             with contextlib.suppress(ClusterSpecError):
                 task = server_task_for(spec, fabric)
                 local = task_device(task) == "lo" or _is_local(task.host)
-                path = LOOPBACK if local else f"{fabric.name}: this host -> {task.target}"
+                path = path_value(
+                    fabric.name,
+                    source="this host",
+                    destination=task.target,
+                    loopback="" if local else None,
+                )
                 _record(request, PATH, path)
         else:
-            _record(request, PATH, f"{LOOPBACK} (server and client on this host; {fabric.name}"
-                    " not crossed)")  # fmt: skip
+            why = f"(server and client on this host; {fabric.name} not crossed)"
+            _record(request, PATH, path_value(fabric.name, loopback=why))
         return ()
     _fail_without(agents)
     try:
@@ -278,9 +283,12 @@ def record_server(request: pytest.FixtureRequest, server: EngineServer) -> None:
     if not isinstance(launcher, AgentLauncher):
         return
     info = launcher.client.info
-    _record(request, PLACEMENT, f"server={info.host}@{server.target}")
+    _record(request, PLACEMENT, placement_value([("server", info.host, server.target)]))
     local = _is_local(info.address)
-    _record(request, PATH, LOOPBACK if local else f"{info.fabric}: driver -> {info.host}")
+    path = path_value(
+        info.fabric, source="driver", destination=info.host, loopback="" if local else None
+    )
+    _record(request, PATH, path)
 
 
 def cluster_launchers(
@@ -295,8 +303,8 @@ def cluster_launchers(
     """
     agents = _agents_of(request.config)
     if agents is None:
-        _record(request, PATH, f"{LOOPBACK} (PS tasks and workers on this host; {fabric.name}"
-                " not crossed)")  # fmt: skip
+        why = f"(PS tasks and workers on this host; {fabric.name} not crossed)"
+        _record(request, PATH, path_value(fabric.name, loopback=why))
         return {}
     _fail_without(agents)
     try:
@@ -307,14 +315,17 @@ def cluster_launchers(
     offset = topology.ps if agents.workers == agents.ps else 0
     ps = [ps_agents[i % len(ps_agents)] for i in range(topology.ps)]
     workers = [worker_agents[(offset + j) % len(worker_agents)] for j in range(topology.workers)]
-    placed = [f"ps{i}={c.info.host}@{c.info.address}" for i, c in enumerate(ps)]
-    placed += [f"worker{j}={c.info.host}@{c.info.address}" for j, c in enumerate(workers)]
-    _record(request, PLACEMENT, " ".join(placed))
+    placed = [(f"ps{i}", c.info.host, c.info.address) for i, c in enumerate(ps)]
+    placed += [(f"worker{j}", c.info.host, c.info.address) for j, c in enumerate(workers)]
+    _record(request, PLACEMENT, placement_value(placed))
     shared = sorted({c.info.host for c in ps} & {c.info.host for c in workers})
     if shared:
-        path = f"{LOOPBACK} between PS and workers on {', '.join(shared)}; {fabric.name} otherwise"
+        why = f"between PS and workers on {', '.join(shared)}; {fabric.name} otherwise"
+        path = path_value(fabric.name, loopback=why)
     else:
-        path = f"{ps[0].info.fabric}: every worker -> PS call crosses hosts"
+        path = path_value(
+            ps[0].info.fabric, source="every worker", destination="PS call crosses hosts"
+        )
     _record(request, PATH, path)
     return {
         "ps_launchers": tuple(c.launcher() for c in ps),

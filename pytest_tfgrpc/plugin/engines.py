@@ -76,8 +76,7 @@ def server_engine_of(item: pytest.Item, engine: str) -> str:
         return engine
     if not isinstance(server, str) or not server:
         raise pytest.UsageError(
-            f"{item.nodeid}: {MARKER}(server={server!r}): give one "
-            "engine name such as 'native'"
+            f"{item.nodeid}: {MARKER}(server={server!r}): give one engine name such as 'native'"
         )
     return server
 

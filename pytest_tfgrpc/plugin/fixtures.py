@@ -119,9 +119,23 @@ def tensor_server(
     if name != engine.name:
         engine = engine_for(session.registry(request.config), name, request.node.nodeid)
     _on_agents_or_fail(request, engine)
+    delay = session.server_delay
+    if delay and not engine.injects_delay:
+        pytest.fail(
+            f"{request.node.nodeid}: --tfgrpc-server-delay {delay}: engine {engine.name!r}'s "
+            "servers take no injected delay (the plugin's grpcio and native servers do)",
+            pytrace=False,
+        )
     launchers = server_launchers(request, fabric)
     if not launchers and session.cluster is not None and engine.runs_on_agents:
         # A cluster spec names tfgrpc-server processes already running on other hosts.
+        if delay:
+            pytest.fail(
+                f"{request.node.nodeid}: --tfgrpc-server-delay {delay}: the cluster spec's "
+                "servers run elsewhere and were started without it; start them with "
+                "tfgrpc-server --delay instead",
+                pytrace=False,
+            )
         try:
             remote = RemoteServer(server_task_for(session.cluster, fabric), fabric)
             remote.check_reachable()
@@ -136,6 +150,7 @@ def tensor_server(
         env=session.server_env,
         max_tensor_bytes=item_specs(request.node).largest_tensor,
         ps_launchers=launchers,
+        delay_s=session.server_delay_s,
     )
     started = session.servers
     try:
@@ -220,7 +235,7 @@ def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine, tfgrpc_streams
         test=item.nodeid,
         messages=specs.messages,
         budget=specs.budget,
-        options=session.options.merged(specs.run),
+        run=(*session.run, specs.run),
         record=record,
         progress=_progress_lines(request.config, item.nodeid),
         server_env=session.server_env,

@@ -11,10 +11,11 @@ import pytest
 
 from pytest_tfgrpc.bench.specs import (
     MessageSpec,
-    RunOverrides,
+    RunLayer,
     SpecError,
     budget_spec,
     message_spec,
+    run_layer,
     run_marker_spec,
     topology_spec,
 )
@@ -36,7 +37,7 @@ class ItemSpecs:
     messages: MessageSpec | None
     budget: Budget | None
     topology: Topology
-    run: RunOverrides
+    run: RunLayer
 
     @cached_property
     def placement(self) -> Placement | None:
@@ -83,7 +84,7 @@ def item_specs(item: pytest.Item) -> ItemSpecs:
     mark = item.get_closest_marker("ps_topology")
     topology = topology_spec(mark.args, mark.kwargs) if mark is not None else Topology(1, 1)
     mark = item.get_closest_marker("tfgrpc_run")
-    run = run_marker_spec(mark.args, mark.kwargs) if mark is not None else RunOverrides()
+    run = run_marker_spec(mark.args, mark.kwargs) if mark is not None else run_layer("", {})
     specs = ItemSpecs(messages, budget, topology, run)
     item.stash[_specs_key] = specs
     return specs

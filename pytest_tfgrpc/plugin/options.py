@@ -9,18 +9,20 @@ from typing import Any
 
 import pytest
 
-from pytest_tfgrpc.report.metrics import BUDGET_METRICS
+from pytest_tfgrpc.metrics import BUDGET_METRICS
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES
 
 FABRIC_HELP = (
     "network interfaces to bind tensor servers to, e.g. lo,eth0,ib0 (repeatable; "
     "default: lo). A fabric-bound test runs once per fabric."
 )
-RUN_OPTIONS = {
+#: The help of each run setting's option (``--tfgrpc-<name>``): the names are
+#: ``bench.specs.RUN_SETTINGS``, one spelling for options, ini, marker and calls.
+RUN_HELP = {
     "iterations": "timed operations per message size (overrides each benchmark's default)",
     "warmup": "untimed warm-up operations per message size",
-    "max_time": "stop measuring a message size after S seconds, whatever the count",
-    "warmup_time": "stop warming up after S seconds, whatever the count",
+    "max_seconds": "stop measuring a message size after S seconds, whatever the count",
+    "warmup_seconds": "stop warming up after S seconds, whatever the count",
     "duration": "time-based runs: measure each message size for S seconds",
 }
 ALLOCATOR_HELP = (
@@ -87,6 +89,13 @@ STREAMS_HELP = (
     "concurrent connections of every p2p_bandwidth call that does not say (streams=N; "
     "default 1): the aggregate is recorded under the call's label, each stream as "
     "<label>_stream<i>"
+)
+SERVER_DELAY_HELP = (
+    "fault injection: the tensor servers the suite's tensor_server fixture starts (the "
+    "plugin's Python or native server, here or through agents) hold every reply back this "
+    "long, e.g. 200us, from 0 to 10s; for rehearsing the gate or tfgrpc-ab, never for "
+    "measuring. Recorded in the run metadata (server_delay), so a baseline without it is a "
+    "setup mismatch"
 )
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
@@ -277,8 +286,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         metavar="NAME[,NAME...]",
     )
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-server-delay",),
+        "tfgrpc_server_delay",
+        SERVER_DELAY_HELP,
+        metavar="DURATION",
+    )
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
-    for name, help_text in RUN_OPTIONS.items():
+    for name, help_text in RUN_HELP.items():
         flag = "--tfgrpc-" + name.replace("_", "-")
         metavar = "N" if name in ("iterations", "warmup") else "S"  # counts; seconds
         _add(group, parser, (flag,), f"tfgrpc_{name}", help_text, metavar=metavar)

@@ -15,26 +15,26 @@ import grpc
 import pytest
 
 # pytest's own JUnit writer: suite properties, and how it names a test case
-from _pytest.junitxml import bin_xml_escape, mangle_test_address, xml_key
+from _pytest.junitxml import xml_key
 
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
-from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path
-from pytest_tfgrpc.bench.specs import RunOverrides
+from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path, lock_wait_s
+from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_layer
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.engines import build_registry
 from pytest_tfgrpc.plugin.markers import check_markers, watched_key
-from pytest_tfgrpc.plugin.options import RUN_OPTIONS, TLS_OPTIONS, option
+from pytest_tfgrpc.plugin.options import TLS_OPTIONS, option
 from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metadata
 from pytest_tfgrpc.report.plot import plot_available
-from pytest_tfgrpc.report.properties import PREFIX
+from pytest_tfgrpc.report.record import has_figures, junit_test_id, read_record
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.roles.processes import ServerError
 from pytest_tfgrpc.tuning.allocator import apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
-from pytest_tfgrpc.units import UnitError, parse_seconds
+from pytest_tfgrpc.units import UnitError, parse_duration_ns
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 from pytest_tfgrpc.wire.security import TlsError, TlsFiles, load_tls, tls_mode, use_tls
@@ -56,12 +56,17 @@ def new_run_id() -> str:
 _MEASURING_FIXTURES = frozenset(("tensor_server", "ps_cluster", "tfgrpc"))
 
 
+#: Why a measuring test could not take the host measurement lock.
+_lock_refused_key = pytest.StashKey[str]()
+
+
 @dataclass
 class RunState:
     """What every tfgrpc test of the run shares."""
 
     fabrics: tuple[Fabric, ...]
-    options: RunOverrides
+    #: The run settings of the ini file and the options, farthest first.
+    run: tuple[RunLayer, ...]
     server_env: dict[str, str] | None = None
     meta: dict[str, str] = field(default_factory=dict)
     gate: BaselineGate | None = None
@@ -70,6 +75,10 @@ class RunState:
     #: The engines the ``pytest_tfgrpc_add_engines`` hooks registered: asked once every
     #: conftest is loaded (after collection), see :meth:`registry`.
     engines: EngineRegistry | None = None
+    #: Fault injection (--tfgrpc-server-delay): every reply of the fixture's tensor servers
+    #: is held back this long, in seconds; its text as given, "" when none.
+    server_delay_s: float = 0.0
+    server_delay: str = ""
     #: Set once the header lines and the suite properties have been given out.
     header_shown: bool = False
     meta_written: bool = False
@@ -85,34 +94,39 @@ class RunState:
             self.servers.pop().stop()
 
 
-def run_overrides(config: pytest.Config) -> RunOverrides:
-    """The run settings of the ``--tfgrpc-*`` run options; a bad value is a usage error
-    naming the option and the value."""
-    values: dict[str, float | int | None] = {}
-    for name in RUN_OPTIONS:
-        raw = config.getoption(f"tfgrpc_{name}") or config.getini(f"tfgrpc_{name}")
-        if raw in (None, ""):
-            values[name] = None
-            continue
-        flag = "--tfgrpc-" + name.replace("_", "-")
-        try:
-            if name in ("iterations", "warmup"):
-                number = int(str(raw))
-                if number < (1 if name == "iterations" else 0):
-                    raise ValueError
-                values[name] = number
-            else:
-                values[name] = parse_seconds(str(raw))
-        except (ValueError, UnitError) as exc:
-            message = f"{flag} / tfgrpc_{name}: invalid value {raw!r} {exc}".rstrip()
-            raise pytest.UsageError(message) from None
-    return RunOverrides(
-        iterations=values["iterations"],  # type: ignore[arg-type]
-        warmup=values["warmup"],  # type: ignore[arg-type]
-        max_seconds=values["max_time"],
-        warmup_seconds=values["warmup_time"],
-        duration=values["duration"],
-    )
+def run_layers(config: pytest.Config) -> tuple[RunLayer, RunLayer]:
+    """The run settings of the ini file, then of the ``--tfgrpc-*`` options (closer); a bad
+    value is a usage error naming the setting, the value and where it comes from."""
+    ini = {name: config.getini(f"tfgrpc_{name}") for name in RUN_SETTINGS}
+    given = {name: config.getoption(f"tfgrpc_{name}") for name in RUN_SETTINGS}
+    try:
+        return run_layer("ini tfgrpc_{name}", ini), run_layer("--tfgrpc-{flag}", given)
+    except SpecError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+#: The longest --tfgrpc-server-delay, as node agents allow for their servers.
+MAX_SERVER_DELAY_S = 10.0
+
+
+def server_delay(config: pytest.Config) -> tuple[float, str]:
+    """``--tfgrpc-server-delay`` (or its ini twin) in seconds, and as given ("" when none);
+    a bad value is a usage error naming the option and the value."""
+    raw = str(option(config, "tfgrpc_server_delay") or "").strip()
+    if not raw:
+        return 0.0, ""
+    try:
+        seconds = parse_duration_ns(raw) / 1e9
+    except UnitError as exc:
+        raise pytest.UsageError(
+            f"--tfgrpc-server-delay / tfgrpc_server_delay: invalid value {raw!r}: {exc}"
+        ) from None
+    if not 0.0 <= seconds <= MAX_SERVER_DELAY_S:
+        raise pytest.UsageError(
+            f"--tfgrpc-server-delay / tfgrpc_server_delay: {raw!r} is not from 0 to "
+            f"{MAX_SERVER_DELAY_S:g} s"
+        )
+    return seconds, raw
 
 
 def junit_name(config: pytest.Config, nodeid: str) -> str:
@@ -121,13 +135,7 @@ def junit_name(config: pytest.Config, nodeid: str) -> str:
     classname, the name escaped of characters XML cannot hold. (The node id itself depends on
     the rootdir, so runs from another rootdir name their tests differently: the gate then
     says which baseline tests it could not find and what they look like.)"""
-    names = mangle_test_address(nodeid)
-    classnames = names[:-1]
-    prefix = getattr(config.option, "junitprefix", None)
-    if prefix:
-        classnames.insert(0, prefix)
-    name = bin_xml_escape(names[-1])
-    return f"{'.'.join(classnames)}.{name}" if classnames else name
+    return junit_test_id(nodeid, getattr(config.option, "junitprefix", None) or "")
 
 
 def _baseline_gate(
@@ -163,7 +171,8 @@ def start(config: pytest.Config) -> RunState:
         fabrics = resolve_fabrics(parse_fabric_names(given))
     except FabricError as exc:
         raise pytest.UsageError(str(exc)) from None
-    options = run_overrides(config)
+    run = run_layers(config)
+    delay_s, delay = server_delay(config)
     policy = config.getoption("tfgrpc_allocator") or config.getini("tfgrpc_allocator")
     # Never stops the run: a spec that cannot be used fails the tests that need it, and a
     # TF_CONFIG set for TensorFlow is a header note (see plugin/agents.py).
@@ -195,16 +204,20 @@ def start(config: pytest.Config) -> RunState:
         meta.update(extra_metadata(config.hook.pytest_tfgrpc_run_metadata(config=config)))
     except ValueError as exc:
         raise pytest.UsageError(f"pytest_tfgrpc_run_metadata: {exc}") from None
+    if delay:
+        meta[f"{META_PREFIX}server_delay"] = delay
     workerinput = getattr(config, "workerinput", None)
     run_id = str(workerinput.get(RUN_ID_KEY, "")) if workerinput else ""
     meta[f"{META_PREFIX}{RUN_ID}"] = run_id or new_run_id()
     state = RunState(
         fabrics=fabrics,
-        options=options,
+        run=run,
         server_env=server_env,
         meta=meta,
         gate=_baseline_gate(config, meta, fabrics),
         cluster=cluster,
+        server_delay_s=delay_s,
+        server_delay=delay,
     )
     config.pluginmanager.register(TfgrpcSession(state), SESSION_NAME)
     if not hasattr(config, "workerinput"):  # the xdist controller or a plain run reports
@@ -285,6 +298,11 @@ def header_lines(config: pytest.Config, state: RunState) -> list[str]:
         servers = ", ".join(f"ps[{t.index}] {t.target}" for t in state.cluster.job("ps"))
         lines.append(f"tfgrpc: remote tensor servers from {state.cluster.source}: {servers}")
     lines += agents.header_lines(config)
+    if state.server_delay:
+        lines.append(
+            f"tfgrpc: FAULT INJECTED: the suite's tensor servers hold every reply back "
+            f"{state.server_delay} (--tfgrpc-server-delay); figures are not the servers' own"
+        )
     gate = state.gate
     if gate is not None:
         tolerances = ", ".join(f"{k}:{v:.0%}" for k, v in gate.settings.tolerances.items())
@@ -319,7 +337,11 @@ class TfgrpcSession:
         if not hasattr(session.config, "workerinput"):
             _write_suite_properties(session.config, self.state)
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        refused = item.stash.get(_lock_refused_key, None)
+        if refused is not None:
+            pytest.fail(refused, pytrace=False)
         check_markers(item)
 
     @pytest.hookimpl(wrapper=True)
@@ -330,7 +352,14 @@ class TfgrpcSession:
         # Set up, measure and tear down one test at a time on this host: across pytest-xdist
         # workers and across concurrent runs.
         run_id = self.state.meta[f"{META_PREFIX}{RUN_ID}"]
-        with MeasurementLock(lock_path(), run_id) as lock:
+        try:
+            lock = MeasurementLock(lock_path(), run_id, wait_s=lock_wait_s())
+            lock.__enter__()
+        except (OSError, ValueError) as exc:
+            # a lock in a place others control, or held too long: the test fails, saying so
+            item.stash[_lock_refused_key] = f"tfgrpc: {exc}"
+            return (yield)
+        try:
             if lock.waited_for and lock.waited_for != run_id and lock.waited_s >= 0.05:
                 # Said in the JUnit XML and at the end of the run (not as a warning, which
                 # -W error would turn into a failure of a test that only waited its turn).
@@ -342,6 +371,8 @@ class TfgrpcSession:
                     )
                 )
             return (yield)
+        finally:
+            lock.__exit__(None, None, None)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -357,10 +388,9 @@ class TfgrpcSession:
             if death is not None:
                 raise death
         gate = self.state.gate
-        if gate is not None and any(name.startswith(PREFIX) for name, _ in item.user_properties):
-            verdict = gate.judge(
-                item.nodeid, item.user_properties, junit_name(item.config, item.nodeid)
-            )
+        if gate is not None and has_figures(item.user_properties):
+            record = read_record(junit_name(item.config, item.nodeid), item.user_properties)
+            verdict = gate.judge(item.nodeid, record)
             item.user_properties.extend(verdict.properties)
             if verdict.failure is not None:
                 # Fails the call itself, so the regression is a failure in the JUnit XML.

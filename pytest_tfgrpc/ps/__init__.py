@@ -6,5 +6,6 @@
 - ``tf_cluster``: TensorFlow's own runtime as a cluster of ``roles.tf_task`` processes
 
 Layer: beside ``hosts`` and ``report`` (none imports another); may import ``roles`` and the
-layers below it (``tuning``, ``native``, ``model``, ``wire``, ``results``, ``stats``, ``units``).
+layers below it (``tuning``, ``native``, ``model``, ``wire``, ``results``, ``metrics``,
+``stats``, ``units``).
 """

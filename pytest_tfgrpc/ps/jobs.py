@@ -1,376 +1,242 @@
-"""The messages between a PS cluster's driver and its worker processes, typed on both sides.
+"""The worker protocol's framing and checks: the messages of ``protos/tfgrpc/worker.proto``
+between a PS cluster's driver and its worker processes.
 
 The driver (:class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`, and through it
-:mod:`pytest_tfgrpc.bench.ps` and :mod:`pytest_tfgrpc.bench.fit`) and the workers
-(:mod:`pytest_tfgrpc.ps.worker`) both import this module; neither side builds or reads a
-raw dict. One message is one line of JSON on the worker's stdin or stdout:
-
-* driver to worker: a job (:class:`ThroughputJob`, :class:`SyncSGDJob`), then :class:`Go`;
-* worker to driver: :class:`Hello` once it is up, :class:`Ready` when the job is prepared, then
-  a reply (:class:`ThroughputReply`, :class:`SyncSGDReply`) or :class:`WorkerFailed`.
-
-Samples travel as base64 of little-endian int64 nanoseconds, 8 bytes a sample (a JSON list
-took up to 20), encoded after the measured phase. :func:`decode` checks every field's type
-and range and raises :class:`MessageError`, naming the field, for anything else.
+:mod:`pytest_tfgrpc.bench.ps` and :mod:`pytest_tfgrpc.bench.fit`) writes a ``ToWorker``
+message on a worker's stdin; the worker (:mod:`pytest_tfgrpc.ps.worker`, or the native
+``tfgrpc-native-worker``) writes ``FromWorker`` messages on its stdout. Each is
+length-delimited (:func:`frame`: a varint size, then the bytes; :class:`Frames` reads them
+back from any split of the stream). Samples travel as packed int64 nanoseconds.
+:func:`job_of` and :func:`reply_of` check what the schema cannot (ranges, matching lengths)
+and raise :class:`MessageError`, naming the field.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
+
+from pytest_tfgrpc.wire._proto import worker_pb2 as pb
 
 __all__ = [
+    "MAX_FRAME_BYTES",
     "MODES",
+    "Frames",
+    "FromWorker",
     "Go",
     "Hello",
     "JobMessage",
-    "Message",
     "MessageError",
+    "OwnedShards",
     "Ready",
     "Reply",
+    "Samples",
+    "Shard",
     "SyncSGDJob",
     "SyncSGDReply",
     "ThroughputJob",
     "ThroughputReply",
     "WorkerFailed",
-    "decode",
-    "encode",
-    "pack_samples",
-    "unpack_samples",
+    "frame",
+    "from_worker",
+    "job_of",
+    "owned_bytes",
+    "reply_of",
+    "samples",
+    "to_worker",
 ]
 
-Samples = npt.NDArray[np.int64]
+ThroughputJob = pb.ThroughputJob
+SyncSGDJob = pb.SyncSGDJob
+Go = pb.Go
+Hello = pb.Hello
+Ready = pb.Ready
+WorkerFailed = pb.WorkerFailed
+ThroughputReply = pb.ThroughputReply
+SyncSGDReply = pb.SyncSGDReply
+Shard = pb.Shard
+Samples = pb.Samples
+OwnedShards = pb.OwnedShards
+JobMessage = pb.ThroughputJob | pb.SyncSGDJob
+Reply = pb.ThroughputReply | pb.SyncSGDReply
+FromWorker = pb.Hello | pb.Ready | pb.WorkerFailed | pb.ThroughputReply | pb.SyncSGDReply
+M = TypeVar("M")
+
+SampleArray = npt.NDArray[np.int64]
 #: The encodings a throughput job may send its payload in.
 MODES = ("raw", "protobuf")
-_SAMPLE = np.dtype("<i8")
+#: The largest message either side accepts: a size beyond it is a broken stream, not a message.
+MAX_FRAME_BYTES = 1 << 30
 
 
 class MessageError(ValueError):
-    """A line that is not a valid message of the worker protocol."""
+    """Bytes that are not a valid message of the worker protocol."""
 
 
-def pack_samples(samples: Samples | list[int]) -> str:
-    """Nanosecond samples as base64 of little-endian int64."""
-    return base64.b64encode(np.asarray(samples, dtype=_SAMPLE).tobytes()).decode("ascii")
+def frame(message: pb.ToWorker | pb.FromWorker) -> bytes:
+    """``message`` length-delimited: its size as a varint, then its bytes."""
+    body: bytes = message.SerializeToString()
+    size = len(body)
+    head = bytearray()
+    while size >= 0x80:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + body
 
 
-def unpack_samples(text: str) -> Samples:
-    """The read-only int64 array :func:`pack_samples` encoded; MessageError if it is not one."""
+class Frames:
+    """The messages of a byte stream as they complete: :meth:`feed` what was read, then
+    :meth:`take` each whole message's bytes. A size over :data:`MAX_FRAME_BYTES`, or a
+    varint longer than ten bytes, raises :class:`MessageError`: the stream is not framed."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def take(self) -> bytes | None:
+        size = shift = 0
+        for index, byte in enumerate(self._buffer):
+            size |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+            if index >= 9:
+                raise MessageError("a message size longer than a varint: the stream is not framed")
+        else:
+            return None
+        if size > MAX_FRAME_BYTES:
+            raise MessageError(f"a message of {size} bytes, over {MAX_FRAME_BYTES}")
+        start = index + 1
+        if len(self._buffer) < start + size:
+            return None
+        body = bytes(self._buffer[start : start + size])
+        del self._buffer[: start + size]
+        return body
+
+    @property
+    def pending(self) -> int:
+        """Bytes read that are not yet a whole message."""
+        return len(self._buffer)
+
+
+def to_worker(message: JobMessage | pb.Go) -> pb.ToWorker:
+    """``message`` in the envelope of the driver's messages."""
+    if isinstance(message, pb.ThroughputJob):
+        return pb.ToWorker(throughput=message)
+    if isinstance(message, pb.SyncSGDJob):
+        return pb.ToWorker(sync_sgd=message)
+    return pb.ToWorker(go=message)
+
+
+def from_worker(message: FromWorker) -> pb.FromWorker:
+    """``message`` in the envelope of a worker's messages."""
+    field = {
+        pb.Hello: "hello",
+        pb.Ready: "ready",
+        pb.WorkerFailed: "failed",
+        pb.ThroughputReply: "throughput",
+        pb.SyncSGDReply: "sync_sgd",
+    }[type(message)]
+    envelope = pb.FromWorker()
+    getattr(envelope, field).CopyFrom(message)
+    return envelope
+
+
+def _parse(envelope: M, body: bytes, side: str) -> M:
     try:
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError) as exc:
-        raise MessageError(f"samples: not base64 ({exc})") from None
-    if len(raw) % _SAMPLE.itemsize:
-        raise MessageError(f"samples: {len(raw)} bytes is not a whole number of int64")
-    out = np.frombuffer(raw, dtype=_SAMPLE).astype(np.int64)
+        envelope.ParseFromString(body)  # type: ignore[attr-defined]
+    except DecodeError as exc:
+        raise MessageError(f"not a {side} message ({exc})") from None
+    return envelope
+
+
+def _count(name: str, value: int, low: int = 0) -> None:
+    if value < low:
+        raise MessageError(f"{name}={value}: expected a whole number >= {low}")
+
+
+def _seconds(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise MessageError(f"{name}={value!r}: expected a finite number of seconds > 0")
+
+
+def _targets(targets: Sequence[str]) -> None:
+    if not targets or not all(targets):
+        raise MessageError(f"targets={list(targets)!r}: expected a non-empty list of host:port")
+
+
+def job_of(body: bytes) -> JobMessage | pb.Go:
+    """The driver's message in ``body``, checked: a job or the start barrier."""
+    envelope = _parse(pb.ToWorker(), body, "driver")
+    kind = envelope.WhichOneof("kind")
+    if kind is None:
+        raise MessageError("an empty driver message (no job, no go)")
+    message: JobMessage | pb.Go = getattr(envelope, kind)
+    if isinstance(message, pb.ThroughputJob):
+        _targets(message.targets)
+        if message.mode not in MODES:
+            raise MessageError(f"mode={message.mode!r}: expected one of {', '.join(MODES)}")
+        if len(message.payload_bytes) != len(message.targets):
+            raise MessageError(
+                f"payload_bytes: {len(message.payload_bytes)} sizes for "
+                f"{len(message.targets)} targets"
+            )
+        _count("iterations", message.iterations, 1)
+        _seconds("warmup_seconds", message.warmup_seconds)
+        _seconds("seconds", message.seconds)
+    elif isinstance(message, pb.SyncSGDJob):
+        _targets(message.targets)
+        if len(message.shards) != len(message.targets):
+            raise MessageError(
+                f"shards: {len(message.shards)} lists of shards for {len(message.targets)} targets"
+            )
+        _count("chunk_bytes", message.chunk_bytes, 1)
+        _count("max_steps", message.max_steps, 1)
+        _seconds("barrier_timeout", message.barrier_timeout)
+    return message
+
+
+def reply_of(body: bytes) -> FromWorker:
+    """The worker's message in ``body``, checked."""
+    envelope = _parse(pb.FromWorker(), body, "worker")
+    kind = envelope.WhichOneof("kind")
+    if kind is None:
+        raise MessageError("an empty worker message")
+    message: FromWorker = getattr(envelope, kind)
+    if isinstance(message, pb.Hello):
+        _count("pid", message.pid, 1)
+    elif isinstance(message, pb.WorkerFailed) and not message.error:
+        raise MessageError("error='': a failure that does not say why")
+    elif isinstance(message, pb.ThroughputReply):
+        _count("elapsed_ns", message.elapsed_ns, 1)
+        for each in message.samples:
+            samples(each.ns, "samples[]")
+    elif isinstance(message, pb.SyncSGDReply):
+        samples(message.samples_ns, "samples_ns")
+        if message.steps < len(message.samples_ns):
+            raise MessageError(
+                f"steps={message.steps}: fewer than its {len(message.samples_ns)} samples"
+            )
+    return message
+
+
+def samples(values: object, name: str = "samples_ns") -> SampleArray:
+    """Nanosecond samples as a read-only int64 array; MessageError for a negative one."""
+    out = np.asarray(values, dtype=np.int64)
     if out.size and out.min() < 0:
-        raise MessageError("samples: a duration is negative")
+        raise MessageError(f"{name}: a duration is negative")
     out.setflags(write=False)
     return out
 
 
-# --- field checks ------------------------------------------------------------------------------
-
-
-def _count(name: str, value: object, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise MessageError(f"{name}={value!r}: expected a whole number >= {low}")
-    return value
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MessageError(f"{name}={value!r}: expected a number of seconds")
-    if not (math.isfinite(value) and value > 0):
-        raise MessageError(f"{name}={value!r}: expected a finite number of seconds > 0")
-    return float(value)
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise MessageError(f"{name}={value!r}: expected true or false")
-    return value
-
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise MessageError(f"{name}={value!r}: expected a non-empty string")
-    return value
-
-
-def _targets(value: object) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not value:
-        raise MessageError(f"targets={value!r}: expected a non-empty list of host:port")
-    return tuple(_text("targets[]", target) for target in value)
-
-
-def _cpu(cpu_user_ns: object, cpu_system_ns: object) -> None:
-    _count("cpu_user_ns", cpu_user_ns)
-    _count("cpu_system_ns", cpu_system_ns)
-
-
-# --- driver to worker --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ThroughputJob:
-    """Call every PS of ``targets`` in a closed loop, one call in flight per PS.
-
-    ``payload_bytes[p]`` is the size sent to ``targets[p]``, in ``mode`` (``raw`` bytes or
-    ``protobuf`` tensors). ``warmup`` calls per PS within ``warmup_seconds`` first (after the
-    start barrier); then at most ``iterations`` calls per PS, none started after ``seconds``.
-    """
-
-    kind: ClassVar[str] = "throughput"
-    targets: tuple[str, ...]
-    worker: int
-    mode: str
-    payload_bytes: tuple[int, ...]
-    iterations: int
-    warmup: int
-    warmup_seconds: float
-    seconds: float
-
-    def __post_init__(self) -> None:
-        _targets(self.targets)
-        _count("worker", self.worker)
-        if self.mode not in MODES:
-            raise MessageError(f"mode={self.mode!r}: expected one of {', '.join(MODES)}")
-        if len(self.payload_bytes) != len(self.targets):
-            raise MessageError(
-                f"payload_bytes: {len(self.payload_bytes)} sizes for {len(self.targets)} targets"
-            )
-        for size in self.payload_bytes:
-            _count("payload_bytes[]", size)
-        _count("iterations", self.iterations, 1)
-        _count("warmup", self.warmup)
-        _seconds("warmup_seconds", self.warmup_seconds)
-        _seconds("seconds", self.seconds)
-
-
-@dataclass(frozen=True)
-class SyncSGDJob:
-    """Push the gradients of, and pull the weights of, every shard each PS owns, step by step.
-
-    ``shards[p]`` lists the ``(tensor offset, nbytes)`` of each shard ``targets[p]`` owns, in
-    that PS's order; streams travel in slices of ``chunk_bytes``. The chief PS says when the
-    warm-up ends and when to stop; ``max_steps`` bounds the steps whatever it says.
-    ``check=True`` sends predictable gradients
-    (:func:`~pytest_tfgrpc.roles.parameter_server.check_gradient`).
-    """
-
-    kind: ClassVar[str] = "sync_sgd"
-    targets: tuple[str, ...]
-    worker: int
-    shards: tuple[tuple[tuple[int, int], ...], ...]
-    chunk_bytes: int
-    warmup: int
-    max_steps: int
-    barrier_timeout: float
-    check: bool = False
-
-    def __post_init__(self) -> None:
-        _targets(self.targets)
-        _count("worker", self.worker)
-        if len(self.shards) != len(self.targets):
-            raise MessageError(
-                f"shards: {len(self.shards)} lists of shards for {len(self.targets)} targets"
-            )
-        for owned in self.shards:
-            for shard in owned:
-                if len(shard) != 2:
-                    raise MessageError(f"shards: {shard!r} is not (offset, nbytes)")
-                _count("shard offset", shard[0])
-                _count("shard nbytes", shard[1])
-        _count("chunk_bytes", self.chunk_bytes, 1)
-        _count("warmup", self.warmup)
-        _count("max_steps", self.max_steps, 1)
-        _seconds("barrier_timeout", self.barrier_timeout)
-        _flag("check", self.check)
-
-    @property
-    def owned_bytes(self) -> tuple[int, ...]:
-        """The bytes each PS owns, by target."""
-        return tuple(sum(nbytes for _, nbytes in owned) for owned in self.shards)
-
-
-@dataclass(frozen=True)
-class Go:
-    """The start barrier: ``go=True`` starts a prepared job, ``False`` calls it off."""
-
-    kind: ClassVar[str] = "go"
-    go: bool
-
-    def __post_init__(self) -> None:
-        _flag("go", self.go)
-
-
-# --- worker to driver --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hello:
-    """A worker is up."""
-
-    kind: ClassVar[str] = "hello"
-    pid: int
-
-    def __post_init__(self) -> None:
-        _count("pid", self.pid, 1)
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A worker prepared its job and waits for :class:`Go`."""
-
-    kind: ClassVar[str] = "ready"
-
-
-@dataclass(frozen=True)
-class WorkerFailed:
-    """A job failed at a worker; ``error`` says why."""
-
-    kind: ClassVar[str] = "error"
-    error: str
-
-    def __post_init__(self) -> None:
-        _text("error", self.error)
-
-
-@dataclass(frozen=True, eq=False)
-class ThroughputReply:
-    """What one worker measured of a :class:`ThroughputJob`: ``samples_ns[p]`` holds the
-    latency of every measured call to PS ``p``; ``elapsed_ns`` is the measured phase's wall
-    time; the CPU times are the worker process's over that phase."""
-
-    kind: ClassVar[str] = "throughput_result"
-    samples_ns: tuple[Samples, ...] = field(repr=False)
-    elapsed_ns: int
-    cpu_user_ns: int
-    cpu_system_ns: int
-
-    def __post_init__(self) -> None:
-        _count("elapsed_ns", self.elapsed_ns, 1)
-        _cpu(self.cpu_user_ns, self.cpu_system_ns)
-
-
-@dataclass(frozen=True, eq=False)
-class SyncSGDReply:
-    """What one worker measured of a :class:`SyncSGDJob`: the time of every measured step
-    (its push and pull on every PS), how many steps it ran in all (warm-up included), and the
-    worker process's CPU times over the measured steps."""
-
-    kind: ClassVar[str] = "sync_sgd_result"
-    samples_ns: Samples = field(repr=False)
-    steps: int
-    cpu_user_ns: int
-    cpu_system_ns: int
-
-    def __post_init__(self) -> None:
-        _count("steps", self.steps, len(self.samples_ns))
-        _cpu(self.cpu_user_ns, self.cpu_system_ns)
-
-
-JobMessage = ThroughputJob | SyncSGDJob
-Reply = ThroughputReply | SyncSGDReply
-Message = ThroughputJob | SyncSGDJob | Go | Hello | Ready | WorkerFailed | Reply
-M = TypeVar("M")
-
-_TYPES: dict[str, type[Any]] = {
-    cls.kind: cls
-    for cls in (ThroughputJob, SyncSGDJob, Go, Hello, Ready, WorkerFailed, *Reply.__args__)
-}
-
-
-def _to_json(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": message.kind}
-    for f in fields(message):
-        value = getattr(message, f.name)
-        if f.name == "samples_ns":
-            value = (
-                [pack_samples(s) for s in value]
-                if isinstance(value, tuple)
-                else pack_samples(value)
-            )
-        out[f.name] = value
-    return out
-
-
-def encode(message: Message) -> bytes:
-    """One line (newline included) that :func:`decode` reads back as ``message``."""
-    return json.dumps(_to_json(message), separators=(",", ":")).encode() + b"\n"
-
-
-def _tuples(value: object, depth: int) -> object:
-    # JSON has lists only: targets, sizes and shards become the tuples the dataclasses hold.
-    if isinstance(value, list):
-        return tuple(_tuples(item, depth - 1) for item in value) if depth > 0 else value
-    return value
-
-
-_DECODERS: Mapping[str, Callable[[object], object]] = {
-    "targets": lambda v: _tuples(v, 1),
-    "payload_bytes": lambda v: _tuples(v, 1),
-    "shards": lambda v: _tuples(v, 3),
-}
-
-
-def _samples(kind: str, value: object) -> object:
-    if kind == ThroughputReply.kind:
-        if not isinstance(value, list):
-            raise MessageError(f"samples_ns={value!r:.60}: expected a list, one per PS")
-        return tuple(unpack_samples(_packed("samples_ns[]", v)) for v in value)
-    return unpack_samples(_packed("samples_ns", value))
-
-
-def _packed(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise MessageError(f"{name}={value!r:.60}: expected base64 of int64 samples")
-    return value
-
-
-def decode(line: bytes | str, expect: type[M] | tuple[type[Any], ...] | None = None) -> M:
-    """The message on ``line``; with ``expect``, it must be of that type (or one of those).
-
-    Raises :class:`MessageError` for a line that is not JSON, a kind that does not exist or
-    is not expected, a missing or unknown field, or a field of the wrong type or range.
-    """
-    try:
-        raw = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MessageError(f"not a JSON line ({exc}): {line[:80]!r}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("kind"), str):
-        raise MessageError(f"not a message (no 'kind'): {str(line)[:80]}")
-    kind = raw.pop("kind")
-    cls = _TYPES.get(kind)
-    if cls is None:
-        raise MessageError(f"kind={kind!r}: expected one of {', '.join(sorted(_TYPES))}")
-    if expect is not None and not issubclass(cls, expect):
-        raise MessageError(f"a {kind!r} message where {_names(expect)} was expected")
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise MessageError(f"{kind}: unknown field {unknown[0]!r}")
-    for name, value in raw.items():
-        if name == "samples_ns":
-            raw[name] = _samples(kind, value)
-        elif name in _DECODERS:
-            raw[name] = _DECODERS[name](value)
-    try:
-        message: M = cls(**raw)
-    except TypeError as exc:
-        raise MessageError(f"{kind}: {exc}") from None
-    return message
-
-
-def _names(expect: type[Any] | tuple[type[Any], ...]) -> str:
-    kinds = expect if isinstance(expect, tuple) else (expect,)
-    return " or ".join(repr(k.kind) for k in kinds)
+def owned_bytes(job: pb.SyncSGDJob) -> tuple[int, ...]:
+    """The bytes each PS of a sync-SGD job owns, by target."""
+    return tuple(sum(shard.nbytes for shard in owned.shards) for owned in job.shards)

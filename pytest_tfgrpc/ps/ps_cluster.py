@@ -16,14 +16,14 @@ import selectors
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, overload
+from typing import Any, overload
 
 import grpc
 
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.native import ENGINES, binaries
 from pytest_tfgrpc.ps import jobs as protocol
-from pytest_tfgrpc.ps.jobs import JobMessage, Message, Reply
+from pytest_tfgrpc.ps.jobs import FromWorker, JobMessage, Reply
 from pytest_tfgrpc.roles.parameter_server import method
 from pytest_tfgrpc.roles.processes import (
     LOCAL,
@@ -42,32 +42,13 @@ from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token, tls_mod
 __all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
 
 
-class StepRun(Protocol):
-    """The bounds of a sync-SGD job, as :class:`~pytest_tfgrpc.bench.timing.RunSpec` gives
-    them: warm-up steps and seconds, measured steps and seconds, the job's timeout."""
-
-    @property
-    def warmup(self) -> int: ...
-
-    @property
-    def iterations(self) -> int: ...
-
-    @property
-    def warmup_seconds(self) -> float: ...
-
-    @property
-    def time_limit_s(self) -> float: ...
-
-    def job_timeout_s(self, barrier_s: float = 0.0) -> float: ...
-
-
 class ClusterError(ServerError):
     """A cluster that could not start, or a job that did not finish in time."""
 
 
 class WorkerProcess(ChildProcess):
-    """One worker process; it speaks the messages of :mod:`pytest_tfgrpc.ps.jobs`, one
-    per line, on its stdin and stdout."""
+    """One worker process; it speaks the worker protocol (``protos/tfgrpc/worker.proto``,
+    framed by :mod:`pytest_tfgrpc.ps.jobs`) on its stdin and stdout."""
 
     def __init__(
         self,
@@ -91,38 +72,34 @@ class WorkerProcess(ChildProcess):
         self.index = index
         #: What the worker is: ``grpcio`` (ps/worker.py) or ``native`` (C++).
         self.engine = engine
-        self._buffer = b""
+        self._frames = protocol.Frames()
 
     def fileno(self) -> int:
         assert self._proc.stdout is not None
         return int(self._proc.stdout.fileno())
 
-    def send(self, message: Message) -> None:
+    def send(self, message: JobMessage | protocol.Go) -> None:
         """Write one message to the worker; a worker that is gone raises ServerDied."""
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write(protocol.encode(message))
+            self._proc.stdin.write(protocol.frame(protocol.to_worker(message)))
             self._proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             raise self.died(grace=2.0) or ClusterError(f"{self.name} stopped reading") from None
 
-    def take_message(self) -> Message | None:
-        """A complete message already read, if there is one; a line that is not a message of
-        the protocol raises ClusterError naming the worker."""
-        line, sep, rest = self._buffer.partition(b"\n")
-        if not sep:
-            return None
-        self._buffer = rest
+    def take_message(self) -> FromWorker | None:
+        """A complete message already read, if there is one; bytes that are not a message of
+        the protocol raise ClusterError naming the worker."""
         try:
-            message: Message = protocol.decode(line)
+            body = self._frames.take()
+            return None if body is None else protocol.reply_of(body)
         except protocol.MessageError as error:
             raise ClusterError(f"{self.name} wrote {error}") from None
-        return message
 
     def read_more(self) -> bool:
         """Read what the worker wrote; False at end of file (the worker exited)."""
         chunk = os.read(self.fileno(), 1 << 20)
-        self._buffer += chunk
+        self._frames.feed(chunk)
         return bool(chunk)
 
     def __repr__(self) -> str:
@@ -336,10 +313,10 @@ class PSCluster:
         except Exception:
             for worker in busy:
                 if worker.poll() is None:
-                    worker.send(protocol.Go(False))
+                    worker.send(protocol.Go(go=False))
             raise
         for worker in busy:
-            worker.send(protocol.Go(True))
+            worker.send(protocol.Go(go=True))
         replies = self._collect(
             busy, deadline, "run", (protocol.ThroughputReply, protocol.SyncSGDReply)
         )
@@ -351,15 +328,21 @@ class PSCluster:
                 else protocol.SyncSGDReply
             )
             if not isinstance(reply, wanted):
-                raise ClusterError(f"{worker.name} answered a {job.kind} job with {reply!r}")
+                raise ClusterError(
+                    f"{worker.name} answered a {type(job).__name__} with a {type(reply).__name__}"
+                )
             out.append(reply)
         return out
 
     def sync_sgd(
         self,
         shards: Sequence[Sequence[tuple[str, int, int]]],
-        run: StepRun,
         *,
+        warmup: int,
+        steps: int,
+        warmup_seconds: float,
+        max_seconds: float,
+        timeout_s: float,
         workers: int,
         chunk_bytes: int,
         learning_rate: float,
@@ -370,14 +353,12 @@ class PSCluster:
         """Run one sync-SGD job: PS ``p`` owns ``shards[p]`` (``(tensor, offset, nbytes)``,
         in its order), ``workers`` workers step against PS tasks ``0..len(shards)-1``.
 
-        The PS tasks are configured (``run.warmup`` steps within ``run.warmup_seconds``,
-        then at most ``run.iterations`` within ``run.time_limit_s``, each step's barrier
-        bounded by ``barrier_timeout``); each worker gets a
-        :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob` that allows one step more than that.
-        Returns the workers' replies and what each PS saw, within
-        ``run.job_timeout_s(barrier_timeout)``.
+        The PS tasks are configured (``warmup`` steps within ``warmup_seconds``, then at most
+        ``steps`` within ``max_seconds``, each step's barrier bounded by ``barrier_timeout``);
+        each worker gets a :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob` that allows one step
+        more than that. Returns the workers' replies and what each PS saw, within
+        ``timeout_s``.
         """
-        warmup, steps = run.warmup, run.iterations
         tasks = range(len(shards))
         self.configure(
             [
@@ -393,14 +374,19 @@ class PSCluster:
                     init=init,
                     warmup_steps=warmup,
                     steps=steps,
-                    warmup_seconds=run.warmup_seconds,
-                    max_seconds=run.time_limit_s,
+                    warmup_seconds=warmup_seconds,
+                    max_seconds=max_seconds,
                     barrier_timeout_seconds=barrier_timeout,
                 )
                 for ps in tasks
             ]
         )
-        owned = tuple(tuple((offset, nbytes) for _, offset, nbytes in mine) for mine in shards)
+        owned = [
+            protocol.OwnedShards(
+                shards=[protocol.Shard(offset=offset, nbytes=nbytes) for _, offset, nbytes in mine]
+            )
+            for mine in shards
+        ]
         jobs = [
             protocol.SyncSGDJob(
                 targets=self.targets[: len(shards)],
@@ -414,7 +400,7 @@ class PSCluster:
             )
             for w in range(workers)
         ]
-        replies = self.run(jobs, run.job_timeout_s(barrier_timeout))
+        replies = self.run(jobs, timeout_s)
         return replies, self.job_stats(list(tasks))
 
     def _collect(
@@ -422,11 +408,11 @@ class PSCluster:
         workers: Sequence[WorkerProcess],
         deadline: float,
         what: str,
-        expect: type[Message] | tuple[type[Message], ...],
-    ) -> list[Message]:
+        expect: type[FromWorker] | tuple[type[FromWorker], ...],
+    ) -> list[FromWorker]:
         """One message of type ``expect`` from each worker, or the first failure: a death,
         an error, a timeout. Other messages are passed over."""
-        got: dict[int, Message] = {}
+        got: dict[int, FromWorker] = {}
         errors: list[str] = []
         with selectors.DefaultSelector() as selector:
             for worker in workers:

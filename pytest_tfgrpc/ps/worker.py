@@ -3,19 +3,17 @@
 Started by :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster` as ``python -m
 pytest_tfgrpc.ps.worker``.
 Workers are processes, not threads, so that W workers measure the network and the servers,
-not one interpreter's GIL. The parent talks to a worker in the typed messages of
-:mod:`pytest_tfgrpc.ps.jobs`, one per line:
+not one interpreter's GIL. The parent talks to a worker in the messages of
+``protos/tfgrpc/worker.proto``, length-delimited (:mod:`pytest_tfgrpc.ps.jobs`):
 
-1. the worker prints :class:`~pytest_tfgrpc.ps.jobs.Hello` once it is up;
-2. the parent writes a job (:class:`~pytest_tfgrpc.ps.jobs.ThroughputJob` or
-   :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob`); the worker connects to every PS, prepares
-   its tensors and prints :class:`~pytest_tfgrpc.ps.jobs.Ready`;
-3. the parent writes :class:`~pytest_tfgrpc.ps.jobs.Go` to all workers at once (the start
-   barrier); the worker runs the job and prints its reply, samples packed as int64; then it
-   waits for the next job.
+1. the worker writes ``Hello`` once it is up;
+2. the parent writes a job (``ThroughputJob`` or ``SyncSGDJob``); the worker connects to
+   every PS, prepares its tensors and writes ``Ready``;
+3. the parent writes ``Go`` to all workers at once (the start barrier); the worker runs the
+   job and writes its reply, samples as packed int64; then it waits for the next job.
 
-Any failure is printed as :class:`~pytest_tfgrpc.ps.jobs.WorkerFailed`. The worker exits
-when its stdin closes, which is how no worker outlives its parent, however the parent ends.
+Any failure is written as ``WorkerFailed``. The worker exits when its stdin closes, which is
+how no worker outlives its parent, however the parent ends.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import resource
 import sys
 import threading
 import time
@@ -33,24 +30,28 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 import numpy as np
-import numpy.typing as npt
 
 from pytest_tfgrpc.ps.jobs import (
+    Frames,
+    FromWorker,
     Go,
     Hello,
     JobMessage,
-    Message,
     MessageError,
     Ready,
     Reply,
+    Samples,
     SyncSGDJob,
     SyncSGDReply,
     ThroughputJob,
     ThroughputReply,
     WorkerFailed,
-    decode,
-    encode,
+    frame,
+    from_worker,
+    job_of,
+    owned_bytes,
 )
+from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.parameter_server import (
     MEASURE,
     NEXT_PHASE_KEY,
@@ -79,20 +80,24 @@ GO_TIMEOUT_S = 120.0
 M = TypeVar("M")
 
 
-def _emit(message: Message) -> None:
-    sys.stdout.buffer.write(encode(message))
+def _emit(message: FromWorker) -> None:
+    sys.stdout.buffer.write(frame(from_worker(message)))
     sys.stdout.buffer.flush()
 
 
-def _cpu_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
-
-
 def _lifeline(lines: queue.Queue[bytes]) -> None:
-    """Read stdin lines into ``lines``; on EOF the parent is gone or done: exit at once."""
-    for line in sys.stdin.buffer:
-        lines.put(line)
+    """Read the parent's messages from stdin into ``lines`` (each one's bytes); on EOF the
+    parent is gone or done, and on a stream that is not framed nothing more can be read:
+    exit at once."""
+    frames = Frames()
+    while chunk := os.read(0, 1 << 16):
+        frames.feed(chunk)
+        try:
+            while (body := frames.take()) is not None:
+                lines.put(body)
+        except MessageError as error:
+            _emit(WorkerFailed(error=f"bad job stream: {error}"))
+            break
     os._exit(0)
 
 
@@ -102,7 +107,10 @@ async def _next_message(lines: queue.Queue[bytes], timeout: float, expect: type[
         line = await loop.run_in_executor(None, lambda: lines.get(timeout=timeout))
     except queue.Empty:
         raise BenchmarkError(f"no word from the parent within {timeout:g} s") from None
-    return decode(line, expect)
+    message = job_of(line)
+    if not isinstance(message, expect):
+        raise MessageError(f"a {type(message).__name__} where {expect.__name__} was expected")
+    return message
 
 
 def _describe(error: grpc.RpcError, target: str, what: str, timeout: float | None = None) -> str:
@@ -169,7 +177,7 @@ async def _throughput(
         )
     )
     samples: list[list[int]] = [[] for _ in calls]
-    cpu0 = _cpu_ns()
+    cpu0 = process_cpu_ns()
     start = clock()
     await asyncio.gather(
         *(
@@ -178,17 +186,13 @@ async def _throughput(
         )
     )
     elapsed = clock() - start
-    cpu1 = _cpu_ns()
+    cpu1 = process_cpu_ns()
     return ThroughputReply(
-        samples_ns=tuple(_packed(s) for s in samples),
+        samples=[Samples(ns=s) for s in samples],
         elapsed_ns=elapsed,
         cpu_user_ns=cpu1[0] - cpu0[0],
         cpu_system_ns=cpu1[1] - cpu0[1],
     )
-
-
-def _packed(samples: list[int]) -> npt.NDArray[np.int64]:
-    return np.asarray(samples, dtype=np.int64)
 
 
 # --- sync SGD --------------------------------------------------------------------------------
@@ -214,8 +218,8 @@ async def _sync_sgd(
     worker, check, chunk_bytes = job.worker, job.check, job.chunk_bytes
     targets = job.targets
     # Per PS: the (tensor offset, nbytes) of each shard it owns, in the PS's shard order.
-    shards = job.shards
-    owned = job.owned_bytes
+    shards = [[(s.offset, s.nbytes) for s in mine.shards] for mine in job.shards]
+    owned = owned_bytes(job)
     timeout = job.barrier_timeout + rpc_timeout(max(owned, default=0))
     pushes = [ch.stream_unary(method("PushGradients")) for ch in channels]
     pulls = [ch.unary_stream(method("PullWeights")) for ch in channels]
@@ -266,7 +270,7 @@ async def _sync_sgd(
         measured = phase == MEASURE
         bodies = fixed or [gradients(ps, step) for ps in range(len(channels))]
         if measured and cpu0 is None:
-            cpu0 = _cpu_ns()
+            cpu0 = process_cpu_ns()
         t0 = clock()
         phases = await asyncio.gather(
             *(step_on(ps, step, measured, bodies[ps]) for ps in range(len(channels)))
@@ -278,10 +282,10 @@ async def _sync_sgd(
             raise BenchmarkError(f"the chief PS sent no next phase after step {step}")
         phase = phases[0]
         step += 1
-    cpu1 = _cpu_ns()
+    cpu1 = process_cpu_ns()
     cpu0 = cpu0 or cpu1
     return SyncSGDReply(
-        samples_ns=_packed(samples),
+        samples_ns=samples,
         steps=step,
         cpu_user_ns=cpu1[0] - cpu0[0],
         cpu_system_ns=cpu1[1] - cpu0[1],
@@ -306,23 +310,23 @@ def main() -> int:
     try:
         use_tls(load_tls(files_from_env(), "$TFGRPC_TLS_"))
     except TlsError as error:
-        _emit(WorkerFailed(f"TLS settings: {error}"))
+        _emit(WorkerFailed(error=f"TLS settings: {error}"))
         return 2
     lines: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
-    _emit(Hello(os.getpid()))
+    _emit(Hello(pid=os.getpid()))
     while True:
         try:
-            job: JobMessage | Go = decode(lines.get(), (ThroughputJob, SyncSGDJob, Go))
+            job = job_of(lines.get())
         except MessageError as error:
-            _emit(WorkerFailed(f"bad job: {error}"))
+            _emit(WorkerFailed(error=f"bad job: {error}"))
             continue
         if isinstance(job, Go):
             continue  # a "go" meant for a job that failed before it was ready
         try:
             reply = asyncio.run(_run(job, lines))
         except (BenchmarkError, grpc.RpcError, ValueError) as error:
-            _emit(WorkerFailed(str(error) or type(error).__name__))
+            _emit(WorkerFailed(error=str(error) or type(error).__name__))
         else:
             _emit(reply)
 

@@ -2,7 +2,7 @@
 
 A budget is written as keyword arguments, by the ``budget`` marker or :func:`assert_budget`.
 Each names a metric from :data:`METRICS` (the registry's budget metrics,
-:mod:`pytest_tfgrpc.report.metrics`) and a limit in that metric's kind of unit, optionally
+:mod:`pytest_tfgrpc.metrics`) and a limit in that metric's kind of unit, optionally
 after an operator. Every limit is checked against every message size of a result; a breach is
 reported in a table like pytest's ``approx``: size, metric, measured, budget, margin, samples,
 fabric.
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pytest_tfgrpc.report.metrics import (
+from pytest_tfgrpc.metrics import (
     BUDGET_METRICS,
     PER_SECOND,
     RATE,
@@ -29,7 +29,7 @@ from pytest_tfgrpc.report.metrics import (
 )
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.summary import min_samples_for
-from pytest_tfgrpc.units import UnitError
+from pytest_tfgrpc.units import UnitError, align_columns
 
 __all__ = [
     "METRICS",
@@ -71,7 +71,7 @@ class BudgetExceeded(AssertionError):
 
 
 #: How the limits of one kind of metric are read, compared by default and shown: the metric's
-#: unit in the registry (:class:`~pytest_tfgrpc.report.metrics.Unit`).
+#: unit in the registry (:class:`~pytest_tfgrpc.metrics.Unit`).
 Kind = Unit
 #: Every metric a budget may name, by name, in the order error messages list them.
 METRICS: Mapping[str, Metric] = BUDGET_METRICS
@@ -277,11 +277,7 @@ def format_breaches(result: BenchmarkResult, breaches: tuple[Breach, ...], check
                 breach.fabric,
             )
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        lines.append(
-            " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    lines += align_columns(rows, left=len(rows[0]), separator=" | ")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ few samples to test at all, is **inconclusive**. A zero, negative, NaN or infini
 A figure measured in rounds (P2P) is tested across rounds and runs, not samples
 (:func:`~pytest_tfgrpc.stats.replicates.replicate_test`; a baseline may be a history of runs).
 Otherwise how each figure is tested is the registry's
-(:class:`~pytest_tfgrpc.report.metrics.GateTest`), on the sketched samples:
+(:class:`~pytest_tfgrpc.metrics.GateTest`), on the sketched samples:
 
 - central figures (``p50``, ``mean``, ``step_p50``, ``step_mean``) and rates (``throughput``,
   ``throughput_p50``, ``rpc_rate``, ``step_rate``): the Mann-Whitney U test
@@ -34,21 +34,29 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from pytest_tfgrpc.report.junit import Baseline, Key, Measurement, measurements_from_properties
-from pytest_tfgrpc.report.metrics import GATED, GateTest
-from pytest_tfgrpc.report.properties import PREFIX, SKETCH, fraction_value
+from pytest_tfgrpc.metrics import GATED, GateTest
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.record import (
+    Key,
+    Measurement,
+    Outcome,
+    TestRecord,
+    Verdict,
+    sketch_property,
+)
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
+from pytest_tfgrpc.report.telemetry_text import gate_context
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
 from pytest_tfgrpc.stats.replicates import (
     MIN_HISTORY,
     ReplicateTest,
+    history_detectable,
     invalid_values,
     replicate_test,
     run_spread,
@@ -61,19 +69,19 @@ from pytest_tfgrpc.stats.significance import (
     mann_whitney_u_sketches,
 )
 from pytest_tfgrpc.stats.sketch import Sketch
+from pytest_tfgrpc.units import align_columns
 
 __all__ = [
     "Comparison",
-    "Outcome",
-    "Verdict",
+    "blind_history_warnings",
     "compare_figure",
     "compare_runs",
     "compare_test",
     "format_comparison",
+    "judge_replicated",
     "min_samples",
     "short_history_warning",
     "typical_run_spread",
-    "verdict_properties",
 ]
 
 
@@ -90,6 +98,65 @@ def short_history_warning(runs: int) -> str:
     )
 
 
+#: A history is blind to a figure when it can see only changes beyond this many times the
+#: figure's tolerance.
+BLIND_FACTOR = 2.0
+
+
+def blind_history_warnings(
+    history: Sequence[Baseline],
+    tolerances: Mapping[str, float],
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    limit: int = 5,
+) -> list[str]:
+    """What a history of >= :data:`MIN_HISTORY` runs cannot see, said before the run: one
+    line per figure of its most recent run whose detectable change
+    (:func:`~pytest_tfgrpc.stats.replicates.history_detectable`, at ``alpha`` over the
+    figures its test tests together, as the gate tests them) is more than
+    :data:`BLIND_FACTOR` times its tolerance, worst first, at most ``limit`` of them and then
+    how many more. The current run's rounds can only make it worse."""
+    runs = [run.measurements for run in history]
+    if len(runs) < MIN_HISTORY:
+        return []
+    metrics = [m for m in gated_metrics(tolerances) if GATED[m].gate is not GateTest.RATIO]
+    floor = _typical_run_spread(runs, set().union(*(r.keys() for r in runs)), metrics)
+    values: dict[tuple[Key, str], tuple[list[float], float]] = {}
+    for key in runs[-1]:
+        measured = [run[key] for run in runs if key in run]
+        for metric in metrics:
+            rounds = [m.rounds[metric] for m in measured if len(m.rounds.get(metric, ())) > 1]
+            if len(rounds) >= MIN_HISTORY:
+                values[(key, metric)] = ([float(np.median(r)) for r in rounds], 0.0)
+                continue
+            figures = [_figure(m, metric) for m in measured]
+            if _across_runs(figures):
+                values[(key, metric)] = ([v for v in figures if v is not None], floor)
+    family: dict[str, int] = {}
+    for key, _ in values:
+        family[key.test] = family.get(key.test, 0) + 1
+    blind = []
+    for (key, metric), (series, spread) in values.items():
+        level = alpha / max(family[key.test], 1)
+        seen = history_detectable(series, alpha=level, min_spread=spread)
+        tolerance = tolerance_for(tolerances, metric)
+        if math.isfinite(seen) and seen > BLIND_FACTOR * tolerance:
+            blind.append((seen, key, metric, tolerance))
+    blind.sort(key=lambda found: (-found[0], found[1].order(), found[2]))
+    lines = [
+        f"this history can see changes above {seen:.0%} in {key.label}.{key.size}.{metric} "
+        f"({key.test}{f' on {key.fabric}' if key.fabric else ''}, {len(runs)} runs); tolerance "
+        f"{_percent(tolerance)}: consider tfgrpc-ab or more runs"
+        for seen, key, metric, tolerance in blind[:limit]
+    ]
+    if len(blind) > limit:
+        lines.append(
+            f"{len(blind) - limit} more figures of this history see only changes above twice "
+            "their tolerance"
+        )
+    return lines
+
+
 def min_samples(metric: str) -> int:
     """Samples each run needs for a verdict on ``metric`` (0 for a figure no test samples)."""
     gated = GATED[metric]
@@ -97,64 +164,6 @@ def min_samples(metric: str) -> int:
         return 0
     quantile = gated.quantile if gated.gate is GateTest.BOOTSTRAP else None
     return significance.min_samples(quantile)
-
-
-class Outcome(str, Enum):
-    """What a comparison of one figure concluded."""
-
-    PASS = "pass"
-    REGRESSION = "regression"
-    IMPROVEMENT = "improvement"
-    INCONCLUSIVE = "inconclusive"
-    #: A figure that cannot be a measurement: zero, negative, NaN or infinite.
-    INVALID = "invalid"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The outcome of one figure's comparison, with the numbers behind it.
-
-    ``baseline`` and ``current`` are in the metric's base unit (``unit``: ns or B/s); ``change``
-    is ``current / baseline - 1`` (NaN when undefined). ``method`` names the test
-    (``mann-whitney-u`` or ``bootstrap``, empty when none ran); ``p_value`` is the U test's,
-    ``ci`` the bootstrap interval of the relative change at level ``1 - alpha``. ``reason`` is
-    one line for people. ``detectable`` is the smallest relative change (a fraction, either
-    way) this figure's noise would let the test call significant, NaN when no test ran; a
-    regression also needs the change beyond ``tolerance``, so the gate sees changes beyond
-    ``max(tolerance, detectable)`` (:attr:`threshold`). ``runs`` counts the baseline runs
-    the verdict drew on.
-    """
-
-    key: Key
-    metric: str
-    outcome: Outcome
-    baseline: float
-    current: float
-    change: float
-    tolerance: float
-    unit: str
-    baseline_samples: int
-    current_samples: int
-    reason: str
-    method: str = ""
-    p_value: float | None = None
-    ci: tuple[float, float] | None = None
-    alpha: float = DEFAULT_ALPHA
-    detectable: float = math.nan
-    runs: int = 1
-
-    @property
-    def threshold(self) -> float:
-        """The smallest change the gate would flag: the tolerance or, when larger, what the
-        noise lets the test detect (NaN when no test could run)."""
-        return max(self.tolerance, self.detectable) if math.isfinite(self.detectable) else math.nan
-
-    def detection(self) -> str:
-        """``could detect >= 12.3%``, or why it could not detect anything."""
-        if not math.isfinite(self.threshold):
-            return "could detect: nothing (no test ran)"
-        noise = f"noise {self.detectable:.1%}" if self.detectable > self.tolerance else "tolerance"
-        return f"could detect >= {self.threshold:.1%} ({noise})"
 
 
 def _pct(x: float) -> str:
@@ -251,7 +260,7 @@ def compare_figure(
     limit = f"{_percent(tolerance)} tolerance"
     runs = [m.rounds[metric] for m in (*earlier, baseline) if len(m.rounds.get(metric, ())) > 1]
     if gated.gate is not GateTest.RATIO and len(current.rounds.get(metric, ())) > 1 and runs:
-        return _replicated(
+        return judge_replicated(
             verdict,
             lambda a: replicate_test(current.rounds[metric], runs, alpha=a),
             gated.higher_is_better,
@@ -262,7 +271,7 @@ def compare_figure(
     if gated.gate is not GateTest.RATIO and _across_runs(history):
         # No rounds, but runs enough to know their spread: the run is the replicate.
         values = [value for value in history if value is not None]
-        return _replicated(
+        return judge_replicated(
             verdict,
             lambda a: run_test(cur_value, values, alpha=a, min_spread=spread_floor),
             gated.higher_is_better,
@@ -282,7 +291,7 @@ def compare_figure(
             return verdict(
                 inconclusive,
                 f"the {name} has no sketch of its samples to test significance "
-                f"(property {PREFIX}{m.key.label}.{m.key.size}.{SKETCH})",
+                f"(property {sketch_property(m.key)})",
             )
     assert baseline.sketch is not None and current.sketch is not None
     needed = min_samples(metric)
@@ -370,15 +379,16 @@ def _across_runs(history: Sequence[float | None]) -> bool:
     return len(history) >= MIN_HISTORY and all(value is not None for value in history)
 
 
-def _replicated(
+def judge_replicated(
     verdict: Callable[..., Verdict],
     tested: Callable[[float], ReplicateTest],
     higher_is_better: bool,
     tolerance: float,
     alpha: float,
 ) -> Verdict:
-    """The verdict of a figure tested across rounds or runs (see :func:`compare_figure`):
-    ``tested(alpha)`` runs the test."""
+    """The verdict of a figure tested across replicates (rounds, runs, or the pairs of
+    :mod:`pytest_tfgrpc.report.paired`; see :func:`compare_figure`): ``tested(alpha)`` runs
+    the test; ``verdict(outcome, reason, **found)`` makes the Verdict."""
     try:
         test = tested(alpha)
     except ValueError as error:
@@ -493,23 +503,26 @@ def _compare_measurements(
                 what = f"{key.test} {key.label}.{attribute}"
                 if not any(m.what == what for m in mismatches):
                     mismatches.append(Mismatch(what, was, now))
+        # What the transport saw in both runs, quoted beside any figure that changed.
+        context = gate_context(base.figures, cur.figures)
         for metric in metrics:
             if metric not in base.figures and metric not in cur.figures:
                 continue
-            verdicts.append(
-                compare_figure(
-                    base,
-                    cur,
-                    metric,
-                    tolerance_for(tolerances, metric),
-                    alpha=alpha,
-                    resamples=resamples,
-                    seed=seed,
-                    earlier=runs[:-1],
-                    family=family.get(key.test, 1),
-                    spread_floor=floor,
-                )
+            verdict = compare_figure(
+                base,
+                cur,
+                metric,
+                tolerance_for(tolerances, metric),
+                alpha=alpha,
+                resamples=resamples,
+                seed=seed,
+                earlier=runs[:-1],
+                family=family.get(key.test, 1),
+                spread_floor=floor,
             )
+            if context and verdict.outcome is not Outcome.PASS:
+                verdict = replace(verdict, reason=f"{verdict.reason}; transport: {context}")
+            verdicts.append(verdict)
     return verdicts, mismatches
 
 
@@ -588,8 +601,7 @@ def compare_runs(
 
 def compare_test(
     baseline: Baseline | Sequence[Baseline],
-    test: str,
-    properties: Iterable[tuple[str, object]],
+    record: TestRecord,
     tolerances: Mapping[str, float],
     *,
     alpha: float = DEFAULT_ALPHA,
@@ -597,16 +609,17 @@ def compare_test(
     seed: int = 0,
     spread_floor: float | None = None,
 ) -> Comparison:
-    """Compare one finished test, from its properties, with its baseline measurements
-    (``test`` is its JUnit id, :func:`junit_test_id`; ``baseline`` one run or a history,
+    """Compare one finished test, from its record (read under its JUnit id,
+    :func:`~pytest_tfgrpc.report.record.junit_test_id`), with its baseline measurements
+    (``baseline`` one run or a history,
     oldest first). ``missing`` lists what the most recent baseline run measured for this test
     and the test no longer did; ``new`` what no baseline run has. Setup mismatches are the
     caller's to check once per run (:func:`check_metadata`). ``spread_floor`` is the
     history's :func:`typical_run_spread` (computed when None: pass it when judging many
     tests against one history)."""
     runs = _history(baseline)
-    current = measurements_from_properties(test, properties)
-    history = [run.for_test(test) for run in runs]
+    current = record.by_key()
+    history = [run.for_test(record.test) for run in runs]
     floor = typical_run_spread(runs, tolerances) if spread_floor is None else spread_floor
     verdicts, mismatches = _compare_measurements(
         history, current, tolerances, alpha, resamples, seed, floor
@@ -618,28 +631,6 @@ def compare_test(
         tuple(sorted(current.keys() - known, key=Key.order)),
         tuple(mismatches),
     )
-
-
-def verdict_properties(comparison: Comparison) -> list[tuple[str, str]]:
-    """JUnit properties of a test's verdicts: ``tfgrpc.<label>.<size>.<metric>.verdict`` (the
-    outcome: pass, regression, improvement or inconclusive), ``...<metric>.verdict_reason``
-    (its one-line reason), ``...<metric>.change`` (current / baseline - 1, when defined) and
-    ``...<metric>.detectable`` (the smallest change the gate could flag, :attr:`Verdict.threshold`,
-    when a test ran);
-    and ``tfgrpc.<label>.<size>.verdict`` = ``no baseline`` for each measurement the baseline
-    lacks."""
-    out = []
-    for v in comparison.verdicts:
-        name = f"{PREFIX}{v.key.label}.{v.key.size}.{v.metric}"
-        out.append((f"{name}.verdict", v.outcome.value))
-        out.append((f"{name}.verdict_reason", v.reason))
-        if math.isfinite(v.change):
-            out.append((f"{name}.change", fraction_value(v.change)))
-        if math.isfinite(v.threshold):
-            out.append((f"{name}.detectable", fraction_value(v.threshold)))
-    for key in comparison.new:
-        out.append((f"{PREFIX}{key.label}.{key.size}.verdict", "no baseline"))
-    return out
 
 
 def _format_value(value: float, metric: str) -> str:
@@ -674,12 +665,7 @@ def format_comparison(comparison: Comparison, *, reasons: bool = True) -> list[s
         )
     lines = []
     if comparison.verdicts:
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        for row in table:
-            cells = [c.ljust(w) for c, w in zip(row[:5], widths[:5], strict=True)]
-            cells += [c.rjust(w) for c, w in zip(row[5:9], widths[5:9], strict=True)]
-            cells.append(row[9])
-            lines.append("  ".join(cells).rstrip())
+        lines = align_columns(table, left=5)
     else:
         lines.append("no figure in common to compare")
     if not reasons:

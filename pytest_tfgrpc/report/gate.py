@@ -8,28 +8,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.compare import (
-    Outcome,
+    blind_history_warnings,
     compare_test,
     format_comparison,
     short_history_warning,
     typical_run_spread,
+)
+from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_history
+from pytest_tfgrpc.report.record import (
+    Key,
+    Outcome,
+    TestRecord,
+    unusable_baseline_properties,
     verdict_properties,
 )
-from pytest_tfgrpc.report.junit import (
-    Baseline,
-    BaselineError,
-    Key,
-    junit_test_id,
-    load_history,
-    measurements_from_properties,
-)
-from pytest_tfgrpc.report.properties import PREFIX
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
 MISSING_POLICIES = ("fail", "warn")
-INCONCLUSIVE_POLICIES = ("fail", "pass")
 
 
 class GateSetupError(ValueError):
@@ -116,6 +113,9 @@ class BaselineGate:
             short = short_history_warning(len(self.history))
             if short:
                 self.warnings.append(short)
+            self.warnings += blind_history_warnings(
+                self.history, settings.tolerances, alpha=settings.alpha
+            )
         except BaselineError as exc:
             if settings.bad_baseline == "fail":
                 raise GateSetupError(f"{exc} (--tfgrpc-bad-baseline=fail)") from None
@@ -131,24 +131,21 @@ class BaselineGate:
                 )
             self.warnings.append(f"baseline setup differs: {described}")
 
-    def judge(
-        self, nodeid: str, properties: Sequence[tuple[str, object]], test_id: str | None = None
-    ) -> TestVerdict:
-        """Compare one finished test's recorded figures with the baseline's; ``test_id`` is
-        its JUnit name (``classname.name``), derived from ``nodeid`` when not given."""
+    def judge(self, nodeid: str, record: TestRecord) -> TestVerdict:
+        """Compare one finished test's record (read under its JUnit name, ``classname.name``:
+        :func:`~pytest_tfgrpc.report.record.junit_test_id`) with the baseline's."""
         if self.baseline is None:
-            return TestVerdict(((f"{PREFIX}baseline", "unusable"),), None)
+            return TestVerdict(tuple(unusable_baseline_properties()), None)
         if self._spread_floor is None:  # once per run: it depends on the history only
             self._spread_floor = typical_run_spread(self.history, self.settings.tolerances)
         comparison = compare_test(
             self.history,
-            test_id or junit_test_id(nodeid),
-            properties,
+            record,
             self.settings.tolerances,
             alpha=self.settings.alpha,
             spread_floor=self._spread_floor,
         )
-        recorded = tuple(verdict_properties(comparison))
+        recorded = tuple(verdict_properties(comparison.verdicts, comparison.new))
         failing = [*comparison.regressions, *comparison.with_outcome(Outcome.INVALID)]
         if self.settings.inconclusive == "fail":
             failing += comparison.inconclusive
@@ -161,7 +158,7 @@ class BaselineGate:
             if comparison.with_outcome(Outcome.INVALID)
             else "inconclusive"
         )
-        figures = ", ".join(f"{v.key.label}.{v.key.size}.{v.metric}" for v in failing)
+        figures = ", ".join(v.figure for v in failing)
         table = "\n".join(format_comparison(comparison))
         # The cause first: pytest's one-line summary cuts long messages from the right.
         headline = (
@@ -197,7 +194,7 @@ def _looks_like(baseline_test: str, tests: Iterable[str]) -> str:
 
 def unmatched_figures(
     history: Sequence[Baseline],
-    ran: Mapping[str, Sequence[tuple[str, object]]],
+    ran: Mapping[str, TestRecord],
     deselected: Iterable[str],
     fabrics: Iterable[str],
 ) -> tuple[Unmatched, ...]:
@@ -205,15 +202,13 @@ def unmatched_figures(
     why: its test was deselected, is not in this run (renamed, removed, or named differently:
     then the look-alike is named), ran on no fabric of this run, ran but recorded no figure
     (failed or skipped first), or recorded other points. ``ran`` maps each JUnit test id of
-    this run to its recorded properties."""
+    this run to its record."""
     if not history:
         return ()
     latest = history[-1]
     off = set(deselected)
     run_fabrics = set(fabrics)
-    recorded: dict[str, set[Key]] = {
-        test: set(measurements_from_properties(test, props)) for test, props in ran.items()
-    }
+    recorded: dict[str, set[Key]] = {test: set(record.by_key()) for test, record in ran.items()}
     out = []
     for key in sorted(latest.measurements, key=Key.order):
         if key.test in recorded and key in recorded[key.test]:
@@ -236,13 +231,6 @@ def unmatched_figures(
             why = "the test did not measure this point in this run"
         out.append(Unmatched(key, why))
     return tuple(out)
-
-
-def compared_count(properties: Iterable[tuple[str, object]]) -> int:
-    """How many verdicts (other than ``no baseline``) a test's properties hold."""
-    return sum(
-        1 for name, value in properties if str(name).endswith(".verdict") and value != "no baseline"
-    )
 
 
 def finish_lines(

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_tfgrpc.report.junit import Baseline, Key
-from pytest_tfgrpc.report.metrics import GATED
+from pytest_tfgrpc.metrics import GATED
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.record import Key
 from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS
 
 __all__ = [
@@ -73,6 +74,10 @@ def _value(run: Baseline, key: Key, metric: str) -> float:
     return float(measurement.figures.get(metric, math.nan))
 
 
+#: The fewest runs in which a figure can show a change point.
+MIN_RUNS = 3
+
+
 def _detect(values: Sequence[float], max_pvalue: float, window: int) -> tuple[ChangePoint, ...]:
     try:
         from otava.analysis import compute_change_points
@@ -81,7 +86,7 @@ def _detect(values: Sequence[float], max_pvalue: float, window: int) -> tuple[Ch
             "change points need Apache Otava: pip install 'pytest-tfgrpc[history]'"
         ) from None
     present = [(i, v) for i, v in enumerate(values) if math.isfinite(v)]
-    if len(present) < 3:
+    if len(present) < MIN_RUNS:
         return ()
     found, _ = compute_change_points(
         [v for _, v in present], window_len=window, max_pvalue=max_pvalue
@@ -137,6 +142,7 @@ def format_trends(found: Sequence[Trend]) -> list[str]:
             f"{unit.format(max(present))}; "
             f"{len(trend.change_points) or 'no'} change point"
             f"{'' if len(trend.change_points) == 1 else 's'}"
+            + (f" (too short: needs {MIN_RUNS} runs)" if len(present) < MIN_RUNS else "")
         )
         for point in trend.change_points:
             lines.append(

@@ -1,14 +1,16 @@
 """One self-contained HTML report of a run (``--tfgrpc-html FILE``).
 
 Everything is inside the one file, so it opens anywhere without network access: the CSS is
-inline, the plots are PNG ``data:`` URIs, there is no script. It is built from the same
-``tfgrpc.*`` properties as the JUnit XML (:mod:`pytest_tfgrpc.report.summary` reads them), so it
-never shows a figure the XML does not hold:
+inline, the plots are PNG ``data:`` URIs, there is no script. It renders the tests' records
+(:class:`~pytest_tfgrpc.report.record.TestRecord`, read from the same properties as the JUnit
+XML), so it never shows a figure the XML does not hold:
 
 * run metadata (``tfgrpc.meta.*``: host, versions, fabrics) and the outcome counts;
-* per test and benchmark, a table with one row per message size (payload, profile) and the
-  fabrics side by side (p50, p99, throughput, samples), best and worst marked only when they
-  differ beyond noise, and the baseline change with the gate's word for it;
+* per test and benchmark, a table with one row per message size (payload, profile) and, per
+  engine, the fabrics side by side (p50, p99, throughput, samples), best and worst marked only
+  when they differ beyond noise, and the baseline change with the gate's word for it; with
+  several engines, the first engine's figures over each other's per fabric;
+* per PS point, each PS task's bytes, RPCs and CPU time, the slowest marked;
 * the baseline verdicts other than a pass, each with its change, the smallest change the gate
   could detect, and its reason;
 * the plots of :mod:`pytest_tfgrpc.report.plot` (when matplotlib is installed).
@@ -20,23 +22,28 @@ import base64
 import datetime
 import html
 import io
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_tfgrpc.report.plot import PlotUnavailableError, draw
-from pytest_tfgrpc.report.properties import META_PREFIX, PREFIX
+from pytest_tfgrpc.report.record import META_PREFIX, Outcome, TestRecord, Verdict
 from pytest_tfgrpc.report.results_file import atomic_write
 from pytest_tfgrpc.report.summary import (
+    Group,
     SummaryRow,
     cells,
+    engine_ratios,
     grouped,
     marks,
+    ps_cells,
+    ratio_text,
     summary_rows,
 )
 
-__all__ = ["HtmlRun", "Verdict", "render_html", "write_html"]
+__all__ = ["HtmlRun", "render_html", "write_html"]
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
@@ -50,6 +57,7 @@ th { background: #f4f6f8; }
 td.l, th.l { text-align: left; }
 .meta td, .meta th { text-align: left; font-family: ui-monospace, monospace; font-size: 0.9em; }
 .best { color: #116329; font-weight: 600; }
+.slowest { color: #a40e26; font-weight: 600; }
 .worst { color: #a40e26; font-weight: 600; }
 .worse, .regression { color: #a40e26; font-weight: 600; }
 .better, .improvement { color: #116329; font-weight: 600; }
@@ -61,60 +69,17 @@ figcaption { font-family: ui-monospace, monospace; font-size: 0.85em; color: #57
 """
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One baseline verdict read from a test's properties."""
-
-    test: str
-    figure: str  # <label>.<size>.<metric>
-    outcome: str
-    change: str = ""
-    detectable: str = ""
-    reason: str = ""
-
-
 @dataclass
 class HtmlRun:
-    """What the report shows: per-test properties (``(name, value)`` pairs), outcomes, the
-    fabrics in command-line order, run metadata (``tfgrpc.meta.*`` names or unprefixed) and
-    notes (the gate's warnings)."""
+    """What the report shows: per-test records, outcomes, the fabrics in command-line order,
+    run metadata (``tfgrpc.meta.*`` names or unprefixed) and notes (the gate's warnings)."""
 
-    figures: Mapping[str, Sequence[tuple[str, object]]]
+    records: Mapping[str, TestRecord]
     outcomes: Mapping[str, str] = field(default_factory=dict)
     fabrics: Sequence[str] = ()
     meta: Mapping[str, str] = field(default_factory=dict)
     notes: Sequence[str] = ()
     title: str = "pytest-tfgrpc run"
-
-
-def verdicts(figures: Mapping[str, Sequence[tuple[str, object]]]) -> list[Verdict]:
-    """Every baseline verdict in the run's properties (``....<metric>.verdict`` with its
-    ``.change``, ``.detectable`` and ``.verdict_reason`` when recorded)."""
-    out = []
-    for test, pairs in figures.items():
-        props = {str(n): str(v) for n, v in pairs}
-        for name, value in props.items():
-            if not name.startswith(PREFIX) or not name.endswith(".verdict"):
-                continue
-            stem = name.removesuffix(".verdict")
-            out.append(
-                Verdict(
-                    test=test,
-                    figure=stem.removeprefix(PREFIX),
-                    outcome=value,
-                    change=props.get(f"{stem}.change", ""),
-                    detectable=props.get(f"{stem}.detectable", ""),
-                    reason=props.get(f"{stem}.verdict_reason", ""),
-                )
-            )
-    return out
-
-
-def _percent(text: str) -> str:
-    try:
-        return f"{float(text):+.1%}"
-    except ValueError:
-        return html.escape(text)
 
 
 def _e(text: object) -> str:
@@ -146,64 +111,127 @@ def _table(
 
 def _baseline_cell(row: SummaryRow) -> str:
     text = row.baseline_text()
-    word = next((w for w in ("worse", "better", "same", "unsure") if f" {w}" in text), "")
+    word = row.verdict.outcome.word if row.verdict is not None and text != "-" else ""
     return f'<span class="{word}">{_e(text)}</span>' if word else _e(text)
 
 
+def _figure_cells(
+    row: SummaryRow, mark: str, rate: bool, change: bool, limits: bool = False, tcp: bool = False
+) -> list[str]:
+    p50, p99, throughput, samples = cells(row)
+    values = [p50, p99, *([throughput] if rate else []), samples]
+    headline = 2 if rate else 0  # the figure best/worst ranks by
+    out = [
+        f'<td class="{mark}">{_e(value)} <small>{mark}</small></td>'
+        if mark and i == headline
+        else f"<td>{_e(value)}</td>"
+        for i, value in enumerate(values)
+    ]
+    out += [f"<td>{_baseline_cell(row)}</td>"] if change else []
+    if limits:  # the limit, and the figures its verdict used
+        out.append(f"<td>{_e(row.limit or '-')}<br><small>{_e(row.limit_figures)}</small></td>")
+    return out + ([f"<td>{_e(row.transport or '-')}</td>"] if tcp else [])
+
+
 def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
-    """Per test and benchmark, one table: a row per size (payload, profile), the fabrics side
-    by side in column groups (p50, p99, throughput where the benchmark has one, samples, and
-    the baseline change), best and worst marked only beyond noise."""
-    by_benchmark: dict[tuple[str, str], list[tuple[str, list[SummaryRow]]]] = {}
-    for (test, label, size), members in grouped(rows, fabrics):
-        by_benchmark.setdefault((test, label), []).append((size, members))
+    """Per test and benchmark, one table: a row per size (payload, profile); per engine the
+    fabrics side by side in column groups (p50, p99, throughput where the benchmark has one,
+    samples, and the baseline change), best and worst marked among an engine's fabrics only
+    beyond noise; with several engines, column groups of the first engine's figures over each
+    other's per fabric (``grpcio/native on lo``)."""
+    by_benchmark: dict[tuple[str, str], list[Group]] = {}
+    for group in grouped(rows, fabrics):
+        by_benchmark.setdefault((group.test, group.label), []).append(group)
     order = {name: i for i, name in enumerate(fabrics)}
     parts = []
-    for (test, label), sizes in by_benchmark.items():
-        members_all = [row for _, members in sizes for row in members]
-        seen = sorted({r.fabric for r in members_all}, key=lambda f: (order.get(f, len(order)), f))
-        rate = any(r.throughput_MBps is not None for r in members_all)
-        change = any(r.change is not None for r in members_all)
-        columns = ["p50", "p99", *(["throughput"] if rate else []), "samples"]
-        columns += ["vs baseline"] if change else []
+    for (test, label), groups in by_benchmark.items():
+        members = [row for g in groups for row in g.rows]
+        columns_of: dict[tuple[str, str], None] = {}
+        for row in sorted(members, key=lambda r: (order.get(r.fabric, len(order)), r.fabric)):
+            columns_of.setdefault((row.engine, row.fabric), None)
+        engines = list(dict.fromkeys(engine for g in groups for engine, _ in g.engines))
+        columns = sorted(columns_of, key=lambda c: engines.index(c[0]))
+        ratios = list(dict.fromkeys((r.name, r.fabric) for g in groups for r in engine_ratios(g)))
+        rate = any(r.throughput_Bps is not None for r in members)
+        change = any(r.verdict is not None for r in members)
+        heads = ["p50", "p99", *(["throughput"] if rate else []), "samples"]
+        heads += ["vs baseline"] if change else []
+        limits = any(r.limit for r in members)
+        tcp = any(r.transport for r in members)
+        heads += (["limit"] if limits else []) + (["transport"] if tcp else [])
+        ratio_heads = ["p50", "p99", *(["throughput"] if rate else [])]
+        several = len(engines) > 1
         out = ["<table>", '<tr><th class="l" rowspan="2">size</th>']
-        out += [f'<th colspan="{len(columns)}">{_e(f)}</th>' for f in seen]
+        out += [
+            f'<th colspan="{len(heads)}">{_e(f"{e} on {f}" if several else f)}</th>'
+            for e, f in columns
+        ]
+        out += [f'<th colspan="{len(ratio_heads)}">{_e(n)} on {_e(f)}</th>' for n, f in ratios]
         out.append("</tr><tr>")
-        out += [f"<th>{c}</th>" for _ in seen for c in columns]
+        out += [f"<th>{c}</th>" for _ in columns for c in heads]
+        out += [f"<th>{c}</th>" for _ in ratios for c in ratio_heads]
         out.append("</tr>")
-        for size, members in sizes:
-            marked = {members[i].fabric: m for i, m in marks(members).items()}
-            by_fabric = {r.fabric: r for r in members}
-            out.append(f'<tr><td class="l">{_e(size)}</td>')
-            for fabric in seen:
-                row = by_fabric.get(fabric)
-                if row is None:
-                    out += ["<td>-</td>"] * len(columns)
+        for group in groups:
+            out.append(f'<tr><td class="l">{_e(group.size)}</td>')
+            found: dict[tuple[str, str], tuple[SummaryRow, str]] = {}
+            for engine, engine_rows in group.engines:
+                marked = marks(engine_rows)
+                for i, row in enumerate(engine_rows):
+                    found[(engine, row.fabric)] = (row, marked.get(i, ""))
+            for column in columns:
+                if column not in found:
+                    out += ["<td>-</td>"] * len(heads)
                     continue
-                p50, p99, throughput, samples = cells(row)
-                values = [p50, p99, *([throughput] if rate else []), samples]
-                mark = marked.get(fabric, "")
-                headline = 2 if rate else 0  # the figure best/worst ranks by
-                for i, value in enumerate(values):
-                    if mark and i == headline:
-                        out.append(f'<td class="{mark}">{_e(value)} <small>{mark}</small></td>')
-                    else:
-                        out.append(f"<td>{_e(value)}</td>")
-                if change:
-                    out.append(f"<td>{_baseline_cell(row)}</td>")
+                row, mark = found[column]
+                out += _figure_cells(row, mark, rate, change, limits, tcp)
+            by_ratio = {(r.name, r.fabric): r for r in engine_ratios(group)}
+            for column in ratios:
+                ratio = by_ratio.get(column)
+                values = (
+                    [ratio.p50, ratio.p99, *([ratio.throughput] if rate else [])]
+                    if ratio is not None
+                    else [None] * len(ratio_heads)
+                )
+                out += [f"<td>{_e(ratio_text(v))}</td>" for v in values]
             out.append("</tr>")
         out.append("</table>")
         parts.append(f"<h3>{_e(test)} &middot; {_e(label)}</h3>")
         parts.append("\n".join(out))
+        parts += _ps_tables([row for g in groups for row in g.rows])
     if not parts:
         return '<p class="note">No tfgrpc figures were recorded in this run.</p>'
     legend = (
-        '<p class="note">best/worst: by throughput, else p50, only where the fabrics differ '
-        "beyond noise (U test on the sketched samples). vs baseline: current/baseline - 1 "
-        "(+ = the figure grew), with the gate's word for it and &plusmn; the smallest change "
-        "it could detect.</p>"
+        '<p class="note">best/worst: by throughput, else p50, only where one engine\'s fabrics '
+        "differ beyond noise (U test on the sketched samples). a/b: engine a's figure over "
+        "engine b's on that fabric. vs baseline: current/baseline - 1 (+ = the figure grew), "
+        "with the gate's word for it and &plusmn; the smallest change it could detect. PS "
+        "load: the slowest task carried the most bytes in (then CPU). limit: what bounded the "
+        "size (the README's &quot;What limited a figure&quot;), with the figures the rule used; "
+        "transport: TCP retransmissions per GB and drops, where not zero.</p>"
     )
     return "\n".join(parts) + legend
+
+
+def _ps_tables(rows: Sequence[SummaryRow]) -> list[str]:
+    """A table of each PS point's per-task load, the slowest task marked."""
+    out = []
+    for row in rows:
+        loads = row.measurement.ps_rows()
+        if not loads:
+            continue
+        body = [
+            [
+                f'<span class="slowest">{_e(load.task)} <small>slowest</small></span>'
+                if load.slowest
+                else _e(load.task),
+                *(_e(c) for c in ps_cells(load)),
+            ]
+            for load in loads
+        ]
+        where = f"{row.size} on {row.fabric}" + (f" ({row.engine})" if row.engine else "")
+        out.append(f'<p class="note">PS load per task: {_e(where)}</p>')
+        out.append(_table(["ps", "bytes in", "bytes out", "rpcs", "cpu"], body, css="ps"))
+    return out
 
 
 def _verdict_section(found: Sequence[Verdict]) -> str:
@@ -211,16 +239,16 @@ def _verdict_section(found: Sequence[Verdict]) -> str:
         return '<p class="note">No baseline was given: no verdicts.</p>'
     counts: dict[str, int] = {}
     for v in found:
-        counts[v.outcome] = counts.get(v.outcome, 0) + 1
+        counts[v.outcome.value] = counts.get(v.outcome.value, 0) + 1
     summary = ", ".join(f"{n} {_e(outcome)}" for outcome, n in sorted(counts.items()))
-    shown = [v for v in found if v.outcome not in ("pass",)]
+    shown = [v for v in found if v.outcome is not Outcome.PASS]
     rows = [
         [
-            _e(v.test),
+            _e(v.key.test),
             _e(v.figure),
-            f'<span class="{_e(v.outcome)}">{_e(v.outcome)}</span>',
-            _percent(v.change) if v.change else "-",
-            f"&plusmn;{_percent(v.detectable).lstrip('+')}" if v.detectable else "-",
+            f'<span class="{_e(v.outcome.value)}">{_e(v.outcome.value)}</span>',
+            _e(v.change_text()) if math.isfinite(v.change) else "-",
+            f"&plusmn;{v.threshold:.1%}" if math.isfinite(v.threshold) else "-",
             _e(v.reason),
         ]
         for v in shown
@@ -240,9 +268,9 @@ def _verdict_section(found: Sequence[Verdict]) -> str:
     )
 
 
-def _plots_section(figures: Mapping[str, Sequence[tuple[str, object]]]) -> str:
+def _plots_section(records: Mapping[str, TestRecord]) -> str:
     try:
-        drawn = draw(figures)
+        drawn = draw(records)
     except PlotUnavailableError as exc:
         return f'<p class="note">No plots: {_e(exc)}</p>'
     if not drawn:
@@ -281,7 +309,7 @@ def _meta_section(run: HtmlRun) -> str:
 
 def render_html(run: HtmlRun) -> str:
     """The report as one HTML document (str), self-contained."""
-    rows = [row for test, pairs in run.figures.items() for row in summary_rows(test, pairs)]
+    rows = [row for record in run.records.values() for row in summary_rows(record)]
     made = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     notes = "".join(f'<p class="worse">{_e(n)}</p>' for n in run.notes)
     return "\n".join(
@@ -291,15 +319,15 @@ def render_html(run: HtmlRun) -> str:
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
             f"<title>{_e(run.title)}</title><style>{_CSS}</style></head><body>",
             f"<h1>{_e(run.title)}</h1>",
-            f'<p class="note">Written {made} by pytest-tfgrpc from the JUnit properties '
-            "of the run.</p>",
+            f'<p class="note">Written {made} by pytest-tfgrpc from the records of the run '
+            "(its JUnit properties).</p>",
             '<h2 id="summary">Summary</h2>',
             _summary_section(rows, run.fabrics),
             '<h2 id="baseline">Baseline verdicts</h2>',
             notes,
-            _verdict_section(verdicts(run.figures)),
+            _verdict_section([v for record in run.records.values() for v in record.verdicts]),
             '<h2 id="plots">Plots</h2>',
-            _plots_section(run.figures),
+            _plots_section(run.records),
             '<h2 id="run">Run</h2>',
             _meta_section(run),
             "</body></html>",

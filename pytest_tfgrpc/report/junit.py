@@ -1,97 +1,41 @@
 """Runs as recorded in JUnit XML: the one reader of test cases and their tfgrpc figures.
 
-A run's figures are the ``tfgrpc.<label>.<size>.<metric>_<unit>`` properties of its test cases,
-read with the property codec (:mod:`pytest_tfgrpc.report.properties`);
-``tfgrpc.<label>.<size>.sketch`` holds a :class:`~pytest_tfgrpc.stats.sketch.Sketch` of the same
-samples, which is what makes a significance test possible after the fact.
+A run's figures are the ``tfgrpc.*`` properties of its test cases, read into records by
+:mod:`pytest_tfgrpc.report.record`; a point's sketch of its samples is what makes a
+significance test possible after the fact.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
-from pytest_tfgrpc.report.properties import (
-    FABRIC,
-    META_PREFIX,
-    PREFIX,
-    ROUNDS,
-    SKETCH,
-    parse_figure,
-    parse_rounds,
+from pytest_tfgrpc.report.record import (
+    Key,
+    Measurement,
+    TestRecord,
+    junit_test_id,
+    read_record,
+    suite_meta,
 )
-from pytest_tfgrpc.stats.sketch import Sketch
-from pytest_tfgrpc.units import parse_size
 
 __all__ = [
     "Baseline",
     "BaselineError",
     "JUnitCase",
-    "Key",
-    "Measurement",
-    "junit_test_id",
     "load_baseline",
     "load_history",
-    "measurements_from_properties",
     "read_junit",
+    "strict_record",
 ]
 
 
 class BaselineError(ValueError):
     """A run's JUnit XML that cannot serve for a comparison; the message says which and why."""
-
-
-class Key(NamedTuple):
-    """What identifies a set of figures across runs: test id, fabric, label and size label."""
-
-    test: str
-    fabric: str
-    label: str
-    size: str
-
-    def describe(self) -> str:
-        fabric = f" on {self.fabric}" if self.fabric else ""
-        return f"{self.test}{fabric}: {self.label} {self.size}"
-
-    def order(self) -> tuple[str, str, int, str, str]:
-        """Sort key: by test and label, then sizes by bytes (``4B`` before ``1KiB``)."""
-        try:
-            size = parse_size(self.size)
-        except ValueError:
-            size = -1
-        return (self.test, self.label, size, self.size, self.fabric)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """The figures of one benchmark label and message size of one test, as a run recorded them.
-
-    ``figures`` are in base units (ns, B/s; ``samples`` a count), keyed by metric name without
-    its unit (``p99``, ``throughput``); ``sketch`` is the sketch of the duration samples, or
-    None when the run recorded none; ``rounds`` the figures of each round of a point measured
-    in rounds (metric -> one value per round, base units), empty otherwise.
-    """
-
-    key: Key
-    figures: Mapping[str, float]
-    sketch: Sketch | None = None
-    rpc: str = ""
-    mode: str = ""
-    rounds: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
-
-    @property
-    def samples(self) -> int:
-        """The sample count: the sketch's, else the ``samples`` figure, else 0."""
-        if self.sketch is not None:
-            return self.sketch.count
-        count = self.figures.get("samples", 0.0)
-        return int(count) if math.isfinite(count) else 0
 
 
 @dataclass(frozen=True)
@@ -126,69 +70,16 @@ class Baseline:
         return {k: m for k, m in self.measurements.items() if k.test == test}
 
 
-def junit_test_id(nodeid: str) -> str:
-    """A pytest node id as the JUnit XML names its test case, ``<classname>.<name>``.
-
-    This is how pytest's junitxml mangles ids (``tests/test_x.py::TestA::test_b[lo]`` ->
-    ``tests.test_x.TestA.test_b[lo]``), so that a live test and a baseline's test case share a
-    key.
-    """
-    path, bracket, params = nodeid.partition("[")
-    names = path.split("::")
-    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
-    names[-1] += bracket + params
-    return ".".join(names)
-
-
-def measurements_from_properties(
+def strict_record(
     test: str, properties: Iterable[tuple[str, object]], source: str = "current run"
-) -> dict[Key, Measurement]:
-    """The measurements of one test from its ``(name, value)`` properties (``test`` is its
-    JUnit id, see :func:`junit_test_id`), figures in base units keyed by metric name. Scoped
-    figures (per PS, workers) are left out: the gate compares whole points. Raises
-    :class:`BaselineError` for a figure that is not a number or a sketch that does not decode,
-    naming ``source``, the test and property."""
-    props = [(str(name), str(value)) for name, value in properties]
-    fabric = next((v for n, v in props if n == FABRIC), "")
-    figures: dict[tuple[str, str], dict[str, float]] = {}
-    sketches: dict[tuple[str, str], Sketch] = {}
-    rounds: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {}
-    how: dict[str, dict[str, str]] = {}
-    for name, value in props:
-        if not name.startswith(PREFIX) or name.startswith(META_PREFIX):
-            continue
-        parts = name[len(PREFIX) :].split(".")
-        where = f"{source}: test {test}: property {name}"
-        if len(parts) == 2 and parts[1] in ("rpc", "mode"):
-            how.setdefault(parts[0], {})[parts[1]] = value
-        elif len(parts) == 3 and parts[2] == SKETCH:
-            try:
-                sketches[(parts[0], parts[1])] = Sketch.from_string(value)
-            except ValueError as error:
-                raise BaselineError(f"{where}: {error}") from None
-        elif len(parts) == 3 and parts[2] == ROUNDS:
-            try:
-                rounds[(parts[0], parts[1])] = parse_rounds(value)
-            except ValueError as error:
-                raise BaselineError(f"{where}: {error}") from None
-        elif (at := parse_figure(name)) is not None and not at.scope:
-            try:
-                number = at.metric.unit.read_value(value)
-            except ValueError:
-                raise BaselineError(f"{where}: {value!r} is not a number") from None
-            figures.setdefault((at.label, at.key), {})[at.metric.name] = number
-    out = {}
-    for label, size in sorted(figures.keys() | sketches.keys()):
-        key = Key(test, fabric, label, size)
-        out[key] = Measurement(
-            key,
-            MappingProxyType(figures.get((label, size), {})),
-            sketches.get((label, size)),
-            how.get(label, {}).get("rpc", ""),
-            how.get(label, {}).get("mode", ""),
-            MappingProxyType(rounds.get((label, size), {})),
-        )
-    return out
+) -> TestRecord:
+    """The record of one test (``test`` its JUnit id), read strictly: raises
+    :class:`BaselineError` for a figure that is not a number or a sketch or rounds that do not
+    decode, naming ``source``, the test and the property."""
+    try:
+        return read_record(test, properties, strict=True)
+    except ValueError as error:
+        raise BaselineError(f"{source}: test {test}: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -294,14 +185,10 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     """
     run = read_junit(path, "baseline")
     where = f"baseline {os.fspath(path)}"
-    meta: dict[str, str] = {}
+    meta = suite_meta([*run.suite_properties, *(p for c in run.cases for p in c.properties)])
     measurements: dict[Key, Measurement] = {}
-    for name, value in run.suite_properties:
-        _add_meta(meta, name, value)
     for case in run.cases:
-        for name, value in case.properties:
-            _add_meta(meta, name, value)
-        measurements.update(measurements_from_properties(case.test, case.properties, where))
+        measurements.update(strict_record(case.test, case.properties, where).by_key())
     if not measurements:
         raise BaselineError(
             f"{where} holds no tfgrpc figures ({len(run.cases)} named test cases): was it "
@@ -315,11 +202,6 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
 def _properties(element: Any) -> list[tuple[str, str]]:
     """The named properties of a junitparser xunit2 test suite or test case."""
     return [(p.name, p.value or "") for p in element.properties() if p.name is not None]
-
-
-def _add_meta(meta: dict[str, str], name: str, value: str) -> None:
-    if name.startswith(META_PREFIX):
-        meta.setdefault(name[len(META_PREFIX) :], value)
 
 
 #: How a results file names the run each record belongs to (see :class:`ResultLog`).
@@ -339,9 +221,9 @@ def _results_history(path: Path) -> list[Baseline]:
     for record in records:
         named = record.get("properties") or {}
         pairs = [*named.items(), *((n, v) for n, v in record.get("repeated") or [])]
-        test = junit_test_id(str(record.get("test", "")))
+        test = str(record.get("junit") or junit_test_id(str(record.get("test", ""))))
         where = f"baseline {path}"
-        found = measurements_from_properties(test, [(n, str(v)) for n, v in pairs], where)
+        found = strict_record(test, [(n, str(v)) for n, v in pairs], where).by_key()
         runs.setdefault(str(record.get(RUN_FIELD) or ""), {}).update(found)
     out = [
         Baseline(f"{path}#{run or 'run'}", MappingProxyType(found))

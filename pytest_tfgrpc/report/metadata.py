@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
-from pytest_tfgrpc.report.properties import META_PREFIX
+from pytest_tfgrpc.report.record import META_PREFIX
 from pytest_tfgrpc.tuning.allocator import allocator_settings
 from pytest_tfgrpc.tuning.cpus import placement_setting
 from pytest_tfgrpc.wire.fabric import Fabric

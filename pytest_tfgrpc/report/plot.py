@@ -35,20 +35,14 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfgrpc.metrics import FLOOR_SUFFIX, METRICS, is_floor
 from pytest_tfgrpc.report.junit import read_junit
-from pytest_tfgrpc.report.metrics import FLOOR_SUFFIX, is_floor
-from pytest_tfgrpc.report.properties import (
-    FABRIC,
-    SKETCH,
-    label_fields,
-    point_property,
-    read_figures,
-)
+from pytest_tfgrpc.report.record import TestRecord, read_record, without_params
 from pytest_tfgrpc.report.results_file import atomic_write
 from pytest_tfgrpc.stats.sketch import Sketch
 from pytest_tfgrpc.units import UnitError, format_duration, format_rate, parse_size
@@ -66,15 +60,19 @@ __all__ = [
     "per_test_properties",
     "plot_available",
     "properties_from_junit",
+    "records_of",
     "write_plots",
 ]
 
 INSTALL_HINT = "install the plot extra: pip install -e '.[plot]' in a checkout of pytest-tfgrpc"
 
-#: A run's per-test properties: ``{test: properties}`` (a mapping or ``(name, value)`` pairs),
-#: or the records of a results file (dicts with ``test`` and ``properties``).
+#: A run's tests: their records (``{test: TestRecord}``), their properties (``{test:
+#: properties}``, a mapping or ``(name, value)`` pairs), or the records of a results file (dicts
+#: with ``test`` and ``properties``).
 PropertySource = (
-    Mapping[str, Mapping[str, object] | Iterable[tuple[str, object]]] | Iterable[Mapping[str, Any]]
+    Mapping[str, TestRecord]
+    | Mapping[str, Mapping[str, object] | Iterable[tuple[str, object]]]
+    | Iterable[Mapping[str, Any]]
 )
 
 _FILE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -162,7 +160,7 @@ class Row:
     topology: str = ""
     rpc: str = ""
     mode: str = ""
-    sketch: str | None = None
+    sketch: Sketch | None = field(default=None, compare=False)
 
     @property
     def is_ps(self) -> bool:
@@ -178,62 +176,50 @@ class Row:
         one (or when it does not decode)."""
         if self.sketch is None:
             return None
-        try:
-            sketch = Sketch.from_string(self.sketch)
-        except ValueError:
-            return None
-        return sketch.quantile(q) if sketch.count else None
+        return self.sketch.quantile(q) if self.sketch.count else None
 
 
-def _number(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _key_bytes(key: str, recorded: str | None) -> int | None:
+def _key_bytes(key: str, recorded: int | None) -> int | None:
     if recorded is not None:
-        try:
-            return int(recorded)
-        except ValueError:
-            return None
+        return recorded
     try:
         return parse_size(key)
     except UnitError:
         return None
 
 
-def measurement_rows(source: PropertySource) -> list[Row]:
-    """Every message size of every labelled result in ``source``, as :class:`Row` objects.
+def records_of(source: PropertySource) -> list[TestRecord]:
+    """The records of ``source`` (read from properties where it holds properties)."""
+    if isinstance(source, Mapping) and all(isinstance(v, TestRecord) for v in source.values()):
+        return [v for v in source.values() if isinstance(v, TestRecord)]
+    return [read_record(test, props.items()) for test, props in per_test_properties(source).items()]
 
-    Reads ``tfgrpc.<label>.<key>.<metric>`` (numbers only: verdicts, sketches and the like are
-    left out), the label's ``rpc``, ``mode`` and ``topology``, and the test's ``tfgrpc.fabric``.
-    """
+
+def measurement_rows(source: PropertySource) -> list[Row]:
+    """Every point of every labelled result in ``source``, as :class:`Row` objects: its
+    figures (per PS and workers' left out), the label's ``rpc``, ``mode`` and ``topology``,
+    and the test's fabric."""
     rows: list[Row] = []
-    for test, props in per_test_properties(source).items():
-        fabric = props.get(FABRIC, "")
-        figures: dict[tuple[str, str], dict[str, float]] = {}
-        for figure in read_figures(props.items(), strict=False):
-            number = _number(figure.text)
-            if number is not None and not figure.at.scope:
-                at = figure.at
-                figures.setdefault((at.label, at.key), {})[at.metric.property_suffix] = number
-        for (label, key), metrics in figures.items():
-            about = label_fields(props, label)
+    for record in records_of(source):
+        for m in record.measurements:
+            about = record.label(m.key.label)
+            metrics = {}
+            for name, value in m.figures.items():
+                if math.isfinite(value):
+                    metric = METRICS[name]
+                    metrics[metric.property_suffix] = value / metric.unit.scale
             rows.append(
                 Row(
-                    test=test,
-                    fabric=fabric,
-                    label=label,
-                    key=key,
-                    size_bytes=_key_bytes(key, props.get(point_property(label, key, "bytes"))),
+                    test=record.test,
+                    fabric=record.fabric,
+                    label=m.key.label,
+                    key=m.key.size,
+                    size_bytes=_key_bytes(m.key.size, m.size_bytes),
                     metrics=MappingProxyType(metrics),
-                    topology=about.get("topology", ""),
-                    rpc=about.get("rpc", ""),
-                    mode=about.get("mode", ""),
-                    sketch=props.get(point_property(label, key, SKETCH)),
+                    topology=about.topology,
+                    rpc=about.rpc,
+                    mode=about.mode,
+                    sketch=m.sketch,
                 )
             )
     return rows
@@ -265,23 +251,6 @@ class _Chart:
     label: str
     test: str  # the test the chart is about, its fabric parameter aside; "" for ps charts
     series: tuple[_Series, ...]
-
-
-def _without_fabric(test: str, fabric: str) -> str:
-    """``test`` without the fabric's part of its parameter id: ``t[lo-4B]`` -> ``t[4B]``."""
-    start = test.find("[", max(test.rfind("::"), 0))
-    if start < 0 or not test.endswith("]") or not fabric:
-        return test
-    head, params = test[:start], test[start + 1 : -1]
-    if params == fabric:
-        return head
-    if params.startswith(f"{fabric}-"):
-        return f"{head}[{params[len(fabric) + 1 :]}]"
-    if params.endswith(f"-{fabric}"):
-        return f"{head}[{params[: -len(fabric) - 1]}]"
-    if f"-{fabric}-" in params:
-        return f"{head}[{params.replace(f'-{fabric}-', '-', 1)}]"
-    return test
 
 
 def _short(test: str) -> str:
@@ -331,7 +300,7 @@ def _charts(rows: Sequence[Row]) -> list[_Chart]:
         by_test: dict[str, list[Row]] = {}
         for row in label_rows:
             if not row.is_ps and row.size_bytes is not None and row.size_bytes > 0:
-                by_test.setdefault(_without_fabric(row.test, row.fabric), []).append(row)
+                by_test.setdefault(without_params(row.test, row.fabric), []).append(row)
         for test, test_rows in sorted(by_test.items()):
             if all(r.floor for r in test_rows):
                 kind = (
@@ -535,10 +504,10 @@ def _ps_categories(chart: _Chart) -> Callable[[Row], tuple[str, ...]]:
     clash = False
     for series in chart.series:
         for row in series.rows:
-            test = _without_fabric(row.test, row.fabric)
+            test = without_params(row.test, row.fabric)
             clash = clash or seen.setdefault((row.fabric, row.key, row.topology), test) != test
     if clash:
-        return lambda r: (r.key, r.topology, _short(_without_fabric(r.test, r.fabric)))
+        return lambda r: (r.key, r.topology, _short(without_params(r.test, r.fabric)))
     return lambda r: (r.key, r.topology)
 
 
@@ -557,13 +526,8 @@ def _draw_histograms(ax: Axes, chart: _Chart, colours: Mapping[str, str], step: 
     sketches: list[tuple[str, str, Sketch]] = []
     for series in chart.series:
         for row in sorted(series.rows, key=category_of):
-            if row.sketch is None:
-                continue
-            try:
-                sketch = Sketch.from_string(row.sketch)
-            except ValueError:
-                continue
-            if sketch.count:
+            sketch = row.sketch
+            if sketch is not None and sketch.count:
                 name = " ".join(c.replace("\n", " ") for c in category_of(row))
                 sketches.append((series.fabric, f"{series.name}: {name}", sketch))
     if not sketches:

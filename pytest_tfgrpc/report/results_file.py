@@ -110,12 +110,14 @@ class ResultLog:
             self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
         )
         try:
-            self._end_partial_line()
+            self.end_partial_line()
         except BaseException:
             self.close()
             raise
 
-    def _end_partial_line(self) -> None:
+    def end_partial_line(self) -> None:
+        """End the file's last line if a kill or a failed write left it cut short, so the
+        next record starts a line of its own. Raises ``OSError`` as writing does."""
         fd = self._require_fd()
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -144,12 +146,20 @@ class ResultLog:
         properties: Properties = (),
         when: str = "call",
         worker: str | None = None,
+        junit: str | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> dict[str, Any]:
         """Write one finished test; return the record as written.
 
+        ``junit`` is the test's JUnit id (``--junit-prefix`` included), which a baseline read
+        from this file names the test by (else it is derived from ``test``, without prefix).
+
         ``properties`` are the test's ``(name, value)`` pairs (``item.user_properties``) or a
         mapping; values are made plain JSON (:func:`plain`). A name given twice keeps its
-        first value under ``properties`` and the later ones under ``repeated``.
+        first value under ``properties`` and the later ones under ``repeated``. ``extra``
+        keys (e.g. ``reruns``) are added to the record. Raises ``OSError`` when the write
+        fails (a full disk); the file then may end in a cut line, which the next
+        :meth:`end_partial_line` ends.
         """
         named, repeated = _split_properties(properties)
         record: dict[str, Any] = {
@@ -160,10 +170,13 @@ class ResultLog:
             "when": str(when),
             "worker": None if worker is None else str(worker),
         }
+        if junit is not None:
+            record["junit"] = str(junit)
         if self.run_id:
             record["run"] = self.run_id
         if repeated:
             record["repeated"] = repeated
+        record.update({str(key): value for key, value in (extra or {}).items()})
         self.write_line(record)
         return record
 

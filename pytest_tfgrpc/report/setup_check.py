@@ -18,7 +18,7 @@ __all__ = ["META_CHECKED", "Mismatch", "check_metadata"]
 #: ``fabric.<name>.<attribute>`` keys are checked too for every fabric both runs used.
 META_CHECKED = (
     "host", "kernel", "cpu_model", "cpus", "cpus_usable", "python", "plugin", "grpcio",
-    "protobuf", "numpy", "allocator", "cpu_placement",
+    "protobuf", "numpy", "allocator", "cpu_placement", "server_delay",
 )  # fmt: skip
 #: Metadata key prefixes checked wherever either run records them: the allocator's settings.
 META_CHECKED_PREFIXES = ("env.MALLOC_", "mallopt.")

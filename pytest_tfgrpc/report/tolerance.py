@@ -1,7 +1,7 @@
 """Tolerances of the baseline gate: ``--tfgrpc-max-regression`` / ``--max-regression`` values.
 
 ``10%`` is every metric's tolerance, ``p99:10%`` or ``step_p99:5%`` one metric's; a metric is
-any figure the registry (:mod:`pytest_tfgrpc.report.metrics`) says the gate tests.
+any figure the registry (:mod:`pytest_tfgrpc.metrics`) says the gate tests.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from pytest_tfgrpc.report.metrics import GATED, METRICS
+from pytest_tfgrpc.metrics import GATED, METRICS
 
 __all__ = [
     "ANY_METRIC",

@@ -9,5 +9,5 @@
 - ``tf_task``: a task of TensorFlow's own runtime, run as a script by TensorFlow's Python
 
 Layer: below ``hosts``, ``ps`` and ``report``; may import ``tuning``, ``native``, ``model``,
-``wire``, ``results``, ``stats`` and ``units``, nothing above.
+``wire``, ``results``, ``metrics``, ``stats`` and ``units``, nothing above.
 """

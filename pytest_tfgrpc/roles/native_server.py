@@ -79,14 +79,27 @@ def start_tensor_server(
     env: Mapping[str, str] | None = None,
     max_tensor_bytes: int | None = None,
     launcher: Launcher = LOCAL,
+    delay_s: float = 0.0,
 ) -> ServerProcess:
     """A tensor server of ``engine`` on ``fabric``: the Python one, refusing tensors over
     ``max_tensor_bytes`` (None: gRPC's largest), or the native one (gRPC's own limit).
     ``launcher``: where it runs (this host, or an agent's host, which runs only the Python
-    one)."""
+    one). ``delay_s`` holds every reply back that long (fault injection, ``--delay``)."""
     name = None if launcher is LOCAL else f"tensor server on host {launcher.host}"
     if check_engine(engine) == "native":
-        return start_native_server(fabric, env=env, launcher=launcher, name=name)
+        return start_native_server(fabric, env=env, launcher=launcher, name=name, delay_s=delay_s)
     return ServerProcess.start(
-        fabric, env=env, max_tensor_bytes=max_tensor_bytes, launcher=launcher, name=name
+        fabric,
+        env=env,
+        max_tensor_bytes=max_tensor_bytes,
+        launcher=launcher,
+        name=name,
+        extra_args=delay_args(delay_s),
     )
+
+
+def delay_args(delay_s: float) -> tuple[str, ...]:
+    """``tfgrpc-server``'s arguments for a reply delay of ``delay_s`` seconds (none for 0)."""
+    if delay_s < 0:
+        raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
+    return ("--delay", f"{round(delay_s * 1e9)}ns") if delay_s else ()

@@ -8,9 +8,10 @@ drive it:
 * ``Throughput``: the PS acknowledges a payload (TF-gRPC-PS-Throughput). Calls carry
   ``x-tfgrpc-phase: measure`` metadata in the measured phase, so only those are counted.
 * ``PushGradients``: one worker's gradients of one step, streamed as slices of the shards this
-  PS owns; they are added into float32 accumulators as they arrive (as TensorFlow's
-  ``ConditionalAccumulator`` does). When all W workers have pushed step ``s`` the PS applies
-  ``weights -= (learning_rate / W) * sum`` with numpy and the step is done.
+  PS owns; checked whole and then added into float32 accumulators (as TensorFlow's
+  ``ConditionalAccumulator`` does), so a refused or broken push changes no sum. When all W
+  workers have pushed step ``s`` the PS applies ``weights -= (learning_rate / W) * sum`` with
+  numpy and the step is done.
 * ``PullWeights``: waits until step ``s`` is done (the barrier, bounded by the job's timeout),
   then streams the updated weights.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import hmac
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +33,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY
@@ -52,6 +53,13 @@ WEIGHT_SEED = 20171226
 DEFAULT_PULL_CHUNK = 1 << 20
 
 Floats = npt.NDArray[np.float32]
+
+#: Refusals of a push: they say what was wrong with it, nothing of the job's state.
+_OUT_OF_TURN = "a gradient push out of turn (not the open step, or this worker pushed it)"
+_BAD_SLICE = (
+    "a gradient push whose slices are not exactly this PS's shards (outside them, "
+    "not float32-aligned, or more or fewer bytes)"
+)
 
 
 def method(name: str, *, raw: bool = False) -> str:
@@ -88,11 +96,6 @@ def apply_update(weights: Floats, total: Floats, learning_rate: float, workers: 
     np.subtract(weights, scale * total, out=weights)
 
 
-def _cpu_ns() -> tuple[int, int]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return int(usage.ru_utime * 1e9), int(usage.ru_stime * 1e9)
-
-
 class _Job:
     """One configured job: shard weights and accumulators, and the step state."""
 
@@ -121,7 +124,7 @@ class _Job:
 
     def start_measuring(self) -> None:
         if self.cpu_start is None:
-            self.cpu_start = _cpu_ns()
+            self.cpu_start = process_cpu_ns()
 
     def decide_next(self) -> str:
         """The chief's schedule: what the step after the one just applied is."""
@@ -199,7 +202,7 @@ class ParameterServer:
     def _stats(self, job: _Job) -> service_pb2.PSJobStats:
         user, system = 0, 0
         if job.cpu_start is not None:
-            now = _cpu_ns()
+            now = process_cpu_ns()
             user, system = now[0] - job.cpu_start[0], now[1] - job.cpu_start[1]
         return service_pb2.PSJobStats(
             job_id=job.spec.job_id,
@@ -237,6 +240,10 @@ class ParameterServer:
     def push_gradients(
         self, requests: Iterator[service_pb2.WeightChunk], context: grpc.ServicerContext
     ) -> service_pb2.Ack:
+        """Take one worker's gradients of one step. The push is checked whole (its turn,
+        every slice inside this PS's shards, exactly their size) and staged before any of it
+        touches the step's sum: a refused push, or a stream that breaks midway, leaves the
+        aggregate as it was. Refusals name nothing of the job (its step, its workers)."""
         job = self._current(context)
         first = next(requests, None)
         if first is None:
@@ -245,43 +252,38 @@ class ParameterServer:
         step, worker, measured = first.step, first.worker, first.measured
         with self._cond:
             if step != job.step or worker in job.pushed:
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"worker {worker} pushed step {step}, but the PS expects step {job.step} "
-                    f"from workers other than {sorted(job.pushed)}",
-                )
-            if measured:
-                job.start_measuring()
-                job.step_measured = True
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, _OUT_OF_TURN)
+        staged: list[tuple[int, int, Floats]] = []
         received = 0
         chunk: service_pb2.WeightChunk | None = first
         while chunk is not None:
             size = len(chunk.data)
             if size:
-                if not 0 <= chunk.shard < len(job.sizes) or chunk.offset % 4 or size % 4:
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"a gradient slice ({size} B at {chunk.offset} of shard {chunk.shard}) "
-                        "is outside this PS's shards or not float32-aligned",
-                    )
-                start = chunk.offset // 4
-                gradient = np.frombuffer(chunk.data, dtype=np.float32)
-                accumulator = job.accumulators[chunk.shard]
-                with self._cond:
-                    accumulator[start : start + len(gradient)] += gradient
+                shard, offset = chunk.shard, chunk.offset
+                if (
+                    not 0 <= shard < len(job.sizes)
+                    or offset % 4
+                    or size % 4
+                    or not 0 <= offset <= job.sizes[shard] - size
+                    or received + size > job.total_bytes
+                ):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _BAD_SLICE)
+                staged.append((shard, offset // 4, np.frombuffer(chunk.data, dtype=np.float32)))
                 received += size
             chunk = next(requests, None)
         if received != job.total_bytes:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker {worker} pushed {received} B of gradients for step {step}; "
-                f"this PS owns {job.total_bytes} B",
-            )
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _BAD_SLICE)
         with self._cond:
             if job is not self._job:
                 context.abort(grpc.StatusCode.ABORTED, "the job was replaced during the push")
+            if step != job.step or worker in job.pushed:  # another push of it came first
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, _OUT_OF_TURN)
+            for shard, start, gradient in staged:
+                job.accumulators[shard][start : start + len(gradient)] += gradient
             job.pushed.add(worker)
             if measured:
+                job.start_measuring()
+                job.step_measured = True
                 job.bytes_in += received
                 job.rpcs += 1
             if len(job.pushed) == job.spec.workers:
@@ -313,7 +315,7 @@ class ParameterServer:
                 if step > job.step:
                     context.abort(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        f"pull of step {step} before it was pushed (the PS is at step {job.step})",
+                        f"pull of step {step} before it was pushed",
                     )
                 done = self._cond.wait_for(
                     lambda: job.step > step or self._job is not job, timeout=timeout
@@ -329,7 +331,7 @@ class ParameterServer:
                 if job.step != step + 1:
                     context.abort(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        f"pull of step {step}, but the PS has applied step {job.step - 1}",
+                        f"pull of step {step}, which is no longer the last applied",
                     )
                 if job.spec.task == 0:
                     context.set_trailing_metadata(((NEXT_PHASE_KEY, job.next_phase[step]),))

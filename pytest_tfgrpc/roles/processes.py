@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol, TypeVar
 
 from pytest_tfgrpc.wire.fabric import Fabric
+from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
+from pytest_tfgrpc.wire.security import child_environ
 
 _LIVE: set[ChildProcess] = set()
 C = TypeVar("C", bound="ChildProcess")
@@ -159,7 +161,8 @@ class LocalLauncher:
             stdout=subprocess.PIPE,
             stderr=stderr,
             start_new_session=True,
-            env=dict(env) if env is not None else None,
+            # a secret reaches a child only when handed to it (the job token to a PS)
+            env=child_environ(env, keep=(JOB_TOKEN_ENV,)) if env is not None else child_environ(),
         )
 
 

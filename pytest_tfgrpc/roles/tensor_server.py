@@ -19,7 +19,6 @@ import contextlib
 import gc
 import json
 import os
-import resource
 import socket
 import sys
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.parameter_server import ParameterServer
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, parse_cpu_list, pin_process, require_allowed
@@ -269,15 +269,15 @@ class TensorService:
 
     # --- status --------------------------------------------------------------------------
     def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
+        user_ns, system_ns = process_cpu_ns()
         reply = service_pb2.ServerStatus(
             pid=os.getpid(),
             target=self.target,
             fabric=self.fabric,
             messages_received=self.counters.messages,
             bytes_received=self.counters.nbytes,
-            cpu_user_ns=int(usage.ru_utime * 1e9),
-            cpu_system_ns=int(usage.ru_stime * 1e9),
+            cpu_user_ns=user_ns,
+            cpu_system_ns=system_ns,
             grpc_version=grpc.__version__,
             environment=self.environment,
         )

@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import gc
 import json
-import math
 import os
 import signal
 import sys
@@ -252,11 +251,6 @@ def flat_variable(nbytes: int, name: str = "v", ps: int = 0) -> list[Any]:
     if nbytes % 4:
         return [name, ps, [nbytes], "uint8"]
     return [name, ps, [max(1, nbytes // 4)], "float32"]
-
-
-def variable_bytes(variable: Sequence[Any]) -> int:
-    """Bytes of a command's variable."""
-    return int(math.prod(variable[2])) * (1 if variable[3] == "uint8" else 4)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,6 +38,7 @@ __all__ = [
     "MIN_ROUNDS",
     "UNSTABLE_CV",
     "ReplicateTest",
+    "history_detectable",
     "instability",
     "invalid_values",
     "replicate_test",
@@ -225,3 +226,22 @@ def run_test(
     return _prediction_test(
         float(np.mean(logs)), math.log(current), se, k - 1.0, alpha, runs=k, rounds=1, method=method
     )
+
+
+def history_detectable(
+    run_values: Sequence[float], *, alpha: float, min_spread: float = 0.0
+) -> float:
+    """The smallest relative change (a fraction) a history of runs lets the tests across runs
+    (:func:`replicate_test`, :func:`run_test`) call significant at ``alpha``, before the
+    current run is known: one value per baseline run (the median of its rounds, or its
+    figure), at least :data:`MIN_HISTORY` of them; their spread on a log scale (never below
+    ``min_spread``) as the prediction's, with ``k - 1`` degrees of freedom. NaN for fewer
+    values or a value that is not a positive finite number. The current run's own rounds can
+    only widen it."""
+    from scipy import stats
+
+    if len(run_values) < MIN_HISTORY or invalid_values(run_values):
+        return math.nan
+    k = len(run_values)
+    se = max(float(np.std(_logs(run_values), ddof=1)), min_spread) * math.sqrt(1.0 + 1.0 / k)
+    return math.expm1(float(stats.t.ppf(1.0 - alpha / 2.0, k - 1.0)) * se)

@@ -2,5 +2,5 @@
 gRPC settings and method paths (``grpc_settings``), clients, fabrics, TLS and the job token.
 
 Layer: beside ``tuning``, ``native`` and ``model`` (none imports another); may import only
-``results``, ``stats`` and ``units``.
+``results``, ``metrics``, ``stats`` and ``units``.
 """

@@ -53,7 +53,7 @@ ASSUMED_RATE_BPS: Final = 1e6
 SPEED_SHARE: Final = 0.5
 #: How to give a run more time, for deadline errors.
 RAISE_HINT: Final = (
-    "raise it with --tfgrpc-max-time / --tfgrpc-warmup-time (ini tfgrpc_max_time) or "
+    "raise it with --tfgrpc-max-seconds / --tfgrpc-warmup-seconds (ini tfgrpc_max_seconds) or "
     "@pytest.mark.tfgrpc_run(max_seconds=..., warmup_seconds=...)"
 )
 
@@ -250,11 +250,17 @@ def run_async(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | No
 
 
 def explain(
-    error: BaseException, server: Server, what: str, deadline: Deadline | None = None
+    error: BaseException,
+    server: Server,
+    what: str,
+    deadline: Deadline | None = None,
+    seen: str = "",
 ) -> BaseException:
     """The error to raise for a failed call, in one line: the server's death if that is
     what happened; else the status, gRPC's details, and for a deadline, the deadline and
-    its basis and how to raise it. Works for sync and asyncio (stream) errors alike."""
+    its basis and how to raise it. ``seen`` is what the transport showed meanwhile
+    (``after 22 s; 528 retransmissions, RTT 210 ms``), said in place of gRPC's silence or
+    after its details. Works for sync and asyncio (stream) errors alike."""
     death = server.died()
     if death is not None:
         return death
@@ -266,6 +272,7 @@ def explain(
         return BenchmarkError(
             f"{where} failed: DEADLINE_EXCEEDED: the deadline was {deadline.describe()}; "
             + RAISE_HINT
+            + (f" (transport: {seen})" if seen else "")
         )
     if code is grpc.StatusCode.UNAVAILABLE and looks_like_tls_failure(details):
         return BenchmarkError(f"{where} failed: TLS handshake failed: {details}")
@@ -277,10 +284,11 @@ def explain(
                 f"{where} failed: UNAVAILABLE: the connection broke mid-call and "
                 f"{server.target} no longer accepts connections (the server is gone)"
             )
-        return BenchmarkError(
-            f"{where} failed: INTERNAL: the connection broke mid-call (gRPC gave no cause)"
-        )
-    return BenchmarkError(f"{where} failed: {name}: {details}")
+        cause = seen or "gRPC gave no cause"
+        return BenchmarkError(f"{where} failed: INTERNAL: the connection broke mid-call ({cause})")
+    return BenchmarkError(
+        f"{where} failed: {name}: {details}" + (f" (transport: {seen})" if seen else "")
+    )
 
 
 #: What gRPC's core says of a transport that failed mid-message, and nothing more.

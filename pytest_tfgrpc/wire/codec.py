@@ -13,6 +13,7 @@ Field numbers (TensorFlow's ``tensor.proto``): dtype = 1 (varint), tensor_shape 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,10 @@ DTYPES: dict[str, int] = {
     "uint64": 23,
 }
 DTYPE_NAMES: dict[int, str] = {number: name for name, number in DTYPES.items()}
+#: Bytes per element of each dtype (numpy has no bfloat16: its size is said here, once).
+ITEMSIZES: dict[str, int] = {
+    name: 2 if name == "bfloat16" else np.dtype(name).itemsize for name in DTYPES
+}
 
 _WIRE_VARINT = 0
 _WIRE_I64 = 1
@@ -200,7 +205,7 @@ def decode_tensor(data: bytes | memoryview) -> DecodedTensor:
         raise CodecError(
             f"TensorProto content claims {length} bytes at offset {offset}, message has {len(buf)}"
         )
-    expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize if shape else length
+    expected = math.prod(shape) * ITEMSIZES[dtype] if shape else length
     if expected != length:
         raise CodecError(f"shape {shape} of {dtype} needs {expected} bytes, content has {length}")
     return DecodedTensor(dtype, shape, buf[offset:])

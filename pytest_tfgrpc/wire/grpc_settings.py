@@ -43,9 +43,14 @@ COMMON_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
 )
 
+#: Compression off on every server (only ``identity`` enabled): gRPC decompresses a message
+#: before any handler sees its size, so 510 KiB of gzip would grow to the 2 GiB message limit
+#: before a tensor limit could refuse it. A compressed call is refused (UNIMPLEMENTED) unread.
+NO_COMPRESSION: Final = (("grpc.compression_enabled_algorithms_bitset", 1),)
+
 #: ``so_reuseport`` off: with gRPC's default a second server "binds" a port already in use
 #: and clients are silently balanced across two unrelated servers.
-SERVER_OPTIONS: Final = (*COMMON_OPTIONS, ("grpc.so_reuseport", 0))
+SERVER_OPTIONS: Final = (*COMMON_OPTIONS, *NO_COMPRESSION, ("grpc.so_reuseport", 0))
 
 CHANNEL_OPTIONS: Final = (
     *COMMON_OPTIONS,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -30,6 +31,58 @@ ENV_VARS: Final = {"cert": "TFGRPC_TLS_CERT", "key": "TFGRPC_TLS_KEY", "ca": "TF
 TOKEN_ENV: Final = "TFGRPC_JOB_TOKEN"
 #: Metadata key of the job-control token on job-control calls.
 TOKEN_KEY: Final = "x-tfgrpc-job-token"
+#: Environment variable of the agents' shared token (``tfgrpc-node`` and the driver read it).
+AGENT_TOKEN_ENV: Final = "TFGRPC_AGENT_TOKEN"
+#: Secrets a child process gets only when it is handed them by name.
+SECRET_ENV: Final = (AGENT_TOKEN_ENV, TOKEN_ENV)
+
+
+class SecretFileError(ValueError):
+    """A secret's file cannot be read, or others than its owner could read or change it."""
+
+
+def child_environ(
+    environ: Mapping[str, str] | None = None, *, keep: Sequence[str] = ()
+) -> dict[str, str]:
+    """``environ`` (default: this process's) without the secrets of :data:`SECRET_ENV`
+    other than ``keep``: the environment of a child that does not need them (a tensor
+    server, a worker, a role an agent runs)."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k not in SECRET_ENV or k in keep}
+
+
+def read_secret_file(path: str, what: str) -> str:
+    """The text of the secret file ``path`` (``what`` names it in errors), read from one
+    open file after checking that file: owned by this user or root, a regular file, and
+    neither readable nor writable by others, nor writable by its group (a group may read it,
+    as a Kubernetes secret mounted with ``fsGroup`` is). Raises :class:`SecretFileError`,
+    leading with the cause and giving the ``chmod`` to run."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SecretFileError(f"{what} {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise SecretFileError(f"{what} {path}: not a regular file")
+    with os.fdopen(fd, "rb") as file:
+        if info.st_uid not in (os.geteuid(), 0):
+            raise SecretFileError(
+                f"{what} {path} belongs to uid {info.st_uid}, not to this user "
+                f"(uid {os.geteuid()}) or root: a file another user owns can be changed by them"
+            )
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o027:
+            raise SecretFileError(
+                f"{what} {path} is readable or writable by others (mode {mode:04o}): "
+                f"run chmod 600 {path}"
+            )
+        try:
+            return file.read(1 << 16).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SecretFileError(
+                f"{what} {path}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
 
 
 class TlsError(ValueError):

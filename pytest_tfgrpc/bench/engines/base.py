@@ -123,6 +123,9 @@ class Provision:
     profile). ``ps_launchers`` / ``worker_launchers``: where PS task ``i`` (a tensor server is
     PS 0) and worker ``j`` run, through node agents on other hosts; empty: on this host. Only
     an engine whose :attr:`Engine.runs_on_agents` is true is handed launchers.
+    ``delay_s``: fault injection, every reply of a tensor server held back that long (seconds;
+    ``--tfgrpc-server-delay``); only an engine whose :attr:`Engine.injects_delay` is true is
+    asked for one.
     """
 
     fabric: Fabric
@@ -132,8 +135,11 @@ class Provision:
     placement: Placement | None = None
     ps_launchers: tuple[Launcher, ...] = ()
     worker_launchers: tuple[Launcher, ...] = ()
+    delay_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.delay_s, (int, float)) and 0.0 <= self.delay_s < float("inf")):
+            raise ValueError(f"delay_s={self.delay_s!r}: a delay in seconds, 0 or more")
         limit = self.max_tensor_bytes
         whole = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
         if limit is not None and not whole:
@@ -303,10 +309,15 @@ class Engine(ABC):
     #: The engine's name: what ``tfgrpc_engines(...)`` and ``--tfgrpc-engines`` select, the
     #: ``engine`` setting of its results and, when a test runs several, a test id part.
     name: ClassVar[str] = ""
-    #: Whether its servers and clusters can start on other hosts through node agents
-    #: (``--tfgrpc-agents``; the agents run only the plugin's Python roles). When false, a
-    #: test that would place them there fails at setup, before any agent is dialled.
+    #: Whether its servers are the plugin's Python roles, which other hosts run: started
+    #: there through node agents (``--tfgrpc-agents``, handed as :class:`Provision`
+    #: launchers), or already serving there as a cluster spec's ``tfgrpc-server`` tasks
+    #: (``--tfgrpc-cluster``). When false, a test that would start them through agents fails
+    #: at setup, before any agent is dialled, and a cluster spec is not used for it.
     runs_on_agents: ClassVar[bool] = False
+    #: Whether its tensor servers hold replies back by :attr:`Provision.delay_s` (fault
+    #: injection, ``--tfgrpc-server-delay``); the fixture refuses a delay to other engines.
+    injects_delay: ClassVar[bool] = False
 
     def unavailable(self) -> str | None:
         """Why this engine cannot run here (a missing library), or None; tests that select

@@ -66,6 +66,7 @@ class LoopEngine(Engine):
             env=provision.env,
             max_tensor_bytes=provision.max_tensor_bytes,
             launcher=provision.server_launcher,
+            delay_s=provision.delay_s,
         )
 
     def p2p_latency(
@@ -128,3 +129,4 @@ class GrpcioEngine(LoopEngine):
     name = "grpcio"
     loops: ClassVar[ModuleType] = p2p
     runs_on_agents: ClassVar[bool] = True
+    injects_delay: ClassVar[bool] = True

@@ -1,19 +1,20 @@
 // tfgrpc-native-worker: the PS-benchmark worker of pytest_tfgrpc/ps/worker.py in C++.
 //
-// It speaks the same worker protocol (pytest_tfgrpc/ps/jobs.py: one JSON message a line,
-// samples as base64 of little-endian int64 nanoseconds) on stdin/stdout, and makes the same
-// tfgrpc.ParameterServer calls against the plugin's Python PS tasks:
+// It speaks the same worker protocol (protos/tfgrpc/worker.proto, framed as
+// pytest_tfgrpc/ps/jobs.py frames it: each message's size as a varint, then its bytes; samples
+// as packed int64 nanoseconds) on stdin/stdout, and makes the same tfgrpc.ParameterServer
+// calls against the plugin's Python PS tasks:
 //
-// 1. it prints {"kind": "hello", "pid": ...} once it is up;
-// 2. the parent writes a job ("throughput" or "sync_sgd"); the worker connects to every PS,
-//    prepares and prints {"kind": "ready"};
-// 3. the parent writes {"kind": "go", "go": true} to all workers at once; the worker runs the
-//    job and prints its reply ("throughput_result" or "sync_sgd_result"), then waits for the
-//    next job.
+// 1. it writes Hello once it is up;
+// 2. the parent writes a job (ThroughputJob or SyncSGDJob); the worker connects to every PS,
+//    prepares and writes Ready;
+// 3. the parent writes Go to all workers at once; the worker runs the job and writes its
+//    reply (ThroughputReply or SyncSGDReply), then waits for the next job.
 //
-// Any failure is printed as {"kind": "error", "error": "..."}. It exits when its stdin closes,
-// so no worker outlives its parent. Plaintext only: a run with TLS files in its environment
-// ($TFGRPC_TLS_*) is refused at start, with that reason.
+// Any failure is written as WorkerFailed. It exits when its stdin closes, so no worker
+// outlives its parent. Plaintext only: a run with TLS files in its environment
+// ($TFGRPC_TLS_*) is refused at start, with that reason. The messages are encoded by hand
+// with wire.h's protobuf primitives, as the rest of the native engine's are.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
@@ -27,7 +28,6 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "call.h"
@@ -41,7 +41,6 @@ namespace {
 using grpc::ByteBuffer;
 using grpc::ClientContext;
 using grpc::internal::RpcMethod;
-using nlohmann::json;
 
 // parameter_server.py: services, phase metadata, phases.
 constexpr const char* kService = "/tfgrpc.ParameterServer/";
@@ -54,88 +53,243 @@ constexpr const char* kStop = "stop";
 // ps/worker.py: how long a worker waits for the parent's "go" after saying it is ready.
 constexpr double kGoTimeoutS = 120.0;
 
-// --- the parent's lines --------------------------------------------------------------------
-std::mutex lines_mutex;
-std::condition_variable lines_ready;
-std::deque<std::string> lines;
+// --- the worker protocol (protos/tfgrpc/worker.proto) --------------------------------------
+// ps/jobs.py MAX_FRAME_BYTES: a size beyond it is a broken stream, not a message.
+constexpr uint64_t kMaxFrameBytes = 1ULL << 30;
 
-// Read stdin lines; at end of file the parent is gone or done: exit at once.
+struct Shard {
+  int64_t offset;  // in the tensor, bytes
+  int64_t nbytes;
+};
+
+// ThroughputJob and SyncSGDJob (one struct: `kind` says which), or Go.
+struct Job {
+  enum Kind { kNone, kThroughput, kSyncSgd, kGo } kind = kNone;
+  std::vector<std::string> targets;
+  int64_t worker = 0;
+  std::string mode;
+  std::vector<int64_t> payload_bytes;
+  int64_t iterations = 0;
+  int64_t warmup = 0;
+  double warmup_seconds = 0;
+  double seconds = 0;
+  std::vector<std::vector<Shard>> shards;
+  int64_t chunk_bytes = 0;
+  int64_t max_steps = 0;
+  double barrier_timeout = 0;
+  bool check = false;
+  bool go = false;
+};
+
+std::string length_delimited(const std::string& body) {
+  std::string out;
+  put_varint(&out, body.size());
+  out += body;
+  return out;
+}
+
+// One field's bytes (wire type LEN) at the reader, checked against its bounds.
+std::string bytes_at(Reader* r) {
+  uint64_t size = r->varint();
+  if (!r->ok || size > r->n - r->pos) {
+    r->ok = false;
+    return "";
+  }
+  std::string out(reinterpret_cast<const char*>(r->p + r->pos), size);
+  r->pos += size;
+  return out;
+}
+
+double double_at(Reader* r) {
+  double value = 0;
+  if (r->pos + 8 > r->n) {
+    r->ok = false;
+    return 0;
+  }
+  std::memcpy(&value, r->p + r->pos, 8);  // little-endian hosts (x86, arm64)
+  r->pos += 8;
+  return value;
+}
+
+// A repeated integer field, packed (LEN) or not (VARINT), appended to `out`.
+void integers_at(Reader* r, int wire, std::vector<int64_t>* out) {
+  if (wire == kVarint) {
+    out->push_back(static_cast<int64_t>(r->varint()));
+    return;
+  }
+  std::string packed = bytes_at(r);
+  Reader inner{reinterpret_cast<const uint8_t*>(packed.data()), packed.size()};
+  while (!inner.done()) out->push_back(static_cast<int64_t>(inner.varint()));
+  if (!inner.ok) r->ok = false;
+}
+
+// Walk the fields of `data`: fn(reader, number, wire) reads the ones it knows, returning
+// false for others, which are skipped. False when the bytes are malformed.
+template <class Fn>
+bool fields(const std::string& data, Fn fn) {
+  Reader r{reinterpret_cast<const uint8_t*>(data.data()), data.size()};
+  while (!r.done()) {
+    uint64_t tag = r.varint();
+    int number = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (!r.ok) break;
+    if (!fn(&r, number, wire)) r.skip(wire);
+  }
+  return r.ok;
+}
+
+// The driver's message (a ToWorker envelope); CallError("bad job: ...") when malformed.
+Job parse_job(const std::string& body) {
+  Job job;
+  std::string inner;
+  bool ok = fields(body, [&](Reader* r, int number, int wire) {
+    if (wire != kLen || number < 1 || number > 3) return false;
+    job.kind = static_cast<Job::Kind>(number);
+    inner = bytes_at(r);
+    return true;
+  });
+  if (!ok) throw CallError("bad job: not a driver message");
+  if (job.kind == Job::kNone) throw CallError("bad job: an empty driver message (no job, no go)");
+  ok = fields(inner, [&](Reader* r, int number, int wire) {
+    if (job.kind == Job::kGo) {
+      if (number == 1 && wire == kVarint) return (job.go = r->varint() != 0), true;
+      return false;
+    }
+    if (number == 1 && wire == kLen) return job.targets.push_back(bytes_at(r)), true;
+    if (number == 2 && wire == kVarint) return (job.worker = int64_t(r->varint())), true;
+    if (job.kind == Job::kThroughput) {
+      switch (number) {
+        case 3: return wire == kLen && ((job.mode = bytes_at(r)), true);
+        case 4: return (wire == kLen || wire == kVarint) &&
+                       (integers_at(r, wire, &job.payload_bytes), true);
+        case 5: return wire == kVarint && ((job.iterations = int64_t(r->varint())), true);
+        case 6: return wire == kVarint && ((job.warmup = int64_t(r->varint())), true);
+        case 7: return wire == kI64 && ((job.warmup_seconds = double_at(r)), true);
+        case 8: return wire == kI64 && ((job.seconds = double_at(r)), true);
+      }
+      return false;
+    }
+    switch (number) {
+      case 3: {
+        if (wire != kLen) return false;
+        job.shards.emplace_back();
+        std::string owned = bytes_at(r);
+        bool fine = fields(owned, [&](Reader* o, int n, int w) {
+          if (n != 1 || w != kLen) return false;
+          Shard shard{0, 0};
+          bool good = fields(bytes_at(o), [&](Reader* s, int f, int sw) {
+            if (sw != kVarint || (f != 1 && f != 2)) return false;
+            (f == 1 ? shard.offset : shard.nbytes) = int64_t(s->varint());
+            return true;
+          });
+          if (!good) o->ok = false;
+          job.shards.back().push_back(shard);
+          return true;
+        });
+        if (!fine) r->ok = false;
+        return true;
+      }
+      case 4: return wire == kVarint && ((job.chunk_bytes = int64_t(r->varint())), true);
+      case 5: return wire == kVarint && ((job.warmup = int64_t(r->varint())), true);
+      case 6: return wire == kVarint && ((job.max_steps = int64_t(r->varint())), true);
+      case 7: return wire == kI64 && ((job.barrier_timeout = double_at(r)), true);
+      case 8: return wire == kVarint && ((job.check = r->varint() != 0), true);
+    }
+    return false;
+  });
+  if (!ok) throw CallError("bad job: a malformed job");
+  return job;
+}
+
+// FromWorker's fields: the message kinds a worker writes.
+enum Reply { kHello = 1, kReady = 2, kFailed = 3, kThroughputReply = 4, kSyncSgdReply = 5 };
+
+void emit(Reply kind, const std::string& message) {
+  std::string envelope;
+  put_len_field(&envelope, kind, message);
+  std::string framed = length_delimited(envelope);
+  std::fwrite(framed.data(), 1, framed.size(), stdout);
+  std::fflush(stdout);
+}
+
+void emit_error(const std::string& error) {
+  std::string message;
+  put_len_field(&message, 1, error.empty() ? "error" : error);
+  emit(kFailed, message);
+}
+
+// Nanosecond samples as a packed repeated int64 field `number`.
+void put_samples(std::string* out, int number, const std::vector<int64_t>& samples) {
+  if (samples.empty()) return;
+  std::string packed;
+  for (int64_t ns : samples) put_varint(&packed, static_cast<uint64_t>(ns));
+  put_len_field(out, number, packed);
+}
+
+// --- the parent's messages -----------------------------------------------------------------
+std::mutex messages_mutex;
+std::condition_variable messages_ready;
+std::deque<std::string> messages;
+
+// Read stdin's messages; at end of file the parent is gone or done, and on a stream that is
+// not framed nothing more can be read: exit at once.
 void lifeline() {
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::lock_guard<std::mutex> lock(lines_mutex);
-    lines.push_back(line);
-    lines_ready.notify_one();
+  std::string buffer;
+  char chunk[1 << 16];
+  ssize_t got;
+  while ((got = read(0, chunk, sizeof chunk)) > 0) {
+    buffer.append(chunk, static_cast<size_t>(got));
+    while (true) {
+      Reader r{reinterpret_cast<const uint8_t*>(buffer.data()), buffer.size()};
+      uint64_t size = r.varint();
+      if (!r.ok) {
+        if (buffer.size() < 10) break;  // the size itself is not all here yet
+        emit_error("bad job stream: a message size longer than a varint: the stream is not framed");
+        std::fflush(stdout);
+        _exit(0);
+      }
+      if (size > kMaxFrameBytes) {
+        emit_error("bad job stream: a message of " + std::to_string(size) + " bytes");
+        std::fflush(stdout);
+        _exit(0);
+      }
+      if (buffer.size() - r.pos < size) break;
+      std::lock_guard<std::mutex> lock(messages_mutex);
+      messages.push_back(buffer.substr(r.pos, size));
+      buffer.erase(0, r.pos + size);
+      messages_ready.notify_one();
+    }
   }
   std::fflush(stdout);
   _exit(0);
 }
 
-// The next line, or nothing after `timeout_s` (< 0: wait for ever).
-bool next_line(std::string* out, double timeout_s) {
-  std::unique_lock<std::mutex> lock(lines_mutex);
-  auto has = [] { return !lines.empty(); };
+// The next message's bytes, or nothing after `timeout_s` (< 0: wait for ever).
+bool next_message(std::string* out, double timeout_s) {
+  std::unique_lock<std::mutex> lock(messages_mutex);
+  auto has = [] { return !messages.empty(); };
   if (timeout_s < 0) {
-    lines_ready.wait(lock, has);
-  } else if (!lines_ready.wait_for(lock, std::chrono::duration<double>(timeout_s), has)) {
+    messages_ready.wait(lock, has);
+  } else if (!messages_ready.wait_for(lock, std::chrono::duration<double>(timeout_s), has)) {
     return false;
   }
-  *out = std::move(lines.front());
-  lines.pop_front();
+  *out = std::move(messages.front());
+  messages.pop_front();
   return true;
-}
-
-void emit(const json& message) {
-  std::string line = message.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fflush(stdout);
-}
-
-void emit_error(const std::string& error) {
-  emit({{"kind", "error"}, {"error", error.empty() ? "error" : error}});
 }
 
 // The start barrier: say ready, then wait until the parent tells every worker to go.
 void wait_for_go() {
-  emit({{"kind", "ready"}});
-  std::string line;
-  if (!next_line(&line, kGoTimeoutS)) {
+  emit(kReady, "");
+  std::string body;
+  if (!next_message(&body, kGoTimeoutS)) {
     throw CallError("no word from the parent within " + std::to_string(int(kGoTimeoutS)) + " s");
   }
-  json go = json::parse(line);
-  if (go.at("kind") != "go") throw CallError("a '" + go.at("kind").get<std::string>() +
-                                             "' message where 'go' was expected");
-  if (!go.at("go").get<bool>()) throw CallError("the parent called the run off");
+  Job go = parse_job(body);
+  if (go.kind != Job::kGo) throw CallError("a job where Go was expected");
+  if (!go.go) throw CallError("the parent called the run off");
 }
 
 // --- samples and CPU -----------------------------------------------------------------------
-std::string base64(const std::string& bytes) {
-  static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8 | uint8_t(bytes[i + 2]);
-    for (int shift : {18, 12, 6, 0}) out.push_back(alphabet[(v >> shift) & 63]);
-  }
-  if (i < bytes.size()) {
-    uint32_t v = uint8_t(bytes[i]) << 16;
-    if (i + 1 < bytes.size()) v |= uint8_t(bytes[i + 1]) << 8;
-    out.push_back(alphabet[(v >> 18) & 63]);
-    out.push_back(alphabet[(v >> 12) & 63]);
-    out.push_back(i + 1 < bytes.size() ? alphabet[(v >> 6) & 63] : '=');
-    out.push_back('=');
-  }
-  return out;
-}
-
-// jobs.pack_samples: base64 of little-endian int64 (this host is little-endian: x86, arm64).
-std::string pack_samples(const std::vector<int64_t>& samples) {
-  std::string raw(samples.size() * 8, '\0');
-  if (!samples.empty()) std::memcpy(raw.data(), samples.data(), raw.size());
-  return base64(raw);
-}
-
 struct Cpu {
   int64_t user = 0;
   int64_t system = 0;
@@ -184,16 +338,15 @@ void on_every_ps(size_t count, Fn fn) {
 }
 
 // --- PS throughput -------------------------------------------------------------------------
-json throughput(const json& job, const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
-  auto targets = job.at("targets").get<std::vector<std::string>>();
-  auto sizes = job.at("payload_bytes").get<std::vector<int64_t>>();
-  bool protobuf = job.at("mode").get<std::string>() == "protobuf";
-  if (!protobuf && job.at("mode") != "raw") throw CallError("bad job: mode: expected raw or protobuf");
+std::string throughput(const Job& job,
+                       const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
+  const auto& targets = job.targets;
+  const auto& sizes = job.payload_bytes;
+  bool protobuf = job.mode == "protobuf";
+  if (!protobuf && job.mode != "raw") throw CallError("bad job: mode: expected raw or protobuf");
   if (sizes.size() != targets.size()) throw CallError("bad job: payload_bytes: one size per target");
-  int64_t iterations = job.at("iterations").get<int64_t>();
-  int64_t warmup = job.at("warmup").get<int64_t>();
-  double warmup_seconds = job.at("warmup_seconds").get<double>();
-  double seconds = job.at("seconds").get<double>();
+  int64_t iterations = job.iterations, warmup = job.warmup;
+  double warmup_seconds = job.warmup_seconds, seconds = job.seconds;
   std::string path = std::string(protobuf ? kService : kRawService) + "Throughput";
   std::vector<RpcMethod> methods;
   std::vector<grpc::Slice> contents;
@@ -248,21 +401,19 @@ json throughput(const json& job, const std::vector<std::shared_ptr<grpc::Channel
               [&](size_t ps) { loop(ps, iterations, seconds, kMeasure, &samples[ps]); });
   int64_t elapsed = std::max<int64_t>(1, now_ns() - start);
   Cpu cpu1 = cpu_now();
-  json packed = json::array();
-  for (const auto& each : samples) packed.push_back(pack_samples(each));
-  return {{"kind", "throughput_result"},
-          {"samples_ns", packed},
-          {"elapsed_ns", elapsed},
-          {"cpu_user_ns", cpu1.user - cpu0.user},
-          {"cpu_system_ns", cpu1.system - cpu0.system}};
+  std::string reply;
+  for (const auto& each : samples) {
+    std::string one;
+    put_samples(&one, 1, each);
+    put_len_field(&reply, 1, one);
+  }
+  put_varint_field(&reply, 2, static_cast<uint64_t>(elapsed));
+  put_varint_field(&reply, 3, static_cast<uint64_t>(cpu1.user - cpu0.user));
+  put_varint_field(&reply, 4, static_cast<uint64_t>(cpu1.system - cpu0.system));
+  return reply;
 }
 
 // --- sync SGD ------------------------------------------------------------------------------
-struct Shard {
-  int64_t offset;  // in the tensor, bytes
-  int64_t nbytes;
-};
-
 // A WeightChunk (service.proto): shard 1, offset 2, data 3, step 4, worker 5, measured 6.
 std::string weight_chunk_head(int64_t shard, int64_t offset, size_t data_bytes) {
   std::string out;
@@ -338,23 +489,18 @@ std::vector<grpc::Slice> chunks(const std::vector<std::string>& gradients, int64
   return out;
 }
 
-json sync_sgd(const json& job, const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
-  auto targets = job.at("targets").get<std::vector<std::string>>();
-  int64_t worker = job.at("worker").get<int64_t>();
-  bool check_mode = job.value("check", false);
-  int64_t chunk_bytes = job.at("chunk_bytes").get<int64_t>();
-  int64_t warmup = job.at("warmup").get<int64_t>();
-  int64_t max_steps = job.at("max_steps").get<int64_t>();
-  double barrier_timeout = job.at("barrier_timeout").get<double>();
-  std::vector<std::vector<Shard>> shards;
+std::string sync_sgd(const Job& job,
+                     const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
+  const auto& targets = job.targets;
+  int64_t worker = job.worker;
+  bool check_mode = job.check;
+  int64_t chunk_bytes = job.chunk_bytes, warmup = job.warmup, max_steps = job.max_steps;
+  double barrier_timeout = job.barrier_timeout;
+  const auto& shards = job.shards;
   std::vector<int64_t> owned;
-  for (const auto& mine : job.at("shards")) {
-    shards.emplace_back();
+  for (const auto& mine : shards) {
     owned.push_back(0);
-    for (const auto& pair : mine) {
-      shards.back().push_back({pair.at(0).get<int64_t>(), pair.at(1).get<int64_t>()});
-      owned.back() += pair.at(1).get<int64_t>();
-    }
+    for (const Shard& shard : mine) owned.back() += shard.nbytes;
   }
   if (shards.size() != targets.size()) throw CallError("bad job: shards: one list per target");
   if (chunk_bytes < 1) throw CallError("bad job: chunk_bytes: at least 1");
@@ -454,20 +600,26 @@ json sync_sgd(const json& job, const std::vector<std::shared_ptr<grpc::Channel>>
   }
   Cpu cpu1 = cpu_now();
   if (!counting) cpu0 = cpu1;
-  return {{"kind", "sync_sgd_result"},
-          {"samples_ns", pack_samples(samples)},
-          {"steps", step},
-          {"cpu_user_ns", cpu1.user - cpu0.user},
-          {"cpu_system_ns", cpu1.system - cpu0.system}};
+  std::string reply;
+  put_samples(&reply, 1, samples);
+  put_varint_field(&reply, 2, static_cast<uint64_t>(step));
+  put_varint_field(&reply, 3, static_cast<uint64_t>(cpu1.user - cpu0.user));
+  put_varint_field(&reply, 4, static_cast<uint64_t>(cpu1.system - cpu0.system));
+  return reply;
 }
 
-json run(const json& job) {
+// Run `job`; writes its reply.
+void run(const Job& job) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  auto targets = job.at("targets").get<std::vector<std::string>>();
-  if (targets.empty()) throw CallError("bad job: targets: expected a non-empty list of host:port");
-  for (const auto& target : targets) channels.push_back(connect(target));
-  if (job.at("kind") == "throughput") return throughput(job, channels);
-  return sync_sgd(job, channels);
+  if (job.targets.empty()) {
+    throw CallError("bad job: targets: expected a non-empty list of host:port");
+  }
+  for (const auto& target : job.targets) channels.push_back(connect(target));
+  if (job.kind == Job::kThroughput) {
+    emit(kThroughputReply, throughput(job, channels));
+  } else {
+    emit(kSyncSgdReply, sync_sgd(job, channels));
+  }
 }
 
 // The TLS files a parent hands its workers ($TFGRPC_TLS_*, security.ENV_VARS), if any.
@@ -494,27 +646,16 @@ int main() {
     return 2;
   }
   std::thread(lifeline).detach();
-  emit({{"kind", "hello"}, {"pid", static_cast<int64_t>(getpid())}});
+  std::string hello;
+  put_varint_field(&hello, 1, static_cast<uint64_t>(getpid()));
+  emit(kHello, hello);
   while (true) {
-    std::string line;
-    next_line(&line, -1);
-    json job;
+    std::string body;
+    next_message(&body, -1);
     try {
-      job = json::parse(line);
-      std::string kind = job.at("kind").get<std::string>();
-      if (kind == "go") continue;  // a "go" meant for a job that failed before it was ready
-      if (kind != "throughput" && kind != "sync_sgd") {
-        emit_error("bad job: kind='" + kind + "': expected one of go, sync_sgd, throughput");
-        continue;
-      }
-    } catch (const json::exception& error) {
-      emit_error(std::string("bad job: ") + error.what());
-      continue;
-    }
-    try {
-      emit(run(job));
-    } catch (const json::exception& error) {
-      emit_error(std::string("bad job: ") + error.what());
+      Job job = parse_job(body);
+      if (job.kind == Job::kGo) continue;  // a Go meant for a job that failed before it was ready
+      run(job);
     } catch (const std::exception& error) {
       emit_error(error.what());
     }

@@ -106,11 +106,83 @@ class RoleOutput(_message.Message):
     def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., exited: _Optional[_Union[Exited, _Mapping]] = ...) -> None: ...
 
 class InterfaceCounters(_message.Message):
-    __slots__ = ("fabric", "rx_bytes", "tx_bytes")
+    __slots__ = ("fabric", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors", "qdisc", "qdisc_drops", "tbf_rate_Bps", "speed_bps")
     FABRIC_FIELD_NUMBER: _ClassVar[int]
     RX_BYTES_FIELD_NUMBER: _ClassVar[int]
     TX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RX_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TX_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    RX_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TX_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    QDISC_FIELD_NUMBER: _ClassVar[int]
+    QDISC_DROPS_FIELD_NUMBER: _ClassVar[int]
+    TBF_RATE_BPS_FIELD_NUMBER: _ClassVar[int]
+    SPEED_BPS_FIELD_NUMBER: _ClassVar[int]
     fabric: str
     rx_bytes: int
     tx_bytes: int
-    def __init__(self, fabric: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ...) -> None: ...
+    rx_dropped: int
+    tx_dropped: int
+    rx_errors: int
+    tx_errors: int
+    qdisc: str
+    qdisc_drops: int
+    tbf_rate_Bps: int
+    speed_bps: int
+    def __init__(self, fabric: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ..., rx_dropped: _Optional[int] = ..., tx_dropped: _Optional[int] = ..., rx_errors: _Optional[int] = ..., tx_errors: _Optional[int] = ..., qdisc: _Optional[str] = ..., qdisc_drops: _Optional[int] = ..., tbf_rate_Bps: _Optional[int] = ..., speed_bps: _Optional[int] = ...) -> None: ...
+
+class TelemetryRequest(_message.Message):
+    __slots__ = ("driver", "address", "port", "discover")
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    DISCOVER_FIELD_NUMBER: _ClassVar[int]
+    driver: str
+    address: str
+    port: int
+    discover: bool
+    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ...) -> None: ...
+
+class TcpSocket(_message.Message):
+    __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps", "dsack_dups")
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_SIDE_FIELD_NUMBER: _ClassVar[int]
+    RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SEGS_OUT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_ACKED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RETRANS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    RTT_US_FIELD_NUMBER: _ClassVar[int]
+    RTTVAR_US_FIELD_NUMBER: _ClassVar[int]
+    CWND_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_RATE_BPS_FIELD_NUMBER: _ClassVar[int]
+    DSACK_DUPS_FIELD_NUMBER: _ClassVar[int]
+    local: str
+    remote: str
+    server_side: bool
+    retransmits: int
+    data_segs_out: int
+    bytes_sent: int
+    bytes_acked: int
+    bytes_retrans: int
+    bytes_received: int
+    rtt_us: int
+    rttvar_us: int
+    cwnd: int
+    delivery_rate_Bps: int
+    dsack_dups: int
+    def __init__(self, local: _Optional[str] = ..., remote: _Optional[str] = ..., server_side: _Optional[bool] = ..., retransmits: _Optional[int] = ..., data_segs_out: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_acked: _Optional[int] = ..., bytes_retrans: _Optional[int] = ..., bytes_received: _Optional[int] = ..., rtt_us: _Optional[int] = ..., rttvar_us: _Optional[int] = ..., cwnd: _Optional[int] = ..., delivery_rate_Bps: _Optional[int] = ..., dsack_dups: _Optional[int] = ...) -> None: ...
+
+class TelemetryReply(_message.Message):
+    __slots__ = ("at_ns", "sockets", "link", "host_retransmits")
+    AT_NS_FIELD_NUMBER: _ClassVar[int]
+    SOCKETS_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    HOST_RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
+    at_ns: int
+    sockets: _containers.RepeatedCompositeFieldContainer[TcpSocket]
+    link: InterfaceCounters
+    host_retransmits: int
+    def __init__(self, at_ns: _Optional[int] = ..., sockets: _Optional[_Iterable[_Union[TcpSocket, _Mapping]]] = ..., link: _Optional[_Union[InterfaceCounters, _Mapping]] = ..., host_retransmits: _Optional[int] = ...) -> None: ...

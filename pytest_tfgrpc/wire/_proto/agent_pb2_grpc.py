@@ -60,6 +60,11 @@ class NodeAgentStub:
                 request_serializer=tfgrpc_dot_agent__pb2.LeaseRequest.SerializeToString,
                 response_deserializer=tfgrpc_dot_agent__pb2.InterfaceCounters.FromString,
                 _registered_method=True)
+        self.Telemetry = channel.unary_unary(
+                '/tfgrpc.NodeAgent/Telemetry',
+                request_serializer=tfgrpc_dot_agent__pb2.TelemetryRequest.SerializeToString,
+                response_deserializer=tfgrpc_dot_agent__pb2.TelemetryReply.FromString,
+                _registered_method=True)
 
 
 class NodeAgentServicer:
@@ -102,6 +107,14 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Telemetry(self, request, context):
+        """What this host's kernel knows of the connections of one endpoint here (a role's
+        server: address and port), from its socket diagnostics, and the fabric's counters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +142,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.Counters,
                     request_deserializer=tfgrpc_dot_agent__pb2.LeaseRequest.FromString,
                     response_serializer=tfgrpc_dot_agent__pb2.InterfaceCounters.SerializeToString,
+            ),
+            'Telemetry': grpc.unary_unary_rpc_method_handler(
+                    servicer.Telemetry,
+                    request_deserializer=tfgrpc_dot_agent__pb2.TelemetryRequest.FromString,
+                    response_serializer=tfgrpc_dot_agent__pb2.TelemetryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +284,33 @@ class NodeAgent:
             '/tfgrpc.NodeAgent/Counters',
             tfgrpc_dot_agent__pb2.LeaseRequest.SerializeToString,
             tfgrpc_dot_agent__pb2.InterfaceCounters.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Telemetry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfgrpc.NodeAgent/Telemetry',
+            tfgrpc_dot_agent__pb2.TelemetryRequest.SerializeToString,
+            tfgrpc_dot_agent__pb2.TelemetryReply.FromString,
             options,
             channel_credentials,
             insecure,

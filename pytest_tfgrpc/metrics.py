@@ -4,9 +4,12 @@ Each :class:`Metric` says what a figure is called, in which :class:`Unit` it is 
 (the unit's suffix ends its JUnit property name: ``p99_us``, ``throughput_MBps``,
 ``rpc_rate_per_s``), which direction is better, whether a budget may limit it, and whether and
 how the baseline gate tests it (:class:`GateTest`). Budgets, the JUnit writer and reader
-(:mod:`pytest_tfgrpc.report.properties`), the terminal summary, plots, the gate,
+(:mod:`pytest_tfgrpc.report.record`), the terminal summary, plots, the gate,
 ``tfgrpc-compare`` and ``tfgrpc-model`` all look figures up here, so that none of them can know
 a name, a unit or a direction the others do not.
+
+Layer: below ``results`` (a figure's name is a :class:`Metric`), above ``stats`` and
+``units``; may import only ``units``.
 """
 
 from __future__ import annotations
@@ -227,6 +230,7 @@ _CPU = "one CPU-time reading per run: no samples to test a change against"
 _FIXED = "fixed by the payload and topology, not measured"
 _COUNT = "a count set by the run settings"
 _TOTAL = "one PS task's total over the run: no samples to test a change against"
+_TCP = "transport telemetry read between timed loops: context for the gated figures"
 
 
 def _times(prefix: str, what: str, budget: bool) -> list[Metric]:
@@ -320,10 +324,54 @@ _ALL: list[Metric] = [
     Metric("samples", COUNT, "operations timed", not_gated=_COUNT),
     *_cpu("client_"),
     *_cpu("server_"),
+    *(
+        Metric(f"{who}_cpu_wait", TIME, "time its threads waited for a CPU", not_gated=_CPU)
+        for who in ("client", "server")
+    ),
     *_cpu("", scoped=True),
     Metric("bytes_in", BYTES, "tensor bytes a PS received", not_gated=_TOTAL, scoped=True),
     Metric("bytes_out", BYTES, "tensor bytes a PS sent", not_gated=_TOTAL, scoped=True),
     Metric("rpcs", COUNT, "RPCs a PS served", not_gated=_TOTAL, scoped=True),
+    # Transport telemetry (pytest_tfgrpc.wire.telemetry): what the kernel saw meanwhile.
+    Metric(
+        "retransmits",
+        COUNT,
+        "TCP segments retransmitted for loss, both ends (spurious ones not counted)",
+        not_gated=_TCP,
+    ),
+    Metric(
+        "spurious_retransmits",
+        COUNT,
+        "TCP retransmissions the receiver reported as duplicates (D-SACK): no loss",
+        not_gated=_TCP,
+    ),
+    Metric("retransmits_per_MB", RATIO, "TCP segments retransmitted per MB sent", not_gated=_TCP),
+    Metric("tcp_bytes_sent", BYTES, "bytes the connections' sockets sent", not_gated=_TCP),
+    Metric("tcp_bytes_acked", BYTES, "bytes the connections' sockets had acked", not_gated=_TCP),
+    Metric("rtt_p50", TIME, "the data sender's smoothed TCP RTT, median reading", not_gated=_TCP),
+    Metric("rttvar_p50", TIME, "that RTT's mean deviation, median reading", not_gated=_TCP),
+    Metric("cwnd_p50", RATIO, "the sender's congestion window (segments)", not_gated=_TCP),
+    Metric(
+        "delivery_rate_p50",
+        RATE,
+        "the sender's TCP delivery rate, median reading",
+        higher_is_better=True,
+        not_gated=_TCP,
+    ),
+    Metric("link_drops", COUNT, "packets the fabric interfaces dropped", not_gated=_TCP),
+    Metric(
+        "link_errors", COUNT, "receive and send errors of the fabric interfaces", not_gated=_TCP
+    ),
+    Metric("qdisc_drops", COUNT, "packets the fabric interfaces' qdiscs dropped", not_gated=_TCP),
+    Metric("link_rate", RATE, "the path's nominal rate", higher_is_better=True, not_gated=_FIXED),
+    Metric(
+        "efficiency",
+        RATIO,
+        "link efficiency: throughput / the path's nominal rate",
+        higher_is_better=True,
+        budget=True,
+        gate=GateTest.U,
+    ),
 ]
 
 #: Every figure, by name.

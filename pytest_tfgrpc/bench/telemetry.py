@@ -1,0 +1,398 @@
+"""Transport telemetry of a measured point: read when each timed loop starts and ends.
+
+A :class:`TransportProbe` is a :class:`~pytest_tfgrpc.bench.timing.Phase`: it reads the
+kernel's state of the server's connections (:mod:`pytest_tfgrpc.wire.telemetry`) on this host
+and, for a server an agent started, on the server's host through the agent, when a measured
+window starts and when it ends, and sums the windows into a
+:class:`~pytest_tfgrpc.results.Transport`. It never reads inside a timed loop. A probe that
+cannot read (no netlink, an agent without telemetry) records nothing rather than failing the
+measurement: telemetry explains figures, it is not one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from pytest_tfgrpc.bench.cpu import run_queue_wait_ns
+from pytest_tfgrpc.bench.timing import Phase
+from pytest_tfgrpc.report.limits import name_limit
+from pytest_tfgrpc.results import SizeResult, Transport
+from pytest_tfgrpc.units import format_duration
+from pytest_tfgrpc.wire.client import Server
+from pytest_tfgrpc.wire.telemetry import (
+    LinkState,
+    Reading,
+    TcpState,
+    TelemetryError,
+    TelemetryReader,
+    split_target,
+)
+
+__all__ = [
+    "RemoteRead",
+    "TransportProbe",
+    "Window",
+    "explained",
+    "probe_for",
+    "server_cores",
+    "summarize_windows",
+]
+
+#: Reads the server's side on its host: (address, port, discover) -> a Reading there.
+RemoteRead = Callable[[str, int, bool], Reading]
+
+
+@dataclass
+class Window:
+    """The readings that open and close one measured window, per side (``local``, a host)."""
+
+    start: dict[str, Reading] = field(default_factory=dict)
+    end: dict[str, Reading] = field(default_factory=dict)
+
+
+#: One socket's change over a window: (its state at the end, retransmits, D-SACKed ones, data
+#: segments, bytes sent, bytes acked, bytes received).
+_Delta = tuple[TcpState, int, int, int, int, int, int]
+
+
+def _delta_sockets(start: Reading, end: Reading) -> list[_Delta]:
+    """Per socket open at the window's end: (its state, retransmits, spurious retransmits
+    (D-SACKed), data segments, bytes sent, bytes acked, bytes received) over the window; a
+    socket opened meanwhile counts from zero."""
+    before = {state.key: state for state in start.sockets}
+    out = []
+    for now in end.sockets:
+        was = before.get(now.key)
+
+        def grown(name: str, now: TcpState = now, was: TcpState | None = was) -> int:
+            return int(getattr(now, name)) - (int(getattr(was, name)) if was else 0)
+
+        out.append(
+            (
+                now,
+                grown("retransmits"),
+                grown("dsack_dups"),
+                grown("data_segs_out"),
+                grown("bytes_sent"),
+                grown("bytes_acked"),
+                grown("bytes_received"),
+            )
+        )
+    return out
+
+
+def _link_delta(start: LinkState, end: LinkState) -> tuple[int, int, int, int]:
+    return (
+        end.rx_bytes + end.tx_bytes - start.rx_bytes - start.tx_bytes,
+        end.drops - start.drops,
+        end.errors - start.errors,
+        end.qdisc_drops - start.qdisc_drops,
+    )
+
+
+def _measured(window: Window) -> list[tuple[str, _Delta]]:
+    """The sockets that carried the window's traffic, with their changes: another channel to
+    the same server (the CPU probe's two Status calls) carries a few hundred bytes, the
+    measured connections at least a tenth of the busiest one's."""
+    deltas = [
+        (side, delta)
+        for side, start in window.start.items()
+        if side in window.end
+        for delta in _delta_sockets(start, window.end[side])
+    ]
+    busiest = max((d[4] + d[6] for _, d in deltas), default=0)
+    return [(side, d) for side, d in deltas if (d[4] + d[6]) * 10 >= busiest > 0]
+
+
+def _carriers(window: Window) -> set[tuple[str, str]]:
+    return {delta[0].key for _, delta in _measured(window)}
+
+
+def summarize_windows(
+    windows: Sequence[Window], named_rate_Bps: float | None = None
+) -> Transport | None:
+    """The windows' telemetry as one :class:`Transport` (None when no window was read).
+
+    Counts are summed over windows and sides; the sender's RTT, RTT variance, cwnd and
+    delivery rate are taken at each window's end from the socket that sent the most in it.
+    The nominal rate is the lowest of ``named_rate_Bps`` and the links' own (tbf rate, else
+    reported speed)."""
+    complete = [w for w in windows if w.start and set(w.start) == set(w.end)]
+    if not complete:
+        return None
+    retransmits = spurious = segs = sent = acked = 0
+    link_bytes = drops = errors = qdrops = 0
+    links_read = False
+    rtt: list[float] = []
+    rttvar: list[float] = []
+    cwnd: list[float] = []
+    rate: list[float] = []
+    nominal: list[tuple[float, str]] = []
+    if named_rate_Bps:
+        nominal.append((named_rate_Bps, "named"))
+    connections = 0
+    for window in complete:
+        measured = _measured(window)
+        best: tuple[int, TcpState] | None = None
+        clients: set[tuple[str, str]] = set()
+        servers: set[tuple[str, str]] = set()
+        for _, (state, re, dup, seg, out, ack, _) in measured:
+            (servers if state.server_side else clients).add(state.key)
+            # A retransmission the receiver reported as a duplicate repaired no loss.
+            spurious += min(dup, re)
+            retransmits, segs = retransmits + re - min(dup, re), segs + seg
+            sent, acked = sent + out, acked + ack
+            if best is None or out > best[0]:
+                best = (out, state)
+        connections = max(connections, len(clients) or len(servers))
+        for side, start in window.start.items():
+            end = window.end[side]
+            if start.link is not None and end.link is not None:
+                links_read = True
+                b, d, e, q = _link_delta(start.link, end.link)
+                link_bytes, drops, errors = link_bytes + b, drops + d, errors + e
+                qdrops += q
+                if end.link.nominal_Bps:
+                    what = "tbf" if end.link.tbf_rate_Bps else "speed"
+                    nominal.append((end.link.nominal_Bps, f"{what} of {end.link.interface}@{side}"))
+        if best is not None and best[0] > 0:
+            state = best[1]
+            rtt.append(state.rtt_us * 1e3)
+            rttvar.append(state.rttvar_us * 1e3)
+            cwnd.append(float(state.cwnd))
+            rate.append(float(state.delivery_rate_Bps))
+    lowest = min(nominal) if nominal else None
+    sides = sorted({side for window in complete for side in window.start})
+    return Transport(
+        connections=connections,
+        retransmits=retransmits,
+        spurious_retransmits=spurious,
+        data_segs_out=segs,
+        bytes_sent=sent,
+        bytes_acked=acked,
+        rtt_ns=tuple(rtt),
+        rttvar_ns=tuple(rttvar),
+        cwnd=tuple(cwnd),
+        delivery_rate_Bps=tuple(rate),
+        link_bytes=link_bytes if links_read else None,
+        link_drops=drops if links_read else None,
+        link_errors=errors if links_read else None,
+        qdisc_drops=qdrops if links_read else None,
+        nominal_Bps=lowest[0] if lowest else None,
+        nominal_source=lowest[1] if lowest else "",
+        sides=tuple(sides),
+    )
+
+
+class TransportProbe:
+    """Reads the telemetry of ``target``'s connections at each window's start and end.
+
+    ``interface`` is this host's fabric (its link counters are read too); ``remote`` reads the
+    server's host (None: the server is on this host, or nothing can read its host). Wrap a
+    CPU probe with :meth:`around`: the telemetry is read outside the CPU probe's window, so
+    that reading it never counts in the CPU figures (the CPU probe's own small calls are told
+    apart from the measured connections by the bytes they carry).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        interface: str | None,
+        *,
+        remote: RemoteRead | None = None,
+        remote_name: str = "server",
+        named_rate_Bps: float | None = None,
+        pids: Mapping[str, int] | None = None,
+    ) -> None:
+        self.windows: list[Window] = []
+        #: Per side (``client``, a local ``server``), the run-queue wait over the windows (ns).
+        self.cpu_wait: dict[str, int] = {}
+        self._pids = dict(pids or {})
+        #: The connections that carried the last window's traffic (looked up, not dumped).
+        self._carried: set[tuple[str, str]] = set()
+        self._wait_start: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._named = named_rate_Bps
+        self._remote = remote
+        self._remote_name = remote_name
+        self._reader: TelemetryReader | None = None
+        self._first: Reading | None = None
+        self._started_ns = 0
+        self._address, self._port = "", 0
+        try:
+            self._address, self._port = split_target(target)
+            self._reader = TelemetryReader(interface)
+        except (TelemetryError, OSError) as exc:
+            self.errors.append(str(exc))
+        # What the host looked like before anything was sent: a call that fails (in its
+        # warm-up too) is told what the transport saw since.
+        self._started_ns = time.monotonic_ns()
+        self._first = self._read().get("local")
+
+    def _read(self, discover: bool = True) -> dict[str, Reading]:
+        """Both sides now. At a window's end (not ``discover``) the connections found at its
+        start are looked up; at its start they are too, and found anew (a dump of every
+        socket) only when none that carried the last window's traffic is still open (a
+        stream's round opens a connection of its own; unary calls keep theirs)."""
+        out: dict[str, Reading] = {}
+        if self._reader is None or not self._port:
+            return out
+        try:
+            out["local"] = self._side(self._reader.read, discover)
+            if self._remote is not None:
+                remote = self._remote
+
+                def read_remote(address: str, port: int, *, discover: bool) -> Reading:
+                    return remote(address, port, discover)
+
+                out[self._remote_name] = self._side(read_remote, discover)
+        except (TelemetryError, OSError) as exc:
+            self.errors.append(str(exc))
+            return {}
+        return out
+
+    def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
+        if not self._carried:
+            return read(self._address, self._port, discover=True)
+        reading = read(self._address, self._port, discover=False)
+        if discover and not self._carried & {state.key for state in reading.sockets}:
+            reading = read(self._address, self._port, discover=True)
+        return reading
+
+    def _waits(self) -> dict[str, int]:
+        waits = {side: run_queue_wait_ns(pid) for side, pid in self._pids.items()}
+        return {side: ns for side, ns in waits.items() if ns is not None}
+
+    def start(self) -> None:
+        self.windows.append(Window(start=self._read()))
+        self._wait_start = self._waits()
+
+    def stop(self) -> None:
+        if self.windows and not self.windows[-1].end:
+            window = self.windows[-1]
+            window.end = self._read(discover=False)
+            self._carried = _carriers(window)
+            for side, ns in self._waits().items():
+                if side in self._wait_start:
+                    waited = max(ns - self._wait_start[side], 0)
+                    self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
+
+    def around(self, inner: Phase) -> Phase:
+        """A phase that starts this probe then ``inner``, and stops them in reverse."""
+        return _Nested(self, inner)
+
+    def transport(self) -> Transport | None:
+        """The telemetry of every complete window so far."""
+        return summarize_windows(self.windows, self._named)
+
+    def last_seen(self) -> str:
+        """What the transport showed since the probe was made, read now (after a
+        failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; empty when
+        nothing was read."""
+        if self._first is None or self._reader is None:
+            return ""
+        try:
+            now = self._reader.read(self._address, self._port)
+        except (TelemetryError, OSError):
+            return ""
+        parts = [f"after {format_duration(time.monotonic_ns() - self._started_ns)}"]
+        closed = Window(start={"local": self._first}, end={"local": now})
+        seen = summarize_windows([closed])
+        if seen is not None and seen.connections:
+            parts.append(f"{seen.retransmits:,} retransmissions")
+            if seen.rtt_ns:
+                parts.append(f"RTT {format_duration(seen.rtt_ns[-1])}")
+        elif self._first.host_retransmits is not None and now.host_retransmits is not None:
+            grown = now.host_retransmits - self._first.host_retransmits
+            parts.append(f"the connection is gone; this host retransmitted {grown:,} segments")
+        if seen is not None and seen.qdisc_drops:
+            parts.append(f"{seen.qdisc_drops:,} qdisc drops")
+        return parts[0] + "; " + ", ".join(parts[1:]) if len(parts) > 1 else ""
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> TransportProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Nested:
+    def __init__(self, outer: TransportProbe, inner: Phase) -> None:
+        self._outer, self._inner = outer, inner
+
+    def start(self) -> None:
+        self._outer.start()
+        self._inner.start()
+
+    def stop(self) -> None:
+        self._inner.stop()
+        self._outer.stop()
+
+
+def affinity(pid: int | None) -> int | None:
+    """How many CPUs ``pid`` may run on (this process for 0), None where it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        return len(os.sched_getaffinity(pid))
+    except OSError:
+        return None
+
+
+def explained(
+    point: SizeResult,
+    transport: Transport | None,
+    *,
+    cores: Mapping[str, int | None],
+    op_bytes: int | None = None,
+    cpu_wait: Mapping[str, int] | None = None,
+) -> SizeResult:
+    """``point`` with its transport telemetry, its sides' run-queue waits (ns) and the limit
+    the rule names (:func:`pytest_tfgrpc.report.limits.name_limit`) from them and the point's
+    CPU figures."""
+    with_tcp = replace(point, transport=transport, cpu_wait=MappingProxyType(dict(cpu_wait or {})))
+    return replace(with_tcp, limit=name_limit(with_tcp, cores=cores, op_bytes=op_bytes))
+
+
+def probe_for(server: Server, named_rate_Bps: float | None = None) -> TransportProbe:
+    """A probe of ``server``'s connections: on this host's fabric, and on the server's host
+    where its node agent can read them."""
+    launcher = getattr(server, "launcher", None)
+    remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
+    pids = {"client": os.getpid()}
+    pid = getattr(server, "pid", None)
+    if _is_local(server) and pid:
+        pids["server"] = pid
+    return TransportProbe(
+        server.target,
+        server.fabric.name,
+        remote=remote,
+        remote_name=str(getattr(launcher, "host", "server")),
+        named_rate_Bps=named_rate_Bps,
+        pids=pids,
+    )
+
+
+def _is_local(server: Server) -> bool:
+    launcher = getattr(server, "launcher", None)
+    return launcher is None or getattr(launcher, "host", "local") == "local"
+
+
+def server_cores(server: Server) -> Mapping[str, int | None]:
+    """The CPUs each P2P side may run on: this process's; a local server's (None for one
+    elsewhere: its agent's host decides)."""
+    launcher = getattr(server, "launcher", None)
+    local = launcher is None or getattr(launcher, "host", "local") == "local"
+    return {
+        "client": affinity(0),
+        "server": affinity(getattr(server, "pid", None)) if local else None,
+    }

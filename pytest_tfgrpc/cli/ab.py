@@ -1,0 +1,339 @@
+"""``tfgrpc-ab --pairs N --a "COMMAND" --b "COMMAND"``: B against A, side by side in one job.
+
+Runs two pytest command lines (two virtual environments, two grpcio versions, two servers)
+as A B A B ... (``--order random``: a seeded coin decides which side of each pair goes
+first), each writing its own JUnit XML (the tool adds ``--junitxml``), then tests every figure
+of B against A across the pairs (:func:`pytest_tfgrpc.report.paired.compare_pairs`): what
+drifts on a shared machine between pairs hits both sides of a pair alike.
+
+Prints the gate's table and exits as ``tfgrpc-compare`` does: 0 nothing regressed, 1 a
+regression (or what ``--inconclusive fail``, ``--mismatch fail``, ``--missing fail`` make
+fail), 2 bad input (a bad option, too few usable pairs) or an interrupted run. Every run is
+bounded by ``--timeout``; a run that times out, crashes or writes no usable JUnit breaks its
+pair, which is counted, named and left out. Ctrl-C stops the running side and reports the
+pairs measured so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from pytest_tfgrpc.cli.compare import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    add_gate_options,
+    gate_failures,
+)
+from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
+from pytest_tfgrpc.report.compare import Comparison, format_comparison
+from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
+from pytest_tfgrpc.report.paired import Pair, compare_pairs
+from pytest_tfgrpc.report.tolerance import ToleranceError, parse_tolerances
+from pytest_tfgrpc.stats.paired import MIN_PAIRS
+
+__all__ = ["Broken", "main"]
+
+PROG = "tfgrpc-ab"
+#: pytest's exit codes that still leave a usable JUnit file: all passed, some failed.
+_USABLE_EXITS = (0, 1)
+#: How long a side stopped by Ctrl-C or its timeout may take to write its JUnit and exit.
+STOP_GRACE_S = 20.0
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A pair left out of the comparison: which pair, which side and why."""
+
+    pair: int
+    side: str
+    why: str
+
+    def describe(self) -> str:
+        return f"pair {self.pair}: side {self.side} {self.why}"
+
+
+@dataclass(frozen=True)
+class _Side:
+    name: str
+    argv: tuple[str, ...]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Run two pytest command lines in turn, A B A B ..., and test every tfgrpc figure "
+            "of B against A across the pairs (paired t-test on the pairs' log ratios, with a "
+            "Wilcoxon signed-rank check): the gate of tfgrpc-compare, for a noisy machine."
+        ),
+        epilog="exit status: 0 no regression, 1 regression (or a failing policy), "
+        "2 bad input, too few usable pairs, or interrupted",
+    )
+    parser.add_argument("--pairs", type=_positive_int, required=True, help="pairs of runs")
+    parser.add_argument("--a", required=True, metavar="COMMAND", help="side A: a pytest command")
+    parser.add_argument("--b", required=True, metavar="COMMAND", help="side B: a pytest command")
+    parser.add_argument(
+        "--order",
+        choices=("alternate", "random"),
+        default="alternate",
+        help="A before B in every pair (alternate, default), or a seeded coin per pair",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --order random (default 0)")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"longest one run may take, in seconds (default {DEFAULT_TIMEOUT_S:g}): a run "
+        "past it is stopped and breaks its pair",
+    )
+    parser.add_argument(
+        "--dir",
+        default="tfgrpc-ab",
+        metavar="DIR",
+        help="where each run's JUnit XML and output go (default ./tfgrpc-ab): a-01.xml, "
+        "a-01.log, b-01.xml, ...",
+    )
+    add_gate_options(parser)
+    parser.add_argument(
+        "--junitxml", "--junit-xml", metavar="FILE", help="write the verdicts as JUnit XML"
+    )
+    parser.add_argument(
+        "--results", metavar="FILE", help="append the verdicts to a results file (JSON lines)"
+    )
+    parser.add_argument("--html", metavar="FILE", help="write an HTML report of the verdicts")
+    return parser
+
+
+def _order(pairs: int, how: str, seed: int) -> list[tuple[str, str]]:
+    """Which side runs first in each pair."""
+    if how == "alternate":
+        return [("A", "B")] * pairs
+    coin = random.Random(seed)
+    return [("A", "B") if coin.random() < 0.5 else ("B", "A") for _ in range(pairs)]
+
+
+def _stop(process: subprocess.Popen[bytes], first: int) -> None:
+    """Stop a side's whole process group: ``first`` (SIGINT lets pytest write its JUnit),
+    then SIGKILL after :data:`STOP_GRACE_S`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, first)
+    try:
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    # Anything of the group still alive (a server the side started) goes too.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _run_side(side: _Side, junit: Path, log: Path, timeout: float) -> tuple[Baseline | None, str]:
+    """Run one side once; its run, or None and why it is unusable (with a run: a note, or
+    ""). Ctrl-C stops the side and propagates."""
+    junit.unlink(missing_ok=True)
+    argv = [*side.argv, f"--junitxml={junit}"]
+    with open(log, "wb") as output:
+        try:
+            process = subprocess.Popen(
+                argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        except OSError as error:
+            return None, f"could not start {argv[0]!r}: {error.strerror or error}"
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(process, signal.SIGINT)
+            return None, f"ran past --timeout {timeout:g} s and was stopped (output: {log})"
+        except KeyboardInterrupt:
+            _stop(process, signal.SIGINT)
+            raise
+    if code not in _USABLE_EXITS:
+        return None, f"exited {code} (pytest: not a run of tests; output: {log})"
+    try:
+        run = load_baseline(junit)
+    except BaselineError as error:
+        return None, f"left no usable JUnit: {error} (output: {log})"
+    note = f"exited {code}: some tests failed; its figures are used (output: {log})"
+    return run, note if code else ""
+
+
+@dataclass
+class _Progress:
+    pairs: list[Pair]
+    broken: list[Broken]
+    sources: list[tuple[Path, Path]]
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def _run_pairs(
+    sides: dict[str, _Side],
+    order: Sequence[tuple[str, str]],
+    directory: Path,
+    timeout: float,
+    out: TextIO,
+) -> _Progress:
+    done = _Progress([], [], [])
+    total = len(order)
+    try:
+        for index, first_second in enumerate(order, start=1):
+            got: dict[str, Baseline] = {}
+            took: list[str] = []
+            for name in first_second:
+                stem = f"{name.lower()}-{index:02d}"
+                started = time.monotonic()
+                run, why = _run_side(
+                    sides[name], directory / f"{stem}.xml", directory / f"{stem}.log", timeout
+                )
+                took.append(f"{name} {time.monotonic() - started:.1f} s")
+                if run is None:
+                    done.broken.append(Broken(index, name, why))
+                    break
+                if why:
+                    done.notes.append(f"pair {index}: side {name} {why}")
+                got[name] = run
+            state = "broken" if len(got) < 2 else "ok"
+            print(f"{PROG}: pair {index}/{total}: {', '.join(took)}: {state}", file=out, flush=True)
+            if len(got) == 2:
+                done.pairs.append(Pair(got["A"], got["B"]))
+                done.sources.append(
+                    (directory / f"a-{index:02d}.xml", directory / f"b-{index:02d}.xml")
+                )
+    except KeyboardInterrupt:
+        done.interrupted = True
+    return done
+
+
+def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
+    for line in format_comparison(comparison):
+        print(line, file=out)
+    for broken in done.broken:
+        print(f"broken: {broken.describe()}", file=out)
+    for note in done.notes:
+        print(f"note: {note}", file=out)
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
+    stdout = out if out is not None else sys.stdout
+    stderr = out if out is not None else sys.stderr
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        tolerances = parse_tolerances(args.max_regression)
+    except ToleranceError as error:
+        parser.error(f"--max-regression: {error}")
+    sides = {}
+    for name, command in (("A", args.a), ("B", args.b)):
+        try:
+            words = tuple(shlex.split(command))
+        except ValueError as error:
+            parser.error(f"--{name.lower()} {command!r}: {error}")
+        if not words:
+            parser.error(f"--{name.lower()}: an empty command")
+        if any(w.split("=")[0] in ("--junitxml", "--junit-xml") for w in words):
+            parser.error(f"--{name.lower()}: leave --junitxml out: {PROG} adds its own per run")
+        sides[name] = _Side(name, words)
+    if args.pairs < MIN_PAIRS:
+        parser.error(f"--pairs {args.pairs}: a paired test needs {MIN_PAIRS} or more")
+    directory = Path(args.dir)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        print(f"{PROG}: error: --dir {directory}: {error.strerror or error}", file=stderr)
+        return EXIT_BAD_INPUT
+    order = _order(args.pairs, args.order, args.seed)
+    print(
+        f"{PROG}: {args.pairs} pairs ({args.order} order), each run bounded by "
+        f"{args.timeout:g} s; A is the baseline, B the current run",
+        file=stdout,
+    )
+    print(f"{PROG}: A = {shlex.join(sides['A'].argv)}", file=stdout)
+    print(f"{PROG}: B = {shlex.join(sides['B'].argv)}", file=stdout, flush=True)
+    started = time.monotonic()
+    done = _run_pairs(sides, order, directory, args.timeout, stdout)
+    elapsed = time.monotonic() - started
+    measured = f"{len(done.pairs)} of {args.pairs} pairs usable, {len(done.broken)} broken"
+    if done.interrupted:
+        measured += f", interrupted after pair {len(done.pairs) + len(done.broken)}"
+    print(f"{PROG}: {measured}; {elapsed:.1f} s", file=stdout)
+    if len(done.pairs) < MIN_PAIRS:
+        for broken in done.broken:
+            print(f"broken: {broken.describe()}", file=stdout)
+        print(
+            f"{PROG}: error: {len(done.pairs)} usable pairs: a paired test needs {MIN_PAIRS}",
+            file=stderr,
+        )
+        return EXIT_BAD_INPUT
+    comparison = compare_pairs(done.pairs, tolerances, alpha=args.alpha)
+    failures = gate_failures(
+        comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
+    )
+    _report(comparison, done, stdout)
+    run = AbRun(
+        comparison=comparison,
+        pairs=len(done.pairs),
+        broken=tuple(b.describe() for b in done.broken),
+        a_command=shlex.join(sides["A"].argv),
+        b_command=shlex.join(sides["B"].argv),
+        latest_b=done.sources[-1][1],
+        failures=tuple(failures),
+    )
+    try:
+        if args.junitxml:
+            write_junit(run, args.junitxml)
+        if args.results:
+            write_results(run, args.results)
+        if args.html:
+            write_html(run, args.html)
+    except (OSError, BaselineError) as error:
+        print(f"{PROG}: error: cannot write the outputs: {error}", file=stderr)
+        return EXIT_BAD_INPUT
+    if done.interrupted:
+        failures.append("interrupted (Ctrl-C): the pairs measured so far are reported")
+    lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
+    verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
+    print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)
+    if comparison.regressions or (failures and not done.interrupted):
+        return EXIT_REGRESSION
+    return EXIT_BAD_INPUT if done.interrupted else EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""Paired A/B: the paired test, B against A over pairs of runs, ``tfgrpc-ab`` end to end
+(real pytest runs of a tiny suite, a delay injected into side B's servers), and the history
+that says when it is blind."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+from conftest import QUICK
+from scipy import stats
+
+from pytest_tfgrpc.cli.ab import main as ab_main
+from pytest_tfgrpc.report.compare import blind_history_warnings, format_comparison
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.paired import Pair, compare_pairs
+from pytest_tfgrpc.report.record import Key, Measurement, Outcome
+from pytest_tfgrpc.stats.paired import MIN_PAIRS, paired_test, signed_rank_floor
+
+META = MappingProxyType({"host": "node1", "grpcio": "1.85.3", "cpus": "2"})
+KEY = Key("tests.test_perf.test_latency[lo]", "lo", "p2p_latency", "1KiB")
+
+
+def measurement(
+    p50_ns: float, *, rounds: int = 5, spread: float = 0.02, seed: int = 0
+) -> Measurement:
+    rng = np.random.default_rng(seed)
+    values = tuple(float(v) for v in p50_ns * np.exp(rng.normal(0.0, spread, rounds)))
+    return Measurement(
+        KEY,
+        MappingProxyType({"p50": float(np.median(values))}),
+        rounds=MappingProxyType({"p50": values}),
+    )
+
+
+def run(*points: Measurement, meta: dict[str, str] | None = None, name: str = "run") -> Baseline:
+    return Baseline(
+        name,
+        MappingProxyType({m.key: m for m in points}),
+        MappingProxyType(dict(META) if meta is None else meta),
+    )
+
+
+def drifting_pairs(ratio: float, pairs: int = 5, *, seed: int = 1) -> list[Pair]:
+    """Pairs on a machine that drifts by up to 2x between pairs; B is ``ratio`` times A."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(pairs):
+        level = 300_000.0 * math.exp(rng.uniform(0.0, math.log(2.0)))
+        noise = math.exp(rng.normal(0.0, 0.02))
+        out.append(
+            Pair(
+                run(measurement(level, seed=10 * i)),
+                run(measurement(level * ratio * noise, seed=10 * i + 1)),
+            )
+        )
+    return out
+
+
+# --- the paired test ----------------------------------------------------------------------
+
+
+def test_paired_test_is_scipys_paired_t_on_log_ratios() -> None:
+    rng = np.random.default_rng(3)
+    a = np.exp(rng.normal(12.0, 0.5, 7))
+    b = a * np.exp(rng.normal(0.05, 0.03, 7))
+    found = paired_test(list(a), list(b), alpha=0.05)
+    reference = stats.ttest_rel(np.log(b), np.log(a))
+    assert found.p_value == pytest.approx(reference.pvalue)
+    assert found.change == pytest.approx(math.expm1(np.mean(np.log(b / a))))
+    se = np.std(np.log(b / a), ddof=1) / math.sqrt(7)
+    assert found.detectable == pytest.approx(math.expm1(stats.t.ppf(0.975, 6) * se))
+    assert found.signed_rank_p == pytest.approx(stats.wilcoxon(np.log(b / a)).pvalue)
+    assert found.pairs == 7 and found.direction == 1
+
+
+def test_the_drift_common_to_a_pair_cancels() -> None:
+    """Runs that differ 2x between pairs, B 20% slower than A in each: the pairs see it."""
+    a = [300.0, 600.0, 350.0, 520.0, 410.0]
+    b = [x * 1.2 * f for x, f in zip(a, (1.01, 0.99, 1.02, 0.98, 1.0), strict=True)]
+    found = paired_test(a, b, alpha=0.05)
+    assert found.direction == 1 and found.change == pytest.approx(0.2, abs=0.01)
+    assert found.detectable < 0.05
+
+
+def test_the_signed_rank_check_vetoes_one_pair_driving_the_mean() -> None:
+    # Seven pairs: three slower, four a little faster; the t finds a rise, the ranks do not.
+    a = [100.0] * 7
+    b = [170.0, 175.0, 180.0, 99.0, 99.5, 99.0, 99.5]
+    found = paired_test(a, b, alpha=0.2)
+    assert signed_rank_floor(7) < 0.2
+    assert found.p_value < 0.2 and found.vetoed and found.direction == 0
+    assert "does not confirm" in found.method
+
+
+def test_five_pairs_cannot_reach_five_percent_by_ranks_so_no_veto() -> None:
+    assert signed_rank_floor(5) == pytest.approx(0.0625)
+    a = [100.0, 210.0, 150.0, 130.0, 180.0]
+    found = paired_test(a, [x * 1.3 for x in a], alpha=0.05)
+    assert found.direction == 1 and not found.vetoed
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "message"),
+    [
+        ([1.0, 2.0], [1.0, 2.0], f"2 pairs: a paired test needs {MIN_PAIRS}"),
+        ([1.0, 2.0, 3.0], [1.0, 2.0], "3 values of A and 2 of B"),
+        ([1.0, 0.0, 3.0], [1.0, 2.0, 3.0], "side A's figures are invalid: a value is 0"),
+    ],
+)
+def test_paired_test_refuses_what_is_not_pairs(
+    a: list[float], b: list[float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        paired_test(a, b, alpha=0.05)
+
+
+# --- B against A --------------------------------------------------------------------------
+
+
+def test_a_slowdown_under_drift_is_a_regression_and_an_unchanged_pair_passes() -> None:
+    slow = compare_pairs(drifting_pairs(1.2), {"*": 0.10})
+    (verdict,) = slow.verdicts
+    assert verdict.outcome is Outcome.REGRESSION, verdict.reason
+    assert verdict.runs == 5 and "paired t-test on log ratios, 5 pairs" in verdict.reason
+    same = compare_pairs(drifting_pairs(1.0), {"*": 0.10})
+    assert [v.outcome for v in same.verdicts] == [Outcome.PASS]
+    assert "detectable" in format_comparison(same)[0]
+
+
+def test_a_figure_missing_on_one_side_is_named() -> None:
+    other = Key(KEY.test, "lo", "p2p_latency", "64KiB")
+    pairs = [
+        Pair(run(measurement(3e5), replace(measurement(9e5), key=other)), run(measurement(3e5)))
+        for _ in range(3)
+    ]
+    comparison = compare_pairs(pairs, {"*": 0.10})
+    assert comparison.missing == (other,)
+    lines = format_comparison(comparison)
+    assert any(line.startswith("missing: ") and "64KiB" in line for line in lines)
+    # A metric only one side recorded is inconclusive, naming the side.
+    without = Measurement(KEY, MappingProxyType({"p99": 4e5}))
+    only_a = compare_pairs([Pair(run(measurement(3e5)), run(without))] * 3, {"*": 0.1})
+    (verdict,) = only_a.verdicts
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+    assert "side B has no p50 figure; A has" in verdict.reason
+
+
+def test_a_setup_mismatch_between_the_sides_is_reported() -> None:
+    pairs = [
+        Pair(run(measurement(3e5)), run(measurement(3e5), meta={**META, "grpcio": "1.86.0"}))
+        for _ in range(3)
+    ]
+    comparison = compare_pairs(pairs, {"*": 0.10})
+    assert [m.describe() for m in comparison.mismatches] == [
+        "grpcio: baseline 1.85.3, current 1.86.0"
+    ]
+
+
+def test_pairs_lacking_a_figure_on_one_side_are_counted() -> None:
+    pairs = drifting_pairs(1.0, pairs=4)
+    pairs[1] = Pair(pairs[1].a, run())  # B's run of pair 2 measured nothing
+    (verdict,) = compare_pairs(pairs, {"*": 0.10}).verdicts
+    assert verdict.runs == 3 and "(1 pair lacks it on one side)" in verdict.reason
+
+
+# --- a history that says when it is blind -------------------------------------------------
+
+
+def test_a_history_with_a_wide_spread_says_what_it_cannot_see() -> None:
+    """p50 spanning 266-381 us in two modes, as the issue found: tolerance 10%."""
+    history = [run(measurement(v)) for v in (266e3, 381e3, 270e3, 375e3, 280e3)]
+    (line,) = blind_history_warnings(history, {"*": 0.10})
+    assert line.startswith("this history can see changes above ")
+    seen = float(line.split("above ")[1].split("%")[0])
+    assert seen > 20
+    assert "in p2p_latency.1KiB.p50 (tests.test_perf.test_latency[lo] on lo, 5 runs)" in line
+    assert line.endswith("tolerance 10%: consider tfgrpc-ab or more runs")
+    steady = [run(measurement(v)) for v in (300e3, 301e3, 299e3, 300e3, 302e3)]
+    assert blind_history_warnings(steady, {"*": 0.10}) == []
+    assert blind_history_warnings(history[:2], {"*": 0.10}) == []  # short: said elsewhere
+
+
+BLIND_SUITE = """
+import pytest
+
+@pytest.mark.message_profile(["1KiB"])
+def test_a(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+"""
+
+
+def test_the_gate_header_and_summary_warn_of_a_blind_history(pytester: pytest.Pytester) -> None:
+    from test_compare import write_junit
+
+    rounds = "p50=" + ",".join(["300000"] * 3)
+    for i, p50 in enumerate((266e3, 381e3, 270e3, 375e3, 280e3)):
+        props = [
+            ("tfgrpc.fabric", "lo"),
+            ("tfgrpc.p2p_latency.1KiB.p50_us", str(p50 / 1e3)),
+            ("tfgrpc.p2p_latency.1KiB.rounds", rounds.replace("300000", str(p50))),
+        ]
+        write_junit(pytester.path / f"run-{i}.xml", {"test_blind.test_a[lo]": props})
+    pytester.makepyfile(test_blind=BLIND_SUITE)
+    result = pytester.runpytest(
+        *QUICK, *(f"--tfgrpc-baseline=run-{i}.xml" for i in range(5)), "--tfgrpc-missing=warn"
+    )
+    warning = (
+        "*WARNING this history can see changes above *% in p2p_latency.1KiB.p50 "
+        "(test_blind.test_a?lo? on lo, 5 runs); tolerance 10%: consider tfgrpc-ab or more runs"
+    )
+    result.stdout.fnmatch_lines(["tfgrpc: " + warning.lstrip("*"), "*tfgrpc baseline*", warning])
+
+
+# --- tfgrpc-ab end to end -----------------------------------------------------------------
+
+AB_SUITE = """
+import pytest
+
+@pytest.mark.message_profile(["1KiB"])
+def test_a(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+
+@pytest.mark.message_profile(["1KiB"])
+def test_b(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+"""
+
+
+def pytest_command(path: Path, *extra: str) -> str:
+    words = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(path), *QUICK]
+    return " ".join([*words, *extra])
+
+
+def ab(tmp: Path, *argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = ab_main(["--dir", str(tmp / "runs"), *argv], out=out)
+    return code, out.getvalue()
+
+
+def test_ab_of_one_version_against_itself_passes_and_writes_the_gates_outputs(
+    pytester: pytest.Pytester,
+) -> None:
+    suite = pytester.makepyfile(test_perf=AB_SUITE)
+    side = pytest_command(suite)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--a", side, "--b", side, "--max-regression", "50%"),
+        *("--junitxml", "ab.xml", "--results", "ab.jsonl", "--html", "ab.html"),
+    )
+    assert code == 0, out
+    assert "tfgrpc-ab: 3 of 3 pairs usable, 0 broken" in out
+    assert "test_perf.test_a[lo]  p2p_latency  lo      1KiB  p50" in out
+    assert out.rstrip().endswith(": OK")
+    xml = (pytester.path / "ab.xml").read_text()
+    assert 'name="tfgrpc.ab.pairs" value="3"' in xml
+    assert 'name="tfgrpc.p2p_latency.1KiB.p50.verdict" value="pass"' in xml
+    records = [json.loads(line) for line in (pytester.path / "ab.jsonl").read_text().splitlines()]
+    assert {r["test"] for r in records} == {"test_perf.test_a[lo]", "test_perf.test_b[lo]"}
+    assert "tfgrpc-ab: B against A" in (pytester.path / "ab.html").read_text()
+
+
+def test_ab_fails_a_delay_with_the_table_and_names_what_one_side_lacks(
+    pytester: pytest.Pytester,
+) -> None:
+    suite = pytester.makepyfile(test_perf=AB_SUITE)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--a", pytest_command(suite)),
+        *("--b", pytest_command(suite, "--tfgrpc-server-delay=5ms", "-k", "test_a")),
+    )
+    assert code == 1, out
+    table = [line for line in out.splitlines() if "p2p_latency  lo" in line]
+    assert len(table) == 1 and table[0].endswith("REGRESSION"), out
+    assert "regression: test_perf.test_a[lo] on lo: p2p_latency 1KiB p50: +" in out
+    assert "missing: test_perf.test_b[lo] on lo: p2p_latency 1KiB is in the baseline" in out
+    assert "setup mismatch: server_delay: baseline (not recorded), current 5ms" in out
+    assert "FAILED: 1 regressed; 1 missing (--missing fail)" in out
+
+
+WRAPPER = """
+import os, subprocess, sys, time
+count = int(open("calls").read()) if os.path.exists("calls") else 0
+open("calls", "w").write(str(count + 1))
+if count == 1:
+    time.sleep(600)  # past --timeout
+if count == 2:
+    sys.exit(3)  # pytest's internal error
+sys.exit(subprocess.call(sys.argv[1:]))
+"""
+
+
+def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
+    suite = pytester.makepyfile(test_perf=BLIND_SUITE)
+    wrapper = pytester.makepyfile(wrapper=WRAPPER)
+    pytester.chdir()
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "5", "--timeout", "20", "--max-regression", "50%"),
+        *("--a", pytest_command(suite)),
+        *("--b", f"{sys.executable} {wrapper} " + pytest_command(suite)),
+    )
+    assert "tfgrpc-ab: 3 of 5 pairs usable, 2 broken" in out, out
+    assert "broken: pair 2: side B ran past --timeout 20 s and was stopped" in out
+    assert "broken: pair 3: side B exited 3 (pytest: not a run of tests" in out
+    assert code == 0, out
+
+
+def test_a_bad_server_delay_is_a_usage_error_naming_the_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_blind=BLIND_SUITE)
+    result = pytester.runpytest("--tfgrpc-server-delay=11s")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--tfgrpc-server-delay / tfgrpc_server_delay: '11s' is not from 0 to 10 s*"]
+    )
+    pytester.makeini("[pytest]\ntfgrpc_server_delay = soon\n")
+    result = pytester.runpytest()
+    result.stderr.fnmatch_lines(["*tfgrpc_server_delay: invalid value 'soon'*"])
+
+
+# --- two servers side by side in one test -------------------------------------------------
+
+IN_TEST = """
+import pytest
+from pytest_tfgrpc import ServerProcess
+from pytest_tfgrpc.report.paired import PairedRegression
+
+@pytest.fixture
+def slow_server(fabric):
+    server = ServerProcess.start(fabric, extra_args=["--delay", "{delay}"])
+    yield server
+    server.stop()
+
+@pytest.mark.message_profile(["1KiB", "4KiB"])
+def test_b_against_a(tfgrpc, tensor_server, slow_server):
+    # Two processes on a loaded machine differ by where the scheduler puts them: 50% keeps
+    # the unchanged pair from failing on that; the 3 ms delay is 10x the echo.
+    found = tfgrpc.p2p_latency_ab(
+        tensor_server, slow_server, iterations=60, warmup=5, max_regression="50%"
+    )
+    assert [v.key.size for v in found.comparison.verdicts] == ["1KiB", "4KiB"]
+    assert len(found.a.sizes[0].rounds) == 10
+"""
+
+
+def test_two_servers_interleaved_in_one_test_gate_b_against_a(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_ab_servers=IN_TEST.format(delay="0ns"))
+    passed = pytester.runpytest("--junitxml=same.xml", "--tfgrpc-cpus=off")
+    passed.assert_outcomes(passed=1)
+    xml = (pytester.path / "same.xml").read_text()
+    for label in ("p2p_latency_a", "p2p_latency_b"):
+        assert f'name="tfgrpc.{label}.1KiB.p50_us"' in xml
+        assert f'name="tfgrpc.{label}.1KiB.rounds"' in xml
+    assert 'name="tfgrpc.p2p_latency_ab.4KiB.p50.verdict"' in xml
+    pytester.makepyfile(test_ab_servers=IN_TEST.format(delay="3ms"))
+    failed = pytester.runpytest("--tfgrpc-cpus=off")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(
+        [
+            "*PairedRegression: regression: server B (*) against server A (*): p2p_latency "
+            "1KiB.p50, 4KiB.p50*",
+            "*p2p_latency_ab  lo      1KiB  p50 * REGRESSION",
+        ]
+    )
+
+
+SLOW_FOURTH = """
+import os, subprocess, sys, time
+count = int(open("calls").read()) if os.path.exists("calls") else 0
+open("calls", "w").write(str(count + 1))
+if count == 3:
+    open("waiting", "w").close()
+    time.sleep(600)  # until Ctrl-C
+sys.exit(subprocess.call(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    import signal
+    import subprocess
+    import time
+
+    suite = pytester.makepyfile(test_perf=BLIND_SUITE)
+    wrapper = pytester.makepyfile(slow=SLOW_FOURTH)
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest_tfgrpc.cli.ab",
+        *("--pairs", "4", "--max-regression", "50%", "--dir", "runs"),
+        *(
+            "--a",
+            pytest_command(suite),
+            "--b",
+            f"{sys.executable} {wrapper} {pytest_command(suite)}",
+        ),
+    ]
+    proc = subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (pytester.path / "waiting").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert "tfgrpc-ab: 3 of 4 pairs usable, 0 broken, interrupted after pair 3" in out
+    assert "test_perf.test_a[lo]  p2p_latency  lo      1KiB  p50" in out
+    assert "FAILED: interrupted (Ctrl-C): the pairs measured so far are reported" in out
+    assert not (pytester.path / "runs" / "b-04.xml").exists()

@@ -1,0 +1,257 @@
+"""Transport telemetry: the socket-diagnostics reader, the windows, the limit rule, the words,
+and the plugin end to end on loopback (the grpcio engine; the gate quoting the transport)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from junitparser.xunit2 import JUnitXml
+
+from pytest_tfgrpc.bench.telemetry import TransportProbe, Window, summarize_windows
+from pytest_tfgrpc.report.limits import CPU_SHARE, LINK_SHARE, name_limit
+from pytest_tfgrpc.report.telemetry_text import gate_context, summary_cell
+from pytest_tfgrpc.results import CpuTime, SizeResult, Transport
+from pytest_tfgrpc.wire.telemetry import LinkState, Reading, TcpState, TelemetryReader
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux")
+
+
+@pytest.fixture
+def connection() -> Iterator[tuple[socket.socket, socket.socket, int]]:
+    """A TCP connection on loopback: (client, server end, server port)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        with client, accepted:
+            yield client, accepted, port
+
+
+def test_the_reader_finds_both_ends_of_a_connection_by_its_endpoint(
+    connection: tuple[socket.socket, socket.socket, int],
+) -> None:
+    client, accepted, port = connection
+    with TelemetryReader("lo") as reader:
+        before = reader.read("127.0.0.1", port)
+        client.sendall(b"x" * 200_000)
+        got = 0
+        while got < 200_000:
+            got += len(accepted.recv(1 << 20))
+        after = reader.read("127.0.0.1", port)
+    ends = {state.server_side: state for state in after.sockets}
+    assert set(ends) == {True, False}
+    assert ends[False].local == f"127.0.0.1:{client.getsockname()[1]}"
+    assert ends[False].bytes_sent - _sent(before, server_side=False) == 200_000
+    assert ends[True].bytes_received >= 200_000
+    assert ends[False].rtt_us > 0 and ends[False].cwnd > 0
+    assert after.link is not None and after.link.interface == "lo"
+    assert after.link.rx_bytes > before.link.rx_bytes if before.link else True
+    assert after.link.speed_bps is None  # lo reports no speed: no nominal rate
+
+
+def _sent(reading: Reading, *, server_side: bool) -> int:
+    return sum(s.bytes_sent for s in reading.sockets if s.server_side == server_side)
+
+
+def test_a_probe_sums_its_windows_and_leaves_idle_channels_out(
+    connection: tuple[socket.socket, socket.socket, int],
+) -> None:
+    client, accepted, port = connection
+    idle = socket.create_connection(("127.0.0.1", port))  # another channel: idle meanwhile
+    with idle, TransportProbe(f"127.0.0.1:{port}", "lo") as probe:
+        for _ in range(3):
+            probe.start()
+            client.sendall(b"y" * 100_000)
+            got = 0
+            while got < 100_000:
+                got += len(accepted.recv(1 << 20))
+            probe.stop()
+        transport = probe.transport()
+    assert probe.errors == []
+    assert transport is not None
+    assert transport.connections == 1
+    assert transport.bytes_sent == 300_000 and transport.retransmits == 0
+    assert len(transport.rtt_ns) == 3 and all(rtt > 0 for rtt in transport.rtt_ns)
+    assert transport.link_drops == 0 and transport.nominal_Bps is None
+
+
+def _state(sent: int, retrans: int, *, server_side: bool = False) -> TcpState:
+    return TcpState(
+        local="10.0.0.1:5" if server_side else "10.0.0.2:6",
+        remote="10.0.0.2:6" if server_side else "10.0.0.1:5",
+        server_side=server_side,
+        retransmits=retrans,
+        data_segs_out=sent // 1000,
+        bytes_sent=sent,
+        bytes_acked=sent,
+        bytes_retrans=0,
+        bytes_received=0,
+        rtt_us=200,
+        rttvar_us=50,
+        cwnd=10,
+        delivery_rate_Bps=10**8,
+    )
+
+
+def _link(drops: int, rate: int | None) -> LinkState:
+    return LinkState("fab0", 0, 0, 0, 0, 0, 0, "tbf" if rate else "", drops, rate, 10**10)
+
+
+def test_windows_add_up_on_both_sides_with_the_lowest_rate() -> None:
+    """The remote side's link is shaped: its tbf rate is the path's, not the local speed."""
+    start = Reading(0, (_state(0, 0),), _link(0, None), 7)
+    end = Reading(1, (_state(1_000_000, 30),), _link(0, None), 37)
+    far_start = Reading(0, (), _link(5, 25_000_000), None)
+    far_end = Reading(1, (), _link(9, 25_000_000), None)
+    window = Window({"local": start, "ps0": far_start}, {"local": end, "ps0": far_end})
+    transport = summarize_windows([window, window])
+    assert transport is not None
+    assert transport.retransmits == 60 and transport.bytes_sent == 2_000_000
+    assert transport.qdisc_drops == 8
+    assert transport.nominal_Bps == 25e6 and transport.nominal_source == "tbf of fab0@ps0"
+    assert transport.retransmits_per_MB == 30.0
+    named = summarize_windows([window], named_rate_Bps=12.5e6)
+    assert named is not None and named.nominal_source == "named"
+    assert summarize_windows([Window({"local": start}, {})]) is None  # never closed
+
+
+def _point(
+    *,
+    transport: Transport | None,
+    throughput_bytes: int = 1 << 20,
+    elapsed_ns: int = 10**9,
+    client_ns: int = 0,
+    server_ns: int = 0,
+) -> SizeResult:
+    samples = np.full(10, elapsed_ns // 10, dtype=np.int64)
+    cpu = {"client": CpuTime(client_ns, 0), "server": CpuTime(server_ns, 0)}
+    return SizeResult.from_samples(
+        throughput_bytes // 10, throughput_bytes // 10, samples, elapsed_ns, cpu=cpu,
+        transport=transport,
+    )  # fmt: skip
+
+
+def _transport(**fields: object) -> Transport:
+    base: dict[str, object] = {
+        "connections": 1,
+        "retransmits": 0,
+        "data_segs_out": 10_000,
+        "bytes_sent": 10**7,
+        "bytes_acked": 10**7,
+        "rtt_ns": (1e5,),
+        "delivery_rate_Bps": (1e9,),
+    }
+    return Transport(**(base | fields))  # type: ignore[arg-type]
+
+
+def test_the_limit_rule_in_its_order() -> None:
+    lossy = _point(transport=_transport(retransmits=50, nominal_Bps=1e6))
+    limit = name_limit(lossy, cores={})
+    assert limit.kind == "loss" and dict(limit.used)["retransmits"] == 50
+    at_rate = _point(transport=_transport(nominal_Bps=1.1e6), throughput_bytes=10**6)
+    limit = name_limit(at_rate, cores={})
+    assert limit.kind == "link" and dict(limit.used)["efficiency"] >= LINK_SHARE
+    busy = _point(transport=_transport(), server_ns=9 * 10**8, client_ns=10**8)
+    limit = name_limit(busy, cores={"client": 4, "server": 4})
+    assert (limit.kind, limit.side) == ("cpu", "server")
+    assert dict(limit.used)["server_busy"] >= CPU_SHARE
+    # Two connections may use two cores: the same CPU time is then half of what it could use.
+    two = _point(transport=_transport(connections=2), server_ns=9 * 10**8)
+    assert name_limit(two, cores={"server": 4}).kind != "cpu"
+    small = _point(transport=_transport(), throughput_bytes=1000)
+    limit = name_limit(small, cores={}, op_bytes=100)
+    assert limit.kind == "latency" and dict(limit.used)["bdp_bytes"] == pytest.approx(1e5)
+    big = _point(transport=_transport(), throughput_bytes=10**7)
+    limit = name_limit(big, cores={})
+    assert limit.kind == "unknown" and "client_busy" in dict(limit.used)
+    assert limit.describe().startswith("unknown: loss_share=0 client_busy=0")
+    assert name_limit(_point(transport=None), cores={}).kind == "unknown"
+
+
+def test_efficiency_is_a_budget_metric() -> None:
+    from pytest_tfgrpc.report.budget import check, parse_budget
+    from pytest_tfgrpc.results import BenchmarkResult
+
+    point = _point(transport=_transport(nominal_Bps=2e6), throughput_bytes=10**6)
+    assert point.figure("efficiency") is not None
+    assert point.figure("efficiency").value == pytest.approx(0.5)  # type: ignore[union-attr]
+    result = BenchmarkResult("p2p_bandwidth", "bw", "lo", "t", "raw", "stream", (point,))
+    assert len(check(parse_budget({"efficiency": ">=0.9"}), result)) == 1
+    assert check(parse_budget({"efficiency": ">=0.4"}), result) == ()
+
+
+def test_the_words_say_only_what_is_not_nothing() -> None:
+    assert summary_cell({"retransmits_per_MB": 0.0, "qdisc_drops": 0.0}) == ""
+    assert summary_cell({"retransmits_per_MB": 1.204, "qdisc_drops": 413.0}) == (
+        "1,204 retx/GB, 413 qdisc drops"
+    )
+    context = gate_context(
+        {"retransmits_per_MB": 0.0, "rtt_p50": 1.2e5},
+        {"retransmits_per_MB": 1.204, "rtt_p50": 2.1e8},
+    )
+    assert context == "retransmissions 0 -> 1,204 per GB; RTT p50 120us -> 210ms"
+    assert gate_context({}, {}) == ""
+
+
+def properties(xml: Path) -> dict[str, str]:
+    return {
+        p.name: p.value
+        for suite in JUnitXml.fromfile(str(xml))
+        for case in suite
+        for p in case.properties()  # type: ignore[attr-defined]
+    }
+
+
+LOOPBACK_SUITE = """
+import pytest
+from pytest_tfgrpc.roles.processes import ServerProcess
+
+@pytest.fixture
+def server(fabric):
+    with ServerProcess.start(fabric, extra_args=["--delay", "{delay}"]) as started:
+        yield started
+
+@pytest.mark.message_profile(["4MiB"])
+def test_bandwidth(tfgrpc, server):
+    tfgrpc.p2p_bandwidth(server)
+
+@pytest.mark.message_profile(["1KiB"])
+def test_echo(tfgrpc, server):
+    tfgrpc.p2p_latency(server)
+"""
+STEADY = ("--tfgrpc-iterations=40", "--tfgrpc-warmup=3", "--tfgrpc-max-seconds=2")
+
+
+def test_grpcio_on_loopback_retransmits_nothing_and_names_a_cpu_side(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
+    result = pytester.runpytest(*STEADY, "--junitxml=perf.xml", "--tfgrpc-html=report.html")
+    result.assert_outcomes(passed=2)
+    props = properties(pytester.path / "perf.xml")
+    point = "tfgrpc.p2p_bandwidth.4MiB"
+    assert props[f"{point}.retransmits"] == "0"
+    assert float(props[f"{point}.tcp_bytes_sent"]) >= 40 * 4 * 2**20
+    assert float(props[f"{point}.rtt_p50_us"]) > 0
+    assert f"{point}.efficiency" not in props  # lo has no nominal rate
+    assert props[f"{point}.limit"].startswith("cpu-bound ("), props[f"{point}.limit"]
+    result.stdout.fnmatch_lines(["*limit*", "*p2p_bandwidth*4MiB*cpu-bound (*)*"])
+    page = (pytester.path / "report.html").read_text()
+    assert "<th>limit</th>" in page and "cpu-bound (" in page and "_busy=" in page
+
+
+def test_the_gate_quotes_the_transport_beside_a_regression(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
+    pytester.runpytest(*STEADY, "-k", "echo", "--junitxml=base.xml").assert_outcomes(passed=1)
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "3ms"))
+    slowed = pytester.runpytest(*STEADY, "-k", "echo", "--tfgrpc-baseline=base.xml")
+    slowed.assert_outcomes(failed=1)
+    slowed.stdout.re_match_lines(
+        [r"regression: .*p2p_latency 1KiB p50: \+.*; transport: retransmissions 0 -> 0 per GB; "
+         r"RTT p50 \S+ -> \S+"]
+    )  # fmt: skip

@@ -1,0 +1,92 @@
+"""Transport telemetry across an emulated link: loss, a link's rate, the gate's context."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+
+import pytest
+from test_emulated import properties
+
+from pytest_tfgrpc.plugin.emulated import EmulatedHosts
+
+Hosts = Callable[..., EmulatedHosts]
+
+BANDWIDTH_SUITE = """
+import pytest
+
+@pytest.mark.message_profile(["{size}"])
+def test_bandwidth(tfgrpc, tensor_server):
+    tfgrpc.p2p_bandwidth(tensor_server)
+"""
+
+
+def shape(hosts: EmulatedHosts, name: str, *, limit: str, burst: str = "32kb") -> None:
+    """Replace both ends' ``tbf`` of host ``name``'s link: 200 Mbit/s, ``limit`` bytes queued."""
+    host = hosts.fabric.host(name)
+    for prefix, dev in (([], host.link), (["ip", "netns", "exec", host.netns], host.iface)):
+        subprocess.run(
+            [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "200mbit",
+             "burst", burst, "limit", limit],
+            check=True, timeout=10,
+        )  # fmt: skip
+
+
+def run_bandwidth(
+    hosts: EmulatedHosts, pytester: pytest.Pytester, size: str, *args: str
+) -> dict[str, str]:
+    pytester.makepyfile(BANDWIDTH_SUITE.format(size=size))
+    xml = pytester.path / "perf.xml"
+    result = pytester.runpytest_subprocess(
+        "--tfgrpc-iterations=10", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=3",
+        *hosts.pytest_args(), f"--junitxml={xml}", *args, timeout=240,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    return properties(xml)[f"test_bandwidth[{hosts.fabric.bridge}]"]
+
+
+def test_a_lossy_queue_is_named_as_the_limit(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
+) -> None:
+    """A tbf queue of 20 packets drops: the sender retransmits, and loss is the limit."""
+    hosts = tfgrpc_emulated_hosts("lossy", rate="200mbit")
+    shape(hosts, "lossy", limit="30000")
+    props = run_bandwidth(hosts, pytester, "1MiB")
+    point = "tfgrpc.p2p_bandwidth.1MiB"
+    assert int(props[f"{point}.retransmits"]) > 0
+    assert props[f"{point}.limit"].startswith("loss-bound: loss_share=")
+    assert float(props[f"{point}.link_rate_MBps"]) == 25.0  # the agent's tbf, read there
+
+
+def test_a_deep_queue_runs_at_the_links_rate(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
+) -> None:
+    """A queue deeper than TCP's window never drops: no retransmissions, the link's rate."""
+    hosts = tfgrpc_emulated_hosts("deep", rate="200mbit")
+    shape(hosts, "deep", limit="16mb")
+    props = run_bandwidth(hosts, pytester, "4MiB")
+    point = "tfgrpc.p2p_bandwidth.4MiB"
+    assert props[f"{point}.retransmits"] == "0"
+    assert 0.9 <= float(props[f"{point}.efficiency"]) <= 1.05, props[f"{point}.efficiency"]
+    assert props[f"{point}.limit"].startswith("link-bound: efficiency=")
+
+
+def test_a_call_that_breaks_says_what_the_transport_saw(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
+) -> None:
+    """A queue of two packets: the push never completes, and the failure quotes the
+    connection's retransmissions and RTT rather than gRPC's silence."""
+    hosts = tfgrpc_emulated_hosts("broken", rate="200mbit")
+    shape(hosts, "broken", limit="3000")
+    pytester.makepyfile(BANDWIDTH_SUITE.format(size="1MiB"))
+    result = pytester.runpytest_subprocess(
+        "--tfgrpc-iterations=4", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=1",
+        "--tfgrpc-warmup-seconds=1", *hosts.pytest_args(), timeout=240,
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.re_match_lines(
+        [
+            r".*stream push of 1048576 B .* failed: .*transport: after .*; [\d,]+ retransmissions, "
+            r"RTT .*"
+        ]
+    )
