@@ -1,238 +1,326 @@
-"""The analytic model against measured sync-SGD steps on this machine (the
-model's +-25% check, README-model.md).
+"""The cluster-scale model (``pytest_tfgrpc.model.scaling``) against published scaling curves of
+PS-over-gRPC TensorFlow. Pure computation: no timing, so the machine's load does not matter.
 
-    python benchmarks/model_validation.py [--profile hep_cnn] [--scale 1] [--workers 1,2,3,4]
-        [--ps 1,2] [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1]
-        [--json out.json]
+    python benchmarks/model_validation.py [--json out.json]
 
-For every (PS, workers) a fresh cluster starts on the fabric; ``sync_sgd_step(model=True)``
-fits the link and host on PS 0 and worker 0 (2-4 s: P2P sweep, the step's exchange at four
-generic shard layouts, numpy costs, the other sessions' load) and predicts the step from that
-fit alone, then measures the steps. The table shows the prediction, the measured step p50,
-the error, which term of the model limits the step, the other sessions' load the probes
-found, the prediction and its error without that load (as if the cluster had the machine
-alone), and the 1-minute load average (the machine is shared: other processes' load changes
-what the cluster gets).
+For every curve with points at both W <= 32 and W > 32:
 
-Nothing here asserts: the rows and the count within +-25% are printed. With ``--repeat N``
-every topology is run N times, each with a fit of its own, and a second table puts the median
-prediction beside the median measured step, with the range of the passes' errors: on a shared
-machine one pass's fit or steps can meet a burst of other work.
+- **calibrated**: the terms ``tfgrpc-model --calibrate`` fits by default (fan-in bandwidth,
+  overlap, fixed loss) are fitted to the points with W <= 32, and every point is predicted;
+  the same with the network core's capacity fitted too;
+- **a priori**: the terms are taken from the source and other cited documents (stated with
+  each curve), nothing fitted.
+
+Every point's error is ``predicted - published`` in efficiency points (percentage points of
+efficiency). A point published as a bound (">80%") counts 0 when the prediction satisfies it,
+else its distance to the bound.
+
+Each data point below is copied from its source, and how it was read is stated. Curves found
+but not usable (no PS counts, no figures in readable text) are listed with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
-from pytest_tfgrpc.bench.ps import sync_sgd_step
-from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.model.analytic import predict_step
-from pytest_tfgrpc.model.placement import SHARDINGS, Topology
-from pytest_tfgrpc.model.profiles import load_profile
-from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.model.scaling import (
+    ClusterTerms,
+    MeasuredPoint,
+    allreduce_step,
+    calibrate,
+    ps_step,
+)
 
-TOLERANCE = 0.25
+CALIBRATE_UP_TO = 32
 
 
 @dataclass(frozen=True)
-class Row:
-    ps: int
+class Point:
     workers: int
-    predicted_ms: float
-    measured_p50_ms: float
-    error_pct: float
-    limit: str
-    cores: float | None
-    utilization: float
-    other_load: float
-    predicted_idle_ms: float
-    error_idle_pct: float
-    chain_ms: float
-    shared_ms: float
-    link_ms: float
-    steps: int
-    load_1min: float
-    host: str
+    ps: int
+    efficiency: float
+    bound: str = ""  # ">" when the source gives a lower bound only
 
 
-def _counts(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(item) for item in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected e.g. 1,2,4") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: counts must be at least 1")
-    return counts
+@dataclass(frozen=True)
+class Curve:
+    name: str
+    source: str
+    read: str
+    profile: str
+    points: tuple[Point, ...]
+    apriori: ClusterTerms | None
+    apriori_inputs: str
 
 
-def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
-    profile = load_profile(args.profile)
-    if args.scale != 1.0:
-        profile = profile.scaled(scale=args.scale)
-    run = RunSpec(
-        iterations=args.iterations, warmup=3, max_seconds=args.max_seconds, warmup_seconds=10.0
+def _from_throughput(rows: Sequence[tuple[int, int, float]]) -> tuple[Point, ...]:
+    base = rows[0][2]
+    assert rows[0][0] == 1
+    return tuple(Point(w, p, x / (w * base)) for w, p, x in rows)
+
+
+_CSCS = (
+    "Bugliarello, 'Distributed TensorFlow: a performance evaluation' (CSCS, Aug 2017), "
+    "github.com/e-bug/distributed-tensorflow-benchmarks at a0d3d61, "
+    "report/source/benchmarks.tex"
+)
+#: tf_cnn_benchmarks' ``parameter_server`` mode in a cluster (VariableMgrDistributedFetchFromPS,
+#: variable_mgr.py, since its first commit fd87986, May 2017) places the model's variables with
+#: ``GreedyLoadBalancingStrategy(num_ps, byte_size_load_fn)`` in creation order, not round
+#: robin. Rows run in ``distributed_replicated`` mode (Daint W=4, p2.xlarge W=2..16) keep
+#: their PS copies round robin; they are modelled greedy too, an approximation.
+SHARDING = "greedy"
+#: gRPC's P2P bandwidth in TF-gRPC-Bench (Biswas et al., 2018), as /work/shared/reference
+#: (field-and-peers.md, Figs. 11-12) reads it: the TF-era rate of one gRPC stream.
+_TFGRPC_IPOIB = 2.6e9  # Cluster A, IPoIB EDR, uniform payload
+_TFGRPC_10GBE = 1.1e9  # Cluster B, 10 GbE, uniform payload
+
+CURVES: tuple[Curve, ...] = (
+    Curve(
+        name="Piz Daint, InceptionV3 (1 P100 per node)",
+        source=_CSCS + ", table tab:peak-perf-daint",
+        read=(
+            "images/s with synthetic data and the PS count of each row of the table; "
+            "efficiency = images/s / (W x 138.23); PS tasks on the workers' nodes (the report: "
+            "'nodes running Workers also run Parameter Servers'); tf_cnn_benchmarks, TF 1.1, "
+            "batch 64 per GPU"
+        ),
+        profile="inception3_tf_cnn",
+        points=_from_throughput(
+            [
+                (1, 1, 138.23),
+                (2, 1, 264.57),
+                (4, 3, 523.38),
+                (8, 2, 1018.18),
+                (16, 4, 2001.00),
+                (32, 12, 3840.35),
+                (64, 40, 7118.31),
+                (128, 116, 9219.70),
+            ]
+        ),
+        apriori=ClusterTerms(
+            compute_s=64 / 138.23,
+            bandwidth_Bps=_TFGRPC_IPOIB,
+            alpha_s=50e-6,
+            overlap=0.5,
+            colocated=True,
+        ),
+        apriori_inputs=(
+            "compute 64/138.23 s (the source's 1-GPU rate); bandwidth 2.6 GB/s (gRPC P2P over "
+            "IPoIB in TF-gRPC-Bench: Aries carries TCP/IP as IPoIB does); alpha 50 us; overlap "
+            "0.5; PS colocated (the source)"
+        ),
+    ),
+    Curve(
+        name="AWS p2.xlarge, InceptionV3 (1 K80 per node)",
+        source=_CSCS + ", table tab:peak-perf-p2",
+        read=(
+            "images/s with synthetic data and the PS count of each row; efficiency = images/s "
+            "/ (W x 30.55); PS tasks on the workers' nodes; same software as above"
+        ),
+        profile="inception3_tf_cnn",
+        points=_from_throughput(
+            [
+                (1, 1, 30.55),
+                (2, 2, 57.45),
+                (4, 4, 114.57),
+                (8, 8, 228.41),
+                (16, 12, 431.64),
+                (32, 32, 825.64),
+                (64, 64, 996.32),
+                (128, 128, 1077.59),
+            ]
+        ),
+        apriori=ClusterTerms(
+            compute_s=64 / 30.55,
+            bandwidth_Bps=_TFGRPC_10GBE,
+            alpha_s=50e-6,
+            overlap=0.5,
+            colocated=True,
+        ),
+        apriori_inputs=(
+            "compute 64/30.55 s (the source's 1-GPU rate); bandwidth 1.1 GB/s (gRPC P2P over "
+            "10 GbE in TF-gRPC-Bench; AWS rates p2.xlarge's network only as 'High'); alpha "
+            "50 us; overlap 0.5; PS colocated (the source)"
+        ),
+    ),
+    Curve(
+        name="Cori KNL, ResNet-50 (Mathuriya et al.)",
+        source="Mathuriya et al., arXiv:1712.09388, abstract",
+        read=(
+            "'>80% scaling efficiency on up to 128 workers, using 32 parameter servers' (a "
+            "bound) and '23% for 512 workers using 64 PS tasks'"
+        ),
+        profile="resnet50_tf_cnn",
+        points=(Point(128, 32, 0.80, ">"), Point(512, 64, 0.23)),
+        apriori=None,
+        apriori_inputs=(
+            "not computed: the text we could read (the abstract) gives no single-node step "
+            "time, and the efficiency depends on the bytes per second of compute"
+        ),
+    ),
+    Curve(
+        name="Cori KNL, HEP-CNN (Mathuriya et al.)",
+        source="Mathuriya et al., arXiv:1712.09388, abstract",
+        read="'>80% weak scaling efficiency for up to 256 nodes with only 1 PS task' (a bound)",
+        profile="hep_cnn",
+        points=(Point(256, 1, 0.80, ">"),),
+        apriori=None,
+        apriori_inputs="not computed: no step time in the abstract",
+    ),
+)
+
+NOT_USED = (
+    (
+        "Sergeev and Del Balso, Horovod (arXiv:1802.05799), Figs. 1 and 6",
+        "the text says standard distributed TensorFlow 'left about half of 128 GPUs idle' "
+        "(about 50% at 128 GPUs) but gives neither the curve's values nor its PS counts in "
+        "readable text; a point without its PS count cannot be modelled",
+    ),
+    (
+        _CSCS + ", table tab:peak-perf-p28 (p2.8xlarge)",
+        "8 GPUs per node aggregate locally before the PS (the report), so W counts 1-16 "
+        "nodes: no point above W = 32 to predict",
+    ),
+)
+
+
+def _error(point: Point, predicted: float) -> float:
+    """Predicted minus published, in efficiency points (0 when a bound is satisfied)."""
+    if point.bound == ">":
+        return 0.0 if predicted >= point.efficiency else 100 * (predicted - point.efficiency)
+    return 100 * (predicted - point.efficiency)
+
+
+def _published(point: Point) -> str:
+    return f"{point.bound}{point.efficiency:.1%}"
+
+
+def _evaluate(curve: Curve) -> dict[str, object]:
+    small = [p for p in curve.points if p.workers <= CALIBRATE_UP_TO]
+    large = [p for p in curve.points if p.workers > CALIBRATE_UP_TO]
+    out: dict[str, object] = {
+        "curve": curve.name,
+        "source": curve.source,
+        "read": curve.read,
+        "profile": curve.profile,
+        "apriori_inputs": curve.apriori_inputs,
+    }
+    rows: list[dict[str, object]] = [
+        {
+            "workers": p.workers,
+            "ps": p.ps,
+            "published": p.efficiency,
+            "bound": p.bound,
+        }
+        for p in curve.points
+    ]
+    fits: dict[str, object] = {}
+    if len(small) >= 2 and large and curve.apriori is not None:
+        measured = [MeasuredPoint(p.workers, p.ps, p.efficiency) for p in small]
+        for label, free in (
+            ("calibrated", ("bandwidth", "overlap", "fixed")),
+            ("calibrated+core", ("bandwidth", "overlap", "fixed", "core")),
+        ):
+            start = replace(curve.apriori, overlap=0.0, core_Bps=None)
+            fit = calibrate(measured, curve.profile, start, free=free, sharding=SHARDING)
+            fits[label] = {
+                "fitted": {t.name: t.as_dict() for t in fit.fitted},
+                "unpinned": list(fit.unpinned()),
+                "warnings": list(fit.warnings),
+            }
+            for row, point in zip(rows, curve.points, strict=True):
+                e = ps_step(
+                    curve.profile, point.workers, point.ps, fit.terms, sharding=SHARDING
+                ).efficiency
+                row[label] = e
+                row[f"{label}_error"] = _error(point, e)
+    if curve.apriori is not None:
+        for row, point in zip(rows, curve.points, strict=True):
+            e = ps_step(
+                curve.profile, point.workers, point.ps, curve.apriori, sharding=SHARDING
+            ).efficiency
+            row["apriori"] = e
+            row["apriori_error"] = _error(point, e)
+            ring = allreduce_step(curve.profile, point.workers, curve.apriori)
+            row["apriori_ring"] = ring.efficiency
+    out["fits"] = fits
+    out["points"] = rows
+    return out
+
+
+def _mean_abs(values: Sequence[float]) -> float | None:
+    return sum(abs(v) for v in values) / len(values) if values else None
+
+
+def _format(result: dict[str, object]) -> str:
+    lines = [f"## {result['curve']}", f"source: {result['source']}", f"read: {result['read']}"]
+    lines.append(
+        f"profile: {result['profile']}, sharding {SHARDING}; a priori: {result['apriori_inputs']}"
     )
-    with PSCluster(resolve_fabric(args.fabric), Topology(ps, workers, args.sharding)) as cluster:
-        result = sync_sgd_step(cluster, profile, run=run, model=True)
-    prediction = result.prediction
-    assert prediction is not None and prediction.host is not None  # model=True
-    point = result.sizes[0]
-    measured = point.summary.p50_ns / 1e6
-    predicted = prediction.iter_s * 1e3
-    idle = predict_step(
-        profile,
-        prediction.topology,
-        prediction.link,
-        host=replace(prediction.host, load=0.0),
-        chunk_bytes=int(result.settings["chunk_bytes"]),
-        partition_bytes=int(result.settings["partition_bytes"]),
-    )
-    return Row(
-        ps=ps,
-        workers=workers,
-        predicted_ms=predicted,
-        measured_p50_ms=measured,
-        error_pct=100 * (predicted - measured) / measured,
-        limit=prediction.limit,
-        cores=prediction.host.cores,
-        utilization=prediction.utilization,
-        other_load=prediction.host.load,
-        predicted_idle_ms=idle.iter_s * 1e3,
-        error_idle_pct=100 * (idle.iter_s * 1e3 - measured) / measured,
-        chain_ms=prediction.chain_s * 1e3,
-        shared_ms=prediction.shared_s * 1e3,
-        link_ms=prediction.link_s * 1e3,
-        steps=point.count,
-        load_1min=os.getloadavg()[0],
-        host=prediction.host.describe(),
-    )
-
-
-def _table(rows: Sequence[Row]) -> str:
-    header = (
-        *("workers", "ps", "predicted", "measured p50", "error", "limit", "others"),
-        *("busy", "if alone", "error", "loadavg"),
-    )
-    lines: list[tuple[str, ...]] = [header]
-    for r in rows:
-        lines.append(
-            (
-                str(r.workers),
-                str(r.ps),
-                f"{r.predicted_ms:.1f} ms",
-                f"{r.measured_p50_ms:.1f} ms",
-                f"{r.error_pct:+.0f}%",
-                r.limit,
-                f"{r.other_load:.1f}",
-                f"{r.utilization:.0%}",
-                f"{r.predicted_idle_ms:.1f} ms",
-                f"{r.error_idle_pct:+.0f}%",
-                f"{r.load_1min:.2f}",
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
-    )
-
-
-def _medians(rows: Sequence[Row]) -> tuple[str, int, int]:
-    """Per topology over the passes: the median prediction against the median measured step,
-    and the range of the passes' errors; the table, the topologies within tolerance, and how
-    many topologies there are."""
-    by_topology: dict[tuple[int, int], list[Row]] = {}
-    for r in rows:
-        by_topology.setdefault((r.workers, r.ps), []).append(r)
-    header = ("workers", "ps", "passes", "median predicted", "median measured", "error", "range")
-    lines: list[tuple[str, ...]] = [header]
-    within = 0
-    for (workers, ps), same in sorted(by_topology.items(), key=lambda item: item[0][::-1]):
-        predicted = statistics.median(r.predicted_ms for r in same)
-        measured = statistics.median(r.measured_p50_ms for r in same)
-        error = 100 * (predicted - measured) / measured
-        within += abs(error) <= 100 * TOLERANCE
-        errors = [r.error_pct for r in same]
-        lines.append(
-            (
-                str(workers),
-                str(ps),
-                str(len(same)),
-                f"{predicted:.1f} ms",
-                f"{measured:.1f} ms",
-                f"{error:+.0f}%",
-                f"{min(errors):+.0f}% .. {max(errors):+.0f}%",
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    table = "\n".join(
-        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
-    )
-    return table, within, len(by_topology)
+    fits = result["fits"]
+    assert isinstance(fits, dict)
+    for label, fit in fits.items():
+        parts = []
+        for name, term in fit["fitted"].items():
+            value = term["value"]
+            shown = f"{value / 1e6:.4g} MB/s" if name in ("bandwidth", "core") else f"{value:.3g}"
+            parts.append(f"{name} {shown}{'' if term['pinned'] else ' (not pinned)'}")
+        lines.append(f"{label} on W <= {CALIBRATE_UP_TO}: " + ", ".join(parts))
+    points = result["points"]
+    assert isinstance(points, list)
+    columns = [("calibrated", "calibrated"), ("calibrated+core", "+core"), ("apriori", "a priori")]
+    present = [(key, title) for key, title in columns if key in points[0]]
+    header = f"{'W':>4} {'PS':>4} {'published':>10}"
+    for _, title in present:
+        header += f" {title:>11} {'err':>6}"
+    if "apriori_ring" in points[0]:
+        header += f" {'ring a priori':>13}"
+    lines += ["", header]
+    for row in points:
+        point = Point(int(row["workers"]), int(row["ps"]), float(row["published"]), row["bound"])
+        line = f"{point.workers:>4} {point.ps:>4} {_published(point):>10}"
+        for key, _ in present:
+            line += f" {row[key]:>11.1%} {row[f'{key}_error']:>+6.1f}"
+        if "apriori_ring" in row:
+            line += f" {row['apriori_ring']:>13.1%}"
+        marker = "  (fitted)" if point.workers <= CALIBRATE_UP_TO and fits else ""
+        lines.append(line + marker)
+    summary = []
+    for key, title in present:
+        big = [r[f"{key}_error"] for r in points if int(r["workers"]) > CALIBRATE_UP_TO]
+        every = [r[f"{key}_error"] for r in points]
+        within = sum(1 for e in big if abs(e) <= 10)
+        mean_big, mean_all = _mean_abs(big), _mean_abs(every)
+        text = f"{title}: W > {CALIBRATE_UP_TO} within 10 points: {within} of {len(big)}"
+        if mean_big is not None:
+            text += f", mean |error| there {mean_big:.1f}"
+        if mean_all is not None:
+            text += f"; mean |error| over all points {mean_all:.1f}"
+        summary.append(text)
+    lines += ["", *summary]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--profile", default="hep_cnn")
-    p.add_argument("--scale", type=float, default=1.0, help="shrink every tensor to this share")
-    p.add_argument("--workers", type=_counts, default=(1, 2, 3, 4))
-    p.add_argument("--ps", type=_counts, default=(1, 2))
-    p.add_argument("--sharding", choices=SHARDINGS, default="greedy")
-    p.add_argument("--iterations", type=int, default=20, help="measured steps (at most)")
-    p.add_argument("--max-seconds", type=float, default=10.0, help="measured time, at most")
-    p.add_argument("--fabric", default="lo")
-    p.add_argument("--repeat", type=int, default=1, help="passes over the grid")
-    p.add_argument("--json", help="also write the rows and load averages here")
-    args = p.parse_args(argv)
-    load_start = os.getloadavg()
-    started = time.perf_counter()
-    rows = []
-    for _ in range(max(1, args.repeat)):
-        for ps in args.ps:
-            for workers in args.workers:
-                rows.append(_row(ps, workers, args))
-                print(_table(rows).splitlines()[-1], file=sys.stderr, flush=True)
-    load_end = os.getloadavg()
-    within = sum(abs(r.error_pct) <= 100 * TOLERANCE for r in rows)
-    within_idle = sum(abs(r.error_idle_pct) <= 100 * TOLERANCE for r in rows)
-    print(
-        f"{args.profile} (scale {args.scale:g}), sharding {args.sharding}, fabric {args.fabric}, "
-        f"{os.cpu_count()} CPUs; load average (1, 5, 15 min) "
-        f"{' '.join(f'{x:.2f}' for x in load_start)} at start, "
-        f"{' '.join(f'{x:.2f}' for x in load_end)} at end; "
-        f"{time.perf_counter() - started:.0f} s\n"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="also write the results as JSON to this file")
+    args = parser.parse_args(argv)
+    results = [_evaluate(curve) for curve in CURVES]
+    blocks = [_format(result) for result in results]
+    blocks.append(
+        "## Curves found but not used\n"
+        + "\n".join(f"- {source}: {reason}" for source, reason in NOT_USED)
     )
-    print(_table(rows))
-    print(
-        f"\n{within} of {len(rows)} rows within +-{TOLERANCE:.0%}; "
-        f"{within_idle} if the other sessions' load is left out"
-    )
-    if args.repeat > 1:
-        table, close, topologies = _medians(rows)
-        print(f"\nover the {args.repeat} passes, per topology:\n\n{table}")
-        print(f"\n{close} of {topologies} topologies within +-{TOLERANCE:.0%} by their medians")
+    print("\n\n".join(blocks))
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(
-                {
-                    "profile": args.profile,
-                    "scale": args.scale,
-                    "sharding": args.sharding,
-                    "fabric": args.fabric,
-                    "cpus": os.cpu_count(),
-                    "loadavg": [load_start, load_end],
-                    "rows": [asdict(r) for r in rows],
-                },
-                out,
-                indent=2,
-            )
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"curves": results, "not_used": NOT_USED}, handle, indent=2)
+            handle.write("\n")
     return 0
 
 

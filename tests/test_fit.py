@@ -198,6 +198,7 @@ def test_measure_fit_on_ps0(cluster: PSCluster) -> None:
         assert all(math.isfinite(v) and v >= 0 for v in (cost.rpc_s, cost.message_s, cost.byte_s))
     assert host.aggregate_byte_s > 0 and host.update_byte_s > 0
     assert machine.link.fabric == "lo" and len(machine.link.points) == 2 + len(pushes.sizes)
+    assert machine.ps_links == (machine.link,)  # one PS: its own link is the link
     assert "lo: alpha" in machine.describe() and "CPU: worker" in machine.describe()
 
 

@@ -180,6 +180,23 @@ SMALL = load_profile({"a": [100], "b": [200], "c": [50]}, name="small")
 SLOW_LINK = LinkFit.given(1e-3, 1e6, "slow")
 
 
+def test_step_uses_each_ps_link_when_given() -> None:
+    # PS 1 behind a link 4x slower (250 kB/s): 2 * 3 * (1 ms + 800 B * 4 us) = 25.2 ms.
+    slow_ps1 = LinkFit.given(1e-3, 0.25e6, "slow ps1")
+    step = predict_step(SMALL, Topology(ps=2, workers=3), SLOW_LINK, ps_links=(SLOW_LINK, slow_ps1))
+    assert step.ps_link_s == pytest.approx((15.6e-3, 25.2e-3))
+    assert step.bottleneck_ps == 1 and step.comm_s == pytest.approx(25.2e-3)
+    figures = dict(prediction_figures(step))
+    assert figures["links"] == "each PS"
+    assert float(figures["busiest_ps_bandwidth_MBps"]) == pytest.approx(0.25)
+    assert (
+        dict(prediction_figures(predict_step(SMALL, Topology(2, 3), SLOW_LINK)))["links"]
+        == "PS 0 for all"
+    )
+    with pytest.raises(ValueError, match="1 links for 2 PS tasks"):
+        predict_step(SMALL, Topology(ps=2, workers=3), SLOW_LINK, ps_links=(SLOW_LINK,))
+
+
 def test_step_busiest_ps_is_by_time_not_bytes() -> None:
     step = predict_step(SMALL, Topology(ps=2, workers=3), SLOW_LINK)
     assert step.bytes_per_ps == (600, 800)
@@ -279,6 +296,7 @@ def test_prediction_figures() -> None:
             "busiest_ps_in_bytes",
             "alpha_us",
             "bandwidth_MBps",
+            "links",
             "efficiency",
         )
     }

@@ -4,10 +4,11 @@
 :func:`pytest_tfgrpc.model.analytic.predict_step` needs to predict a sync-SGD step on the machine at
 hand:
 
-* the link: a short P2P sweep against a server (PS 0 of a cluster also serves the tensor
-  service): unary echoes of small tensors and streamed pushes of sizes spanning the
-  placement's messages, in protobuf mode as the step's messages are. Their medians give the
-  alpha-beta fit (:func:`pytest_tfgrpc.model.analytic.fit_from_results`);
+* the links: a short P2P sweep against each PS task of the cluster (a PS also serves the
+  tensor service), as each may sit behind a link of its own: unary echoes of small tensors
+  and streamed pushes of sizes spanning the placement's messages, in protobuf mode as the
+  step's messages are. Their medians give each link's alpha-beta fit
+  (:func:`pytest_tfgrpc.model.analytic.fit_from_results`);
 * the CPU costs of the step's own exchange: worker 0's push and pull of four shard layouts
   (one small shard, two larger ones, many small ones) against a one-worker job on PS 0, the
   step's own code in the step's own processes, with the CPU time of both ends
@@ -94,6 +95,9 @@ class MachineFit:
     results: tuple[BenchmarkResult, ...]
     exchanges: tuple[Exchange, ...]
     elapsed_s: float
+    #: Each PS task's link, PS 0's first (``link``): a PS behind a slower link than PS 0's
+    #: sets the step, and PS 0's fit alone would not see it.
+    ps_links: tuple[LinkFit, ...] = ()
 
     def describe(self) -> str:
         """Two lines: the link, then the host's costs."""
@@ -436,8 +440,9 @@ def measure_fit(
     exchange_run: RunSpec = FIT_EXCHANGE_RUN,
     exchange_rounds: int = FIT_EXCHANGE_ROUNDS,
 ) -> MachineFit:
-    """Fit the link and the host costs for a step of ``placement`` on ``cluster``, on PS 0
-    and worker 0.
+    """Fit the link and the host costs for a step of ``placement`` on ``cluster``: the link of
+    every PS task (a P2P sweep to each, PS 0's as ``link``), the host costs on PS 0 and
+    worker 0.
 
     Streams travel in slices of ``chunk_bytes``, as the step's do. The cluster's tasks share
     this machine's usable CPUs with ``load`` other runnable sessions; None measures it with
@@ -448,9 +453,7 @@ def measure_fit(
     with the fit's last job: a benchmark configures its own.
     """
     start = time.perf_counter()
-    server = cluster.ps[0]
     echo = LatencyCall(mode="protobuf", rpc="unary", run=latency_run, label="fit_latency")
-    echoes = p2p_latency(server, LATENCY_SIZES, echo)
     push = BandwidthCall(
         mode="protobuf",
         rpc="stream",
@@ -458,8 +461,14 @@ def measure_fit(
         run=bandwidth_run,
         label="fit_bandwidth",
     )
-    pushes = p2p_bandwidth(server, sweep_sizes(placement, chunk_bytes), push)
-    link = fit_from_results((echoes, pushes))
+    sizes = sweep_sizes(placement, chunk_bytes)
+    sweeps: list[tuple[BenchmarkResult, BenchmarkResult]] = []
+    for server in cluster.ps:  # every PS task's own link: one may sit behind a slower one
+        sweeps.append(
+            (p2p_latency(server, LATENCY_SIZES, echo), p2p_bandwidth(server, sizes, push))
+        )
+    ps_links = tuple(fit_from_results(sweep) for sweep in sweeps)
+    link = ps_links[0]
     layouts = exchange_layouts(placement, chunk_bytes)
     exchanges = measure_exchanges(
         cluster, layouts * max(1, exchange_rounds), chunk_bytes=chunk_bytes, run=exchange_run
@@ -474,4 +483,6 @@ def measure_fit(
     cpus = float(_available_cpus())
     host = HostCosts(worker, ps, aggregate, update, cpus, load=load)
     host = replace(host, hidden=exchange_hidden(typical, host.rate(2)))
-    return MachineFit(link, host, (echoes, pushes), exchanges, time.perf_counter() - start)
+    results = tuple(result for sweep in sweeps for result in sweep)
+    elapsed = time.perf_counter() - start
+    return MachineFit(link, host, results, exchanges, elapsed, ps_links)

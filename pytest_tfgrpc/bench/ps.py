@@ -349,6 +349,7 @@ def sync_sgd_step(
             machine.link,
             placement=placement,
             host=host,
+            ps_links=machine.ps_links or None,
             chunk_bytes=chunk_bytes,
             partition_bytes=partition_bytes,
         )

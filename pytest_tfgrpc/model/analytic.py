@@ -181,7 +181,14 @@ class LinkFit:
             f"{self.fabric}: alpha {format_duration(self.alpha * 1e9)}, "
             f"bandwidth {format_rate(self.bandwidth_Bps)}"
         )
-        if self.r_squared is not None and self.max_relative_error is not None:
+        sizes = len({size for size, _ in self.points})
+        if self.points and sizes <= 2:
+            # Two parameters through two sizes: the line passes through them, r^2 says nothing.
+            text += (
+                f" (fitted to {len(self.points)} points at {sizes} sizes: an exact fit, "
+                "nothing left to judge it by)"
+            )
+        elif self.r_squared is not None and self.max_relative_error is not None:
             text += (
                 f" (fitted to {len(self.points)} points, r^2 {self.r_squared:.4f}, "
                 f"worst point off by {self.max_relative_error:.1%})"
@@ -456,6 +463,7 @@ class StepPrediction:
     shared_s: float = 0.0
     limit: str = "ps link"
     utilization: float = 1.0
+    ps_links: tuple[LinkFit, ...] | None = None
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -480,6 +488,7 @@ class StepOptions(TypedDict, total=False):
     host: HostCosts | None
     chunk_bytes: int | None
     partition_bytes: int
+    ps_links: tuple[LinkFit, ...] | None
 
 
 @dataclass(frozen=True)
@@ -491,7 +500,9 @@ class StepTerms:
     ``backward_share``: the backward pass's share of ``compute_s``; ``host``: the CPU
     costs (None: the link alone); ``chunk_bytes``: streams travel in slices of this size
     (None: one message per shard each way); ``partition_bytes``: the ``partitioned``
-    sharding cuts tensors above this size. Bad values raise ValueError naming the field.
+    sharding cuts tensors above this size; ``ps_links``: each PS task's own link, in task
+    order (None: the one link for every PS; a worker's own link is always that one). Bad
+    values raise ValueError naming the field.
     """
 
     compute_s: float = 0.0
@@ -500,6 +511,7 @@ class StepTerms:
     host: HostCosts | None = None
     chunk_bytes: int | None = None
     partition_bytes: int = DEFAULT_PARTITION_BYTES
+    ps_links: tuple[LinkFit, ...] | None = None
 
     def __post_init__(self) -> None:
         compute_s, chunk_bytes = self.compute_s, self.chunk_bytes
@@ -533,7 +545,12 @@ def _step(
     # Streamed, an exchange is two calls whose messages follow each other without waiting:
     # alpha is paid per call. Otherwise every shard is a call of its own, as RecvTensor is.
     calls = tuple(min(m, 1) for m in messages) if chunk_bytes is not None else messages
-    ps_link = tuple(2 * workers * link.time(b, c) for b, c in zip(owned, calls, strict=True))
+    links = inputs.ps_links or (link,) * placement.ps
+    if len(links) != placement.ps:
+        raise ValueError(f"ps_links: {len(links)} links for {placement.ps} PS tasks")
+    ps_link = tuple(
+        2 * workers * each.time(b, c) for each, b, c in zip(links, owned, calls, strict=True)
+    )
     worker_link = 2 * link.time(sum(owned), sum(calls))
     busiest = max(range(placement.ps), key=ps_link.__getitem__)
     link_s = max(ps_link[busiest], worker_link)
@@ -596,6 +613,7 @@ def _step(
         shared_s=shared,
         limit=limit,
         utilization=utilization,
+        ps_links=inputs.ps_links,
     )
 
 
@@ -659,7 +677,9 @@ def prediction_figures(
     ``tfgrpc.<label>.<key>.model.<name>``.
 
     Names: ``step_comm_us``, ``step_us``, ``limit``, ``imbalance``,
-    ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps``; with host
+    ``bottleneck_ps``, ``busiest_ps_in_bytes``, ``alpha_us``, ``bandwidth_MBps`` (PS 0's
+    link), ``links`` (``each PS`` or ``PS 0 for all``: whose links the PS terms use) and, with
+    a link per PS, ``busiest_ps_bandwidth_MBps``; with host
     costs ``link_us``, ``chain_us``, ``ps_cpu_us``, ``worker_cpu_us`` and, with cores,
     ``cores``, ``load``, ``utilization`` and ``shared_us``; with a compute time,
     ``efficiency``; with ``measured_s`` (the measured step's median, in seconds),
@@ -675,7 +695,11 @@ def prediction_figures(
         ("busiest_ps_in_bytes", str(prediction.bytes_in_per_ps[busiest])),
         ("alpha_us", repr(prediction.link.alpha * 1e6)),
         ("bandwidth_MBps", repr(prediction.link.bandwidth_Bps / 1e6)),
+        ("links", "each PS" if prediction.ps_links is not None else "PS 0 for all"),
     ]
+    if prediction.ps_links is not None:
+        busiest_link = prediction.ps_links[busiest]
+        pairs.append(("busiest_ps_bandwidth_MBps", repr(busiest_link.bandwidth_Bps / 1e6)))
     host = prediction.host
     if host is not None:
         pairs += [

@@ -364,3 +364,155 @@ def bert(
 def bert_base() -> Layout:
     """BERT-Base (bert-base-uncased): 12 layers, width 768, 3072 feed-forward, 30522 word pieces."""
     return bert()
+
+
+# --- tf_cnn_benchmarks (tensorflow/benchmarks, scripts/tf_cnn_benchmarks) -----------------------
+#
+# TensorFlow's ``replica_device_setter`` places every variable op (trainable or not) on the PS
+# tasks round robin in the order the graph creates them, so where a tensor lands depends on every
+# variable created before it: ``global_step`` first (``benchmark_cnn.py`` creates it on the
+# parameter-server device before the model), then each ``conv`` (``convnet_builder.py``: the
+# kernel ``conv2d/kernel``, then its batch norm's ``gamma`` when ``scale=True``, ``beta``,
+# ``moving_mean`` and ``moving_variance``, in the order Keras' ``BatchNormalization.build``
+# creates them), and the final ``affine`` layer (``weights``, ``biases``) to 1001 classes (the
+# ImageNet label set tf_cnn_benchmarks uses, background included).
+
+Variable = tuple[str, Shape, bool]  # name, shape, trainable
+Variables = tuple[Variable, ...]
+
+
+class _TfCnn:
+    """Variables in tf_cnn_benchmarks' creation order."""
+
+    def __init__(self, *, bn_scale: bool) -> None:
+        self._variables: list[Variable] = [("global_step", (), False)]
+        self._bn_scale = bn_scale
+        self._convs = 0
+
+    def conv(self, cin: int, cout: int, kh: int, kw: int) -> int:
+        name = f"v/cg/conv{self._convs}"
+        self._convs += 1
+        self._variables.append((f"{name}/conv2d/kernel", (kh, kw, cin, cout), True))
+        bn = f"{name}/batchnorm{self._convs - 1}"
+        if self._bn_scale:
+            self._variables.append((f"{bn}/gamma", (cout,), True))
+        self._variables.append((f"{bn}/beta", (cout,), True))
+        self._variables.append((f"{bn}/moving_mean", (cout,), False))
+        self._variables.append((f"{bn}/moving_variance", (cout,), False))
+        return cout
+
+    def affine(self, din: int, dout: int) -> None:
+        self._variables.append(("v/cg/affine0/weights", (din, dout), True))
+        self._variables.append(("v/cg/affine0/biases", (dout,), True))
+
+    def variables(self) -> Variables:
+        return tuple(self._variables)
+
+
+def tf_cnn_resnet50(num_classes: int = 1001) -> Variables:
+    """ResNet-50 v1 as tf_cnn_benchmarks' ``models/resnet_model.py`` builds it: batch norm with
+    ``scale=True`` (its ``batch_norm_config``), and in each bottleneck block the projection
+    shortcut's convolution (first block of a stage) *before* the three convolutions of the
+    residual branch (``bottleneck_block_v1``)."""
+    net = _TfCnn(bn_scale=True)
+    cin = net.conv(3, 64, 7, 7)
+    for depth, bottleneck, count in ((256, 64, 3), (512, 128, 4), (1024, 256, 6), (2048, 512, 3)):
+        for _ in range(count):
+            if depth != cin:
+                net.conv(cin, depth, 1, 1)
+            net.conv(cin, bottleneck, 1, 1)
+            net.conv(bottleneck, bottleneck, 3, 3)
+            cin = net.conv(bottleneck, depth, 1, 1)
+    net.affine(cin, num_classes)
+    return net.variables()
+
+
+#: tf_cnn_benchmarks' ``inception_module`` columns: ("conv", out, kh, kw), ("pool",) or
+#: ("share",), which reuses the layer at the same depth of the previous column.
+_Column = tuple[tuple[object, ...], ...]
+
+
+def _inception_module(net: _TfCnn, cin: int, columns: Sequence[_Column]) -> int:
+    outputs: list[list[int]] = []
+    for column in columns:
+        channels: list[int] = []
+        current = cin
+        for depth, layer in enumerate(column):
+            if layer[0] == "conv":
+                _, cout, kh, kw = layer
+                assert isinstance(cout, int) and isinstance(kh, int) and isinstance(kw, int)
+                current = net.conv(current, cout, kh, kw)
+            elif layer[0] == "share":
+                current = outputs[-1][depth]
+            channels.append(current)
+        outputs.append(channels)
+    return sum(column[-1] for column in outputs)
+
+
+def tf_cnn_inception3(num_classes: int = 1001) -> Variables:
+    """Inception-v3 as tf_cnn_benchmarks' ``models/inception_model.py`` builds it (the
+    ``inception3`` model, without the auxiliary head): batch norm with the builder's default
+    ``scale=False``, so ``beta`` and the moving statistics only."""
+    net = _TfCnn(bn_scale=False)
+    cin = net.conv(3, 32, 3, 3)
+    cin = net.conv(cin, 32, 3, 3)
+    cin = net.conv(cin, 64, 3, 3)
+    cin = net.conv(cin, 80, 1, 1)
+    cin = net.conv(cin, 192, 3, 3)
+    pool: tuple[object, ...] = ("pool",)
+    share: tuple[object, ...] = ("share",)
+
+    def c(cout: int, kh: int, kw: int) -> tuple[object, ...]:
+        return ("conv", cout, kh, kw)
+
+    for n in (32, 64, 64):
+        cin = _inception_module(
+            net,
+            cin,
+            (
+                (c(64, 1, 1),),
+                (c(48, 1, 1), c(64, 5, 5)),
+                (c(64, 1, 1), c(96, 3, 3), c(96, 3, 3)),
+                (pool, c(n, 1, 1)),
+            ),
+        )
+    cin = _inception_module(
+        net,
+        cin,
+        ((c(384, 3, 3),), (c(64, 1, 1), c(96, 3, 3), c(96, 3, 3)), (pool,)),
+    )
+    for n in (128, 160, 160, 192):
+        cin = _inception_module(
+            net,
+            cin,
+            (
+                (c(192, 1, 1),),
+                (c(n, 1, 1), c(n, 1, 7), c(192, 7, 1)),
+                (c(n, 1, 1), c(n, 7, 1), c(n, 1, 7), c(n, 7, 1), c(192, 1, 7)),
+                (pool, c(192, 1, 1)),
+            ),
+        )
+    cin = _inception_module(
+        net,
+        cin,
+        (
+            (c(192, 1, 1), c(320, 3, 3)),
+            (c(192, 1, 1), c(192, 1, 7), c(192, 7, 1), c(192, 3, 3)),
+            (pool,),
+        ),
+    )
+    for _ in range(2):
+        cin = _inception_module(
+            net,
+            cin,
+            (
+                (c(320, 1, 1),),
+                (c(384, 1, 1), c(384, 1, 3)),
+                (share, c(384, 3, 1)),
+                (c(448, 1, 1), c(384, 3, 3), c(384, 1, 3)),
+                (share, share, c(384, 3, 1)),
+                (pool, c(192, 1, 1)),
+            ),
+        )
+    net.affine(cin, num_classes)
+    return net.variables()

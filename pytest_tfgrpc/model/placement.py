@@ -8,8 +8,11 @@ for the slowest PS.
 
 The strategies follow TensorFlow's ``tf.compat.v1.train.replica_device_setter``:
 
-* ``round_robin``: its default ``_RoundRobinStrategy``; tensors in declaration order go to
-  PS 0, 1, ..., P-1, 0, 1, ... whatever their size.
+* ``round_robin``: its default ``_RoundRobinStrategy``; variables in creation order go to
+  PS 0, 1, ..., P-1, 0, 1, ... whatever their size. The order counts every variable the
+  framework creates, exchanged or not: a profile with ``slots`` (tf_cnn_benchmarks' models,
+  whose ``global_step`` and batch-norm moving statistics take turns too) places tensor ``i``
+  on PS ``slots[i] % P``; without slots a tensor's index in the profile is its slot.
 * ``greedy``: ``GreedyLoadBalancingStrategy`` with ``byte_size_load_fn``; each tensor, in
   declaration order (TensorFlow does not sort them by size), goes to the PS with the fewest
   bytes so far, the lowest task index on a tie.
@@ -150,6 +153,7 @@ def place(
     *,
     partition_bytes: int = DEFAULT_PARTITION_BYTES,
     align: int = 4,
+    slots: Sequence[int] | None = None,
 ) -> Placement:
     """Place ``(name, nbytes)`` tensors, in declaration order, on ``ps`` PS tasks.
 
@@ -158,7 +162,9 @@ def place(
     ``min(ps, ceil(nbytes / partition_bytes))`` slices (the ``min_max_variable_partitioner``
     rule, which keeps every slice at least about ``partition_bytes``), cut on ``align``-byte
     boundaries (the item size, so a slice holds whole elements) with sizes differing by at
-    most one ``align`` unit; slices and small tensors then go round-robin.
+    most one ``align`` unit; slices and small tensors then go round-robin. ``slots``: each
+    tensor's index in the framework's variable-creation order, for ``round_robin`` (default:
+    its index in ``tensors``).
     """
     _check_count("ps", ps, "parameter servers")
     _check_sharding(sharding)
@@ -174,8 +180,14 @@ def place(
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"tensor {name!r}: nbytes={nbytes!r} is not a byte count")
     shards: list[Shard] = []
+    if slots is not None and len(slots) != len(tensors):
+        raise ValueError(f"slots: {len(slots)} slots for {len(tensors)} tensors")
     if sharding == "round_robin":
-        shards = [Shard(name, i % ps, nbytes) for i, (name, nbytes) in enumerate(tensors)]
+        order = slots if slots is not None else range(len(tensors))
+        shards = [
+            Shard(name, slot % ps, nbytes)
+            for slot, (name, nbytes) in zip(order, tensors, strict=True)
+        ]
     elif sharding == "greedy":
         loads = [0] * ps
         for name, nbytes in tensors:
@@ -204,7 +216,9 @@ def place_profile(
     """:func:`place` a model profile's tensors; slices keep whole elements of every dtype."""
     align = math.lcm(*(spec.itemsize for spec in profile.tensors))
     tensors = [(spec.name, spec.nbytes) for spec in profile.tensors]
-    return place(tensors, ps, sharding, partition_bytes=partition_bytes, align=align)
+    return place(
+        tensors, ps, sharding, partition_bytes=partition_bytes, align=align, slots=profile.slots
+    )
 
 
 def placed_on(

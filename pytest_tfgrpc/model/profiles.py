@@ -16,6 +16,7 @@ This module imports neither PyTorch nor TensorFlow: models are recognised by the
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -203,12 +204,19 @@ class Profile:
     ``source`` names the reference the layout follows (``"torchvision.models.resnet50
     (weights=None)"``, a file path, ``"mapping"``); ``scaling`` is ``None`` for a full profile and
     records what :meth:`scaled` did otherwise. Tensor names are unique.
+
+    ``slots``, when given, holds each tensor's index in the framework's variable-creation order,
+    which also counts variables that are not exchanged (TensorFlow's ``global_step``, batch
+    norm's moving statistics): ``replica_device_setter``'s round robin places variable ``i`` on
+    PS ``i % P``, so the ``round_robin`` sharding places a tensor by its slot. None: the
+    tensors' own order is the creation order.
     """
 
     name: str
     tensors: tuple[TensorSpec, ...]
     source: str = ""
     scaling: Scaling | None = field(default=None)
+    slots: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         tensors = tuple(self.tensors)
@@ -225,6 +233,16 @@ class Profile:
                 )
             first_at[spec.name] = index
         object.__setattr__(self, "tensors", tensors)
+        if self.slots is not None:
+            slots = tuple(self.slots)
+            if len(slots) != len(tensors) or any(
+                later <= earlier for earlier, later in itertools.pairwise(slots)
+            ):
+                raise ValueError(
+                    f"profile {self.name!r}: slots must give each tensor a creation index, "
+                    "increasing with the tensors' order"
+                )
+            object.__setattr__(self, "slots", slots)
 
     @property
     def key(self) -> str:
@@ -306,6 +324,9 @@ class Profile:
         if scale is None and max_tensors is None and name_filter is None:
             raise ValueError("scaled() needs at least one of scale, max_tensors, name_filter")
         tensors = self.tensors
+        slot_of = None
+        if self.slots is not None:
+            slot_of = dict(zip((t.name for t in tensors), self.slots, strict=True))
         if name_filter is not None:
             try:
                 pattern = re.compile(name_filter)
@@ -345,6 +366,7 @@ class Profile:
             tensors=tensors,
             source=self.source,
             scaling=scaling,
+            slots=tuple(slot_of[t.name] for t in tensors) if slot_of else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -368,7 +390,16 @@ class _Builtin:
     source: str
 
 
-_BUILTINS: dict[str, _Builtin] = {
+@dataclass(frozen=True)
+class _TfCnnBuiltin:
+    """A tf_cnn_benchmarks model: its trainable tensors, with their creation slots."""
+
+    build: Callable[[], architectures.Variables]
+    source: str
+
+
+_TF_CNN = "tensorflow/benchmarks scripts/tf_cnn_benchmarks"
+_BUILTINS: dict[str, _Builtin | _TfCnnBuiltin] = {
     "resnet50": _Builtin(architectures.resnet50, "torchvision.models.resnet50 (weights=None)"),
     "resnet101": _Builtin(architectures.resnet101, "torchvision.models.resnet101 (weights=None)"),
     "inception_v3": _Builtin(
@@ -389,6 +420,16 @@ _BUILTINS: dict[str, _Builtin] = {
     "bert_base": _Builtin(
         architectures.bert_base, "transformers BertModel, bert-base-uncased config (with pooler)"
     ),
+    "resnet50_tf_cnn": _TfCnnBuiltin(
+        architectures.tf_cnn_resnet50,
+        f"{_TF_CNN} models/resnet_model.py (resnet50, v1, 1001 classes), in variable-creation "
+        "order",
+    ),
+    "inception3_tf_cnn": _TfCnnBuiltin(
+        architectures.tf_cnn_inception3,
+        f"{_TF_CNN} models/inception_model.py (inception3, 1001 classes), in variable-creation "
+        "order",
+    ),
 }
 
 
@@ -399,6 +440,15 @@ def list_profiles() -> tuple[str, ...]:
 
 def _builtin(name: str) -> Profile:
     entry = _BUILTINS[name]
+    if isinstance(entry, _TfCnnBuiltin):
+        variables = entry.build()
+        kept = [(slot, v) for slot, v in enumerate(variables) if v[2]]
+        return Profile(
+            name=name,
+            tensors=tuple(TensorSpec(tensor, shape) for _, (tensor, shape, _) in kept),
+            source=entry.source,
+            slots=tuple(slot for slot, _ in kept),
+        )
     tensors = tuple(TensorSpec(tensor, shape) for tensor, shape in entry.build())
     return Profile(name=name, tensors=tensors, source=entry.source)
 
@@ -581,7 +631,9 @@ def load_profile(source: object, *, name: str | None = None) -> Profile:
         key = source.strip().lower()
         if key in _BUILTINS:
             profile = _builtin(key)
-            return profile if name is None else Profile(name, profile.tensors, profile.source)
+            if name is None:
+                return profile
+            return Profile(name, profile.tensors, profile.source, slots=profile.slots)
         looks_like_path = (
             source.endswith(".json") or os.sep in source or "/" in source or Path(source).is_file()
         )

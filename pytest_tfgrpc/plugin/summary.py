@@ -26,6 +26,7 @@ from pytest_tfgrpc.report.summary import (
     SummaryRow,
     format_ps_loads,
     format_summary,
+    model_misses,
     summary_rows,
 )
 from pytest_tfgrpc.stats.replicates import UNSTABLE_CV, instability
@@ -129,6 +130,7 @@ class SummaryReporter:
         self.coverage: list[str] = []
         self.unstable: list[str] = []
         self.waits: list[str] = []
+        self.misses: list[str] = []
         self.gate_failure: str | None = None
         self.gate = gate
         self.results = results
@@ -192,6 +194,7 @@ class SummaryReporter:
                 record.unjudged
             )
         self.notes += _notes(record)
+        self.misses += model_misses(record)
 
     def _append_result(
         self, report: pytest.TestReport, outcome: str, duration: float, junit: str
@@ -252,6 +255,8 @@ class SummaryReporter:
                 terminalreporter.write_line(line, yellow=True)
             if self.unstable:
                 terminalreporter.write_line(UNSTABLE_LEGEND, yellow=True)
+        for line in self.misses:
+            terminalreporter.write_line(line, yellow=True)
         paths = [record for record in self.records.values() if record.path]
         loopback = sum(record.loopback for record in paths)
         if loopback:

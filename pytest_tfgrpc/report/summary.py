@@ -22,6 +22,7 @@ from pytest_tfgrpc.units import align_columns, format_duration, format_rate, for
 __all__ = [
     "MARK_ALPHA",
     "MARK_MIN_GAP",
+    "MODEL_TOLERANCE",
     "Group",
     "SummaryRow",
     "cells",
@@ -30,6 +31,7 @@ __all__ = [
     "format_summary",
     "grouped",
     "marks",
+    "model_misses",
     "summary_rows",
 ]
 
@@ -382,3 +384,31 @@ def format_ps_loads(rows: Iterable[SummaryRow]) -> list[str]:
     if len(table) == 1:
         return []
     return ["PS load per task:", *align_columns(table, left=5)]
+
+
+#: How far a prediction may miss its measured step before the summary says so: the model's
+#: stated accuracy on this machine (README-model.md).
+MODEL_TOLERANCE = 0.25
+
+
+def model_misses(record: TestRecord, tolerance: float = MODEL_TOLERANCE) -> list[str]:
+    """One line per model prediction of ``record`` (its ``model`` ``error_pct``) that missed
+    its measured step by more than ``tolerance``: the error, the predicted time and whose
+    links the prediction used (``links``)."""
+    lines = []
+    for measurement in record.measurements:
+        model = measurement.model
+        try:
+            error = float(model["error_pct"])
+            predicted_us = float(model["step_us"])
+        except (KeyError, ValueError):
+            continue
+        if abs(error) <= 100 * tolerance:
+            continue
+        key = measurement.key
+        links = model.get("links", "PS 0 for all")
+        lines.append(
+            f"tfgrpc: model missed {record.test} {key.label}.{key.size}: predicted "
+            f"{predicted_us / 1e3:.4g} ms, {error:+.0f}% off the measured p50 (links: {links})"
+        )
+    return lines

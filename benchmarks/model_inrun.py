@@ -1,0 +1,240 @@
+"""The analytic model against measured sync-SGD steps on this machine (the
+model's +-25% check, README-model.md).
+
+    python benchmarks/model_inrun.py [--profile hep_cnn] [--scale 1] [--workers 1,2,3,4]
+        [--ps 1,2] [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1]
+        [--json out.json]
+
+For every (PS, workers) a fresh cluster starts on the fabric; ``sync_sgd_step(model=True)``
+fits the link and host on PS 0 and worker 0 (2-4 s: P2P sweep, the step's exchange at four
+generic shard layouts, numpy costs, the other sessions' load) and predicts the step from that
+fit alone, then measures the steps. The table shows the prediction, the measured step p50,
+the error, which term of the model limits the step, the other sessions' load the probes
+found, the prediction and its error without that load (as if the cluster had the machine
+alone), and the 1-minute load average (the machine is shared: other processes' load changes
+what the cluster gets).
+
+Nothing here asserts: the rows and the count within +-25% are printed. With ``--repeat N``
+every topology is run N times, each with a fit of its own, and a second table puts the median
+prediction beside the median measured step, with the range of the passes' errors: on a shared
+machine one pass's fit or steps can meet a burst of other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from pytest_tfgrpc.bench.ps import sync_sgd_step
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.analytic import predict_step
+from pytest_tfgrpc.model.placement import SHARDINGS, Topology
+from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+
+TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class Row:
+    ps: int
+    workers: int
+    predicted_ms: float
+    measured_p50_ms: float
+    error_pct: float
+    limit: str
+    cores: float | None
+    utilization: float
+    other_load: float
+    predicted_idle_ms: float
+    error_idle_pct: float
+    chain_ms: float
+    shared_ms: float
+    link_ms: float
+    steps: int
+    load_1min: float
+    host: str
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected e.g. 1,2,4") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: counts must be at least 1")
+    return counts
+
+
+def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
+    profile = load_profile(args.profile)
+    if args.scale != 1.0:
+        profile = profile.scaled(scale=args.scale)
+    run = RunSpec(
+        iterations=args.iterations, warmup=3, max_seconds=args.max_seconds, warmup_seconds=10.0
+    )
+    with PSCluster(resolve_fabric(args.fabric), Topology(ps, workers, args.sharding)) as cluster:
+        result = sync_sgd_step(cluster, profile, run=run, model=True)
+    prediction = result.prediction
+    assert prediction is not None and prediction.host is not None  # model=True
+    point = result.sizes[0]
+    measured = point.summary.p50_ns / 1e6
+    predicted = prediction.iter_s * 1e3
+    idle = predict_step(
+        profile,
+        prediction.topology,
+        prediction.link,
+        host=replace(prediction.host, load=0.0),
+        chunk_bytes=int(result.settings["chunk_bytes"]),
+        partition_bytes=int(result.settings["partition_bytes"]),
+    )
+    return Row(
+        ps=ps,
+        workers=workers,
+        predicted_ms=predicted,
+        measured_p50_ms=measured,
+        error_pct=100 * (predicted - measured) / measured,
+        limit=prediction.limit,
+        cores=prediction.host.cores,
+        utilization=prediction.utilization,
+        other_load=prediction.host.load,
+        predicted_idle_ms=idle.iter_s * 1e3,
+        error_idle_pct=100 * (idle.iter_s * 1e3 - measured) / measured,
+        chain_ms=prediction.chain_s * 1e3,
+        shared_ms=prediction.shared_s * 1e3,
+        link_ms=prediction.link_s * 1e3,
+        steps=point.count,
+        load_1min=os.getloadavg()[0],
+        host=prediction.host.describe(),
+    )
+
+
+def _table(rows: Sequence[Row]) -> str:
+    header = (
+        *("workers", "ps", "predicted", "measured p50", "error", "limit", "others"),
+        *("busy", "if alone", "error", "loadavg"),
+    )
+    lines: list[tuple[str, ...]] = [header]
+    for r in rows:
+        lines.append(
+            (
+                str(r.workers),
+                str(r.ps),
+                f"{r.predicted_ms:.1f} ms",
+                f"{r.measured_p50_ms:.1f} ms",
+                f"{r.error_pct:+.0f}%",
+                r.limit,
+                f"{r.other_load:.1f}",
+                f"{r.utilization:.0%}",
+                f"{r.predicted_idle_ms:.1f} ms",
+                f"{r.error_idle_pct:+.0f}%",
+                f"{r.load_1min:.2f}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+    )
+
+
+def _medians(rows: Sequence[Row]) -> tuple[str, int, int]:
+    """Per topology over the passes: the median prediction against the median measured step,
+    and the range of the passes' errors; the table, the topologies within tolerance, and how
+    many topologies there are."""
+    by_topology: dict[tuple[int, int], list[Row]] = {}
+    for r in rows:
+        by_topology.setdefault((r.workers, r.ps), []).append(r)
+    header = ("workers", "ps", "passes", "median predicted", "median measured", "error", "range")
+    lines: list[tuple[str, ...]] = [header]
+    within = 0
+    for (workers, ps), same in sorted(by_topology.items(), key=lambda item: item[0][::-1]):
+        predicted = statistics.median(r.predicted_ms for r in same)
+        measured = statistics.median(r.measured_p50_ms for r in same)
+        error = 100 * (predicted - measured) / measured
+        within += abs(error) <= 100 * TOLERANCE
+        errors = [r.error_pct for r in same]
+        lines.append(
+            (
+                str(workers),
+                str(ps),
+                str(len(same)),
+                f"{predicted:.1f} ms",
+                f"{measured:.1f} ms",
+                f"{error:+.0f}%",
+                f"{min(errors):+.0f}% .. {max(errors):+.0f}%",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    table = "\n".join(
+        "  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+    )
+    return table, within, len(by_topology)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--profile", default="hep_cnn")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink every tensor to this share")
+    p.add_argument("--workers", type=_counts, default=(1, 2, 3, 4))
+    p.add_argument("--ps", type=_counts, default=(1, 2))
+    p.add_argument("--sharding", choices=SHARDINGS, default="greedy")
+    p.add_argument("--iterations", type=int, default=20, help="measured steps (at most)")
+    p.add_argument("--max-seconds", type=float, default=10.0, help="measured time, at most")
+    p.add_argument("--fabric", default="lo")
+    p.add_argument("--repeat", type=int, default=1, help="passes over the grid")
+    p.add_argument("--json", help="also write the rows and load averages here")
+    args = p.parse_args(argv)
+    load_start = os.getloadavg()
+    started = time.perf_counter()
+    rows = []
+    for _ in range(max(1, args.repeat)):
+        for ps in args.ps:
+            for workers in args.workers:
+                rows.append(_row(ps, workers, args))
+                print(_table(rows).splitlines()[-1], file=sys.stderr, flush=True)
+    load_end = os.getloadavg()
+    within = sum(abs(r.error_pct) <= 100 * TOLERANCE for r in rows)
+    within_idle = sum(abs(r.error_idle_pct) <= 100 * TOLERANCE for r in rows)
+    print(
+        f"{args.profile} (scale {args.scale:g}), sharding {args.sharding}, fabric {args.fabric}, "
+        f"{os.cpu_count()} CPUs; load average (1, 5, 15 min) "
+        f"{' '.join(f'{x:.2f}' for x in load_start)} at start, "
+        f"{' '.join(f'{x:.2f}' for x in load_end)} at end; "
+        f"{time.perf_counter() - started:.0f} s\n"
+    )
+    print(_table(rows))
+    print(
+        f"\n{within} of {len(rows)} rows within +-{TOLERANCE:.0%}; "
+        f"{within_idle} if the other sessions' load is left out"
+    )
+    if args.repeat > 1:
+        table, close, topologies = _medians(rows)
+        print(f"\nover the {args.repeat} passes, per topology:\n\n{table}")
+        print(f"\n{close} of {topologies} topologies within +-{TOLERANCE:.0%} by their medians")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(
+                {
+                    "profile": args.profile,
+                    "scale": args.scale,
+                    "sharding": args.sharding,
+                    "fabric": args.fabric,
+                    "cpus": os.cpu_count(),
+                    "loadavg": [load_start, load_end],
+                    "rows": [asdict(r) for r in rows],
+                },
+                out,
+                indent=2,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

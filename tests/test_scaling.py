@@ -1,0 +1,129 @@
+"""The cluster-scale model: framework placement, each term, all-reduce, and calibration."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pytest_tfgrpc.model.placement import place_profile
+from pytest_tfgrpc.model.profiles import load_profile
+from pytest_tfgrpc.model.scaling import (
+    ClusterTerms,
+    MeasuredPoint,
+    allreduce_step,
+    calibrate,
+    ps_step,
+)
+
+RESNET = "resnet50_tf_cnn"
+TERMS = ClusterTerms(compute_s=0.5, bandwidth_Bps=2e9, alpha_s=50e-6)
+
+
+def test_round_robin_follows_creation_slots() -> None:
+    # Inception-v3 in tf_cnn_benchmarks has four variables per convolution (kernel, beta and
+    # two moving statistics) after global_step: every kernel is at slot 1 + 4k, so with 2 or
+    # 4 PS tasks one task holds every kernel; torchvision order spreads them.
+    tf_order = place_profile(load_profile("inception3_tf_cnn"), 4, "round_robin")
+    loads = tf_order.bytes_per_ps()
+    assert loads[1] > 0.99 * sum(loads)
+    assert tf_order.imbalance > 3.9
+    torch_order = place_profile(load_profile("inception_v3"), 4, "round_robin")
+    assert torch_order.imbalance < 2
+    # greedy and partitioned do not depend on the slots
+    assert place_profile(load_profile("inception3_tf_cnn"), 4, "partitioned").imbalance < 1.1
+
+
+def test_each_term_switches_off() -> None:
+    base = ps_step(RESNET, 16, 4, TERMS, sharding="greedy")
+    assert base.limit.startswith("ps ")
+    assert math.isclose(base.efficiency, TERMS.compute_s / base.step_s)
+    overlapped = ps_step(RESNET, 16, 4, TERMS.__class__(**{**TERMS.__dict__, "overlap": 1.0}))
+    assert overlapped.hidden_s > 0
+    fixed = ps_step(RESNET, 16, 4, ClusterTerms(**{**TERMS.__dict__, "fixed": 0.1}))
+    plain = ps_step(RESNET, 16, 4, TERMS)
+    assert math.isclose(fixed.step_s - plain.step_s, 0.1 * TERMS.compute_s)
+    # fixed and straggler losses need more than one worker
+    one = ps_step(RESNET, 1, 1, ClusterTerms(**{**TERMS.__dict__, "fixed": 0.1, "straggler": 1}))
+    assert math.isclose(one.step_s, ps_step(RESNET, 1, 1, TERMS).step_s)
+    straggling = ps_step(RESNET, 64, 4, ClusterTerms(**{**TERMS.__dict__, "straggler": 0.05}))
+    gap = straggling.step_s - ps_step(RESNET, 64, 4, TERMS).step_s
+    assert math.isclose(gap, 0.05 * math.sqrt(2 * math.log(64)) * TERMS.compute_s)
+
+
+def test_colocated_half_duplex_costs_more_than_full() -> None:
+    full = ClusterTerms(**{**TERMS.__dict__, "colocated": True})
+    half = ClusterTerms(**{**TERMS.__dict__, "colocated": True, "duplex": False})
+    a, b = ps_step(RESNET, 8, 8, full), ps_step(RESNET, 8, 8, half)
+    assert a.limit.startswith("host ") and b.comm_s > a.comm_s
+    # a worker's own PS share is local: with one worker and one colocated PS, no traffic
+    assert ps_step(RESNET, 1, 1, full).comm_s == pytest.approx(
+        2 * 161 * 50e-6 + 2 * load_profile(RESNET).total_bytes / 2e9
+    )
+
+
+def test_network_core_grows_with_workers() -> None:
+    core = ClusterTerms(**{**TERMS.__dict__, "core_Bps": 10e9})
+    small, large = ps_step(RESNET, 8, 8, core), ps_step(RESNET, 128, 128, core)
+    assert large.limit == "network core"
+    assert large.comm_s == pytest.approx(2 * 128 * load_profile(RESNET).total_bytes / 10e9)
+    assert large.efficiency < small.efficiency
+
+
+def test_ring_allreduce_follows_the_nccl_tests_formula() -> None:
+    size = load_profile(RESNET).total_bytes
+    for n in (2, 8, 512):
+        ring = allreduce_step(RESNET, n, TERMS)
+        expected = 2 * (n - 1) / n * size / 2e9 + 2 * (n - 1) * 50e-6
+        assert ring.comm_s == pytest.approx(expected)
+        hd = allreduce_step(RESNET, n, TERMS, algorithm="halving_doubling")
+        assert hd.comm_s == pytest.approx(
+            2 * (n - 1) / n * size / 2e9 + 2 * math.ceil(math.log2(n)) * 50e-6
+        )
+    unfused = allreduce_step(RESNET, 8, TERMS, fused=False)
+    assert unfused.comm_s == pytest.approx(2 * 7 / 8 * size / 2e9 + 14 * 161 * 50e-6)
+    with pytest.raises(ValueError, match="ring, halving_doubling"):
+        allreduce_step(RESNET, 8, TERMS, algorithm="tree")
+
+
+GRID = [(1, 1), (2, 1), (4, 2), (8, 2), (8, 4), (16, 4), (16, 8), (32, 8), (32, 16), (64, 16)]
+
+
+def _synthetic(truth: ClusterTerms, noise: float, seed: int) -> list[MeasuredPoint]:
+    rng = np.random.default_rng(seed)
+    return [
+        MeasuredPoint(w, p, ps_step(RESNET, w, p, truth).efficiency + rng.normal(0, noise))
+        for w, p in GRID
+    ]
+
+
+def test_calibration_recovers_known_terms_from_noisy_points() -> None:
+    truth = ClusterTerms(compute_s=0.5, bandwidth_Bps=1.5e9, alpha_s=50e-6, overlap=0.6, fixed=0.05)
+    start = ClusterTerms(compute_s=0.5, bandwidth_Bps=1e8, alpha_s=50e-6)
+    fit = calibrate(_synthetic(truth, 0.005, seed=1), RESNET, start)
+    by_name = {term.name: term for term in fit.fitted}
+    assert set(by_name) == {"bandwidth", "overlap", "fixed"}
+    for name, true_value in (("bandwidth", 1.5e9), ("overlap", 0.6), ("fixed", 0.05)):
+        term = by_name[name]
+        assert term.pinned, term
+        assert term.sd is not None
+        # within four standard uncertainties, and the uncertainty is not absurdly wide
+        assert abs(term.value - true_value) < 4 * term.sd + 1e-9, term
+        assert term.sd < 0.25 * true_value, term
+    assert fit.rms < 0.01
+    assert len(fit.residuals) == len(GRID)
+
+
+def test_calibration_says_what_the_points_cannot_pin_down() -> None:
+    # Compute-bound points (a huge bandwidth): nothing in them depends on the bandwidth.
+    truth = ClusterTerms(compute_s=0.5, bandwidth_Bps=1e13, fixed=0.05)
+    points = _synthetic(truth, 0.002, seed=2)
+    fit = calibrate(points, RESNET, truth, free=("bandwidth", "fixed"))
+    unpinned = fit.unpinned()
+    assert "bandwidth" in unpinned and "fixed" not in unpinned
+    few = calibrate(points[:3], RESNET, truth, free=("bandwidth", "overlap", "fixed"))
+    assert any("fewer than 4" in warning for warning in few.warnings)
+    assert all(not term.pinned for term in few.fitted)
+    with pytest.raises(ValueError, match="fittable terms"):
+        calibrate(points, RESNET, truth, free=("speed",))
