@@ -295,7 +295,7 @@ def test_an_explicit_bad_spec_fails_only_the_tests_that_need_it(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--tfgrpc-agents=127.0.0.1:9",), "no agent token: give --token-file FILE or set"),
+        (("--tfgrpc-agents=127.0.0.1:9",), "no agent token: give --tfgrpc-agent-token-file FILE"),
         (("--tfgrpc-agents=slurm",), "--tfgrpc-agents=slurm: no SLURM allocation here"),
         (("--tfgrpc-agents=cluster",), "--tfgrpc-agents=cluster: no cluster spec"),
         (("--tfgrpc-agents=nohost.invalid:9", "--tfgrpc-agent-token-file=tok"), "nohost.invalid"),

@@ -330,8 +330,12 @@ def role_argv(
     return argv, child_env
 
 
-def read_token(path: str | None, environ: Mapping[str, str]) -> str:
+def read_token(
+    path: str | None, environ: Mapping[str, str], option: str = "--token-file"
+) -> str:
     """The shared token: the first line of ``path`` if given, else ``TFGRPC_AGENT_TOKEN``.
+    ``option`` is how the caller's user gives the file (the agent's ``--token-file``, pytest's
+    ``--tfgrpc-agent-token-file``), named in the error.
 
     ValueError when there is none or it is shorter than 16 characters;
     :class:`~pytest_tfgrpc.wire.security.SecretFileError` (a ValueError) when others could
@@ -346,7 +350,7 @@ def read_token(path: str | None, environ: Mapping[str, str]) -> str:
         where = TOKEN_ENV
     if not text:
         raise ValueError(
-            f"no agent token: give --token-file FILE or set {TOKEN_ENV} (the same on every host)"
+            f"no agent token: give {option} FILE or set {TOKEN_ENV} (the same on every host)"
         )
     if len(text) < MIN_TOKEN_CHARS:
         raise ValueError(f"{where}: the token has {len(text)} characters, fewer than 16")

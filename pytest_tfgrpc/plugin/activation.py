@@ -6,10 +6,13 @@ work (as pytest-xdist registers its ``DSession`` only for distributed runs)."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Generator, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -110,11 +113,48 @@ _sigterm_key = pytest.StashKey[dict[int, Any]]()
 _ENDING = (signal.SIGTERM, signal.SIGHUP)
 
 
+#: Set once pytest has taken the interrupt (its ``pytest_keyboard_interrupt``): from then on
+#: the run is unwinding, and a re-delivered interrupt would cut its fixture teardown short.
+_interrupt_taken = threading.Event()
+#: Set while a test's body runs (the call phase).
+_in_call = threading.Event()
+#: An interrupt raised while the main thread runs a ``__del__`` or a gRPC callback is
+#: reported and dropped by Python, and the test went on measuring (seen: a SIGTERM at a
+#: sync-SGD step's start, the run ended 69 s later). A test body still running this long
+#: after the signal had its interrupt swallowed: it is raised again.
+_REDELIVER_AFTER_S = 0.8
+_REDELIVER_FOR_S = 5.0
+
+
+def _redeliver_while_in_call() -> None:
+    deadline = time.monotonic() + _REDELIVER_FOR_S
+    while not _interrupt_taken.wait(_REDELIVER_AFTER_S) and time.monotonic() < deadline:
+        if _in_call.is_set():
+            _thread.interrupt_main()  # KeyboardInterrupt in the main thread, as Ctrl-C raises
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    _in_call.set()
+    try:
+        return (yield)
+    finally:
+        _in_call.clear()
+
+
+def _hurry() -> None:
+    processes = sys.modules.get("pytest_tfgrpc.roles.processes")
+    if processes is not None:
+        processes.hurry()
+
+
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
     # End the run through pytest's KeyboardInterrupt path, so finished tests reach the
     # JUnit XML and every fixture stops its processes.
     for ending in _ENDING:
         signal.signal(ending, signal.SIG_DFL)  # a second signal ends at once
+    _hurry()
+    threading.Thread(target=_redeliver_while_in_call, name="tfgrpc-interrupt", daemon=True).start()
     if _forward_to_workers:
         # A Ctrl-C reaches pytest-xdist's workers through the terminal; a SIGTERM reaches
         # the controller only: pass it on, or a worker finishes its test first.
@@ -173,6 +213,25 @@ def _remove_stale_junit(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if configured(config):  # the run asks for tfgrpc: set up now, errors before collection
         activate(config)
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    _interrupt_taken.set()
+    processes = sys.modules.get("pytest_tfgrpc.roles.processes")
+    if processes is None:
+        return  # no role was ever started here: nothing to stop
+    processes.hurry()
+    children = sorted(processes.live_children(), key=lambda child: child.name)
+    if not children:
+        return
+    hosts = sorted({child.host for child in children})
+    names = ", ".join(child.name for child in children[:6])
+    more = f" and {len(children) - 6} more" if len(children) > 6 else ""
+    # pytest's own line follows; this one says what ending the run still does
+    sys.stderr.write(
+        f"tfgrpc: stopping {len(children)} process(es) this run started on "
+        f"{', '.join(hosts)} ({names}{more}); the JUnit XML and results file are written next\n"
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -91,7 +91,7 @@ class _Agents:
         except (ClusterSpecError, OSError) as exc:
             raise AgentError(f"{where}: {exc}") from None
         target = f"[{ip}{'%' + zone if zone else ''}]:{port}" if ":" in ip else f"{ip}:{port}"
-        token = read_token(self.token_file, os.environ)
+        token = read_token(self.token_file, os.environ, "--tfgrpc-agent-token-file")
         ca, cert, key = self.tls_files
         tls = AgentTLS.from_files(ca, cert, key) if ca else None
         if tls is None and cert:

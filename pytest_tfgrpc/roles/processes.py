@@ -72,13 +72,32 @@ class ServerInfo:
     fabric: str
 
 
+#: Each wait of :func:`end_process` once the run is being stopped (:func:`hurry`): a role
+#: mid-step or mid-measurement may take its full grace to notice its closed stdin, and a
+#: stopped run has nothing left to keep from it.
+HURRIED_GRACE_S = 0.3
+_hurried = threading.Event()
+
+
+def hurry() -> None:
+    """The run is being stopped (Ctrl-C, SIGTERM): from now on every stop waits at most
+    :data:`HURRIED_GRACE_S` s before the next signal, so that the run ends within seconds."""
+    _hurried.set()
+
+
 def end_process(proc: ProcessLike, timeout: float = 5.0) -> int:
     """End a child that watches its stdin: close stdin, wait, then SIGTERM, wait, then SIGKILL.
-    Returns its exit status."""
+    Returns its exit status. Each wait is ``timeout`` s, or :data:`HURRIED_GRACE_S` once
+    :func:`hurry` was called."""
+    hurried = _hurried.is_set()
+    if hurried:
+        timeout = min(timeout, HURRIED_GRACE_S)
     if proc.stdin is not None and not proc.stdin.closed:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
     try:
+        if hurried:  # no time for a role to finish its step: SIGTERM at once
+            proc.terminate()
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.terminate()
