@@ -648,7 +648,7 @@ def test_a_bad_push_leaves_the_sum_alone(ps_cluster, bad):
     job = pb.PSJob(job_id=7, task=0, workers=1, learning_rate=1.0, init=INIT_INDEX, steps=5,
                    shards=[pb.ShardSpec(tensor="w", offset=0, nbytes=NBYTES)],
                    barrier_timeout_seconds=10, max_seconds=60, warmup_seconds=1)
-    configure(job, timeout=10, metadata=ps_cluster._credentials)
+    configure(job, timeout=10, metadata=ps_cluster.credentials)
     case = BAD[bad]
     if case == "break":
         def stream():
