@@ -1897,7 +1897,8 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
             (tmp / name).chmod(case.modes[name])
     _plant(case.plant, tmp)
     tag = uuid.uuid4().hex
-    env = {**os.environ, **{k: world.fill_words(v) for k, v in case.env.items()}, "TFGRPC_FAULT": tag}
+    filled = {k: world.fill_words(v) for k, v in case.env.items()}
+    env = {**os.environ, **filled, "TFGRPC_FAULT": tag}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:
