@@ -36,12 +36,12 @@ from pytest_tfgrpc.cli.compare import (
     EXIT_REGRESSION,
     add_gate_options,
     gate_failures,
+    gate_tolerances,
 )
 from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
 from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
 from pytest_tfgrpc.report.paired import Pair, compare_pairs
-from pytest_tfgrpc.report.tolerance import ToleranceError, parse_tolerances
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
 
 __all__ = ["Broken", "main"]
@@ -255,10 +255,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stderr = out if out is not None else sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        tolerances = parse_tolerances(args.max_regression)
-    except ToleranceError as error:
-        parser.error(f"--max-regression: {error}")
+    tolerances = gate_tolerances(parser, args)
     sides = {}
     for name, command in (("A", args.a), ("B", args.b)):
         try:

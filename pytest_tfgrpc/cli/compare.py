@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from pytest_tfgrpc.report.compare import (
@@ -156,16 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def gate_tolerances(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> Mapping[str, float]:
+    """The gate's ``--max-regression`` values (see :func:`add_gate_options`); a bad one is a
+    usage error naming the option (exit 2)."""
+    try:
+        return parse_tolerances(args.max_regression)
+    except ToleranceError as error:
+        parser.error(f"--max-regression: {error}")
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
     stdout = out if out is not None else sys.stdout
     stderr = out if out is not None else sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        tolerances = parse_tolerances(args.max_regression)
-    except ToleranceError as error:
-        parser.error(f"--max-regression: {error}")
+    tolerances = gate_tolerances(parser, args)
     try:
         duplicates: list[str] = []
         old = load_history(args.old, skipped=duplicates)
