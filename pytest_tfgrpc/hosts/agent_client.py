@@ -36,6 +36,7 @@ from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
+from pytest_tfgrpc.wire.security import tls_failure
 from pytest_tfgrpc.wire.telemetry import Reading, TelemetryError
 
 __all__ = [
@@ -134,6 +135,7 @@ class AgentClient:
         self.timeout = timeout
         self.driver = driver_id()
         self._metadata = (("authorization", f"Bearer {token}"),)
+        self._tls_mode = "off" if tls is None else "mtls" if tls.cert else "tls"
         self._channel = (
             grpc.insecure_channel(target)
             if tls is None
@@ -185,7 +187,11 @@ class AgentClient:
                 wait_for_ready=wait_for_ready,
             )
         except grpc.RpcError as exc:
-            raise AgentError(f"agent at {self.target}: {_status(exc)}") from None
+            details = str(exc.details()) if isinstance(exc, grpc.Call) else ""
+            why = tls_failure(
+                self.target, details, flag_prefix="--tfgrpc-agent-tls-", mode=self._tls_mode
+            )
+            raise AgentError(f"agent at {self.target}: {why or _status(exc)}") from None
 
     def _heartbeat(self) -> None:
         request = agent_pb2.LeaseRequest(driver=self.driver, lease_s=self.lease_s)
