@@ -112,6 +112,10 @@ class AgentTLS:
         )
 
 
+#: How long the driver waits for an agent (its name to resolve, it to listen) and for each call.
+AGENT_TIMEOUT_S = 10.0
+
+
 class AgentClient:
     """A connection to the agent at ``target`` (``host:port``), authenticated with ``token``.
 
@@ -127,7 +131,7 @@ class AgentClient:
         token: str,
         *,
         lease_s: float = 10.0,
-        timeout: float = 10.0,
+        timeout: float = AGENT_TIMEOUT_S,
         tls: AgentTLS | None = None,
     ) -> None:
         self.target = target

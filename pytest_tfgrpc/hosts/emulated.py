@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -57,12 +57,14 @@ __all__ = [
     "cap_rate",
     "emulated_fabric",
     "free_subnet_index",
+    "ipv4_routes",
     "list_fabrics",
     "parse_hosts",
     "pid_alive",
     "rate_bits_per_s",
     "remove_fabric",
     "remove_leftovers",
+    "routed_subnets",
     "run_command",
     "sigint_deferred",
     "tbf_burst_bytes",
@@ -295,9 +297,52 @@ def allocation_lock(timeout: float) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def free_subnet_index() -> int:
+#: Route types ``ip route`` prints before a route's destination.
+_ROUTE_TYPES = frozenset(
+    {"unicast", "local", "broadcast", "multicast", "blackhole", "unreachable", "prohibit"}
+    | {"throw", "nat", "anycast"}
+)
+
+
+def ipv4_routes() -> list[ipaddress.IPv4Network]:
+    """The destinations of every IPv4 route of this namespace, in every routing table
+    (``ip -4 route show table all``), the default routes left out."""
+    listing = run_command(["ip", "-o", "-4", "route", "show", "table", "all"], timeout=10.0)
+    out = []
+    for line in listing.stdout.splitlines():
+        words = line.split()
+        if words and words[0] in _ROUTE_TYPES:
+            words = words[1:]
+        if not words or words[0] == "default":
+            continue
+        try:
+            out.append(ipaddress.IPv4Network(words[0], strict=False))
+        except ValueError:
+            continue
+    return out
+
+
+def routed_subnets(routes: Iterable[ipaddress.IPv4Network]) -> set[int]:
+    """The /24 indices of 198.18.0.0/15 that ``routes`` send somewhere already: a fabric
+    there would take another host's traffic, or lose its own."""
+    base = int(IPV4_BENCHMARK_NET.network_address)
+    taken: set[int] = set()
+    for route in routes:
+        if not route.overlaps(IPV4_BENCHMARK_NET):
+            continue
+        first = max(int(route.network_address), base)
+        last = min(int(route.broadcast_address), int(IPV4_BENCHMARK_NET.broadcast_address))
+        taken.update(range((first - base) >> 8, ((last - base) >> 8) + 1))
+    return taken
+
+
+def free_subnet_index(
+    routes: Callable[[], Iterable[ipaddress.IPv4Network]] = ipv4_routes,
+) -> int:
     """The lowest /24 index of 198.18.0.0/15 that no interface, namespace or root-namespace
-    address made by this project uses. Call it under :func:`allocation_lock`."""
+    address made by this project uses and no route of this namespace covers (``routes``:
+    the route table's destinations; tests inject one). Call it under
+    :func:`allocation_lock`."""
     used: set[int] = set()
     names = list(os.listdir(_SYS_NET))
     if _NETNS_DIR.is_dir():
@@ -312,10 +357,13 @@ def free_subnet_index() -> int:
         address = ipaddress.IPv4Address(token)
         if address in IPV4_BENCHMARK_NET:
             used.add((int(address) - int(IPV4_BENCHMARK_NET.network_address)) >> 8)
+    used |= routed_subnets(routes())
     for k in range(MAX_SUBNETS):
         if k not in used:
             return k
-    raise FabricBuildError(f"all {MAX_SUBNETS} test subnets of {IPV4_BENCHMARK_NET} are in use")
+    raise FabricBuildError(
+        f"all {MAX_SUBNETS} test subnets of {IPV4_BENCHMARK_NET} are in use or routed elsewhere"
+    )
 
 
 def add_veth_namespace(netns: str, root_if: str, ns_if: str, *, timeout: float) -> list[str]:
