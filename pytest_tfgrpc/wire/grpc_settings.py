@@ -48,9 +48,28 @@ COMMON_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
 #: before a tensor limit could refuse it. A compressed call is refused (UNIMPLEMENTED) unread.
 NO_COMPRESSION: Final = (("grpc.compression_enabled_algorithms_bitset", 1),)
 
+#: A connection without a call for this long is closed (the client reconnects when it needs
+#: to): idle connections do not pile up on a long-running server.
+MAX_CONNECTION_IDLE_MS: Final = 300_000
+
 #: ``so_reuseport`` off: with gRPC's default a second server "binds" a port already in use
 #: and clients are silently balanced across two unrelated servers.
-SERVER_OPTIONS: Final = (*COMMON_OPTIONS, *NO_COMPRESSION, ("grpc.so_reuseport", 0))
+SERVER_OPTIONS: Final = (
+    *COMMON_OPTIONS,
+    *NO_COMPRESSION,
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+)
+
+
+def max_concurrent_rpcs(threads: int) -> int:
+    """Calls a server with ``threads`` handler threads takes at once, over all connections;
+    beyond, a call is refused at once (RESOURCE_EXHAUSTED) instead of queueing without bound.
+    Four times the threads: a PS's workers each push and pull at once (its threads are sized
+    for that), and the queue absorbs bursts, and a stranger's idle streams until they are
+    cancelled (:mod:`pytest_tfgrpc.roles.idle`)."""
+    return 4 * threads
+
 
 CHANNEL_OPTIONS: Final = (
     *COMMON_OPTIONS,
