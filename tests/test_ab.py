@@ -303,7 +303,9 @@ def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
     pytester.chdir()
     code, out = ab(
         pytester.path,
-        *("--pairs", "5", "--timeout", "20", "--max-regression", "50%"),
+        # Both sides run the same suite; the wide tolerance keeps a busy runner's noise (seen:
+        # +58% over 3 pairs) from turning this test of broken-pair bookkeeping into a verdict test.
+        *("--pairs", "5", "--timeout", "20", "--max-regression", "500%"),
         *("--a", pytest_command(suite)),
         *("--b", f"{sys.executable} {wrapper} " + pytest_command(suite)),
     )

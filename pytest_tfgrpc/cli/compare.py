@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from pytest_tfgrpc.cli.arguments import bounded
 from pytest_tfgrpc.report.compare import (
     Comparison,
     compare_runs,
@@ -41,28 +42,6 @@ EXIT_REGRESSION = 1
 EXIT_BAD_INPUT = 2
 
 PROG = "tfgrpc-compare"
-
-
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a significance level between 0 and 1")
-    return value
-
-
-def _resamples(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_RESAMPLES:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of resamples between 1 and {MAX_RESAMPLES}"
-        )
-    return value
 
 
 def gate_failures(
@@ -108,7 +87,7 @@ def add_gate_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--alpha",
-        type=_alpha,
+        type=bounded(float, lambda a: 0.0 < a < 1.0, "a significance level between 0 and 1"),
         default=DEFAULT_ALPHA,
         help=f"significance level of the tests (default {DEFAULT_ALPHA})",
     )
@@ -148,7 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate_options(parser)
     parser.add_argument(
         "--resamples",
-        type=_resamples,
+        type=bounded(
+            int,
+            lambda n: 1 <= n <= MAX_RESAMPLES,
+            f"a number of resamples between 1 and {MAX_RESAMPLES}",
+        ),
         default=DEFAULT_RESAMPLES,
         help=f"bootstrap resamples for tail quantiles (default {DEFAULT_RESAMPLES})",
     )
