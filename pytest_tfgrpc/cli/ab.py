@@ -37,7 +37,7 @@ from pytest_tfgrpc.cli.compare import (
     EXIT_REGRESSION,
     add_gate_options,
     gate_failures,
-    gate_tolerances,
+    parse_gate_command,
 )
 from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
@@ -237,11 +237,9 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
-    stdout = out if out is not None else sys.stdout
-    stderr = out if out is not None else sys.stderr
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    tolerances = gate_tolerances(parser, args)
+    command = parse_gate_command(build_parser(), argv, out)
+    parser, args, tolerances = command.parser, command.args, command.tolerances
+    stdout, stderr = command.stdout, command.stderr
     sides = {}
     for name, command in (("A", args.a), ("B", args.b)):
         try:

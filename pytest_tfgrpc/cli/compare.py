@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
 from pytest_tfgrpc.cli.arguments import bounded
@@ -139,24 +140,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def gate_tolerances(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> Mapping[str, float]:
-    """The gate's ``--max-regression`` values (see :func:`add_gate_options`); a bad one is a
-    usage error naming the option (exit 2)."""
+@dataclass(frozen=True)
+class GateCommand:
+    """A gate command's parsed line (``tfgrpc-compare``, ``tfgrpc-ab``): its ``parser`` (for
+    usage errors), ``args``, the ``--max-regression`` ``tolerances``, and where it prints."""
+
+    parser: argparse.ArgumentParser
+    args: argparse.Namespace
+    tolerances: Mapping[str, float]
+    stdout: TextIO
+    stderr: TextIO
+
+
+def parse_gate_command(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, out: TextIO | None
+) -> GateCommand:
+    """Parse ``argv`` with ``parser`` (built with :func:`add_gate_options`); ``out``, if given,
+    takes both outputs (tests). A bad option or tolerance is a usage error naming the option:
+    argparse prints it and exits 2."""
+    args = parser.parse_args(argv)
     try:
-        return parse_tolerances(args.max_regression)
+        tolerances = parse_tolerances(args.max_regression)
     except ToleranceError as error:
         parser.error(f"--max-regression: {error}")
+    stdout = out if out is not None else sys.stdout
+    return GateCommand(parser, args, tolerances, stdout, out if out is not None else sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
-    stdout = out if out is not None else sys.stdout
-    stderr = out if out is not None else sys.stderr
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    tolerances = gate_tolerances(parser, args)
+    command = parse_gate_command(build_parser(), argv, out)
+    args, tolerances = command.args, command.tolerances
+    stdout, stderr = command.stdout, command.stderr
     try:
         duplicates: list[str] = []
         old = load_history(args.old, skipped=duplicates)
