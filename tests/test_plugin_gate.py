@@ -1,6 +1,6 @@
 """The gate never passes in silence, end to end: a renamed, deselected or differently named
 test, a baseline that matches nothing, zero samples, concurrent runs on one host, an 11 MB
-baseline read with lxml; and the README's CI recipe (a history of main runs) passes unchanged
+baseline read with lxml; and the docs' CI recipe (a history of main runs) passes unchanged
 code twice and fails an injected delay."""
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_echo(tfgrpc, server):
 
 
 def test_the_readme_ci_recipe(pytester: pytest.Pytester) -> None:
-    """README "Gating CI": main's runs kept as a history; the PR gated against it."""
+    """docs/tasks/gate-ci.md: main's runs kept as a history; the PR gated against it."""
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "0s"))
     for i in range(5):
         main = pytester.runpytest(*STEADY, f"--junitxml=main-runs/run-{i:04d}.xml")

@@ -127,7 +127,7 @@ TLS_OPTIONS = {
 #: The short form of --tfgrpc-fabric, added unless the project defines its own.
 SHORT_FABRIC = "--fabric"
 _yielded_key = pytest.StashKey[bool]()
-#: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
+#: Marker names and their ``--markers`` lines: the full signatures (the docs' marker table).
 MARKERS = {
     "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
     "buffers=10, classes=None, bias=None, seed=None, size_range=False, scale=None, "
