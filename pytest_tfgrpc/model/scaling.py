@@ -120,6 +120,7 @@ __all__ = [
     "allreduce_time",
     "bus_factor",
     "calibrate",
+    "describe_allreduce_cpu",
     "ps_step",
 ]
 
@@ -203,13 +204,15 @@ class ClusterTerms:
             f"{'full' if self.duplex else 'half'} duplex"
         )
         if self.worker_cpu is not None:
-            text += f", all-reduce CPU {_describe_cpu(self.worker_cpu)}"
+            text += f", {describe_allreduce_cpu(self.worker_cpu)}"
         return text
 
 
-def _describe_cpu(cpu: CpuCost) -> str:
-    rate = f"{0.5 / cpu.byte_s / 1e6:.4g} MB/s" if cpu.byte_s > 0 else "free"
-    return f"{cpu.rpc_s * 1e6:.4g} us/step + bytes at {rate}"
+def describe_allreduce_cpu(cpu: CpuCost) -> str:
+    """A worker's CPU per all-reduce step in words: per step, and the bytes it sends or takes
+    per CPU second."""
+    rate = f", bytes at {1 / cpu.byte_s / 1e6:.4g} MB/s of CPU" if cpu.byte_s > 0 else ""
+    return f"a worker's CPU {cpu.rpc_s * 1e6:.4g} us per all-reduce step{rate}"
 
 
 @dataclass(frozen=True)

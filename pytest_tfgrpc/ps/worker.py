@@ -314,8 +314,9 @@ async def _sync_sgd(
 
 
 # --- all-reduce --------------------------------------------------------------------------------
-#: The method every rank serves the others (``protos/tfgrpc/worker.proto``, ``Collective``).
-DELIVER = "/tfgrpc.worker.Collective/Deliver"
+#: The service every rank serves the others (``protos/tfgrpc/worker.proto``), and its method.
+COLLECTIVE: str = worker_pb2.DESCRIPTOR.services_by_name["Collective"].full_name
+DELIVER = f"/{COLLECTIVE}/Deliver"
 
 
 class _Mailbox:
@@ -383,7 +384,7 @@ async def _allreduce(
     mailbox = _Mailbox(credentials)
     server = grpc.aio.server(options=grpc_settings.SERVER_OPTIONS)
     handler = grpc.method_handlers_generic_handler(
-        "tfgrpc.worker.Collective",
+        COLLECTIVE,
         {
             "Deliver": grpc.unary_unary_rpc_method_handler(
                 mailbox.deliver,
