@@ -3,9 +3,11 @@ workers, exact sums, nccl-tests' figures, the model beside the measurement, bad 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 
@@ -16,8 +18,12 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_factor
 from pytest_tfgrpc.ps.jobs import AllReduceJob, MessageError, check_allreduce
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.ps.worker import Mailbox, check_input, verify_sum
 from pytest_tfgrpc.report.record import read_record, result_properties
+from pytest_tfgrpc.wire._proto import worker_pb2
+from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.security import TOKEN_KEY
 
 RUN = RunSpec(iterations=5, warmup=1, max_seconds=5.0, warmup_seconds=2.0)
 
@@ -140,3 +146,35 @@ def test_allreduce_reaches_junit(pytester: pytest.Pytester) -> None:
     assert busbw == pytest.approx(1.5 * algbw, rel=1e-5)
     assert "check=True" in text and "algorithm=ring" in text and "checked=4" in text
     assert np.isfinite(float(props["tfgrpc.allreduce.256KiB.model.error_pct"]))
+
+
+def test_a_wrong_sum_or_a_stranger_s_piece_is_refused() -> None:
+    expected = check_input(10, 0) * 10  # four ranks: (1 + 2 + 3 + 4) times the pattern
+    assert np.array_equal(sum(check_input(10, r) for r in range(4)), expected)
+    verify_sum(expected.copy(), expected, 2, 7)
+    wrong = expected.copy()
+    wrong[3] += 1
+    with pytest.raises(BenchmarkError, match=r"rank 2: all-reduce 7 element 3 is 41.0, .* 40.0"):
+        verify_sum(wrong, expected, 2, 7)
+
+    class Context:
+        def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+            self.metadata = metadata
+
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return self.metadata
+
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise PermissionError(f"{code.name}: {details}")
+
+    async def deliver() -> None:
+        mailbox = Mailbox(((TOKEN_KEY, "secret"),))
+        piece = worker_pb2.Piece(iteration=0, step=0, data=b"\0" * 8)
+        with pytest.raises(PermissionError, match=r"UNAUTHENTICATED: .*job token"):
+            await mailbox.deliver(piece, Context(((TOKEN_KEY, "guess"),)))
+        await mailbox.deliver(piece, Context(((TOKEN_KEY, "secret"),)))
+        with pytest.raises(PermissionError, match="ALREADY_EXISTS: a second piece"):
+            await mailbox.deliver(piece, Context(((TOKEN_KEY, "secret"),)))
+        assert (await mailbox.take(0, 0, timeout=1.0)).data == b"\0" * 8
+
+    asyncio.run(deliver())

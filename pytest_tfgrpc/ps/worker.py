@@ -319,7 +319,7 @@ COLLECTIVE: str = worker_pb2.DESCRIPTOR.services_by_name["Collective"].full_name
 DELIVER = f"/{COLLECTIVE}/Deliver"
 
 
-class _Mailbox:
+class Mailbox:
     """The pieces peers delivered, by (iteration, step): a rank takes one per step. Every
     delivery must carry the cluster's job token when the worker has one."""
 
@@ -369,6 +369,19 @@ def check_input(elements: int, rank: int) -> npt.NDArray[np.float32]:
     return (np.arange(elements, dtype=np.int64) % 7 + 1).astype(np.float32) * (rank + 1)
 
 
+def verify_sum(
+    got: npt.NDArray[np.float32], expected: npt.NDArray[np.float32], rank: int, iteration: int
+) -> None:
+    """BenchmarkError naming the rank, the all-reduce and the first element where ``got`` is
+    not ``expected`` (the exact sum of every rank's :func:`check_input`)."""
+    if not np.array_equal(got, expected):
+        wrong = int(np.flatnonzero(got != expected)[0])
+        raise BenchmarkError(
+            f"rank {rank}: all-reduce {iteration} element {wrong} is {float(got[wrong])!r}, "
+            f"the sum of every rank's input is {float(expected[wrong])!r}"
+        )
+
+
 def ring_partners(rank: int, ranks: int, algorithm: str) -> list[int]:
     """The ranks ``rank`` sends to: its right neighbour (ring), or its partner at each
     distance ``2^k`` (halving-doubling)."""
@@ -381,7 +394,7 @@ async def _allreduce(
     job: AllReduceJob, lines: queue.Queue[bytes], credentials: Credentials
 ) -> AllReduceReply:
     n, rank, size = job.nbytes // 4, job.rank, job.ranks
-    mailbox = _Mailbox(credentials)
+    mailbox = Mailbox(credentials)
     server = grpc.aio.server(options=grpc_settings.SERVER_OPTIONS)
     handler = grpc.method_handlers_generic_handler(
         COLLECTIVE,
@@ -497,13 +510,7 @@ async def _allreduce(
             if measured:
                 samples.append(t1 - t0)
                 if job.check:
-                    if not np.array_equal(buffer, expected):
-                        wrong = int(np.flatnonzero(buffer != expected)[0])
-                        raise BenchmarkError(
-                            f"rank {rank}: all-reduce {iteration} element {wrong} is "
-                            f"{buffer[wrong]!r}, the sum of every rank's input is "
-                            f"{expected[wrong]!r}"
-                        )
+                    verify_sum(buffer, expected, rank, iteration)
                     checked += 1
                 if last:
                     break
