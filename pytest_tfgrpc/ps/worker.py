@@ -142,6 +142,13 @@ def _describe(error: grpc.RpcError, target: str, what: str, timeout: float | Non
     return f"{what} to {target} failed: {code.name if code else 'error'}: {details}"
 
 
+def _cpu_since(start: tuple[int, int] | None) -> tuple[int, int]:
+    """This process's user and system CPU nanoseconds since ``start`` (none measured: 0)."""
+    now = process_cpu_ns()
+    start = start or now
+    return now[0] - start[0], now[1] - start[1]
+
+
 async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
     """The start barrier: say ready, then wait until the parent tells every worker to go."""
     _emit(Ready())
@@ -303,14 +310,8 @@ async def _sync_sgd(
             raise BenchmarkError(f"the chief PS sent no next phase after step {step}")
         phase = phases[0]
         step += 1
-    cpu1 = process_cpu_ns()
-    cpu0 = cpu0 or cpu1
-    return SyncSGDReply(
-        samples_ns=samples,
-        steps=step,
-        cpu_user_ns=cpu1[0] - cpu0[0],
-        cpu_system_ns=cpu1[1] - cpu0[1],
-    )
+    user, system = _cpu_since(cpu0)
+    return SyncSGDReply(samples_ns=samples, steps=step, cpu_user_ns=user, cpu_system_ns=system)
 
 
 # --- all-reduce --------------------------------------------------------------------------------
@@ -514,13 +515,9 @@ async def _allreduce(
                     checked += 1
                 if last:
                     break
-        cpu1 = process_cpu_ns()
-        cpu0 = cpu0 or cpu1
+        user, system = _cpu_since(cpu0)
         return AllReduceReply(
-            samples_ns=samples,
-            checked=checked,
-            cpu_user_ns=cpu1[0] - cpu0[0],
-            cpu_system_ns=cpu1[1] - cpu0[1],
+            samples_ns=samples, checked=checked, cpu_user_ns=user, cpu_system_ns=system
         )
     finally:
         for channel in channels.values():

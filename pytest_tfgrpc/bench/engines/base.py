@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, runtime_ch
 import numpy as np
 import numpy.typing as npt
 
-from pytest_tfgrpc.bench.allreduce import ALLREDUCE_RUN, AllReduceResult
+from pytest_tfgrpc.bench.allreduce import AllReduceResult
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Transfer, p2p_result
 from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, PSResult, throughput_result
 from pytest_tfgrpc.bench.settings import run_settings
@@ -371,20 +371,12 @@ class Engine(ABC):
         raise self._unsupported("PS exchanges (ps_exchange)")
 
     def allreduce(
-        self,
-        cluster: EngineCluster,
-        sizes: Sequence[int],
-        *,
-        run: RunSpec = ALLREDUCE_RUN,
-        algorithm: str = "ring",
-        check: bool = False,
-        model: bool = True,
-        label: str | None = None,
-        key: str | None = None,
+        self, cluster: EngineCluster, sizes: Sequence[int], **options: Any
     ) -> AllReduceResult:
-        """An all-reduce of a buffer of each of ``sizes`` among the cluster's workers, no PS
-        (:func:`~pytest_tfgrpc.bench.allreduce.allreduce` for the arguments and figures). Not
-        measured unless the engine overrides it (the grpcio engine does)."""
+        """An all-reduce of a buffer of each of ``sizes`` among the cluster's workers, no PS;
+        ``options`` are :func:`~pytest_tfgrpc.bench.allreduce.allreduce`'s keywords (``run``,
+        ``algorithm``, ``check``, ``model``, ``label``, ``key``), which says what is measured
+        and recorded. Not measured unless the engine overrides it (the grpcio engine does)."""
         raise self._unsupported("all-reduce (allreduce)")
 
     def _unsupported(self, what: str) -> EngineError:
