@@ -1,4 +1,4 @@
-"""The all-reduce model against measured all-reduces on this machine (README-model.md,
+"""The all-reduce model against measured all-reduces on this machine (docs/tasks/model.md,
 "All-reduce among the workers").
 
     python benchmarks/allreduce_model.py [--workers 4] [--sizes 64KiB,1MiB,4MiB]

@@ -41,7 +41,7 @@ def test_ring_allreduce_on_four_emulated_hosts(
     assert 0 < busbw < 125  # 1 Gbit/s links: 125 MB/s of frames at most
     model = {k.rsplit(".model.", 1)[1]: v for k, v in props.items() if ".model." in k}
     assert float(model["rate"]) == 1.0  # through agents each rank has a host
-    # The error is a timing figure on a shared machine: printed, not asserted (README-model).
+    # The error is a timing figure on a shared machine: printed, not asserted (docs/tasks/model.md).
     print(
         f"ring all-reduce of 1 MiB on 4 emulated hosts at 1 Gbit/s: busbw {busbw:.1f} MB/s, "
         f"step p50 {float(props['tfgrpc.allreduce.1MiB.step_p50_us']) / 1e3:.1f} ms, model "
