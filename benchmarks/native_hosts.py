@@ -22,8 +22,9 @@ the driver on the bridge, measures:
 4. ``cap``: native 64 MiB pushes through the 1 Gbit/s cap. Target: within +-5% of the cap
    (payload runs a few percent under it: ``tbf`` shapes whole frames).
 5. Native with mutual TLS (the host's own certificate) against native plaintext at 16 MiB,
-   the same agent serving both, with the CPU each end spent per GB (and its kernel part).
-   Target: >= 0.5x.
+   the same agent serving both, with the CPU each end spent per GB (and its kernel part), the
+   suite negotiated, its cipher's CPU per GB (``openssl speed``) and ``ratio_bound_by_cipher``:
+   the most mTLS could reach if TLS cost its cipher alone. Target: >= 0.5x.
 
 Every round measures every contender of a part in alternating order; a figure is the median
 over rounds, and each ratio is taken inside the run. A part that cannot run here is reported as
@@ -362,6 +363,14 @@ def mtls(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
                 return push("mtls", secure)
 
         got = bench.rounds_of({"plaintext": lambda: push("plaintext", plain), "mtls": mutual})
+        suite = negotiated_suite(secure.target, tls)
+    figures: dict[str, Any] = {key: median(values) for key, values in sorted(cpu.items())}
+    cipher = cipher_s_per_GB(suite)
+    if cipher is not None:
+        # The most mTLS could reach if TLS cost its cipher alone at each end (CPU-bound ends:
+        # throughput follows CPU per GB).
+        both = sum(figures[f"plaintext_{end}_cpu_s_per_GB"] for end in ("client", "server"))
+        figures.update(cipher_s_per_GB=cipher, ratio_bound_by_cipher=both / (both + 2 * cipher))
     bench.report(
         "mtls",
         "16 MiB",
@@ -369,8 +378,52 @@ def mtls(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
         mtls_GBps=median(got["mtls"]) / 1e9,
         plaintext_GBps=median(got["plaintext"]) / 1e9,
         ratio=ratio(got["mtls"], got["plaintext"]),
-        **{key: median(values) for key, values in sorted(cpu.items())},
+        suite=suite or "unknown",
+        **figures,
     )
+
+
+#: OpenSSL's name of each TLS 1.3 suite's cipher, for ``openssl speed -evp``.
+_SUITE_CIPHERS = {
+    "TLS_AES_128_GCM_SHA256": "aes-128-gcm",
+    "TLS_AES_256_GCM_SHA384": "aes-256-gcm",
+    "TLS_CHACHA20_POLY1305_SHA256": "chacha20-poly1305",
+}
+
+
+def negotiated_suite(target: str, tls: TlsFiles) -> str | None:
+    """The TLS suite an OpenSSL client with default settings (as the system's gRPC, which sets
+    no TLS 1.3 suites) negotiates with ``target`` (``openssl s_client``); None if unknown."""
+    if tls.ca is None:
+        return None
+    argv = ["openssl", "s_client", "-connect", target, "-brief", "-alpn", "h2",
+            "-cert", tls.cert, "-key", tls.key, "-CAfile", tls.ca]  # fmt: skip
+    try:
+        # stdout carries the server's first HTTP/2 bytes: not text.
+        done = subprocess.run(
+            argv, input="", capture_output=True, text=True, errors="replace", timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (done.stdout + done.stderr).splitlines():
+        if line.startswith("Ciphersuite:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cipher_s_per_GB(suite: str | None) -> float | None:
+    """CPU seconds per GB of ``suite``'s cipher on 16 KiB records (TLS's largest), from
+    ``openssl speed`` on this machine now (1 s); None if unknown."""
+    evp = _SUITE_CIPHERS.get(suite or "")
+    if evp is None:
+        return None
+    argv = ["openssl", "speed", "-seconds", "1", "-bytes", "16384", "-evp", evp]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        kilobytes_per_s = float(done.stdout.strip().splitlines()[-1].split()[-1].rstrip("k"))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return 1e9 / (kilobytes_per_s * 1e3)
 
 
 PARTS = (
