@@ -4,6 +4,8 @@ A Python tensor server (``tfgrpc-server --fabric lo``, as the plugin starts it) 
 gRPC client doing 1 KiB raw echoes, one at a time, each with a 2 s deadline, in three phases:
 
 * ``quiet``: nobody else;
+Each phase warms its channel up with 50 echoes before the stranger starts.
+
 * ``idle-streams``: a stranger (no token, no TLS needed: the tensor service is open) opens
   ``--idle`` streams of ``Echo`` over ``--connections`` connections, sends their headers and
   nothing more, and holds them open through the phase (which lasts the server's idle bound
@@ -39,6 +41,8 @@ from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 ECHO = grpc_settings.method("raw", "Echo")
 ROOT = Path(__file__).resolve().parent.parent
+#: tfgrpc-server's default handler threads.
+THREADS = 16
 
 
 def _stranger():  # type: ignore[no-untyped-def]
@@ -49,25 +53,27 @@ def _stranger():  # type: ignore[no-untyped-def]
     return module
 
 
-def measure(target: str, calls: int, seconds: float) -> dict[str, float]:
-    """``calls`` 1 KiB echoes (after 50 warm-up ones) within ``seconds``: latency figures."""
+def warm_up(channel: grpc.Channel) -> None:
+    """50 echoes on ``channel`` before the stranger starts (its connection made)."""
+    for _ in range(50):
+        channel.unary_unary(ECHO)(bytes(1024), timeout=2)
+
+
+def measure(channel: grpc.Channel, calls: int, seconds: float) -> dict[str, float]:
+    """``calls`` 1 KiB echoes within ``seconds``, every one counted: latency figures."""
     payload = bytes(1024)
     samples: list[int] = []
     failures = 0
-    with grpc.insecure_channel(target, options=grpc_settings.CHANNEL_OPTIONS) as channel:
-        echo = channel.unary_unary(ECHO)
-        for _ in range(50):
-            with contextlib.suppress(grpc.RpcError):
-                echo(payload, timeout=2)
-        deadline = time.monotonic() + seconds
-        while len(samples) + failures < calls and time.monotonic() < deadline:
-            start = time.perf_counter_ns()
-            try:
-                echo(payload, timeout=2)
-            except grpc.RpcError:
-                failures += 1
-                continue
-            samples.append(time.perf_counter_ns() - start)
+    echo = channel.unary_unary(ECHO)
+    deadline = time.monotonic() + seconds
+    while len(samples) + failures < calls and time.monotonic() < deadline:
+        start = time.perf_counter_ns()
+        try:
+            echo(payload, timeout=2)
+        except grpc.RpcError:
+            failures += 1
+            continue
+        samples.append(time.perf_counter_ns() - start)
     ns = np.array(samples or [0], dtype=np.float64)
     return {
         "echoes": len(samples),
@@ -92,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         f"2 s deadline; {args.calls} echoes or {args.seconds:g} s per phase",
         f"# load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min); "
         f"{os.cpu_count()} CPUs; grpcio {grpc.__version__}; "
-        f"server: {grpc_settings.max_concurrent_rpcs(16)} calls at once, 16 threads, idle calls "
-        f"cancelled after {IDLE_STREAM_S:g} s (the idle phase lasts that much longer)",
+        f"server: {grpc_settings.max_concurrent_rpcs(THREADS)} calls at once, {THREADS} threads, "
+        f"idle calls cancelled after {IDLE_STREAM_S:g} s (the idle phase lasts that longer per "
+        f"{THREADS} idle streams)",
     ]
     with ServerProcess.start(resolve_fabric("lo")) as server:
         host, _, port_text = server.target.rpartition(":")
@@ -105,11 +112,17 @@ def main(argv: list[str] | None = None) -> int:
             ("rapid-reset", stranger.rapid_reset(host, port, ECHO, args.resets, args.seconds)),
         ]
         for name, attack in phases:
-            # Idle streams are cancelled after the idle bound: the phase outlasts it.
-            seconds = args.seconds + (IDLE_STREAM_S if name == "idle-streams" else 0)
-            with attack as attacking:
-                figures = measure(server.target, args.calls, seconds)
-                did = dict(attacking)
+            # Idle streams hold the 16 threads an idle bound each, in rounds of 16: the phase
+            # outlasts them.
+            rounds = -(-args.idle // THREADS) if name == "idle-streams" else 0
+            seconds = args.seconds + IDLE_STREAM_S * rounds
+            with grpc.insecure_channel(
+                server.target, options=grpc_settings.CHANNEL_OPTIONS
+            ) as channel:
+                warm_up(channel)
+                with attack as attacking:
+                    figures = measure(channel, args.calls, seconds)
+                    did = dict(attacking)
             alive = server.poll() is None
             lines.append(
                 f"{name:13s} echoes {figures['echoes']:5.0f} failures {figures['failures']:4.0f} "
