@@ -33,10 +33,12 @@ from pytest_tfgrpc.wire.telemetry import (
 )
 
 __all__ = [
+    "ClusterProbe",
     "RemoteRead",
     "TransportProbe",
     "Window",
     "explained",
+    "merge_windows",
     "probe_for",
     "server_cores",
     "summarize_windows",
@@ -267,6 +269,11 @@ class TransportProbe:
         waits = {side: run_queue_wait_ns(pid) for side, pid in self._pids.items()}
         return {side: ns for side, ns in waits.items() if ns is not None}
 
+    def watch(self, side: str, pid: int) -> None:
+        """Read ``side``'s run-queue wait from process ``pid`` (of this host) from the next
+        window on: a side whose process starts after the probe (the native client's)."""
+        self._pids[side] = pid
+
     def start(self) -> None:
         self.windows.append(Window(start=self._read()))
         self._wait_start = self._waits()
@@ -338,6 +345,70 @@ class _Nested:
         self._outer.stop()
 
 
+def merge_windows(windows: Sequence[Window]) -> Window:
+    """One window of several probes' windows, read at nearly the same moments (a cluster's PS
+    tasks'): per side, every probe's sockets (each once) and the first probe's link and host
+    counters (one host's, read again by the others)."""
+    merged = Window()
+    for window in windows:
+        for into, readings in ((merged.start, window.start), (merged.end, window.end)):
+            for side, reading in readings.items():
+                had = into.get(side)
+                if had is None:
+                    into[side] = reading
+                    continue
+                keys = {state.key for state in had.sockets}
+                more = tuple(state for state in reading.sockets if state.key not in keys)
+                into[side] = replace(had, sockets=had.sockets + more)
+    return merged
+
+
+class ClusterProbe:
+    """A probe of each PS task's connections (:func:`probe_for`), all started and stopped
+    together: a :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster` job's window. One per job."""
+
+    def __init__(self, tasks: Sequence[Server]) -> None:
+        self._tasks = tuple(tasks)
+        self.probes = [probe_for(task) for task in self._tasks]
+
+    def start(self) -> None:
+        for probe in self.probes:
+            probe.start()
+
+    def stop(self) -> None:
+        for probe in reversed(self.probes):
+            probe.stop()
+
+    def per_task(self) -> list[Transport | None]:
+        """Each PS task's telemetry over the job."""
+        return [probe.transport() for probe in self.probes]
+
+    def transport(self) -> Transport | None:
+        """Every PS task's connections together, over the job."""
+        closed = [probe.windows[-1] for probe in self.probes if probe.windows]
+        if not closed:
+            return None
+        named = min((t.fabric.link_rate_Bps or 0.0 for t in self._tasks), default=0.0)
+        return summarize_windows([merge_windows(closed)], named or None)
+
+    def cores(self) -> dict[str, int | None]:
+        """The CPUs each PS task may run on (``ps<i>``; None for one on another host)."""
+        return {
+            f"ps{i}": affinity(getattr(task, "pid", None)) if _is_local(task) else None
+            for i, task in enumerate(self._tasks)
+        }
+
+    def close(self) -> None:
+        for probe in self.probes:
+            probe.close()
+
+    def __enter__(self) -> ClusterProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def affinity(pid: int | None) -> int | None:
     """How many CPUs ``pid`` may run on (this process for 0), None where it cannot be read."""
     if pid is None:
@@ -363,9 +434,10 @@ def explained(
     return replace(with_tcp, limit=name_limit(with_tcp, cores=cores, op_bytes=op_bytes))
 
 
-def probe_for(server: Server, named_rate_Bps: float | None = None) -> TransportProbe:
+def probe_for(server: Server) -> TransportProbe:
     """A probe of ``server``'s connections: on this host's fabric, and on the server's host
-    where its node agent can read them."""
+    where its node agent can read them; with the rate the user named for its fabric
+    (:attr:`~pytest_tfgrpc.wire.fabric.Fabric.link_rate_Bps`)."""
     launcher = getattr(server, "launcher", None)
     remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
     pids = {"client": os.getpid()}
@@ -377,7 +449,7 @@ def probe_for(server: Server, named_rate_Bps: float | None = None) -> TransportP
         server.fabric.name,
         remote=remote,
         remote_name=str(getattr(launcher, "host", "server")),
-        named_rate_Bps=named_rate_Bps,
+        named_rate_Bps=server.fabric.link_rate_Bps,
         pids=pids,
     )
 
