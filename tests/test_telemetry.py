@@ -255,3 +255,35 @@ def test_the_gate_quotes_the_transport_beside_a_regression(pytester: pytest.Pyte
         [r"regression: .*p2p_latency 1KiB p50: \+.*; transport: retransmissions 0 -> 0 per GB; "
          r"RTT p50 \S+ -> \S+"]
     )  # fmt: skip
+
+
+def test_a_rate_named_for_the_fabric_in_the_ini_file_gives_the_efficiency(
+    pytester: pytest.Pytester,
+) -> None:
+    """``lo`` reports no speed: the rate named in the ini file is its nominal rate."""
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
+    pytester.makeini("[pytest]\ntfgrpc_link_rates = eth9=1Gbit/s lo=80Gbit/s\n")
+    result = pytester.runpytest(*STEADY, "-k", "bandwidth", "--junitxml=perf.xml")
+    result.assert_outcomes(passed=1)
+    props = properties(pytester.path / "perf.xml")
+    point = "tfgrpc.p2p_bandwidth.4MiB"
+    assert float(props[f"{point}.link_rate_MBps"]) == 10_000.0
+    throughput = float(props[f"{point}.throughput_MBps"])
+    assert float(props[f"{point}.efficiency"]) == pytest.approx(throughput / 10_000, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("pair", "message"),
+    [
+        ("lo", "'lo' is not FABRIC=RATE (eth0=10Gbit/s)"),
+        ("lo=fast", "lo: cannot read 'fast' as a rate"),
+        ("lo=0Mbit/s", "'lo=0Mbit/s': a link's rate is above 0"),
+    ],
+)
+def test_a_bad_link_rate_is_a_usage_error(
+    pytester: pytest.Pytester, pair: str, message: str
+) -> None:
+    pytester.makepyfile(test_perf="def test_nothing(tfgrpc):\n    pass\n")
+    result = pytester.runpytest(f"--tfgrpc-link-rate={pair}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--tfgrpc-link-rate / tfgrpc_link_rates: {message}*"])
