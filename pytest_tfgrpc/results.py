@@ -348,6 +348,7 @@ class SizeResult:
             out.append(Figure.of("bytes_out", float(load.bytes_out), where))
             out.append(Figure.of("rpcs", float(load.rpcs), where))
             out.append(Figure.of("cpu_user", float(load.cpu.user_ns), where))
+            out.append(Figure.of("cpu_system", float(load.cpu.system_ns), where))
             if load.transport is not None:
                 out.extend(_tcp_figures(load.transport, where))
         return tuple(out)

@@ -3,6 +3,7 @@ and the plugin end to end on loopback (the grpcio engine; the gate quoting the t
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -78,6 +79,26 @@ def test_a_probe_sums_its_windows_and_leaves_idle_channels_out(
     assert transport.bytes_sent == 300_000 and transport.retransmits == 0
     assert len(transport.rtt_ns) == 3 and all(rtt > 0 for rtt in transport.rtt_ns)
     assert transport.link_drops == 0 and transport.nominal_Bps is None
+
+
+def test_a_probe_whose_connection_is_gone_quotes_its_last_reading() -> None:
+    """A native client that exited: what its connection showed when last read, and what the
+    host retransmitted since."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        with TransportProbe(f"127.0.0.1:{port}", "lo") as probe:
+            with client, accepted:
+                client.sendall(b"z" * 50_000)
+                accepted.recv(1 << 20)
+                probe.start()
+            seen = probe.last_seen()
+    assert re.fullmatch(
+        r"after \S+; the connection is gone; this host retransmitted [\d,]+ segments, when "
+        r"last read, \S+ before: 0 retransmissions, RTT \S+",
+        seen,
+    ), seen
 
 
 def _state(sent: int, retrans: int, *, server_side: bool = False) -> TcpState:
@@ -156,6 +177,9 @@ def test_the_limit_rule_in_its_order() -> None:
     at_rate = _point(transport=_transport(nominal_Bps=1.1e6), throughput_bytes=10**6)
     limit = name_limit(at_rate, cores={})
     assert limit.kind == "link" and dict(limit.used)["efficiency"] >= LINK_SHARE
+    # Beyond the nominal rate (a veth's reported speed), the link is not what bounds it.
+    beyond = _point(transport=_transport(nominal_Bps=0.5e6), throughput_bytes=10**6)
+    assert name_limit(beyond, cores={}).kind != "link"
     busy = _point(transport=_transport(), server_ns=9 * 10**8, client_ns=10**8)
     limit = name_limit(busy, cores={"client": 4, "server": 4})
     assert (limit.kind, limit.side) == ("cpu", "server")

@@ -15,12 +15,13 @@ from pytest_tfgrpc.bench import native_p2p
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
 from pytest_tfgrpc.bench.telemetry import probe_for
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.hosts.agent_client import AgentClient
+from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError
 from pytest_tfgrpc.native.client import ClientSettings, run_client
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.telemetry import split_target
 
 NOT_BUILT = native.unavailable_reason()
 pytestmark = [
@@ -95,14 +96,18 @@ def test_native_through_an_agent_reads_the_servers_side_on_its_host(
     tfgrpc_emulated_hosts: Hosts,
 ) -> None:
     """A native server on host s0 (an uncapped link), started by its agent, measured by the
-    native client from here: no retransmissions, the server's sockets read on s0, and a CPU
-    side named as the limit."""
+    native client from here: no retransmissions, the server's sockets and its run-queue wait
+    read on s0, and a CPU side named as the limit. The agent reads no process it did not
+    start."""
     hosts = tfgrpc_emulated_hosts("s0")
     driver = resolve_fabric(hosts.fabric.bridge)
     with AgentClient(hosts.agent_targets()[0], hosts.token) as agent:
         server = start_tensor_server(driver, engine="native", launcher=agent.launcher())
         try:
             result = native_p2p.p2p_bandwidth(server, [MiB4], BandwidthCall(run=RUN))
+            address, port = split_target(server.target)
+            with pytest.raises(AgentError, match=r"process 1 is no role driver .* started"):
+                agent.telemetry(address, port, pid=1)
         finally:
             server.stop()
     point = result.sizes[0]
@@ -110,6 +115,7 @@ def test_native_through_an_agent_reads_the_servers_side_on_its_host(
     assert tcp is not None and tcp.sides == ("local", "s0")
     assert tcp.retransmits == 0 and tcp.connections == 1
     assert tcp.bytes_sent >= point.count * MiB4
+    assert point.cpu_wait.get("server") is not None  # the agent read it on s0
     assert point.limit is not None
     assert (point.limit.kind, point.limit.side in ("client", "server")) == ("cpu", True), (
         point.limit.describe()

@@ -30,7 +30,13 @@ from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, server_cores
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native import binaries
-from pytest_tfgrpc.native.client import ClientSettings, NativeClientError, NativeRun, run_client
+from pytest_tfgrpc.native.client import (
+    ClientSettings,
+    NativeClientError,
+    NativeRun,
+    Pause,
+    run_client,
+)
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
@@ -91,17 +97,7 @@ def run_native(
     )
     if isinstance(call, BandwidthCall):  # an echo keeps the client's defaults
         settings = replace(settings, direction=call.direction, chunk_bytes=call.chunk_bytes)
-    pause = None
-    if telemetry is not None:
-        probe = telemetry
-
-        def pause(phase: str, pid: int) -> None:
-            if phase == "start":
-                probe.watch("client", pid)
-                probe.start()
-            else:
-                probe.stop()
-
+    pause = _reading(telemetry) if telemetry is not None else None
     try:
         measured = run_client(settings, env=child_env(), pause=pause)  # the run's TLS setting
     except NativeClientError as error:
@@ -119,6 +115,20 @@ def run_native(
             f"wire; the Python codec makes {nbytes} B into {wire} B"
         )
     return measured
+
+
+def _reading(probe: TransportProbe) -> Pause:
+    """The client's pause hook: ``probe``'s window opens when the measured phase starts
+    (watching the client's process from then) and closes when it ends."""
+
+    def pause(phase: str, pid: int) -> None:
+        if phase == "start":
+            probe.watch("client", pid)
+            probe.start()
+        else:
+            probe.stop()
+
+    return pause
 
 
 def size_result(message: Message, mode: str, measured: NativeRun, stream: int = 0) -> SizeResult:

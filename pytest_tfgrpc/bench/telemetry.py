@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pytest_tfgrpc.bench.cpu import run_queue_wait_ns
 from pytest_tfgrpc.bench.timing import Phase
 from pytest_tfgrpc.report.limits import name_limit
 from pytest_tfgrpc.results import SizeResult, Transport
@@ -29,6 +28,7 @@ from pytest_tfgrpc.wire.telemetry import (
     TcpState,
     TelemetryError,
     TelemetryReader,
+    run_queue_wait_ns,
     split_target,
 )
 
@@ -44,8 +44,9 @@ __all__ = [
     "summarize_windows",
 ]
 
-#: Reads the server's side on its host: (address, port, discover) -> a Reading there.
-RemoteRead = Callable[[str, int, bool], Reading]
+#: Reads the server's side on its host: (address, port, discover, the server's process id
+#: there whose run-queue wait to read, or 0) -> a Reading there.
+RemoteRead = Callable[[str, int, bool, int], Reading]
 
 
 @dataclass
@@ -194,7 +195,9 @@ class TransportProbe:
     """Reads the telemetry of ``target``'s connections at each window's start and end.
 
     ``interface`` is this host's fabric (its link counters are read too); ``remote`` reads the
-    server's host (None: the server is on this host, or nothing can read its host). Wrap a
+    server's host (None: the server is on this host, or nothing can read its host), with the
+    run-queue wait of ``remote_pid`` there (the server's process; 0: none) as the
+    ``server`` side's. Wrap a
     CPU probe with :meth:`around`: the telemetry is read outside the CPU probe's window, so
     that reading it never counts in the CPU figures (the CPU probe's own small calls are told
     apart from the measured connections by the bytes they carry).
@@ -207,6 +210,7 @@ class TransportProbe:
         *,
         remote: RemoteRead | None = None,
         remote_name: str = "server",
+        remote_pid: int = 0,
         named_rate_Bps: float | None = None,
         pids: Mapping[str, int] | None = None,
     ) -> None:
@@ -221,8 +225,12 @@ class TransportProbe:
         self._named = named_rate_Bps
         self._remote = remote
         self._remote_name = remote_name
+        self._remote_pid = remote_pid
         self._reader: TelemetryReader | None = None
         self._first: Reading | None = None
+        #: The latest reading of this host that found the connections: what a failure quotes
+        #: once they are gone (a native client that exited).
+        self._last: Reading | None = None
         self._started_ns = 0
         self._address, self._port = "", 0
         try:
@@ -246,15 +254,17 @@ class TransportProbe:
         try:
             out["local"] = self._side(self._reader.read, discover)
             if self._remote is not None:
-                remote = self._remote
+                remote, pid = self._remote, self._remote_pid
 
                 def read_remote(address: str, port: int, *, discover: bool) -> Reading:
-                    return remote(address, port, discover)
+                    return remote(address, port, discover, pid)
 
                 out[self._remote_name] = self._side(read_remote, discover)
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
             return {}
+        if out["local"].sockets:
+            self._last = out["local"]
         return out
 
     def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
@@ -283,9 +293,16 @@ class TransportProbe:
             window = self.windows[-1]
             window.end = self._read(discover=False)
             self._carried = _carriers(window)
-            for side, ns in self._waits().items():
-                if side in self._wait_start:
-                    waited = max(ns - self._wait_start[side], 0)
+            waits = dict(self._waits())
+            starts = dict(self._wait_start)
+            far = self._remote_name
+            if self._remote_pid and far in window.start and far in window.end:
+                began, ended = window.start[far].cpu_wait_ns, window.end[far].cpu_wait_ns
+                if began is not None and ended is not None:  # read on the server's host
+                    starts["server"], waits["server"] = began, ended
+            for side, ns in waits.items():
+                if side in starts:
+                    waited = max(ns - starts[side], 0)
                     self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
 
     def around(self, inner: Phase) -> Phase:
@@ -298,15 +315,17 @@ class TransportProbe:
 
     def last_seen(self) -> str:
         """What the transport showed since the probe was made, read now (after a
-        failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; empty when
-        nothing was read."""
+        failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; where the
+        connection is gone, what it showed when last read and what the host retransmitted
+        since; empty when nothing was read."""
         if self._first is None or self._reader is None:
             return ""
         try:
             now = self._reader.read(self._address, self._port)
         except (TelemetryError, OSError):
             return ""
-        parts = [f"after {format_duration(time.monotonic_ns() - self._started_ns)}"]
+        at_ns = time.monotonic_ns()
+        parts = [f"after {format_duration(at_ns - self._started_ns)}"]
         closed = Window(start={"local": self._first}, end={"local": now})
         seen = summarize_windows([closed])
         if seen is not None and seen.connections:
@@ -316,9 +335,24 @@ class TransportProbe:
         elif self._first.host_retransmits is not None and now.host_retransmits is not None:
             grown = now.host_retransmits - self._first.host_retransmits
             parts.append(f"the connection is gone; this host retransmitted {grown:,} segments")
+            last = self._last_connection()
+            if last is not None:
+                parts.append(last)
         if seen is not None and seen.qdisc_drops:
             parts.append(f"{seen.qdisc_drops:,} qdisc drops")
         return parts[0] + "; " + ", ".join(parts[1:]) if len(parts) > 1 else ""
+
+    def _last_connection(self) -> str | None:
+        """``when last read, 3.2 s before: 12 retransmissions, RTT 1.2 ms``: the connections
+        from the probe's start to the last reading that found them; None without one."""
+        if self._first is None or self._last is None or self._last is self._first:
+            return None
+        seen = summarize_windows([Window(start={"local": self._first}, end={"local": self._last})])
+        if seen is None or not seen.connections:
+            return None
+        ago = format_duration(time.monotonic_ns() - self._last.at_ns)
+        words = f"when last read, {ago} before: {seen.retransmits:,} retransmissions"
+        return words + (f", RTT {format_duration(seen.rtt_ns[-1])}" if seen.rtt_ns else "")
 
     def close(self) -> None:
         if self._reader is not None:
@@ -442,13 +476,15 @@ def probe_for(server: Server) -> TransportProbe:
     remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
     pids = {"client": os.getpid()}
     pid = getattr(server, "pid", None)
-    if _is_local(server) and pid:
+    local = _is_local(server)
+    if local and pid:
         pids["server"] = pid
     return TransportProbe(
         server.target,
         server.fabric.name,
         remote=remote,
         remote_name=str(getattr(launcher, "host", "server")),
+        remote_pid=int(pid or 0) if remote is not None and not local else 0,
         named_rate_Bps=server.fabric.link_rate_Bps,
         pids=pids,
     )
