@@ -182,7 +182,7 @@ class Driver:
         engine: str | None = None,
         **run_args: float | str,
     ) -> BenchmarkResult:
-        """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
+        """Echo latency per message size (TF-gRPC-P2P-Latency); see the docs' "Fixtures".
 
         ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
         fabric, labelled ``<label>_floor``. ``engine="name"`` measures with another registered
@@ -357,7 +357,7 @@ class Driver:
                 if getattr(server, "launcher", LOCAL) is LOCAL:
                     pin_child_server(getattr(server, "pid", None))
                 if count > 1:
-                    # An engine's streams take the call's keywords (README "Writing an engine").
+                    # An engine's streams take the call's keywords (the docs' "Writing an engine").
                     both = measuring.p2p_bandwidth_streams(
                         server, messages, streams=count, **options
                     )
@@ -443,7 +443,7 @@ class Driver:
         streams: int | None = None,
         **run_args: float | str,
     ) -> BenchmarkResult:
-        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
+        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the docs' "Fixtures".
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
         same sizes on the same fabric, labelled ``<label>_floor``. ``engine="name"`` measures
@@ -493,7 +493,7 @@ class Driver:
         label: str | None = None,
         **run_args: float | str,
     ) -> PSResult:
-        """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see README.
+        """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see the docs.
 
         With a model profile on the test, each PS receives the bytes its placement owns and
         the result carries the placement's load imbalance.
@@ -539,7 +539,7 @@ class Driver:
         model: bool = True,
         **run_args: float | str,
     ) -> PSResult:
-        """Synchronous SGD steps of a model profile on the cluster; see the README.
+        """Synchronous SGD steps of a model profile on the cluster; see the docs' "Fixtures".
 
         ``model=True`` fits the link and host on PS 0 and worker 0 first (2-4 s) and records
         the analytic model's prediction beside the measurement, with its error against the

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_tfgrpc.cli.arguments import bounded
 from pytest_tfgrpc.model.analytic import (
     DEFAULT_BACKWARD_SHARE,
     DEFAULT_PS,
@@ -451,24 +452,8 @@ def _terms(text: str) -> tuple[str, ...]:
     return names
 
 
-def _nonnegative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction between 0 and 1")
-    return value
+_NONNEGATIVE = bounded(float, lambda value: value >= 0, "a number >= 0")
+_FRACTION = bounded(float, lambda value: 0.0 <= value <= 1.0, "a fraction between 0 and 1")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -543,11 +528,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"terms to fit, of {', '.join(FITTABLE)} (default: bandwidth,overlap,fixed)",
     )
     scale.add_argument(
-        "--fixed", type=_nonnegative, default=0.0, help="per-step loss, fraction of --compute"
+        "--fixed", type=_NONNEGATIVE, default=0.0, help="per-step loss, fraction of --compute"
     )
     scale.add_argument(
         "--straggler",
-        type=_nonnegative,
+        type=_NONNEGATIVE,
         default=0.0,
         help="relative standard deviation of a worker's compute time",
     )
@@ -582,13 +567,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--overlap",
-        type=_fraction,
+        type=_FRACTION,
         default=0.0,
         help="fraction of the backward pass that communication overlaps, 0..1 (default: 0)",
     )
     parser.add_argument(
         "--backward-share",
-        type=_fraction,
+        type=_FRACTION,
         default=DEFAULT_BACKWARD_SHARE,
         help="the backward pass's share of --compute (default: 2/3)",
     )

@@ -284,7 +284,7 @@ def _flat(name: str, ps: int, nbytes: int) -> PSVariable:
 
 
 class TensorMove(TypedDict):
-    """The keywords of :meth:`Engine.push` and :meth:`Engine.pull` (README "Writing an
+    """The keywords of :meth:`Engine.push` and :meth:`Engine.pull` (the docs' "Writing an
     engine"): the encoding (``mode``: ``raw`` or ``protobuf``), the RPC shape (``rpc``:
     ``unary`` or ``stream``), a stream's slice size in bytes (``chunk_bytes``) and the loop's
     bounds (``run``). An engine may spell them out (``*, mode, rpc, chunk_bytes, run``)."""
