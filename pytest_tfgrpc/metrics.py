@@ -296,7 +296,24 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
     ),
-    *_times("step_", "time per sync-SGD step", budget=True),
+    *_times("step_", "time per sync-SGD step or all-reduce", budget=True),
+    # nccl-tests' all-reduce figures (NVIDIA/nccl-tests, doc/PERFORMANCE.md), at the median.
+    Metric(
+        "algbw",
+        RATE,
+        "all-reduce algorithm bandwidth: buffer bytes / median all-reduce time",
+        higher_is_better=True,
+        budget=True,
+        gate=GateTest.U,
+    ),
+    Metric(
+        "busbw",
+        RATE,
+        "all-reduce bus bandwidth: algbw * 2 (n - 1) / n, comparable with a link's rate",
+        higher_is_better=True,
+        budget=True,
+        gate=GateTest.U,
+    ),
     Metric(
         "rpc_rate",
         PER_SECOND,
@@ -309,7 +326,7 @@ _ALL: list[Metric] = [
     Metric(
         "step_rate",
         PER_SECOND,
-        "sync-SGD steps per second",
+        "sync-SGD steps (or all-reduces) per second",
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
@@ -329,7 +346,12 @@ _ALL: list[Metric] = [
         "measured: bytes the busiest PS received / mean, in a closed loop",
         not_gated="one closed-loop value per run, which moves between runs: no samples to test",
     ),
-    Metric("bytes_per_step", BYTES, "bytes pushed and pulled per step", not_gated=_FIXED),
+    Metric(
+        "bytes_per_step",
+        BYTES,
+        "bytes pushed and pulled per step (an all-reduce: its buffer)",
+        not_gated=_FIXED,
+    ),
     Metric("bytes_per_rpc_round", BYTES, "bytes of one RPC to every PS", not_gated=_FIXED),
     Metric("samples", COUNT, "operations timed", not_gated=_COUNT),
     *_cpu("client_"),
