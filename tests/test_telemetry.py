@@ -138,6 +138,12 @@ def test_windows_add_up_on_both_sides_with_the_lowest_rate() -> None:
     assert transport.retransmits_per_MB == 30.0
     named = summarize_windows([window], named_rate_Bps=12.5e6)
     assert named is not None and named.nominal_source == "named"
+    # A named rate replaces the interfaces' reported speeds (10 Gbit/s here), not a tbf cap.
+    local = Window({"local": start}, {"local": end})
+    alone = summarize_windows([local], named_rate_Bps=1e10)
+    assert alone is not None and alone.nominal_Bps == 1e10
+    faster = summarize_windows([window], named_rate_Bps=1e10)
+    assert faster is not None and faster.nominal_Bps == 25e6
     assert summarize_windows([Window({"local": start}, {})]) is None  # never closed
 
 

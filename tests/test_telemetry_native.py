@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -98,9 +99,9 @@ def test_native_through_an_agent_reads_the_servers_side_on_its_host(
     """A native server on host s0 (an uncapped link), started by its agent, measured by the
     native client from here: no retransmissions, the server's sockets and its run-queue wait
     read on s0, and a CPU side named as the limit. The agent reads no process it did not
-    start."""
+    start. The veths report 10 Gbit/s, no rate of this path: 100 Gbit/s is named for it."""
     hosts = tfgrpc_emulated_hosts("s0")
-    driver = resolve_fabric(hosts.fabric.bridge)
+    driver = replace(resolve_fabric(hosts.fabric.bridge), link_rate_Bps=100e9 / 8)
     with AgentClient(hosts.agent_targets()[0], hosts.token) as agent:
         server = start_tensor_server(driver, engine="native", launcher=agent.launcher())
         try:

@@ -122,8 +122,9 @@ def summarize_windows(
 
     Counts are summed over windows and sides; the sender's RTT, RTT variance, cwnd and
     delivery rate are taken at each window's end from the socket that sent the most in it.
-    The nominal rate is the lowest of ``named_rate_Bps`` and the links' own (tbf rate, else
-    reported speed)."""
+    The nominal rate is the lowest of the links' ``tbf`` rates and ``named_rate_Bps``, or
+    where no rate was named, of their reported speeds too: a named rate replaces the speeds
+    (a virtual interface's 10 Gbit/s is no path's rate), a ``tbf`` cap is real."""
     complete = [w for w in windows if w.start and set(w.start) == set(w.end)]
     if not complete:
         return None
@@ -159,9 +160,11 @@ def summarize_windows(
                 b, d, e, q = _link_delta(start.link, end.link)
                 link_bytes, drops, errors = link_bytes + b, drops + d, errors + e
                 qdrops += q
-                if end.link.nominal_Bps:
-                    what = "tbf" if end.link.tbf_rate_Bps else "speed"
-                    nominal.append((end.link.nominal_Bps, f"{what} of {end.link.interface}@{side}"))
+                where = f"{end.link.interface}@{side}"
+                if end.link.tbf_rate_Bps:
+                    nominal.append((float(end.link.tbf_rate_Bps), f"tbf of {where}"))
+                elif end.link.nominal_Bps and not named_rate_Bps:
+                    nominal.append((end.link.nominal_Bps, f"speed of {where}"))
         if best is not None and best[0] > 0:
             state = best[1]
             rtt.append(state.rtt_us * 1e3)

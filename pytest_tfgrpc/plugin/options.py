@@ -99,8 +99,8 @@ SERVER_DELAY_HELP = (
 )
 LINK_RATES_HELP = (
     "the nominal rate of a fabric's path, FABRIC=RATE (e.g. eth0=10Gbit/s; repeatable; in the "
-    "ini file, space-separated pairs): link efficiency is throughput over it, or over the "
-    "interface's reported speed or tbf rate where lower"
+    "ini file, space-separated pairs): link efficiency is throughput over it (or over a tbf "
+    "cap's rate where lower); it replaces the interfaces' reported speeds"
 )
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
