@@ -1,4 +1,4 @@
-"""A tensor server's 1 KiB echo latency while a stranger attacks it over HTTP/2 (issue 25).
+"""A tensor server's 1 KiB echo latency while a stranger attacks it over HTTP/2.
 
 A Python tensor server (``tfgrpc-server --fabric lo``, as the plugin starts it) is measured by a
 gRPC client doing 1 KiB raw echoes, one at a time, each with a 2 s deadline, in three phases:

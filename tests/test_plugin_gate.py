@@ -350,12 +350,12 @@ def test_the_gate_never_pools_runs_of_different_setups(
     pytester.makeconftest(RUNNER_CONFTEST)
     for i, runner in enumerate("ABABA"):
         monkeypatch.setenv("RUNNER", runner)
-        delay = "1ms" if runner == "A" else "3ms"
+        delay = "10ms" if runner == "A" else "30ms"  # long enough to dominate load noise
         pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", delay))
         run = pytester.runpytest(*STEADY, f"--junitxml=history/run-{i:04d}.xml")
         run.assert_outcomes(passed=1)
     monkeypatch.setenv("RUNNER", "A")
-    pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "3.8ms"))
+    pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "38ms"))
     slowed = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
     slowed.assert_outcomes(failed=1)
     slowed.stdout.fnmatch_lines(
