@@ -29,6 +29,7 @@ from pytest_tfgrpc.units import (
 )
 
 __all__ = [
+    "BENCHMARKS",
     "BUDGET_METRICS",
     "BYTES",
     "COUNT",
@@ -43,11 +44,20 @@ __all__ = [
     "GateTest",
     "Metric",
     "Unit",
+    "budget_metrics_of",
     "is_floor",
     "plain_number",
     "significant",
     "stream_label",
 ]
+
+#: The benchmarks, by the name their results carry (``BenchmarkResult.benchmark``).
+P2P_LATENCY, P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP = BENCHMARKS = (
+    "p2p_latency",
+    "p2p_bandwidth",
+    "ps_throughput",
+    "sync_sgd_step",
+)
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
 FLOOR_SUFFIX = "_floor"
@@ -197,6 +207,8 @@ class Metric:
     ``gate``: how the baseline gate tests it; ``by_default``: gated whether or not a tolerance
     names it. ``not_gated`` says why a figure with ``gate=NONE`` is not. ``scoped``: recorded
     per PS task or for the workers (``tfgrpc.<label>.<key>.ps<i>.<metric>``), not per point.
+    ``recorded_by``: the benchmarks (:data:`BENCHMARKS`) whose results carry a budget
+    metric, so that a budget a test's benchmarks can never meet is refused before measuring.
     """
 
     name: str
@@ -209,6 +221,7 @@ class Metric:
     by_default: bool = False
     not_gated: str = ""
     scoped: bool = False
+    recorded_by: tuple[str, ...] = ()
 
     @property
     def kind(self) -> Unit:
@@ -233,17 +246,18 @@ _TOTAL = "one PS task's total over the run: no samples to test a change against"
 _TCP = "transport telemetry read between timed loops: context for the gated figures"
 
 
-def _times(prefix: str, what: str, budget: bool) -> list[Metric]:
+def _times(prefix: str, what: str, recorded_by: tuple[str, ...]) -> list[Metric]:
     def t(name: str, q: float | None, gate: GateTest, default: bool, why: str = "") -> Metric:
         return Metric(
             prefix + name,
             TIME,
             f"{name} {what}",
             quantile=q,
-            budget=budget,
+            budget=True,
             gate=gate,
             by_default=default,
             not_gated=why,
+            recorded_by=recorded_by,
         )
 
     return [
@@ -268,7 +282,7 @@ def _cpu(who: str, scoped: bool = False) -> list[Metric]:
 
 
 _ALL: list[Metric] = [
-    *_times("", "time per operation", budget=True),
+    *_times("", "time per operation", (P2P_LATENCY, P2P_BANDWIDTH, PS_THROUGHPUT)),
     Metric(
         "throughput",
         RATE,
@@ -277,6 +291,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
+        recorded_by=(P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP),
     ),
     Metric(
         "throughput_p50",
@@ -285,8 +300,9 @@ _ALL: list[Metric] = [
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
+        recorded_by=(P2P_BANDWIDTH,),
     ),
-    *_times("step_", "time per sync-SGD step", budget=True),
+    *_times("step_", "time per sync-SGD step", (SYNC_SGD_STEP,)),
     Metric(
         "rpc_rate",
         PER_SECOND,
@@ -295,6 +311,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
+        recorded_by=(PS_THROUGHPUT,),
     ),
     Metric(
         "step_rate",
@@ -304,6 +321,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
+        recorded_by=(SYNC_SGD_STEP,),
     ),
     Metric(
         "imbalance",
@@ -312,6 +330,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.RATIO,
         by_default=True,
+        recorded_by=(PS_THROUGHPUT, SYNC_SGD_STEP),
     ),
     Metric(
         "bytes_imbalance",
@@ -371,6 +390,7 @@ _ALL: list[Metric] = [
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
+        recorded_by=(P2P_BANDWIDTH,),
     ),
 ]
 
@@ -382,7 +402,15 @@ BUDGET_METRICS: Mapping[str, Metric] = MappingProxyType({m.name: m for m in _ALL
 GATED: Mapping[str, Metric] = MappingProxyType({m.name: m for m in _ALL if m.gated})
 
 assert len(METRICS) == len(_ALL), "a metric is declared twice"
+assert all(m.recorded_by for m in BUDGET_METRICS.values()), "a budget metric says who records it"
 assert all(m.gated or m.not_gated for m in _ALL), "an ungated metric must say why"
 assert all(m.gated for m in BUDGET_METRICS.values() if m.not_gated != _EXTREME), (
     "every budget metric but a single extreme sample takes a tolerance"
 )
+
+
+def budget_metrics_of(benchmarks: tuple[str, ...]) -> Mapping[str, Metric]:
+    """The budget metrics that results of any of ``benchmarks`` carry, in registry order."""
+    return MappingProxyType(
+        {n: m for n, m in BUDGET_METRICS.items() if set(m.recorded_by) & set(benchmarks)}
+    )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_tfgrpc.plugin.engines import engines_of
+from pytest_tfgrpc.plugin.engines import check_engines, engines_of
 from pytest_tfgrpc.plugin.options import MARKERS, configured
 
 if TYPE_CHECKING:
@@ -270,7 +270,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise error
     state = config.stash.get(state_key, None)
     if state is not None:  # every conftest is loaded now: their engines too
-        state.registry(config)
+        tfgrpc_items = [i for i in items if uses_tfgrpc(getattr(i, "fixturenames", ()), i)]
+        check_engines(config, state.registry(config), tfgrpc_items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -23,14 +23,15 @@ from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_lay
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.engines import build_registry
-from pytest_tfgrpc.plugin.markers import check_markers, watched_key
-from pytest_tfgrpc.plugin.options import TLS_OPTIONS, option
+from pytest_tfgrpc.plugin.markers import check_markers, marker_problem, watched_key
+from pytest_tfgrpc.plugin.options import GATE_POLICIES, TLS_OPTIONS, option
 from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metadata
 from pytest_tfgrpc.report.plot import plot_available
 from pytest_tfgrpc.report.record import has_figures, junit_test_id, read_record
 from pytest_tfgrpc.report.results_file import ResultLog
+from pytest_tfgrpc.report.tolerance import ToleranceError, parse_tolerances
 from pytest_tfgrpc.roles.processes import ServerError
 from pytest_tfgrpc.tuning.allocator import apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
@@ -138,18 +139,55 @@ def junit_name(config: pytest.Config, nodeid: str) -> str:
     return junit_test_id(nodeid, getattr(config.option, "junitprefix", None) or "")
 
 
+#: The gate's options besides the baseline (dest, flag): given on the command line without a
+#: baseline, they would gate nothing.
+_GATE_OPTIONS = (
+    ("tfgrpc_max_regression", "--tfgrpc-max-regression"),
+    ("tfgrpc_alpha", "--tfgrpc-alpha"),
+    *((f"tfgrpc_{name.replace('-', '_')}", f"--tfgrpc-{name}") for name in GATE_POLICIES),
+)
+
+
+def _tolerances(config: pytest.Config) -> list[str]:
+    """``--tfgrpc-max-regression`` (else its ini twin) as given, read once here so that a
+    malformed tolerance is a usage error whether or not the run has a baseline."""
+    given, where = config.getoption("tfgrpc_max_regression"), "--tfgrpc-max-regression"
+    if not given:
+        given, where = config.getini("tfgrpc_max_regression"), "ini tfgrpc_max_regression"
+    tolerances = [str(t) for t in given or []]
+    try:
+        parse_tolerances(tolerances)
+    except ToleranceError as exc:
+        raise pytest.UsageError(f"{where}: {exc}") from None
+    return tolerances
+
+
+def _gate_options_without_baseline(config: pytest.Config) -> None:
+    for dest, flag in _GATE_OPTIONS:
+        value = config.getoption(dest)
+        if value not in (None, []):
+            shown = ",".join(map(str, value)) if isinstance(value, list) else value
+            raise pytest.UsageError(
+                f"{flag}={shown}: no baseline to gate against; give --tfgrpc-baseline PATH "
+                "(a JUnit XML, a directory of them or a --tfgrpc-results file) or drop "
+                f"{flag}"
+            )
+
+
 def _baseline_gate(
     config: pytest.Config, meta: dict[str, str], fabrics: tuple[Fabric, ...]
 ) -> BaselineGate | None:
+    tolerances = _tolerances(config)
     given = option(config, "tfgrpc_baseline")
     if not given:
+        _gate_options_without_baseline(config)
         return None
     paths = [given] if isinstance(given, str) else [str(p) for p in given]
     try:
         alpha = option(config, "tfgrpc_alpha")
         settings = settings_from_options(
             paths,
-            option(config, "tfgrpc_max_regression") or [],
+            tolerances,
             alpha=float(alpha) if alpha is not None else None,
             inconclusive=option(config, "tfgrpc_inconclusive"),
             bad_baseline=option(config, "tfgrpc_bad_baseline"),
@@ -345,7 +383,7 @@ class TfgrpcSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
         uses = _MEASURING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if not uses:
+        if not uses or marker_problem(item):  # one that fails at setup measures nothing
             return (yield)
         # Set up, measure and tear down one test at a time on this host: across pytest-xdist
         # workers and across concurrent runs.
