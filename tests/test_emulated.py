@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -581,3 +582,43 @@ def test_status_says_an_agent_is_not_running_and_how_to_start_it(tmp_path: Path)
     finally:
         down = _fabric_cli("down", name, uid=ME)
     assert down.returncode == 0, down.stderr
+
+
+DEAD_AGENT_SUITE = """
+import os
+import pytest
+
+@pytest.mark.message_profile(["64KiB"])
+@pytest.mark.ps_topology(ps=2, workers=1)
+def test_kill(tfgrpc, ps_cluster):
+    os.kill(int(os.environ["KILL_AGENT"]), 9)
+    tfgrpc.ps_throughput(ps_cluster)
+
+@pytest.mark.message_profile(["64KiB"])
+@pytest.mark.ps_topology(ps=2, workers=1)
+def test_next(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster)
+"""
+
+
+def test_a_dead_agents_next_test_fails_in_one_line_without_core_log_lines(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts = tfgrpc_emulated_hosts("usage-p0,usage-p1,usage-w0")
+    monkeypatch.setenv("KILL_AGENT", str(hosts.agents["usage-p1"].pid))
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)  # the plugin's own default, not ours
+    pytester.makepyfile(DEAD_AGENT_SUITE)
+    result = pytester.runpytest_subprocess(*FAST, *hosts.pytest_args(), timeout=120)
+    result.assert_outcomes(failed=1, errors=1)
+    out = result.stdout.str() + result.stderr.str()
+    section = out.split("ERROR at setup of test_next")[1].split("\n===")[0]
+    (line,) = [ln for ln in section.splitlines()[1:] if ln.strip()]
+    target = hosts.agents["usage-p1"].target
+    assert line == (
+        f"AgentError: PS 1 on host usage-p1: agent at {target}: connection refused: no agent "
+        "is running there (start tfgrpc-node again) (agents from --tfgrpc-agents)"
+    )
+    assert "During handling" not in out and "fixtures.py" not in out
+    # gRPC core's log (a dead peer's GOAWAY, chttp2_transport.cc) is off: no I/W/E lines.
+    assert not re.search(r"^[IWE]\d{4} \d\d:\d\d", out, re.MULTILINE), out
+    assert "chttp2" not in out and "GOAWAY" not in out

@@ -54,6 +54,9 @@ def activate(config: pytest.Config) -> RunState:
     call. Bad settings are a :class:`pytest.UsageError` naming the option."""
     state = config.stash.get(state_key, None)
     if state is None:
+        from pytest_tfgrpc.wire.grpc_settings import quiet_core_log
+
+        quiet_core_log(os.environ)  # before gRPC starts here; the run's processes inherit it
         from pytest_tfgrpc.plugin.session import start
 
         state = start(config)

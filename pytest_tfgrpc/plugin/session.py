@@ -20,6 +20,7 @@ from _pytest.junitxml import xml_key
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_layer
+from pytest_tfgrpc.hosts.agent_client import AgentError
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.engines import build_registry
@@ -441,8 +442,11 @@ class TfgrpcSession:
         # A server that died, a call that failed, a deadline: the process, host and cause
         # in the first line, not at the end of a traceback through gRPC's internals.
         error = call.excinfo.value if call.excinfo is not None else None
-        if report.failed and isinstance(error, (ServerError, BenchmarkError)):
+        if report.failed and isinstance(error, (ServerError, BenchmarkError, AgentError)):
             report.longrepr = f"{type(error).__name__}: {error}"
+            source = agents.agents_source(item.config)
+            if isinstance(error, AgentError) and source:
+                report.longrepr += f" (agents from {source})"
         return report
 
     def pytest_sessionfinish(self) -> None:
