@@ -701,3 +701,17 @@ def test_cli_says_when_the_history_is_too_short_to_know_the_spread(
     assert (expected in err) is warned
     if warned:
         assert "the spread between runs is unknown below 3" in err
+
+
+def test_a_rates_detectable_change_is_on_the_rates_scale(tmp_path: Path) -> None:
+    # The U test runs on durations; a rate's change is the rate's: its detectable change is
+    # the rate drop that the detectable longer duration means, on the same scale as its change.
+    test = "tests.test_perf.test_bandwidth[lo]"
+    size = 4 * 2**20
+    old = properties({size: latencies(50, 1, median_ns=2e6)}, benchmark="p2p_bandwidth")
+    new = properties({size: latencies(50, 2, 1.02, median_ns=2e6)}, benchmark="p2p_bandwidth")
+    base, cur = run(tmp_path, "a.xml", {test: old}), run(tmp_path, "b.xml", {test: new})
+    verdicts = verdicts_by_metric(base, cur, mean=0.10)
+    rate, time = verdicts[("4MiB", "throughput")].detectable, verdicts[("4MiB", "mean")].detectable
+    assert 0 < rate < time
+    assert rate == pytest.approx(1 - 1 / (1 + time), rel=1e-9)  # +x in time is -x/(1+x) in rate
