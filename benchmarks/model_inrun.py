@@ -1,5 +1,5 @@
 """The analytic model against measured sync-SGD steps on this machine (the
-model's +-25% check, README-model.md).
+model's +-25% check, docs/tasks/model.md).
 
     python benchmarks/model_inrun.py [--profile hep_cnn] [--scale 1] [--workers 1,2,3,4]
         [--ps 1,2] [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1]

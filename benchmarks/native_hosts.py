@@ -1,7 +1,7 @@
 """The native engine between hosts: its targets as ratios inside one run, every role started
 through node agents on emulated hosts.
 
-    python benchmarks/native_hosts.py [--quick] [--rounds N] [--json out.json]
+    python benchmarks/native_hosts.py [--quick] [--rounds N] [--parts ps,mtls] [--json out.json]
 
 Needs root (network namespaces), the native engine built (``tfgrpc-build-native``) and the
 ``dev`` extra (trustme: each host gets its own certificate). It builds one emulated fabric
@@ -16,12 +16,15 @@ the driver on the bridge, measures:
 2. 1 KiB stream echo p50, native against grpcio (each engine's server on ``h0``, its own
    client). Target: native <= 0.5x grpcio.
 3. PS throughput, 2 PS (``h0``, ``h1``) x 4 workers (``h2``-``h5``) at 4 MiB, native PS tasks
-   and workers against grpcio's, with the CPU each role spent per GB it moved. Target: native
-   >= 3x grpcio.
+   and workers against grpcio's, with the CPU each role spent per GB it moved and its kernel
+   (system) part. Target: native >= 3x grpcio. ``ratio_bound_by_kernel``: the most any native
+   engine could reach here, grpcio's CPU per GB over the native roles' kernel CPU per GB.
 4. ``cap``: native 64 MiB pushes through the 1 Gbit/s cap. Target: within +-5% of the cap
    (payload runs a few percent under it: ``tbf`` shapes whole frames).
 5. Native with mutual TLS (the host's own certificate) against native plaintext at 16 MiB,
-   the same agent serving both. Target: >= 0.5x.
+   the same agent serving both, with the CPU each end spent per GB (and its kernel part), the
+   suite negotiated, its cipher's CPU per GB (``openssl speed``) and ``ratio_bound_by_cipher``:
+   the most mTLS could reach if TLS cost its cipher alone. Target: >= 0.5x.
 
 Every round measures every contender of a part in alternating order; a figure is the median
 over rounds, and each ratio is taken inside the run. A part that cannot run here is reported as
@@ -55,6 +58,7 @@ from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentTLS
 from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
@@ -133,14 +137,59 @@ class Bench:
         print(f"[{part}] {status}: {target}" + (f" | {shown}" if shown else ""), flush=True)
 
 
+def hosts_with_agents(
+    stack: contextlib.ExitStack, hosts: str
+) -> tuple[Fabric, dict[str, AgentClient], TlsFiles]:
+    """An emulated fabric of ``hosts``, an agent in each serving mutual TLS with its host's own
+    certificate, and a client of each; all removed when ``stack`` closes. Returns the
+    driver's fabric, the agents' clients by host and the driver's certificate files."""
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="native-hosts-")))
+    fabric = stack.enter_context(emulated_fabric(parse_hosts(hosts)))
+    token_file = tmp / "token"
+    token_file.write_text(secrets.token_hex(24) + "\n")
+    token_file.chmod(0o600)
+    names = [("driver", fabric.driver_address), *((h.name, h.address) for h in fabric.hosts)]
+    pki = issue_certificates(names, tmp)
+    driver_tls = pki["driver"]
+    assert driver_tls.ca is not None
+    agents: dict[str, AgentClient] = {}
+    for host in fabric.hosts:
+        own = pki[host.name]
+        agent = HostAgent(
+            host, str(token_file),
+            extra_args=[f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")],
+        )  # fmt: skip
+        stack.callback(agent.stop)
+        client = AgentClient(
+            agent.target,
+            token_file.read_text().strip(),
+            tls=AgentTLS.from_files(driver_tls.ca, driver_tls.cert, driver_tls.key),
+        )
+        stack.callback(client.close)
+        agents[host.name] = client
+    return resolve_fabric(fabric.bridge), agents, driver_tls
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: seconds per part")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per part (default 5)")
     parser.add_argument("--json", help="write every row here too")
+    parser.add_argument(
+        "--parts",
+        default=",".join(name for name, _, _ in PARTS),
+        help="comma-separated parts to run (default: all: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
+    parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    unknown = sorted(set(parts) - {name for name, _, _ in PARTS})
+    if unknown or not parts:
+        known = ", ".join(name for name, _, _ in PARTS)
+        parser.error(
+            f"--parts {args.parts!r}: unknown {', '.join(unknown) or 'empty'}; known: {known}"
+        )
     ok, why = can_build()
     if not ok:
         print(f"skipped: emulated hosts cannot be built here: {why}")
@@ -152,32 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.quick, args.rounds)
     print(f"load before: {uptime()}", flush=True)
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="native-hosts-")))
-        fabric = stack.enter_context(emulated_fabric(parse_hosts(HOSTS)))
-        token_file = tmp / "token"
-        token_file.write_text(secrets.token_hex(24) + "\n")
-        token_file.chmod(0o600)
-        names = [("driver", fabric.driver_address), *((h.name, h.address) for h in fabric.hosts)]
-        pki = issue_certificates(names, tmp)
-        driver_tls = pki["driver"]
-        agents: dict[str, AgentClient] = {}
-        for host in fabric.hosts:
-            own = pki[host.name]
-            agent = HostAgent(
-                host, str(token_file),
-                extra_args=[f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")],
-            )  # fmt: skip
-            stack.callback(agent.stop)
-            assert driver_tls.ca is not None
-            client = AgentClient(
-                agent.target,
-                token_file.read_text().strip(),
-                tls=AgentTLS.from_files(driver_tls.ca, driver_tls.cert, driver_tls.key),
-            )
-            stack.callback(client.close)
-            agents[host.name] = client
-        driver = resolve_fabric(fabric.bridge)
-        run_parts(bench, driver, agents, driver_tls)
+        driver, agents, driver_tls = hosts_with_agents(stack, HOSTS)
+        run_parts(bench, driver, agents, driver_tls, parts)
     print(f"load after: {uptime()}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(bench.rows, indent=1) + "\n")
@@ -250,6 +275,9 @@ def ps(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
     run = bench.run_spec(200, 8.0)
     ps_hosts = [agents[h].launcher() for h in ("h0", "h1")]
     worker_hosts = [agents[h].launcher() for h in ("h2", "h3", "h4", "h5")]
+    # CPU ns per byte (= s per GB): each PS per byte it received, the workers and all roles
+    # together per byte moved; "_system" the kernel's part (TCP, veth, bridge), which no
+    # engine can cut.
     cpu: dict[str, dict[str, list[float]]] = {"native": {}, "grpcio": {}}
     with contextlib.ExitStack() as stack:
         clusters = {
@@ -269,9 +297,16 @@ def ps(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
         def measure(engine: str) -> float:
             point = ps_throughput(clusters[engine], [4 * MiB], run=run).sizes[0]
             moved = sum(load.bytes_in for load in point.per_ps)
-            for i, load in enumerate(point.per_ps):  # each PS per GB it received
-                cpu[engine].setdefault(f"ps{i}", []).append(load.cpu.total_ns / load.bytes_in)
-            cpu[engine].setdefault("workers", []).append(point.cpu["workers"].total_ns / moved)
+            roles = {f"ps{i}": (load.cpu, load.bytes_in) for i, load in enumerate(point.per_ps)}
+            roles["workers"] = (point.cpu["workers"], moved)
+            system = sum(load.cpu.system_ns for load in point.per_ps)
+            system += point.cpu["workers"].system_ns
+            total = sum(load.cpu.total_ns for load in point.per_ps)
+            total += point.cpu["workers"].total_ns
+            roles["all"] = (CpuTime(total - system, system), moved)
+            for role, (used, nbytes) in roles.items():
+                cpu[engine].setdefault(role, []).append(used.total_ns / nbytes)
+                cpu[engine].setdefault(f"{role}_system", []).append(used.system_ns / nbytes)
             return float(point.throughput_Bps)
 
         got = bench.rounds_of(
@@ -283,8 +318,12 @@ def ps(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
         "ratio": ratio(got["native"], got["grpcio"]),
     }
     for engine, roles in cpu.items():
-        for role, values in roles.items():  # CPU ns per byte moved = CPU s per GB
+        for role, values in roles.items():
             figures[f"{engine}_{role}_cpu_s_per_GB"] = median(values)
+    # Every role shares the 2 cores, so throughput follows CPU per byte moved: the native
+    # engine can beat grpcio by at most grpcio's CPU per byte over the kernel's part of the
+    # native roles' (what is left with no user-space cost at all).
+    figures["ratio_bound_by_kernel"] = ratio(cpu["grpcio"]["all"], cpu["native"]["all_system"])
     bench.report("ps", "4 MiB, 2 PS x 4 workers", "measured", **figures)
 
 
@@ -305,22 +344,33 @@ def cap(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
 def mtls(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
     call = BandwidthCall(mode="raw", rpc="stream", direction="push", run=bench.run_spec(40, 8.0))
     h1 = agents["h1"]
+    # CPU s per GB of each end (the client here, the server on h1), and its kernel part:
+    # what mutual TLS adds per byte, on one connection's threads.
+    cpu: dict[str, list[float]] = {}
     with _server(driver, h1, "native") as plain, _server(driver, h1, "native", tls) as secure:
+
+        def push(label: str, server: ServerProcess) -> float:
+            point = native_p2p.p2p_bandwidth(server, [16 * MiB], call).sizes[0]
+            moved = point.count * 16 * MiB
+            for end, used in point.cpu.items():
+                cpu.setdefault(f"{label}_{end}_cpu_s_per_GB", []).append(used.total_ns / moved)
+                key = f"{label}_{end}_system_s_per_GB"
+                cpu.setdefault(key, []).append(used.system_ns / moved)
+            return float(point.throughput_Bps)
 
         def mutual() -> float:
             with tls_run(tls):
-                return float(
-                    native_p2p.p2p_bandwidth(secure, [16 * MiB], call).sizes[0].throughput_Bps
-                )
+                return push("mtls", secure)
 
-        got = bench.rounds_of(
-            {
-                "plaintext": lambda: (
-                    native_p2p.p2p_bandwidth(plain, [16 * MiB], call).sizes[0].throughput_Bps
-                ),
-                "mtls": mutual,
-            }
-        )
+        got = bench.rounds_of({"plaintext": lambda: push("plaintext", plain), "mtls": mutual})
+        suite = negotiated_suite(secure.target, tls)
+    figures: dict[str, Any] = {key: median(values) for key, values in sorted(cpu.items())}
+    cipher = cipher_s_per_GB(suite)
+    if cipher is not None:
+        # The most mTLS could reach if TLS cost its cipher alone at each end (CPU-bound ends:
+        # throughput follows CPU per GB).
+        both = sum(figures[f"plaintext_{end}_cpu_s_per_GB"] for end in ("client", "server"))
+        figures.update(cipher_s_per_GB=cipher, ratio_bound_by_cipher=both / (both + 2 * cipher))
     bench.report(
         "mtls",
         "16 MiB",
@@ -328,7 +378,52 @@ def mtls(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
         mtls_GBps=median(got["mtls"]) / 1e9,
         plaintext_GBps=median(got["plaintext"]) / 1e9,
         ratio=ratio(got["mtls"], got["plaintext"]),
+        suite=suite or "unknown",
+        **figures,
     )
+
+
+#: OpenSSL's name of each TLS 1.3 suite's cipher, for ``openssl speed -evp``.
+_SUITE_CIPHERS = {
+    "TLS_AES_128_GCM_SHA256": "aes-128-gcm",
+    "TLS_AES_256_GCM_SHA384": "aes-256-gcm",
+    "TLS_CHACHA20_POLY1305_SHA256": "chacha20-poly1305",
+}
+
+
+def negotiated_suite(target: str, tls: TlsFiles) -> str | None:
+    """The TLS suite an OpenSSL client with default settings (as the system's gRPC, which sets
+    no TLS 1.3 suites) negotiates with ``target`` (``openssl s_client``); None if unknown."""
+    if tls.ca is None:
+        return None
+    argv = ["openssl", "s_client", "-connect", target, "-brief", "-alpn", "h2",
+            "-cert", tls.cert, "-key", tls.key, "-CAfile", tls.ca]  # fmt: skip
+    try:
+        # stdout carries the server's first HTTP/2 bytes: not text.
+        done = subprocess.run(
+            argv, input="", capture_output=True, text=True, errors="replace", timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (done.stdout + done.stderr).splitlines():
+        if line.startswith("Ciphersuite:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cipher_s_per_GB(suite: str | None) -> float | None:
+    """CPU seconds per GB of ``suite``'s cipher on 16 KiB records (TLS's largest), from
+    ``openssl speed`` on this machine now (1 s); None if unknown."""
+    evp = _SUITE_CIPHERS.get(suite or "")
+    if evp is None:
+        return None
+    argv = ["openssl", "speed", "-seconds", "1", "-bytes", "16384", "-evp", evp]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        kilobytes_per_s = float(done.stdout.strip().splitlines()[-1].split()[-1].rstrip("k"))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return 1e9 / (kilobytes_per_s * 1e3)
 
 
 PARTS = (
@@ -340,9 +435,13 @@ PARTS = (
 )
 
 
-def run_parts(bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles) -> None:
-    """Every part in turn; one that fails says why, and the next runs."""
+def run_parts(
+    bench: Bench, driver: Fabric, agents: Agents, tls: TlsFiles, parts: list[str]
+) -> None:
+    """Every part of ``parts`` in turn; one that fails says why, and the next runs."""
     for name, target, body in PARTS:
+        if name not in parts:
+            continue
         print(f"[{name}] target: {target}", flush=True)
         try:
             body(bench, driver, agents, tls)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pytest_tfgrpc.bench.allreduce import AllReduceResult as AllReduceResult
     from pytest_tfgrpc.bench.driver import Driver as Driver
     from pytest_tfgrpc.bench.engines.base import Engine as Engine
     from pytest_tfgrpc.bench.engines.base import EngineError as EngineError

@@ -52,11 +52,12 @@ __all__ = [
 ]
 
 #: The benchmarks, by the name their results carry (``BenchmarkResult.benchmark``).
-P2P_LATENCY, P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP = BENCHMARKS = (
+P2P_LATENCY, P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP, ALLREDUCE = BENCHMARKS = (
     "p2p_latency",
     "p2p_bandwidth",
     "ps_throughput",
     "sync_sgd_step",
+    "allreduce",
 )
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
@@ -291,7 +292,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
-        recorded_by=(P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP),
+        recorded_by=(P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP, ALLREDUCE),
     ),
     Metric(
         "throughput_p50",
@@ -302,7 +303,26 @@ _ALL: list[Metric] = [
         gate=GateTest.U,
         recorded_by=(P2P_BANDWIDTH,),
     ),
-    *_times("step_", "time per sync-SGD step", (SYNC_SGD_STEP,)),
+    *_times("step_", "time per sync-SGD step or all-reduce", (SYNC_SGD_STEP, ALLREDUCE)),
+    # nccl-tests' all-reduce figures (NVIDIA/nccl-tests, doc/PERFORMANCE.md), at the median.
+    Metric(
+        "algbw",
+        RATE,
+        "all-reduce algorithm bandwidth: buffer bytes / median all-reduce time",
+        higher_is_better=True,
+        budget=True,
+        gate=GateTest.U,
+        recorded_by=(ALLREDUCE,),
+    ),
+    Metric(
+        "busbw",
+        RATE,
+        "all-reduce bus bandwidth: algbw * 2 (n - 1) / n, comparable with a link's rate",
+        higher_is_better=True,
+        budget=True,
+        gate=GateTest.U,
+        recorded_by=(ALLREDUCE,),
+    ),
     Metric(
         "rpc_rate",
         PER_SECOND,
@@ -316,12 +336,12 @@ _ALL: list[Metric] = [
     Metric(
         "step_rate",
         PER_SECOND,
-        "sync-SGD steps per second",
+        "sync-SGD steps (or all-reduces) per second",
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
         by_default=True,
-        recorded_by=(SYNC_SGD_STEP,),
+        recorded_by=(SYNC_SGD_STEP, ALLREDUCE),
     ),
     Metric(
         "imbalance",
@@ -338,7 +358,12 @@ _ALL: list[Metric] = [
         "measured: bytes the busiest PS received / mean, in a closed loop",
         not_gated="one closed-loop value per run, which moves between runs: no samples to test",
     ),
-    Metric("bytes_per_step", BYTES, "bytes pushed and pulled per step", not_gated=_FIXED),
+    Metric(
+        "bytes_per_step",
+        BYTES,
+        "bytes pushed and pulled per step (an all-reduce: its buffer)",
+        not_gated=_FIXED,
+    ),
     Metric("bytes_per_rpc_round", BYTES, "bytes of one RPC to every PS", not_gated=_FIXED),
     Metric("samples", COUNT, "operations timed", not_gated=_COUNT),
     *_cpu("client_"),

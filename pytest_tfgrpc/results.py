@@ -202,6 +202,10 @@ class SizeResult:
     workers), ``per_ps``, ``imbalance`` (the placement's: busiest PS bytes / mean) and
     ``bytes_imbalance`` (the same ratio of the bytes each PS received in a closed loop).
 
+    An all-reduce point is a ``step`` point with ``bus_factor`` (nccl-tests' ``2 (n - 1) /
+    n`` for ``n`` ranks): its figures add ``algbw`` (``size_bytes`` over the median) and
+    ``busbw`` (``algbw * bus_factor``).
+
     ``transport`` is what the kernel saw of the point's connections (:class:`Transport`),
     ``cpu_wait`` the time each local side's threads waited on a run queue for a CPU (ns, by
     role), ``limit`` what bounded the point (:class:`Limit`); None or empty where not read.
@@ -230,6 +234,7 @@ class SizeResult:
     transport: Transport | None = None
     cpu_wait: Mapping[str, int] = field(default_factory=_no_wait)
     limit: Limit | None = None
+    bus_factor: float | None = None
 
     @classmethod
     def from_samples(
@@ -297,6 +302,9 @@ class SizeResult:
             out.append(Figure.of("step_rate" if self.step else "rpc_rate", self.rate_per_s))
             per_op = "bytes_per_step" if self.step else "bytes_per_rpc_round"
             out.append(Figure.of(per_op, float(self.size_bytes)))
+        if self.bus_factor is not None:
+            out.append(Figure.of("algbw", self.throughput_p50_Bps))
+            out.append(Figure.of("busbw", self.throughput_p50_Bps * self.bus_factor))
         if self.imbalance is not None:
             out.append(Figure.of("imbalance", self.imbalance))
         if self.bytes_imbalance is not None:

@@ -1,11 +1,13 @@
-"""Regenerate the outputs the README shows, from real runs: nothing there is typed by hand.
+"""Regenerate the outputs the README and the documentation site's pages show, from real runs:
+nothing there is typed by hand.
 
 Usage::
 
-    python scripts/readme_outputs.py           # run, then rewrite the README's output blocks
+    python scripts/readme_outputs.py           # run, then rewrite the pages' output blocks
     python scripts/readme_outputs.py --check   # run the quick ones, compare their shape
 
-An output block is a fenced ``text`` block right after an ``<!-- output: NAME -->`` line:
+An output block is a fenced ``text`` block right after an ``<!-- output: NAME -->`` line, on
+whichever page (``README.md``, ``docs/**/*.md``) shows it:
 
 * ``marker-error``: pytest's one-line summary of a test whose marker is malformed;
 * ``budget-breach``: the failure of a test whose budget is broken;
@@ -14,7 +16,7 @@ An output block is a fenced ``text`` block right after an ``<!-- output: NAME --
   otherwise), gated against an earlier run of itself.
 
 ``--check`` (what ``tests/test_readme.py`` runs) regenerates the first two and compares them with
-the README, digits and ports masked; of the summary it checks the header and the fabrics. Every
+the pages, digits and ports masked; of the summary it checks the header and the fabrics. Every
 run happens in a temporary directory with this interpreter's pytest.
 """
 
@@ -34,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+#: Every page that may show an output: the README, then the site's pages.
+PAGES = (README, *sorted((ROOT / "docs").rglob("*.md")))
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _MARKER = re.compile(r"^<!-- output: ([\w-]+) -->\s*$")
 #: The veth link of the summary's second fabric: a network namespace of its own, addresses in
@@ -204,15 +208,22 @@ def generate(markdown: str, names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def check(markdown: str) -> list[str]:
-    """Where the README's outputs differ from fresh runs (digits masked), as messages; the
-    summary's header and fabrics only (a full run takes a minute)."""
+def shown(pages: Sequence[Path] = PAGES) -> dict[str, tuple[Path, str]]:
+    """Each output block of ``pages``: its name, the page that shows it and its text."""
+    return {
+        b.output: (page, b.text) for page in pages for b in blocks(page.read_text()) if b.output
+    }
+
+
+def check(pages: Sequence[Path] = PAGES) -> list[str]:
+    """Where the outputs ``pages`` show differ from fresh runs (digits masked), as messages;
+    the summary's header and fabrics only (a full run takes a minute)."""
     problems = []
-    shown = {b.output: b.text for b in blocks(markdown) if b.output}
-    for name, text in generate(markdown, ["marker-error", "budget-breach"]).items():
-        if mask(shown.get(name, "")) != mask(text):
+    texts = {name: text for name, (_, text) in shown(pages).items()}
+    for name, text in generate(README.read_text(), ["marker-error", "budget-breach"]).items():
+        if mask(texts.get(name, "")) != mask(text):
             problems.append(f"output {name!r} differs from a fresh run:\n{text}")
-    table = shown.get("summary", "").splitlines()
+    table = texts.get("summary", "").splitlines()
     if len(table) < 3 or not re.match(r"^=+ tfgrpc =+$", table[0]):
         problems.append("output 'summary' does not start with the tfgrpc rule and a table")
     else:
@@ -230,16 +241,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="compare instead of rewriting")
     args = parser.parse_args(argv)
-    markdown = README.read_text()
     if args.check:
-        problems = check(markdown)
+        problems = check()
         for problem in problems:
             print(problem)
         return 1 if problems else 0
-    for name, text in generate(markdown, ["marker-error", "budget-breach", "summary"]).items():
-        markdown = replace_output(markdown, name, text)
-        print(f"{name}:\n{text}\n")
-    README.write_text(markdown)
+    where = shown()
+    outputs = generate(README.read_text(), ["marker-error", "budget-breach", "summary"])
+    for name, text in outputs.items():
+        page = where[name][0]
+        page.write_text(replace_output(page.read_text(), name, text))
+        print(f"{name} ({page.relative_to(ROOT)}):\n{text}\n")
     return 0
 
 

@@ -303,12 +303,16 @@ def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
     pytester.chdir()
     code, out = ab(
         pytester.path,
-        *("--pairs", "5", "--timeout", "20", "--max-regression", "50%"),
+        # Both sides run the same suite; the wide tolerance keeps a busy runner's noise (seen:
+        # +58% over 3 pairs) from turning this test of broken-pair bookkeeping into a verdict test.
+        # A run takes ~2 s, and up to 21 s on a machine loaded 4x over: 45 s stops only the
+        # wrapper's sleeping run.
+        *("--pairs", "5", "--timeout", "45", "--max-regression", "500%"),
         *("--a", pytest_command(suite)),
         *("--b", f"{sys.executable} {wrapper} " + pytest_command(suite)),
     )
     assert "tfgrpc-ab: 3 of 5 pairs usable, 2 broken" in out, out
-    assert "broken: pair 2: side B ran past --timeout 20 s and was stopped" in out
+    assert "broken: pair 2: side B ran past --timeout 45 s and was stopped" in out
     assert "broken: pair 3: side B exited 3 (pytest: not a run of tests" in out
     assert code == 0, out
 

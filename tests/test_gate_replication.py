@@ -34,7 +34,7 @@ KEY = Key("t.test_a[lo]", "lo", "p2p_latency", "1KiB")
 
 
 def format_rounds(rounds: dict[str, tuple[float, ...]]) -> str:
-    """A ``.rounds`` property's value, as the README documents it."""
+    """A ``.rounds`` property's value, as docs/reference/junit.md documents it."""
     return ";".join(f"{m}={','.join(repr(v) for v in values)}" for m, values in rounds.items())
 
 

@@ -104,8 +104,12 @@ def test_pairs_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--profile", "hep_cnn", "--alpha", "5us", "--bandwidth", "1GB/s"]
     code, out, _ = _run([*argv, "--pairs", "4:1,64:2"], capsys)
     assert code == 0
-    rows = [line.split()[:2] for line in out.splitlines()[3:]]
+    ps_table, allreduce_table = out.split("\n\n")[1:3]
+    rows = [line.split()[:2] for line in ps_table.splitlines()[1:]]
     assert rows == [["4", "1"], ["64", "2"]]
+    # the all-reduce beside PS, per worker count, over the same link
+    assert allreduce_table.startswith("ring all-reduce of the profile over the same link")
+    assert [line.split()[0] for line in allreduce_table.splitlines()[2:]] == ["4", "64"]
     with pytest.raises(SystemExit):
         main([*argv, "--pairs", "4-1"])
     assert "is not WORKERS:PS" in capsys.readouterr().err
@@ -268,3 +272,22 @@ def test_cluster_options_need_calibrate(capsys: pytest.CaptureFixture[str]) -> N
     assert "--colocated apply to the cluster-scale model: give --calibrate" in (
         capsys.readouterr().err
     )
+
+
+def test_the_allreduce_cpu_term_beside_ps(capsys: pytest.CaptureFixture[str]) -> None:
+    link = ["--profile", "resnet50", "--alpha", "50us", "--bandwidth", "1.2GB/s"]
+    grid = ["--compute", "200ms", "--pairs", "8:8,512:64", "--json"]
+    code, out, _ = _run([*link, *grid], capsys)
+    assert code == 0
+    bare = [p["allreduce"] for p in json.loads(out)["points"]]
+    code, out, _ = _run([*link, *grid, "--allreduce-cpu", "1ms,800MB/s"], capsys)
+    assert code == 0
+    with_cpu = [p["allreduce"] for p in json.loads(out)["points"]]
+    # ResNet-50's 102 MB at 1.2 GB/s: the link sets the step; with a worker's CPU per step
+    # and per byte, the CPU does, and at 512 workers the ring's 1022 steps cost a second
+    assert [r["limit"] for r in bare] == ["ring", "ring"]
+    assert [r["limit"] for r in with_cpu] == ["worker cpu", "worker cpu"]
+    assert with_cpu[1]["comm_s"] > bare[1]["comm_s"] + 1.0
+    assert all(w["efficiency"] < b["efficiency"] for w, b in zip(with_cpu, bare, strict=True))
+    with pytest.raises(SystemExit):
+        main([*link, "--allreduce-cpu", "fast"])

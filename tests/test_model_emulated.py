@@ -39,5 +39,5 @@ def test_the_model_fits_the_slow_ps_link(
     # 200 Mbit/s is 25 MB/s of frames; the fit sees gRPC's payload rate through it
     assert 10 < float(model["busiest_ps_bandwidth_MBps"]) < 30
     assert float(model["bandwidth_MBps"]) > 2 * float(model["busiest_ps_bandwidth_MBps"])
-    # The error is a timing figure on a shared machine: printed, not asserted (README-model).
+    # The error is a timing figure on a shared machine: printed, not asserted (docs/tasks/model.md).
     print(f"model error on emulated hosts, ps1 at 200 Mbit/s: {model['error_pct']}%")

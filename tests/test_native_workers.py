@@ -40,6 +40,19 @@ def lo() -> Fabric:
     return resolve_fabric("lo")
 
 
+def assert_numpy_weights(
+    weights: Mapping[str, np.ndarray], profile: Profile, steps: RunSpec, workers: int, lr: float
+) -> None:
+    """``weights`` (the PS tasks' after ``steps`` of ``check=True`` sync SGD with ``workers``
+    workers) are what numpy makes of the same gradients."""
+    for spec in profile.tensors:
+        expected = initial_weights(0, spec.nbytes, init=1)
+        for step in range(steps.warmup + steps.iterations):
+            grads = [check_gradient(w, step, 0, spec.nbytes) for w in range(workers)]
+            apply_update(expected, np.sum(grads, axis=0), lr, workers)
+        np.testing.assert_array_equal(weights[spec.name], expected)
+
+
 #: (PS tasks' engine, workers' engine): every pairing with a native role.
 PAIRS = [("native", "native"), ("grpcio", "native"), ("native", "grpcio")]
 
@@ -101,13 +114,7 @@ def test_native_workers_sync_sgd_weights_are_the_numpy_sum_of_all_gradients(
     )
     _records_its_roles(result.settings, cluster)
     assert result.placement is not None
-    weights = fetch_weights(cluster, result.placement)
-    for spec in profile.tensors:
-        expected = initial_weights(0, spec.nbytes, init=1)
-        for step in range(STEPS.warmup + STEPS.iterations):
-            total = np.sum([check_gradient(w, step, 0, spec.nbytes) for w in range(3)], axis=0)
-            apply_update(expected, total, 0.25, 3)
-        np.testing.assert_array_equal(weights[spec.name], expected)
+    assert_numpy_weights(fetch_weights(cluster, result.placement), profile, STEPS, 3, 0.25)
 
 
 @needs_native

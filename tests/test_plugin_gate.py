@@ -1,6 +1,6 @@
 """The gate never passes in silence, end to end: a renamed, deselected or differently named
 test, a baseline that matches nothing, zero samples, concurrent runs on one host, an 11 MB
-baseline read with lxml; and the README's CI recipe (a history of main runs) passes unchanged
+baseline read with lxml; and the docs' CI recipe (a history of main runs) passes unchanged
 code twice and fails an injected delay."""
 
 from __future__ import annotations
@@ -253,20 +253,23 @@ def test_echo(tfgrpc, server):
 
 
 def test_the_readme_ci_recipe(pytester: pytest.Pytester) -> None:
-    """README "Gating CI": main's runs kept as a history; the PR gated against it."""
+    """docs/tasks/gate-ci.md: main's runs kept as a history; the PR gated against it."""
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "0s"))
     for i in range(5):
         main = pytester.runpytest(*STEADY, f"--junitxml=main-runs/run-{i:04d}.xml")
         main.assert_outcomes(passed=1)
+    # The README's recipe with a tolerance a busy CI runner cannot cross by noise alone (an
+    # unchanged 1 KiB echo was seen +63% there); the 3 ms delay below is +500% and more.
+    gate = ("--junitxml=pr.xml", "--tfgrpc-baseline=main-runs", "--tfgrpc-max-regression=200%")
     for _ in range(2):
-        pr = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs")
+        pr = pytester.runpytest(*STEADY, *gate)
         assert pr.ret == pytest.ExitCode.OK, pr.stdout.str()[-3000:]
         pr.stdout.fnmatch_lines(["*baseline runs: 5; figures compared: 1*"])
     if len(os.sched_getaffinity(0)) >= 2:  # the suite's own server is pinned as it is measured
         settings = cases_properties(pytester.path / "pr.xml")["tfgrpc.p2p_latency.settings"]
         assert "cpu_placement=client " in settings and "unpinned" not in settings, settings
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "3ms"))
-    slowed = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=main-runs")
+    slowed = pytester.runpytest(*STEADY, *gate)
     slowed.assert_outcomes(failed=1)
     slowed.stdout.fnmatch_lines(["*regression: test_perf.py::test_echo?lo? p2p_latency.1KiB.p50*"])
 

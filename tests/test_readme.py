@@ -1,4 +1,5 @@
-"""Every code example of the README and README-model.md, run or checked as written.
+"""Every code example of the README and of the documentation site's pages (``docs/``), run or
+checked as written, each in one place.
 
 * ``python`` blocks that define tests are suites: they run together under pytester, as a user
   would run them, and must pass; blocks that implement the plugin's hooks (``pytest_*``
@@ -35,7 +36,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = (ROOT / "README.md", ROOT / "README-model.md")
+#: The README, then every page of the site (mkdocs.yml, docs/).
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 BIN = Path(sys.executable).parent
 LANGUAGES = ("python", "sh", "ini", "text", "yaml")
 
@@ -61,15 +63,32 @@ def _blocks(language: str | None = None) -> Iterator[tuple[Path, Any]]:
                 yield doc, block
 
 
+def _name(doc: Path) -> str:
+    return str(doc.relative_to(ROOT))
+
+
 def test_every_block_has_a_language_this_test_knows() -> None:
     unknown = [
-        f"{doc.name}:{block.line + 1}: ```{block.language}"
+        f"{_name(doc)}:{block.line + 1}: ```{block.language}"
         for doc, block in _blocks()
         if block.language not in LANGUAGES
     ]
     assert unknown == []
-    # The README has examples of every kind this test runs, so none of its parts is idle.
+    # The docs have examples of every kind this test runs, so none of its parts is idle.
     assert {block.language for _, block in _blocks()} == set(LANGUAGES)
+
+
+def test_every_example_is_in_one_place() -> None:
+    """A page shows the README's examples by including them (``--8<--``), never by a copy,
+    so each is run or checked once and cannot drift from its twin."""
+    seen: dict[str, str] = {}
+    twins = []
+    for doc, block in _blocks():
+        where = f"{_name(doc)}:{block.line + 1}"
+        if block.text in seen:
+            twins.append(f"{where} repeats {seen[block.text]}")
+        seen.setdefault(block.text, where)
+    assert twins == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,8 +241,12 @@ def _runnable(line: str) -> bool:
     return line.startswith("tfgrpc-model ")
 
 
+#: A program run from a virtual environment of the checkout (``.venv``, ``.venv-history``).
+_VENV = re.compile(r"^\.venv[\w-]*/bin/")
+
+
 def _with_venv(argv: list[str]) -> list[str]:
-    program = argv[0].removeprefix(".venv/bin/")
+    program = _VENV.sub("", argv[0])
     if (BIN / program).exists():
         return [str(BIN / program), *argv[1:]]
     return argv
@@ -277,7 +300,7 @@ _SYSTEM_TOOLS = ("head", "base64", "cat", "apt-get", "mkdir", "date", "install")
 
 
 def _check(command: list[str]) -> None:
-    program = command[0].removeprefix(".venv/bin/")
+    program = _VENV.sub("", command[0])
     args = command[1:]
     if program in _WRAPPERS:
         rest = [a for a in args if not a.startswith("-")][_WRAPPERS[program] :]
@@ -317,7 +340,7 @@ def _check(command: list[str]) -> None:
     if program in ("ruff", "mypy", "lint-imports"):
         assert (BIN / program).exists(), program
         return
-    assert program == "pytest" or program.startswith(("tfgrpc-", "benchmarks/")), (
+    assert program in ("pytest", "mkdocs") or program.startswith(("tfgrpc-", "benchmarks/")), (
         f"a command this test does not know how to check: {command}"
     )
     text = _help(program)
@@ -345,17 +368,12 @@ def test_every_command_line_names_programs_options_and_paths_that_exist() -> Non
             _check(command)
 
 
-def test_the_options_table_matches_the_help() -> None:
-    readme = (ROOT / "README.md").read_text()
-    text = _help("pytest")
-    title = re.search(r'All options sit in the group "([^"]+)"', readme)
-    assert title is not None and f"\n{title[1]}:\n" in text
-    rows = re.findall(r"^\| `(--[\w-]+)(?: ([A-Z][A-Z\[\]:.,]*))?[ `|]", readme, re.M)
-    assert len(rows) > 10
-    for option, metavar in rows:
-        assert re.search(rf"{re.escape(option)}[=\s,]", text), option
-        if metavar:
-            assert f"{option}={metavar}" in text, f"{option} {metavar}: the help says otherwise"
+def test_the_options_page_names_the_group_of_the_help() -> None:
+    """The option table itself is made from the option definitions (scripts/mkdocs_hooks.py);
+    the page's words about ``pytest --help`` are checked here."""
+    page = (ROOT / "docs" / "reference" / "options.md").read_text()
+    title = re.search(r'Every option sits in the group "([^"]+)"', page)
+    assert title is not None and f"\n{title[1]}:\n" in _help("pytest")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,11 +407,11 @@ def test_the_outputs_shown_are_those_of_a_fresh_run() -> None:
         "budget-breach",
         "summary",
     }
-    assert OUTPUTS.check((ROOT / "README.md").read_text()) == []
+    assert OUTPUTS.check() == []
 
 
 def test_the_docs_and_help_texts_speak_of_the_project_not_of_issues() -> None:
-    texts = {doc.name: doc.read_text() for doc in DOCS}
+    texts = {_name(doc): doc.read_text() for doc in DOCS}
     texts["benchmarks/RESULTS.md"] = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     for script in sorted((ROOT / "benchmarks").glob("*.py")):
         texts[f"benchmarks/{script.name}"] = script.read_text()
@@ -429,8 +447,8 @@ def test_every_manifest_parses_and_runs_commands_that_exist() -> None:
     assert blocks
     for doc, block in blocks:
         for manifest in yaml.safe_load_all(block.text):
-            assert {"apiVersion", "kind"} <= set(manifest), f"{doc.name}:{block.line + 1}"
+            assert {"apiVersion", "kind"} <= set(manifest), f"{_name(doc)}:{block.line + 1}"
             containers = list(_containers(manifest))
-            assert containers, f"{doc.name}:{block.line + 1}: no container runs anything"
+            assert containers, f"{_name(doc)}:{block.line + 1}: no container runs anything"
             for container in containers:
                 _check([str(word) for word in container["command"]])

@@ -7,6 +7,7 @@ Layer: beside ``cli`` (neither imports the other), below ``plugin``; may import 
 ``ps``, ``report``, ``roles`` and every layer below them, never pytest.
 """
 
+from pytest_tfgrpc.bench.allreduce import ALLREDUCE_RUN, allreduce
 from pytest_tfgrpc.bench.p2p import (
     BANDWIDTH_RUN,
     LATENCY_RUN,
@@ -19,6 +20,7 @@ from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, SYNC_SGD_RUN, ps_throughpu
 from pytest_tfgrpc.bench.timing import RunSpec
 
 __all__ = [
+    "ALLREDUCE_RUN",
     "BANDWIDTH_RUN",
     "LATENCY_RUN",
     "PS_THROUGHPUT_RUN",
@@ -26,6 +28,7 @@ __all__ = [
     "BandwidthCall",
     "LatencyCall",
     "RunSpec",
+    "allreduce",
     "p2p_bandwidth",
     "p2p_latency",
     "ps_throughput",

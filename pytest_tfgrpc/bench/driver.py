@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from pytest_tfgrpc import bench
+from pytest_tfgrpc.bench.allreduce import AllReduceResult
 from pytest_tfgrpc.bench.ends import cluster_ends, p2p_ends
 from pytest_tfgrpc.bench.engines.base import Engine, EngineCluster, EngineError
 from pytest_tfgrpc.bench.floor import transport_floor
@@ -182,7 +183,7 @@ class Driver:
         engine: str | None = None,
         **run_args: float | str,
     ) -> BenchmarkResult:
-        """Echo latency per message size (TF-gRPC-P2P-Latency); see the README.
+        """Echo latency per message size (TF-gRPC-P2P-Latency); see the docs' "Fixtures".
 
         ``floor=True`` also records the raw-TCP ping-pong of the same sizes on the same
         fabric, labelled ``<label>_floor``. ``engine="name"`` measures with another registered
@@ -357,7 +358,7 @@ class Driver:
                 if getattr(server, "launcher", LOCAL) is LOCAL:
                     pin_child_server(getattr(server, "pid", None))
                 if count > 1:
-                    # An engine's streams take the call's keywords (README "Writing an engine").
+                    # An engine's streams take the call's keywords (the docs' "Writing an engine").
                     both = measuring.p2p_bandwidth_streams(
                         server, messages, streams=count, **options
                     )
@@ -443,7 +444,7 @@ class Driver:
         streams: int | None = None,
         **run_args: float | str,
     ) -> BenchmarkResult:
-        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the README.
+        """Bytes per second per message size (TF-gRPC-P2P-Bandwidth); see the docs' "Fixtures".
 
         ``floor=True`` also records a raw-TCP push with one acknowledgement per tensor of the
         same sizes on the same fabric, labelled ``<label>_floor``. ``engine="name"`` measures
@@ -493,7 +494,7 @@ class Driver:
         label: str | None = None,
         **run_args: float | str,
     ) -> PSResult:
-        """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see README.
+        """Every worker calls every PS in a closed loop (TF-gRPC-PS-Throughput); see the docs.
 
         With a model profile on the test, each PS receives the bytes its placement owns and
         the result carries the placement's load imbalance.
@@ -539,7 +540,7 @@ class Driver:
         model: bool = True,
         **run_args: float | str,
     ) -> PSResult:
-        """Synchronous SGD steps of a model profile on the cluster; see the README.
+        """Synchronous SGD steps of a model profile on the cluster; see the docs' "Fixtures".
 
         ``model=True`` fits the link and host on PS 0 and worker 0 first (2-4 s) and records
         the analytic model's prediction beside the measurement, with its error against the
@@ -570,6 +571,69 @@ class Driver:
         result = bench.sync_sgd_step(
             cluster, profile, run=run, check=check, label=label, model=model, placement=placement
         )
+        return self.record(self._engine_result(result, ends=cluster_ends(cluster)))
+
+    def allreduce(
+        self,
+        cluster: PSCluster | EngineCluster,
+        profile: Profile | str | None = None,
+        *,
+        sizes: Sequence[int | str] | str | int | None = None,
+        algorithm: str = "ring",
+        check: bool = False,
+        model: bool = True,
+        label: str | None = None,
+        **run_args: float | str,
+    ) -> AllReduceResult:
+        """The cluster's workers all-reduce a buffer among themselves, no PS (see the README):
+        the profile's bytes (whole float32 elements; the point named by its key), or each of
+        ``sizes``; with neither, the test's ``message_profile`` (its profile, else its sizes).
+        ``algorithm``: ``ring`` or ``halving_doubling`` (a power-of-two number of workers).
+        Records nccl-tests' ``algbw`` and ``busbw`` beside the step figures; ``check=True``
+        verifies every sum at every rank; ``model=True`` measures the model's inputs after
+        the run (a few seconds) and records its prediction beside each size
+        (:mod:`pytest_tfgrpc.bench.allreduce`).
+
+        :raises SpecError: a bad profile, size, algorithm or run setting, or an engine whose
+            workers do not all-reduce, before anything is measured.
+        """
+        __tracebackhide__ = True
+        run = self._run(bench.ALLREDUCE_RUN, "allreduce", run_args)
+        self._check_label(label or "allreduce")
+        messages = self._messages
+        if profile is None and sizes is None and messages is not None:
+            profile = messages.profile
+        key = None
+        if profile is not None and sizes is not None:
+            raise SpecError(f"{self._test}: allreduce(): give a profile or sizes=, not both")
+        if profile is not None:
+            try:
+                loaded = load_profile(profile)
+            except (ValueError, OSError) as exc:
+                raise SpecError(f"{self._test}: allreduce() profile: {exc}") from None
+            buffers, key = [loaded.total_bytes // 4 * 4], loaded.key
+        else:
+            buffers = []
+            for message in self._sizes(sizes, "allreduce"):
+                if not isinstance(message, int):
+                    raise SpecError(
+                        f"{self._test}: allreduce() all-reduces one float32 buffer per size, "
+                        f"not the payload {message.description!r}: give sizes="
+                    )
+                buffers.append(message)
+        try:
+            result = self.engine.allreduce(
+                cluster,
+                buffers,
+                run=run,
+                algorithm=algorithm,
+                check=check,
+                model=model,
+                label=label,
+                key=key,
+            )
+        except (EngineError, ValueError) as exc:
+            raise SpecError(f"{self._test}: allreduce(): {exc}") from None
         return self.record(self._engine_result(result, ends=cluster_ends(cluster)))
 
     def _placed(self, profile: Profile, cluster: PSCluster | EngineCluster) -> Placement:

@@ -54,6 +54,7 @@ __all__ = [
     "LATENCY_SIZES",
     "Exchange",
     "MachineFit",
+    "available_cpus",
     "exchange_costs",
     "exchange_hidden",
     "exchange_layouts",
@@ -63,6 +64,7 @@ __all__ = [
     "measure_load",
     "measure_numpy_costs",
     "median_exchanges",
+    "nonnegative_fit",
     "other_load",
     "sweep_sizes",
 ]
@@ -184,7 +186,7 @@ def exchange_layouts(
     return ((1, MIN_SWEEP_BYTES), (1, big // 16 * 4), (1, big), (many, sized))
 
 
-def _nonnegative_fit(rows: Sequence[tuple[Sequence[float], float]]) -> tuple[float, ...]:
+def nonnegative_fit(rows: Sequence[tuple[Sequence[float], float]]) -> tuple[float, ...]:
     """Coefficients ``c >= 0`` minimising the relative error of ``y = x . c`` over ``(x, y)``
     rows; a coefficient the data would make negative is 0 and the others are refitted."""
     width = len(rows[0][0])
@@ -223,7 +225,7 @@ def exchange_costs(
                 rows.append(((float(x.calls), float(x.messages), float(x.nbytes)), y))
         if len(rows) < 3:
             raise ValueError(f"too few exchanges with a positive {end} CPU time to fit")
-        costs.append(CpuCost(*_nonnegative_fit(rows)))
+        costs.append(CpuCost(*nonnegative_fit(rows)))
     return costs[0], costs[1]
 
 
@@ -258,7 +260,7 @@ def exchange_hidden(exchanges: Sequence[Exchange], rate: float = 1.0) -> CpuCost
             rows.append(((float(x.calls), float(x.messages), float(x.nbytes)), both))
     if len({row[0] for row in rows}) < 3:
         return CpuCost(0.0, 0.0, 0.0)
-    return CpuCost(*_nonnegative_fit(rows))
+    return CpuCost(*nonnegative_fit(rows))
 
 
 def _exchange(
@@ -353,7 +355,7 @@ def measure_numpy_costs(
     )
 
 
-def _available_cpus() -> int:
+def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -387,7 +389,7 @@ def measure_cores(
     (room for the interpreters to start), for ``seconds``; the cores are their CPU time over
     ``seconds``, at most ``processes`` and the usable CPUs.
     """
-    width = processes or _available_cpus()
+    width = processes or available_cpus()
     if not seconds > 0:
         raise ValueError(f"seconds={seconds!r}: must be positive")
     start = time.time() + start_delay
@@ -409,7 +411,7 @@ def measure_cores(
         except (subprocess.TimeoutExpired, ValueError):
             spinner.kill()
             spinner.wait()
-    return min(float(width), float(_available_cpus()), max(used / seconds, 1e-3))
+    return min(float(width), float(available_cpus()), max(used / seconds, 1e-3))
 
 
 def other_load(got: float, sessions: int, cpus: float) -> float:
@@ -426,7 +428,7 @@ def other_load(got: float, sessions: int, cpus: float) -> float:
 def measure_load(sessions: int, seconds: float = 0.25) -> float:
     """Other runnable sessions now, as :func:`other_load` infers them from ``sessions`` busy
     processes (:func:`measure_cores`)."""
-    return other_load(measure_cores(seconds, sessions), sessions, _available_cpus())
+    return other_load(measure_cores(seconds, sessions), sessions, available_cpus())
 
 
 def measure_fit(
@@ -480,7 +482,7 @@ def measure_fit(
     if load is None:
         topology = cluster.topology
         load = measure_load(topology.ps + topology.workers)
-    cpus = float(_available_cpus())
+    cpus = float(available_cpus())
     host = HostCosts(worker, ps, aggregate, update, cpus, load=load)
     host = replace(host, hidden=exchange_hidden(typical, host.rate(2)))
     results = tuple(result for sweep in sweeps for result in sweep)

@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from pytest_tfgrpc.cli.arguments import bounded
 from pytest_tfgrpc.cli.compare import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     EXIT_REGRESSION,
     add_gate_options,
     gate_failures,
-    gate_tolerances,
+    parse_gate_command,
 )
 from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
@@ -72,26 +73,6 @@ class _Side:
     argv: tuple[str, ...]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -103,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 no regression, 1 regression (or a failing policy), "
         "2 bad input, too few usable pairs, or interrupted",
     )
-    parser.add_argument("--pairs", type=_positive_int, required=True, help="pairs of runs")
+    parser.add_argument(
+        "--pairs",
+        type=bounded(int, lambda n: n >= 1, "a whole number >= 1"),
+        required=True,
+        help="pairs of runs",
+    )
     parser.add_argument("--a", required=True, metavar="COMMAND", help="side A: a pytest command")
     parser.add_argument("--b", required=True, metavar="COMMAND", help="side B: a pytest command")
     parser.add_argument(
@@ -115,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of --order random (default 0)")
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=bounded(float, lambda s: s > 0, "a number of seconds > 0"),
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
         help=f"longest one run may take, in seconds (default {DEFAULT_TIMEOUT_S:g}): a run "
@@ -251,11 +237,9 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
-    stdout = out if out is not None else sys.stdout
-    stderr = out if out is not None else sys.stderr
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    tolerances = gate_tolerances(parser, args)
+    command = parse_gate_command(build_parser(), argv, out)
+    parser, args, tolerances = command.parser, command.args, command.tolerances
+    stdout, stderr = command.stdout, command.stderr
     sides = {}
     for name, command in (("A", args.a), ("B", args.b)):
         try:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
+from pytest_tfgrpc.cli.arguments import bounded
 from pytest_tfgrpc.report.compare import (
     Comparison,
     compare_runs,
@@ -41,28 +43,6 @@ EXIT_REGRESSION = 1
 EXIT_BAD_INPUT = 2
 
 PROG = "tfgrpc-compare"
-
-
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a significance level between 0 and 1")
-    return value
-
-
-def _resamples(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_RESAMPLES:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of resamples between 1 and {MAX_RESAMPLES}"
-        )
-    return value
 
 
 def gate_failures(
@@ -108,7 +88,7 @@ def add_gate_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--alpha",
-        type=_alpha,
+        type=bounded(float, lambda a: 0.0 < a < 1.0, "a significance level between 0 and 1"),
         default=DEFAULT_ALPHA,
         help=f"significance level of the tests (default {DEFAULT_ALPHA})",
     )
@@ -148,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate_options(parser)
     parser.add_argument(
         "--resamples",
-        type=_resamples,
+        type=bounded(
+            int,
+            lambda n: 1 <= n <= MAX_RESAMPLES,
+            f"a number of resamples between 1 and {MAX_RESAMPLES}",
+        ),
         default=DEFAULT_RESAMPLES,
         help=f"bootstrap resamples for tail quantiles (default {DEFAULT_RESAMPLES})",
     )
@@ -156,24 +140,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def gate_tolerances(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> Mapping[str, float]:
-    """The gate's ``--max-regression`` values (see :func:`add_gate_options`); a bad one is a
-    usage error naming the option (exit 2)."""
+@dataclass(frozen=True)
+class GateCommand:
+    """A gate command's parsed line (``tfgrpc-compare``, ``tfgrpc-ab``): its ``parser`` (for
+    usage errors), ``args``, the ``--max-regression`` ``tolerances``, and where it prints."""
+
+    parser: argparse.ArgumentParser
+    args: argparse.Namespace
+    tolerances: Mapping[str, float]
+    stdout: TextIO
+    stderr: TextIO
+
+
+def parse_gate_command(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, out: TextIO | None
+) -> GateCommand:
+    """Parse ``argv`` with ``parser`` (built with :func:`add_gate_options`); ``out``, if given,
+    takes both outputs (tests). A bad option or tolerance is a usage error naming the option:
+    argparse prints it and exits 2."""
+    args = parser.parse_args(argv)
     try:
-        return parse_tolerances(args.max_regression)
+        tolerances = parse_tolerances(args.max_regression)
     except ToleranceError as error:
         parser.error(f"--max-regression: {error}")
+    stdout = out if out is not None else sys.stdout
+    return GateCommand(parser, args, tolerances, stdout, out if out is not None else sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
-    stdout = out if out is not None else sys.stdout
-    stderr = out if out is not None else sys.stderr
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    tolerances = gate_tolerances(parser, args)
+    command = parse_gate_command(build_parser(), argv, out)
+    args, tolerances = command.args, command.tolerances
+    stdout, stderr = command.stdout, command.stderr
     try:
         duplicates: list[str] = []
         old = load_history(args.old, skipped=duplicates)

@@ -25,10 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_tfgrpc.cli.arguments import bounded
 from pytest_tfgrpc.model.analytic import (
     DEFAULT_BACKWARD_SHARE,
     DEFAULT_PS,
     DEFAULT_WORKERS,
+    CpuCost,
     LinkFit,
     fit,
     link_point,
@@ -43,7 +45,9 @@ from pytest_tfgrpc.model.scaling import (
     ClusterTerms,
     MeasuredPoint,
     allreduce_step,
+    allreduce_time,
     calibrate,
+    describe_allreduce_cpu,
     ps_step,
 )
 from pytest_tfgrpc.report.junit import BaselineError, read_junit
@@ -441,6 +445,14 @@ def _pairs(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
+def _allreduce_cpu(text: str) -> CpuCost:
+    """``PER_STEP[,RATE]``: a worker's CPU per all-reduce step, and the bytes it sends or takes
+    per CPU second (none: bytes cost no CPU)."""
+    step, _, rate = text.partition(",")
+    per_byte = 1 / _rate(rate) if rate.strip() else 0.0
+    return CpuCost(_seconds(step), 0.0, per_byte)
+
+
 def _terms(text: str) -> tuple[str, ...]:
     names = tuple(item.strip() for item in text.split(",") if item.strip())
     unknown = [name for name in names if name not in FITTABLE]
@@ -451,24 +463,8 @@ def _terms(text: str) -> tuple[str, ...]:
     return names
 
 
-def _nonnegative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction between 0 and 1")
-    return value
+_NONNEGATIVE = bounded(float, lambda value: value >= 0, "a number >= 0")
+_FRACTION = bounded(float, lambda value: 0.0 <= value <= 1.0, "a fraction between 0 and 1")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -543,11 +539,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"terms to fit, of {', '.join(FITTABLE)} (default: bandwidth,overlap,fixed)",
     )
     scale.add_argument(
-        "--fixed", type=_nonnegative, default=0.0, help="per-step loss, fraction of --compute"
+        "--fixed", type=_NONNEGATIVE, default=0.0, help="per-step loss, fraction of --compute"
     )
     scale.add_argument(
         "--straggler",
-        type=_nonnegative,
+        type=_NONNEGATIVE,
         default=0.0,
         help="relative standard deviation of a worker's compute time",
     )
@@ -563,6 +559,13 @@ def _parser() -> argparse.ArgumentParser:
         choices=ALLREDUCE_ALGORITHMS,
         default="ring",
         help="the all-reduce projected beside PS (default: ring)",
+    )
+    scale.add_argument(
+        "--allreduce-cpu",
+        type=_allreduce_cpu,
+        metavar="PER_STEP[,RATE]",
+        help="a worker's CPU per all-reduce step and the bytes it moves per CPU second, e.g. "
+        "'1ms,800 MB/s' (the model.cpu_step_us and model.cpu_MBps an allreduce test records)",
     )
     parser.add_argument(
         "--pairs",
@@ -582,13 +585,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--overlap",
-        type=_fraction,
+        type=_FRACTION,
         default=0.0,
         help="fraction of the backward pass that communication overlaps, 0..1 (default: 0)",
     )
     parser.add_argument(
         "--backward-share",
-        type=_fraction,
+        type=_FRACTION,
         default=DEFAULT_BACKWARD_SHARE,
         help="the backward pass's share of --compute (default: 2/3)",
     )
@@ -673,6 +676,7 @@ def _link_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
         chosen = projections[0]
         wanted = args.pairs or [(w, p) for w in workers for p in ps]
         rows = [chosen.row(w, p) for w, p in wanted]
+        reduced = {w: _link_allreduce(args, chosen.link, w, compute) for w in workers}
         document = {
             "fit": {"link": _link_json(chosen.link), "profile": chosen.profile, **options},
             "points": [
@@ -684,6 +688,7 @@ def _link_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
                     "comm_s": r.comm_s,
                     "limit": r.limit,
                     "imbalance": r.imbalance,
+                    "allreduce": reduced[r.topology.workers],
                 }
                 for r in rows
             ],
@@ -702,8 +707,58 @@ def _link_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
                 if (row.topology.workers, row.topology.ps) in wanted_rows
             ]
             table = "\n".join(keep)
-        blocks.append(f"{p.describe()}\n\n{table}")
+        blocks.append(f"{p.describe()}\n\n{table}\n\n{_allreduce_table(args, p.link, workers)}")
     return "\n\n".join(blocks), warnings
+
+
+def _link_allreduce(
+    args: argparse.Namespace, link: LinkFit, workers: int, compute: float
+) -> dict[str, object]:
+    """The all-reduce of the profile among ``workers`` workers over ``link`` (each worker a
+    host of its own), as the link projection's JSON shows it beside PS."""
+    model = load_profile(args.profile)
+    comm = 0.0
+    if workers > 1:
+        comm, _, _ = allreduce_time(
+            model.total_bytes,
+            workers,
+            args.allreduce,
+            alpha_s=link.alpha,
+            link_Bps=link.bandwidth_Bps,
+            cpu=args.allreduce_cpu,
+        )
+    out: dict[str, object] = {"algorithm": args.allreduce, "comm_s": comm}
+    if compute > 0:
+        terms = ClusterTerms(
+            compute_s=compute,
+            bandwidth_Bps=link.bandwidth_Bps,
+            alpha_s=link.alpha,
+            overlap=args.overlap,
+            backward_share=args.backward_share,
+            worker_cpu=args.allreduce_cpu,
+        )
+        point = allreduce_step(model, workers, terms, algorithm=args.allreduce)
+        out.update(efficiency=point.efficiency, step_s=point.step_s, limit=point.limit)
+    return out
+
+
+def _allreduce_table(args: argparse.Namespace, link: LinkFit, workers: Sequence[int]) -> str:
+    """The all-reduce beside the PS table: per worker count, its time and efficiency."""
+    compute = args.compute if args.compute is not None else 0.0
+    lines = [
+        f"{args.allreduce} all-reduce of the profile over the same link, no PS (each worker "
+        "a host of its own"
+        + (", " + describe_allreduce_cpu(args.allreduce_cpu) if args.allreduce_cpu else "")
+        + "):",
+        "workers  comm time" + ("  efficiency  limit" if compute > 0 else ""),
+    ]
+    for count in workers:
+        row = _link_allreduce(args, link, count, compute)
+        line = f"{count:>7}  {float(str(row['comm_s'])) * 1e3:>7.4g}ms"
+        if "efficiency" in row:
+            line += f"  {float(str(row['efficiency'])):>10.1%}  {row['limit']}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _format_fit(calibration: Calibration, kind: str) -> str:
@@ -761,6 +816,7 @@ def _calibrate_mode(args: argparse.Namespace) -> tuple[str, list[str]]:
         colocated=args.colocated,
         duplex=not args.half_duplex,
         core_Bps=args.core,
+        worker_cpu=args.allreduce_cpu,
     )
     result = calibrate(measured.points, args.profile, start, free=args.fit, sharding=args.sharding)
     warnings = list(result.warnings)
@@ -850,7 +906,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ("--core", args.core, None),
                     ("--colocated", args.colocated, False),
                     ("--half-duplex", args.half_duplex, False),
-                    ("--allreduce", args.allreduce, "ring"),
                 )
                 if value != default
             ]

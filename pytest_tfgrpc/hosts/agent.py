@@ -330,9 +330,7 @@ def role_argv(
     return argv, child_env
 
 
-def read_token(
-    path: str | None, environ: Mapping[str, str], option: str = "--token-file"
-) -> str:
+def read_token(path: str | None, environ: Mapping[str, str], option: str = "--token-file") -> str:
     """The shared token: the first line of ``path`` if given, else ``TFGRPC_AGENT_TOKEN``.
     ``option`` is how the caller's user gives the file (the agent's ``--token-file``, pytest's
     ``--tfgrpc-agent-token-file``), named in the error.

@@ -229,7 +229,10 @@ class AgentClient:
     ) -> RemoteProcess:
         """Start ``role`` of ``engine`` there (with the host's own certificates if ``tls``);
         returns once the agent says it started (or raises)."""
-        return RemoteProcess(self, role, params, env, stderr, name=name, engine=engine, tls=tls)
+        start = agent_pb2.RoleStart(
+            driver=self.driver, role=role, params=params, env=env, engine=engine, tls=tls
+        )
+        return RemoteProcess(self, start, stderr, name=name)
 
     def close(self) -> None:
         """Stop renewing, release the lease (the agent stops what is left), close."""
@@ -347,17 +350,10 @@ class RemoteProcess:
     """A role running on an agent's host, with the ``Popen`` surface the local handles use."""
 
     def __init__(
-        self,
-        client: AgentClient,
-        role: str,
-        params: Mapping[str, str],
-        env: Mapping[str, str],
-        stderr: IO[bytes],
-        *,
-        name: str,
-        engine: str = "grpcio",
-        tls: bool = False,
+        self, client: AgentClient, start: agent_pb2.RoleStart, stderr: IO[bytes], *, name: str
     ) -> None:
+        """Send ``start`` on a Run stream of ``client``; returns once the agent says the role
+        started, or raises :class:`AgentError` with its refusal."""
         self.client = client
         self.name = name
         self.returncode: int | None = None
@@ -373,9 +369,6 @@ class RemoteProcess:
         self._done = threading.Event()
         self._refusal: str | None = None
         self._terminated = False
-        start = agent_pb2.RoleStart(
-            driver=client.driver, role=role, params=params, env=env, engine=engine, tls=tls
-        )
         self._outbox.put(agent_pb2.RoleInput(start=start))
         self._call = client._stub.Run(self._requests(), metadata=client._metadata)
         threading.Thread(target=self._relay, name=f"tfgrpc-remote-{name}", daemon=True).start()

@@ -6,7 +6,7 @@ releases), ``SLURM_TASKS_PER_NODE`` (``2(x3),1``: two tasks on each of three nod
 and ``SLURMD_NODENAME`` (the node this process runs on). Hostlists are expanded with
 `python-hostlist <https://pypi.org/project/python-hostlist/>`_, the parser SLURM sites use.
 
-The README's ``srun`` recipe runs one ``tfgrpc-node`` per node and pytest on the first;
+The docs' ``srun`` recipe runs one ``tfgrpc-node`` per node and pytest on the first;
 with ``--tfgrpc-agents=slurm`` the driver then uses every other node's agent, at
 ``TFGRPC_AGENT_PORT`` (default :data:`~pytest_tfgrpc.hosts.agent.DEFAULT_PORT`).
 """

@@ -69,8 +69,25 @@ bytes in ``2 log2 N`` steps::
 
 ``buffers`` is 1 when the tensors are fused into one buffer (Horovod's Tensor Fusion), ``M``
 otherwise. ``S / t_comm`` is nccl-tests' ``algbw`` and ``algbw * 2 (N - 1) / N`` its
-``busbw`` (NVIDIA/nccl-tests, doc/PERFORMANCE.md). The same overlap, fixed and straggler terms
-apply.
+``busbw`` (NVIDIA/nccl-tests, doc/PERFORMANCE.md). The bytes and step counts are Thakur,
+Rabenseifner and Gropp's (IJHPCA 19(1), 2005, section 4: ring for the reduce-scatter and the
+all-gather, Rabenseifner's recursive halving then doubling). The same overlap, fixed and
+straggler terms apply.
+
+**A worker's CPU per all-reduce step** (``worker_cpu``, a
+:class:`~pytest_tfgrpc.model.analytic.CpuCost`; None: off): at every step a rank sends one
+piece of ``n_k`` bytes, takes one and sums it in, and its process spends ``c(n_k) = rpc_s +
+2 n_k byte_s`` of CPU on it (serialising, the RPC, parsing, the sum). A step cannot take less
+than that, and on a host whose ``cores`` CPUs the ``N`` ranks share with ``load`` other runnable
+sessions each rank runs at ``rate = min(1, cores / (N + load))`` of a core
+(:func:`allreduce_time`)::
+
+    t_comm = sum_k max(buffers alpha + n_k / B_link, (buffers rpc_s + 2 n_k byte_s) / rate)
+
+with ``n_k = S / N`` at each of the ring's ``2 (N - 1)`` steps, and ``S / 2, S / 4, ..., S /
+N, ..., S / 4, S / 2`` at halving-doubling's (``N`` not a power of two: the same bytes in ``2
+ceil(log2 N)`` equal pieces). On a cluster each rank has a host of its own (``rate`` 1); on
+one machine the CPU term is what sets the step (a loopback's link is that machine's memory).
 
 :func:`calibrate` fits the free terms to measured ``(W, P, efficiency)`` points by
 ``scipy.optimize.least_squares``, with the uncertainty of each from the Jacobian at the
@@ -86,6 +103,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from pytest_tfgrpc.model.analytic import CpuCost
 from pytest_tfgrpc.model.placement import Placement, place_profile
 from pytest_tfgrpc.model.profiles import Profile, load_profile
 
@@ -97,8 +115,12 @@ __all__ = [
     "FittedTerm",
     "MeasuredPoint",
     "ScalingPoint",
+    "allreduce_pieces",
     "allreduce_step",
+    "allreduce_time",
+    "bus_factor",
     "calibrate",
+    "describe_allreduce_cpu",
     "ps_step",
 ]
 
@@ -131,7 +153,8 @@ class ClusterTerms:
     per-step loss with more than one worker, a fraction of ``compute_s`` (>= 0).
     ``straggler``: relative standard deviation of a worker's compute time (>= 0).
     ``colocated``: PS tasks share hosts with workers. ``duplex``: links carry both directions
-    at full rate. ValueError names a bad field.
+    at full rate. ``worker_cpu``: a worker's CPU per all-reduce step (None: not counted).
+    ValueError names a bad field.
     """
 
     compute_s: float
@@ -145,6 +168,7 @@ class ClusterTerms:
     colocated: bool = False
     duplex: bool = True
     core_Bps: float | None = None
+    worker_cpu: CpuCost | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.compute_s) and self.compute_s > 0):
@@ -179,7 +203,16 @@ class ClusterTerms:
             f"{self.straggler:.3g}, {'colocated' if self.colocated else 'separate'} PS hosts, "
             f"{'full' if self.duplex else 'half'} duplex"
         )
+        if self.worker_cpu is not None:
+            text += f", {describe_allreduce_cpu(self.worker_cpu)}"
         return text
+
+
+def describe_allreduce_cpu(cpu: CpuCost) -> str:
+    """A worker's CPU per all-reduce step in words: per step, and the bytes it sends or takes
+    per CPU second."""
+    rate = f", bytes at {1 / cpu.byte_s / 1e6:.4g} MB/s of CPU" if cpu.byte_s > 0 else ""
+    return f"a worker's CPU {cpu.rpc_s * 1e6:.4g} us per all-reduce step{rate}"
 
 
 @dataclass(frozen=True)
@@ -300,15 +333,74 @@ def allreduce_step(
     buffers = 1 if fused else model.num_tensors
     if n == 1:
         return _finish(1, 0, algorithm, 0.0, algorithm, terms, 1.0)
-    moved = 2 * (n - 1) / n * model.total_bytes / terms.worker_link_Bps
-    rounds = 2 * (n - 1) if algorithm == "ring" else 2 * math.ceil(math.log2(n))
-    comm = moved + rounds * terms.alpha_s * buffers
-    limit = algorithm
+    comm, link, _ = allreduce_time(
+        model.total_bytes,
+        n,
+        algorithm,
+        alpha_s=terms.alpha_s,
+        link_Bps=terms.worker_link_Bps,
+        cpu=terms.worker_cpu,
+        buffers=buffers,
+    )
+    limit = algorithm if comm <= link else "worker cpu"
     if terms.core_Bps is not None:
         core = 2 * (n - 1) * model.total_bytes / terms.core_Bps
         if core > comm:
             comm, limit = core, "network core"
     return _finish(n, 0, algorithm, comm, limit, terms, 1.0)
+
+
+def bus_factor(ranks: int) -> float:
+    """nccl-tests' all-reduce bus factor ``2 (n - 1) / n``: ``busbw = algbw * bus_factor``
+    (NVIDIA/nccl-tests, doc/PERFORMANCE.md)."""
+    return 2 * (ranks - 1) / ranks
+
+
+def allreduce_pieces(nbytes: float, ranks: int, algorithm: str) -> tuple[float, ...]:
+    """The bytes one rank sends (and takes) at each step of an all-reduce of ``nbytes`` among
+    ``ranks`` ranks (module docstring); they add up to ``bus_factor(ranks) * nbytes``. Raises
+    ValueError for an unknown algorithm or fewer than two ranks."""
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(
+            f"algorithm={algorithm!r}: known all-reduce algorithms: "
+            f"{', '.join(ALLREDUCE_ALGORITHMS)}"
+        )
+    if ranks < 2:
+        raise ValueError(f"ranks={ranks!r}: an all-reduce needs two or more")
+    if algorithm == "ring":
+        return (nbytes / ranks,) * (2 * (ranks - 1))
+    levels = math.ceil(math.log2(ranks))
+    if ranks & (ranks - 1):
+        return (bus_factor(ranks) * nbytes / (2 * levels),) * (2 * levels)
+    halving = tuple(nbytes / 2**k for k in range(1, levels + 1))
+    return halving + halving[::-1]
+
+
+def allreduce_time(
+    nbytes: float,
+    ranks: int,
+    algorithm: str,
+    *,
+    alpha_s: float,
+    link_Bps: float,
+    cpu: CpuCost | None = None,
+    rate: float = 1.0,
+    buffers: int = 1,
+) -> tuple[float, float, float]:
+    """Seconds of one all-reduce (module docstring): ``(t_comm, link, host)``, ``link`` the
+    sum of the steps' link times alone, ``host`` of their CPU times at ``rate`` of a core
+    (0 without ``cpu``); ``t_comm`` takes the larger of the two at each step. ``buffers``
+    all-reduces of the pieces' total run one after the other (unfused tensors)."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"rate={rate!r}: a share of a core, in (0, 1]")
+    total = link = host = 0.0
+    for piece in allreduce_pieces(nbytes, ranks, algorithm):
+        on_link = buffers * alpha_s + piece / link_Bps
+        on_host = cpu.time(buffers, 0, 2 * piece) / rate if cpu is not None else 0.0
+        total += max(on_link, on_host)
+        link += on_link
+        host += on_host
+    return total, link, host
 
 
 # --- calibration -------------------------------------------------------------------------------

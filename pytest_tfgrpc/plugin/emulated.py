@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pytest_tfgrpc.hosts.emulated import EmulatedFabric, HostAgent
     from pytest_tfgrpc.wire.security import TlsFiles
 
-__all__ = ["EmulatedHosts", "tfgrpc_emulated_hosts"]
+__all__ = ["EmulatedHosts", "build_emulated_hosts", "tfgrpc_emulated_hosts"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,42 @@ def _issue(fabric: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
     return out
 
 
+def build_emulated_hosts(
+    stack: contextlib.ExitStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    hosts: str,
+    *,
+    rate: str | None = None,
+    agents: bool = True,
+    tls: bool = False,
+) -> EmulatedHosts:
+    """Build ``hosts`` as :func:`tfgrpc_emulated_hosts` does, removed when ``stack`` closes (a
+    fixture of wider scope than a test builds its hosts with this). Skips the calling test
+    where fabrics cannot be built."""
+    # Imported here: registered in every run, this module costs nothing until used.
+    from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
+
+    ok, why = can_build()
+    if not ok:
+        pytest.skip(why)
+    fabric = stack.enter_context(emulated_fabric(parse_hosts(hosts, rate)))
+    token_file = tmp_path_factory.mktemp("agent-token") / "token"
+    token_file.write_text(secrets.token_hex(24) + "\n")
+    token_file.chmod(0o600)
+    pki = _issue(fabric, tmp_path_factory.mktemp("pki")) if tls else None
+    started: dict[str, HostAgent] = {}
+    if agents:
+        for host in fabric.hosts:
+            extra = []
+            if pki is not None:  # the host's own identity, for its agent and roles
+                own = pki[host.name]
+                extra = [f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")]
+            started[host.name] = HostAgent(host, str(token_file), extra_args=extra)
+            stack.callback(started[host.name].stop)
+    driver = pki["_driver"] if pki is not None else None
+    return EmulatedHosts(fabric, started, str(token_file), driver)
+
+
 @pytest.fixture
 def tfgrpc_emulated_hosts(
     tmp_path_factory: pytest.TempPathFactory,
@@ -93,32 +129,13 @@ def tfgrpc_emulated_hosts(
     ``tls=True`` gives every host and the driver a certificate for its own address from one
     fresh CA (trustme, the ``dev`` extra): the agents and the roles they start serve mutual
     TLS, and :meth:`EmulatedHosts.pytest_args` hands the run the driver's files."""
-    # Imported here: registered in every run, this module costs nothing until used.
-    from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
-
-    ok, why = can_build()
-    if not ok:
-        pytest.skip(why)
     with contextlib.ExitStack() as stack:
 
         def build(
             hosts: str, *, rate: str | None = None, agents: bool = True, tls: bool = False
         ) -> EmulatedHosts:
-            fabric = stack.enter_context(emulated_fabric(parse_hosts(hosts, rate)))
-            token_file = tmp_path_factory.mktemp("agent-token") / "token"
-            token_file.write_text(secrets.token_hex(24) + "\n")
-            token_file.chmod(0o600)
-            pki = _issue(fabric, tmp_path_factory.mktemp("pki")) if tls else None
-            started: dict[str, HostAgent] = {}
-            if agents:
-                for host in fabric.hosts:
-                    extra = []
-                    if pki is not None:  # the host's own identity, for its agent and roles
-                        own = pki[host.name]
-                        extra = [f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")]
-                    started[host.name] = HostAgent(host, str(token_file), extra_args=extra)
-                    stack.callback(started[host.name].stop)
-            driver = pki["_driver"] if pki is not None else None
-            return EmulatedHosts(fabric, started, str(token_file), driver)
+            return build_emulated_hosts(
+                stack, tmp_path_factory, hosts, rate=rate, agents=agents, tls=tls
+            )
 
         yield build

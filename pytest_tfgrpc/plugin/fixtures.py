@@ -223,7 +223,8 @@ def ps_cluster(
 @pytest.fixture
 def tfgrpc(request: pytest.FixtureRequest, tfgrpc_engine: Engine, tfgrpc_streams: int) -> Driver:
     """The benchmark driver: ``p2p_latency(server, ...)``, ``p2p_bandwidth(server, ...)``,
-    ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``."""
+    ``ps_throughput(cluster, ...)``, ``sync_sgd_step(cluster, ...)``,
+    ``allreduce(cluster, ...)``."""
     from pytest_tfgrpc.bench.driver import Driver
     from pytest_tfgrpc.plugin.markers import item_specs
 

@@ -19,6 +19,7 @@ from pytest_tfgrpc.bench.specs import (
     topology_spec,
 )
 from pytest_tfgrpc.metrics import (
+    ALLREDUCE,
     P2P_BANDWIDTH,
     P2P_LATENCY,
     PS_THROUGHPUT,
@@ -126,7 +127,7 @@ def misspelled_marker(item: pytest.Item) -> str:
 #: its own), may run any.
 _BENCHMARKS_BY_FIXTURE = {
     "tensor_server": (P2P_LATENCY, P2P_BANDWIDTH),
-    "ps_cluster": (PS_THROUGHPUT, SYNC_SGD_STEP),
+    "ps_cluster": (PS_THROUGHPUT, SYNC_SGD_STEP, ALLREDUCE),
 }
 
 

@@ -127,7 +127,7 @@ TLS_OPTIONS = {
 #: The short form of --tfgrpc-fabric, added unless the project defines its own.
 SHORT_FABRIC = "--fabric"
 _yielded_key = pytest.StashKey[bool]()
-#: Marker names and their ``--markers`` lines: the full signatures, as the README gives them.
+#: Marker names and their ``--markers`` lines: the full signatures (the docs' marker table).
 MARKERS = {
     "message_profile": 'message_profile(name_or_sizes=None, *, sizes=None, scheme="uniform", '
     "buffers=10, classes=None, bias=None, seed=None, size_range=False, scale=None, "
@@ -161,6 +161,9 @@ MARKERS = {
 OPTION_DEFAULTS: dict[str, Any] = {}
 
 
+_NAMES_METAVAR = "NAME[,NAME...]"
+
+
 def _add(
     group: pytest.OptionGroup,
     parser: pytest.Parser,
@@ -177,6 +180,23 @@ def _add(
     OPTION_DEFAULTS[dest] = ini_default
 
 
+def _add_names(
+    group: pytest.OptionGroup, parser: pytest.Parser, flag: str, dest: str, help_text: str
+) -> None:
+    """A repeatable option of comma-separated names (fabrics, engines), and its ini list."""
+    _add(
+        group,
+        parser,
+        (flag,),
+        dest,
+        help_text,
+        ini_type="args",
+        ini_default=[],
+        action="append",
+        metavar=_NAMES_METAVAR,
+    )
+
+
 def _streams_option(text: str) -> int:
     # Only called when the option is given, so the plugin is awake anyway: the import is free.
     from pytest_tfgrpc.bench.streams import check_streams
@@ -189,17 +209,7 @@ def _streams_option(text: str) -> int:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("tfgrpc", "gRPC tensor-traffic performance (pytest-tfgrpc)")
-    _add(
-        group,
-        parser,
-        ("--tfgrpc-fabric",),
-        "tfgrpc_fabric",
-        FABRIC_HELP,
-        ini_type="args",
-        ini_default=[],
-        action="append",
-        metavar="NAME[,NAME...]",
-    )
+    _add_names(group, parser, "--tfgrpc-fabric", "tfgrpc_fabric", FABRIC_HELP)
     _add(
         group,
         parser,
@@ -275,17 +285,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add(group, parser, ("--tfgrpc-results",), "tfgrpc_results", RESULTS_HELP, metavar="FILE")
     _add(group, parser, ("--tfgrpc-plot",), "tfgrpc_plot", PLOT_HELP, metavar="DIR")
     _add(group, parser, ("--tfgrpc-html",), "tfgrpc_html", HTML_HELP, metavar="FILE")
-    _add(
-        group,
-        parser,
-        ("--tfgrpc-engines",),
-        "tfgrpc_engines",
-        ENGINES_HELP,
-        ini_type="args",
-        ini_default=[],
-        action="append",
-        metavar="NAME[,NAME...]",
-    )
+    _add_names(group, parser, "--tfgrpc-engines", "tfgrpc_engines", ENGINES_HELP)
     _add(
         group,
         parser,
@@ -331,7 +331,7 @@ def pytest_load_initial_conftests(
             SHORT_FABRIC,
             dest="tfgrpc_fabric",
             action="append",
-            metavar="NAME[,NAME...]",
+            metavar=_NAMES_METAVAR,
             help="short for --tfgrpc-fabric",
         )
     return result

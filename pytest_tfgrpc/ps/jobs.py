@@ -21,18 +21,24 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
+from pytest_tfgrpc.model.scaling import ALLREDUCE_ALGORITHMS
 from pytest_tfgrpc.wire._proto import worker_pb2 as pb
 
 __all__ = [
+    "ALLREDUCE_ALGORITHMS",
     "MAX_FRAME_BYTES",
     "MODES",
+    "AllReduceJob",
+    "AllReduceReply",
     "Frames",
     "FromWorker",
     "Go",
     "Hello",
     "JobMessage",
+    "Listening",
     "MessageError",
     "OwnedShards",
+    "Peers",
     "Ready",
     "Reply",
     "Samples",
@@ -41,7 +47,9 @@ __all__ = [
     "SyncSGDReply",
     "ThroughputJob",
     "ThroughputReply",
+    "ToWorker",
     "WorkerFailed",
+    "check_allreduce",
     "frame",
     "from_worker",
     "job_of",
@@ -62,14 +70,27 @@ SyncSGDReply = pb.SyncSGDReply
 Shard = pb.Shard
 Samples = pb.Samples
 OwnedShards = pb.OwnedShards
-JobMessage = pb.ThroughputJob | pb.SyncSGDJob
-Reply = pb.ThroughputReply | pb.SyncSGDReply
-FromWorker = pb.Hello | pb.Ready | pb.WorkerFailed | pb.ThroughputReply | pb.SyncSGDReply
+AllReduceJob = pb.AllReduceJob
+AllReduceReply = pb.AllReduceReply
+Peers = pb.Peers
+Listening = pb.Listening
+JobMessage = pb.ThroughputJob | pb.SyncSGDJob | pb.AllReduceJob
+Reply = pb.ThroughputReply | pb.SyncSGDReply | pb.AllReduceReply
+FromWorker = (
+    pb.Hello
+    | pb.Ready
+    | pb.WorkerFailed
+    | pb.ThroughputReply
+    | pb.SyncSGDReply
+    | pb.Listening
+    | pb.AllReduceReply
+)
 M = TypeVar("M")
 
 SampleArray = npt.NDArray[np.int64]
 #: The encodings a throughput job may send its payload in.
 MODES = ("raw", "protobuf")
+
 #: The largest message either side accepts: a size beyond it is a broken stream, not a message.
 MAX_FRAME_BYTES = 1 << 30
 
@@ -127,26 +148,37 @@ class Frames:
         return len(self._buffer)
 
 
-def to_worker(message: JobMessage | pb.Go) -> pb.ToWorker:
+ToWorker = JobMessage | pb.Go | pb.Peers
+
+_TO_WORKER = {
+    pb.ThroughputJob: "throughput",
+    pb.SyncSGDJob: "sync_sgd",
+    pb.Go: "go",
+    pb.AllReduceJob: "allreduce",
+    pb.Peers: "peers",
+}
+_FROM_WORKER = {
+    pb.Hello: "hello",
+    pb.Ready: "ready",
+    pb.WorkerFailed: "failed",
+    pb.ThroughputReply: "throughput",
+    pb.SyncSGDReply: "sync_sgd",
+    pb.Listening: "listening",
+    pb.AllReduceReply: "allreduce",
+}
+
+
+def to_worker(message: ToWorker) -> pb.ToWorker:
     """``message`` in the envelope of the driver's messages."""
-    if isinstance(message, pb.ThroughputJob):
-        return pb.ToWorker(throughput=message)
-    if isinstance(message, pb.SyncSGDJob):
-        return pb.ToWorker(sync_sgd=message)
-    return pb.ToWorker(go=message)
+    envelope = pb.ToWorker()
+    getattr(envelope, _TO_WORKER[type(message)]).CopyFrom(message)
+    return envelope
 
 
 def from_worker(message: FromWorker) -> pb.FromWorker:
     """``message`` in the envelope of a worker's messages."""
-    field = {
-        pb.Hello: "hello",
-        pb.Ready: "ready",
-        pb.WorkerFailed: "failed",
-        pb.ThroughputReply: "throughput",
-        pb.SyncSGDReply: "sync_sgd",
-    }[type(message)]
     envelope = pb.FromWorker()
-    getattr(envelope, field).CopyFrom(message)
+    getattr(envelope, _FROM_WORKER[type(message)]).CopyFrom(message)
     return envelope
 
 
@@ -173,13 +205,14 @@ def _targets(targets: Sequence[str]) -> None:
         raise MessageError(f"targets={list(targets)!r}: expected a non-empty list of host:port")
 
 
-def job_of(body: bytes) -> JobMessage | pb.Go:
-    """The driver's message in ``body``, checked: a job or the start barrier."""
+def job_of(body: bytes) -> ToWorker:
+    """The driver's message in ``body``, checked: a job, the start barrier or an all-reduce
+    job's peers."""
     envelope = _parse(pb.ToWorker(), body, "driver")
     kind = envelope.WhichOneof("kind")
     if kind is None:
         raise MessageError("an empty driver message (no job, no go)")
-    message: JobMessage | pb.Go = getattr(envelope, kind)
+    message: ToWorker = getattr(envelope, kind)
     if isinstance(message, pb.ThroughputJob):
         _targets(message.targets)
         if message.mode not in MODES:
@@ -201,7 +234,35 @@ def job_of(body: bytes) -> JobMessage | pb.Go:
         _count("chunk_bytes", message.chunk_bytes, 1)
         _count("max_steps", message.max_steps, 1)
         _seconds("barrier_timeout", message.barrier_timeout)
+    elif isinstance(message, pb.AllReduceJob):
+        check_allreduce(message)
+    elif isinstance(message, pb.Peers):
+        _targets(message.addresses)
     return message
+
+
+def check_allreduce(job: pb.AllReduceJob) -> None:
+    """MessageError naming the first field of ``job`` out of range."""
+    _count("ranks", job.ranks, 2)
+    if job.rank >= job.ranks:
+        raise MessageError(f"rank={job.rank}: a rank in 0..{job.ranks - 1}")
+    if not job.bind:
+        raise MessageError("bind='': expected the host address to serve Collective on")
+    if job.nbytes % 4 or job.nbytes < 4 * job.ranks:
+        raise MessageError(
+            f"nbytes={job.nbytes}: whole float32 elements, at least one per rank "
+            f"({4 * job.ranks} bytes)"
+        )
+    if job.algorithm not in ALLREDUCE_ALGORITHMS:
+        raise MessageError(
+            f"algorithm={job.algorithm!r}: expected one of {', '.join(ALLREDUCE_ALGORITHMS)}"
+        )
+    if job.algorithm == "halving_doubling" and job.ranks & (job.ranks - 1):
+        raise MessageError(
+            f"algorithm='halving_doubling' needs a power-of-two number of ranks, not {job.ranks}"
+        )
+    _count("iterations", job.iterations, 1)
+    _seconds("seconds", job.seconds)
 
 
 def reply_of(body: bytes) -> FromWorker:
@@ -225,6 +286,14 @@ def reply_of(body: bytes) -> FromWorker:
             raise MessageError(
                 f"steps={message.steps}: fewer than its {len(message.samples_ns)} samples"
             )
+    elif isinstance(message, pb.AllReduceReply):
+        samples(message.samples_ns, "samples_ns")
+        if message.checked > len(message.samples_ns):
+            raise MessageError(
+                f"checked={message.checked}: more than its {len(message.samples_ns)} samples"
+            )
+    elif isinstance(message, pb.Listening) and not message.address:
+        raise MessageError("address='': a Collective service that says not where")
     return message
 
 

@@ -15,7 +15,7 @@ import os
 import selectors
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 import grpc
@@ -36,7 +36,7 @@ from pytest_tfgrpc.roles.processes import (
     describe_exit,
 )
 from pytest_tfgrpc.wire._proto import service_pb2
-from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain
+from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain, rpc_timeout
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
@@ -79,7 +79,7 @@ class WorkerProcess(ChildProcess):
         assert self._proc.stdout is not None
         return int(self._proc.stdout.fileno())
 
-    def send(self, message: JobMessage | protocol.Go) -> None:
+    def send(self, message: protocol.ToWorker) -> None:
         """Write one message to the worker; a worker that is gone raises ServerDied."""
         assert self._proc.stdin is not None
         try:
@@ -319,15 +319,7 @@ class PSCluster:
         deadline = time.monotonic() + timeout
         for worker, job in zip(busy, jobs, strict=True):
             worker.send(job)
-        try:
-            self._collect(busy, deadline, "prepare", protocol.Ready)
-        except Exception:
-            for worker in busy:
-                if worker.poll() is None:
-                    worker.send(protocol.Go(go=False))
-            raise
-        for worker in busy:
-            worker.send(protocol.Go(go=True))
+        self._start(busy, deadline)
         replies = self._collect(
             busy, deadline, "run", (protocol.ThroughputReply, protocol.SyncSGDReply)
         )
@@ -344,6 +336,92 @@ class PSCluster:
                 )
             out.append(reply)
         return out
+
+    def _start(
+        self,
+        busy: Sequence[WorkerProcess],
+        deadline: float,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        """The start barrier of jobs sent to ``busy``: run ``before`` (what must happen
+        between the job and Ready), wait for every worker's Ready, then tell all to go; if any
+        of that fails, call the job off at every worker still running."""
+        try:
+            if before is not None:
+                before()
+            self._collect(busy, deadline, "prepare", protocol.Ready)
+        except Exception:
+            for worker in busy:
+                if worker.poll() is None:
+                    worker.send(protocol.Go(go=False))
+            raise
+        for worker in busy:
+            worker.send(protocol.Go(go=True))
+
+    def allreduce(
+        self,
+        nbytes: int,
+        *,
+        algorithm: str,
+        warmup: int,
+        iterations: int,
+        seconds: float,
+        check: bool,
+        ranks: int | None = None,
+    ) -> list[protocol.AllReduceReply]:
+        """All-reduce ``nbytes`` of float32 among the first ``ranks`` workers (default: all),
+        the workers talking to each other, no PS: each serves ``tfgrpc.worker.Collective`` on
+        its own host's fabric address, learns the others', then after the start barrier runs
+        ``warmup`` and at most ``iterations`` measured all-reduces, none started after
+        ``seconds``. Returns every rank's reply, by rank.
+
+        Raises ValueError for fewer than two ranks or more than the workers,
+        :class:`~pytest_tfgrpc.ps.jobs.MessageError` for a job out of range (an algorithm,
+        a size), BenchmarkError for native workers (they do not run it), and as :meth:`run`
+        does otherwise."""
+        count = len(self.workers) if ranks is None else ranks
+        if not 2 <= count <= len(self.workers):
+            raise ValueError(
+                f"an all-reduce needs 2 to {len(self.workers)} ranks (the cluster's workers), "
+                f"not {count}"
+            )
+        if self.workers_engine != "grpcio":
+            raise BenchmarkError(
+                f"all-reduce runs in the grpcio workers; this cluster's are {self.workers_engine}"
+            )
+        busy = self.workers[:count]
+        jobs = [
+            protocol.AllReduceJob(
+                rank=rank,
+                ranks=count,
+                bind=worker.launcher.address or self.fabric.address,
+                nbytes=nbytes,
+                algorithm=algorithm,
+                warmup=warmup,
+                iterations=iterations,
+                seconds=seconds,
+                check=check,
+            )
+            for rank, worker in enumerate(busy)
+        ]
+        for job in jobs:
+            protocol.check_allreduce(job)
+        # Each all-reduce moves the buffer about twice through every rank, at 1 MB/s at worst.
+        deadline = time.monotonic() + seconds + rpc_timeout(2 * nbytes * (warmup + 1)) + 60.0
+        for worker, job in zip(busy, jobs, strict=True):
+            worker.send(job)
+
+        def exchange_addresses() -> None:
+            listening = self._collect(busy, deadline, "listen", protocol.Listening)
+            peers = protocol.Peers(
+                addresses=[m.address for m in listening if isinstance(m, protocol.Listening)]
+            )
+            for worker in busy:
+                worker.send(peers)
+
+        self._start(busy, deadline, exchange_addresses)
+        replies = self._collect(busy, deadline, "run", protocol.AllReduceReply)
+        return [r for r in replies if isinstance(r, protocol.AllReduceReply)]
 
     def sync_sgd(
         self,

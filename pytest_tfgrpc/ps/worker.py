@@ -7,8 +7,10 @@ not one interpreter's GIL. The parent talks to a worker in the messages of
 ``protos/tfgrpc/worker.proto``, length-delimited (:mod:`pytest_tfgrpc.ps.jobs`):
 
 1. the worker writes ``Hello`` once it is up;
-2. the parent writes a job (``ThroughputJob`` or ``SyncSGDJob``); the worker connects to
-   every PS, prepares its tensors and writes ``Ready``;
+2. the parent writes a job (``ThroughputJob``, ``SyncSGDJob`` or ``AllReduceJob``); the
+   worker connects to every PS, prepares its tensors and writes ``Ready`` (an all-reduce job
+   first serves ``tfgrpc.Collective`` on the fabric, writes ``Listening`` and takes ``Peers``,
+   the other ranks' addresses);
 3. the parent writes ``Go`` to all workers at once (the start barrier); the worker runs the
    job and writes its reply, samples as packed int64; then it waits for the next job.
 
@@ -20,6 +22,7 @@ its stdin closes, which is how no worker outlives its parent, however the parent
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import queue
 import sys
@@ -31,14 +34,19 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 import numpy as np
+import numpy.typing as npt
 
 from pytest_tfgrpc.ps.jobs import (
+    AllReduceJob,
+    AllReduceReply,
     Frames,
     FromWorker,
     Go,
     Hello,
     JobMessage,
+    Listening,
     MessageError,
+    Peers,
     Ready,
     Reply,
     Samples,
@@ -62,13 +70,14 @@ from pytest_tfgrpc.roles.parameter_server import (
     check_gradient,
     method,
 )
-from pytest_tfgrpc.wire import codec
-from pytest_tfgrpc.wire._proto import service_pb2
+from pytest_tfgrpc.wire import codec, grpc_settings
+from pytest_tfgrpc.wire._proto import service_pb2, worker_pb2
 from pytest_tfgrpc.wire.client import RAISE_HINT, BenchmarkError, connect_aio, rpc_timeout
 from pytest_tfgrpc.wire.security import (
     TOKEN_ENV,
     TOKEN_KEY,
     TlsError,
+    add_port,
     files_from_env,
     load_tls,
     looks_like_tls_failure,
@@ -131,6 +140,13 @@ def _describe(error: grpc.RpcError, target: str, what: str, timeout: float | Non
             + RAISE_HINT
         )
     return f"{what} to {target} failed: {code.name if code else 'error'}: {details}"
+
+
+def _cpu_since(start: tuple[int, int] | None) -> tuple[int, int]:
+    """This process's user and system CPU nanoseconds since ``start`` (none measured: 0)."""
+    now = process_cpu_ns()
+    start = start or now
+    return now[0] - start[0], now[1] - start[1]
 
 
 async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
@@ -294,17 +310,224 @@ async def _sync_sgd(
             raise BenchmarkError(f"the chief PS sent no next phase after step {step}")
         phase = phases[0]
         step += 1
-    cpu1 = process_cpu_ns()
-    cpu0 = cpu0 or cpu1
-    return SyncSGDReply(
-        samples_ns=samples,
-        steps=step,
-        cpu_user_ns=cpu1[0] - cpu0[0],
-        cpu_system_ns=cpu1[1] - cpu0[1],
+    user, system = _cpu_since(cpu0)
+    return SyncSGDReply(samples_ns=samples, steps=step, cpu_user_ns=user, cpu_system_ns=system)
+
+
+# --- all-reduce --------------------------------------------------------------------------------
+#: The service every rank serves the others (``protos/tfgrpc/worker.proto``), and its method.
+COLLECTIVE: str = worker_pb2.DESCRIPTOR.services_by_name["Collective"].full_name
+DELIVER = f"/{COLLECTIVE}/Deliver"
+
+
+class Mailbox:
+    """The pieces peers delivered, by (iteration, step): a rank takes one per step. Every
+    delivery must carry the cluster's job token when the worker has one."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self._slots: dict[tuple[int, int], asyncio.Future[worker_pb2.Piece]] = {}
+        self._token = dict(credentials).get(TOKEN_KEY)
+
+    def _slot(self, key: tuple[int, int]) -> asyncio.Future[worker_pb2.Piece]:
+        if key not in self._slots:
+            self._slots[key] = asyncio.get_running_loop().create_future()
+        return self._slots[key]
+
+    async def deliver(
+        self, piece: worker_pb2.Piece, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.Taken:
+        if self._token is not None:
+            given = str(dict(context.invocation_metadata() or ()).get(TOKEN_KEY, ""))
+            if not hmac.compare_digest(given.encode(), self._token.encode()):
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"an all-reduce piece needs the cluster's job token (metadata {TOKEN_KEY!r})",
+                )
+        slot = self._slot((piece.iteration, piece.step))
+        if slot.done():
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"a second piece for iteration {piece.iteration}, step {piece.step}",
+            )
+        slot.set_result(piece)
+        return worker_pb2.Taken()
+
+    async def take(self, iteration: int, step: int, timeout: float) -> worker_pb2.Piece:
+        key = (iteration, step)
+        try:
+            return await asyncio.wait_for(self._slot(key), timeout)
+        except asyncio.TimeoutError:
+            raise BenchmarkError(
+                f"no all-reduce piece for iteration {iteration}, step {step} within {timeout:g} s"
+            ) from None
+        finally:
+            self._slots.pop(key, None)
+
+
+def check_input(elements: int, rank: int) -> npt.NDArray[np.float32]:
+    """Rank ``rank``'s input with ``check``: ``(rank + 1) * (j mod 7 + 1)`` at element ``j``,
+    small integers whose sums float32 holds exactly."""
+    return (np.arange(elements, dtype=np.int64) % 7 + 1).astype(np.float32) * (rank + 1)
+
+
+def verify_sum(
+    got: npt.NDArray[np.float32], expected: npt.NDArray[np.float32], rank: int, iteration: int
+) -> None:
+    """BenchmarkError naming the rank, the all-reduce and the first element where ``got`` is
+    not ``expected`` (the exact sum of every rank's :func:`check_input`)."""
+    if not np.array_equal(got, expected):
+        wrong = int(np.flatnonzero(got != expected)[0])
+        raise BenchmarkError(
+            f"rank {rank}: all-reduce {iteration} element {wrong} is {float(got[wrong])!r}, "
+            f"the sum of every rank's input is {float(expected[wrong])!r}"
+        )
+
+
+def ring_partners(rank: int, ranks: int, algorithm: str) -> list[int]:
+    """The ranks ``rank`` sends to: its right neighbour (ring), or its partner at each
+    distance ``2^k`` (halving-doubling)."""
+    if algorithm == "ring":
+        return [(rank + 1) % ranks]
+    return [rank ^ (1 << k) for k in range(ranks.bit_length() - 1)]
+
+
+async def _allreduce(
+    job: AllReduceJob, lines: queue.Queue[bytes], credentials: Credentials
+) -> AllReduceReply:
+    n, rank, size = job.nbytes // 4, job.rank, job.ranks
+    mailbox = Mailbox(credentials)
+    server = grpc.aio.server(options=grpc_settings.SERVER_OPTIONS)
+    handler = grpc.method_handlers_generic_handler(
+        COLLECTIVE,
+        {
+            "Deliver": grpc.unary_unary_rpc_method_handler(
+                mailbox.deliver,
+                request_deserializer=worker_pb2.Piece.FromString,
+                response_serializer=worker_pb2.Taken.SerializeToString,
+            )
+        },
     )
+    server.add_generic_rpc_handlers((handler,))
+    host = f"[{job.bind}]" if ":" in job.bind else job.bind
+    port = add_port(server, f"{host}:0")
+    await server.start()
+    channels: dict[int, grpc.aio.Channel] = {}
+    try:
+        _emit(Listening(address=f"{host}:{port}"))
+        peers = list((await _next_message(lines, GO_TIMEOUT_S, Peers)).addresses)
+        if len(peers) != size:
+            raise BenchmarkError(f"{len(peers)} peer addresses for {size} ranks")
+        for partner in ring_partners(rank, size, job.algorithm):
+            channels[partner] = await connect_aio(peers[partner])
+        calls = {
+            partner: channel.unary_unary(
+                DELIVER,
+                request_serializer=worker_pb2.Piece.SerializeToString,
+                response_deserializer=worker_pb2.Taken.FromString,
+            )
+            for partner, channel in channels.items()
+        }
+        timeout = job.seconds + rpc_timeout(job.nbytes)
+
+        last = False  # rank 0's word that this iteration is the last (see Piece.last)
+
+        async def exchange(
+            partner: int, iteration: int, step: int, lo: int, data: npt.NDArray[np.float32]
+        ) -> tuple[int, npt.NDArray[np.float32]]:
+            nonlocal last
+            piece = worker_pb2.Piece(
+                iteration=iteration, step=step, offset=lo, data=data.tobytes(), last=last
+            )
+            try:
+                _, got = await asyncio.gather(
+                    calls[partner](piece, timeout=timeout, metadata=credentials),
+                    mailbox.take(iteration, step, timeout),
+                )
+            except grpc.RpcError as error:
+                what = f"rank {rank}'s all-reduce piece (step {step})"
+                raise BenchmarkError(_describe(error, peers[partner], what, timeout)) from None
+            last = last or got.last
+            return got.offset, np.frombuffer(got.data, dtype=np.float32)
+
+        bounds = [n * i // size for i in range(size + 1)]
+
+        async def ring(buffer: npt.NDArray[np.float32], iteration: int) -> None:
+            right = (rank + 1) % size
+            for step in range(size - 1):  # reduce-scatter
+                send = (rank - step) % size
+                lo, hi = bounds[send], bounds[send + 1]
+                offset, data = await exchange(right, iteration, step, lo, buffer[lo:hi])
+                buffer[offset : offset + data.size] += data
+            for step in range(size - 1):  # all-gather
+                send = (rank + 1 - step) % size
+                lo, hi = bounds[send], bounds[send + 1]
+                offset, data = await exchange(right, iteration, size - 1 + step, lo, buffer[lo:hi])
+                buffer[offset : offset + data.size] = data
+
+        async def halving_doubling(buffer: npt.NDArray[np.float32], iteration: int) -> None:
+            lo, hi, step, distance = 0, n, 0, size // 2
+            while distance >= 1:  # reduce-scatter by recursive halving
+                partner = rank ^ distance
+                mid = (lo + hi) // 2
+                keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))
+                offset, data = await exchange(
+                    partner, iteration, step, give[0], buffer[give[0] : give[1]]
+                )
+                buffer[offset : offset + data.size] += data
+                lo, hi = keep
+                step, distance = step + 1, distance // 2
+            distance = 1
+            while distance < size:  # all-gather by recursive doubling
+                partner = rank ^ distance
+                offset, data = await exchange(partner, iteration, step, lo, buffer[lo:hi])
+                buffer[offset : offset + data.size] = data
+                lo, hi = min(lo, offset), max(hi, offset + data.size)
+                step, distance = step + 1, distance * 2
+
+        run = ring if job.algorithm == "ring" else halving_doubling
+        if job.check:
+            start = check_input(n, rank)
+            expected = check_input(n, 0) * (size * (size + 1) // 2)
+        else:
+            start = np.random.default_rng(rank).random(n, dtype=np.float32)
+        await _wait_for_go(lines)
+        clock = time.perf_counter_ns
+        samples: list[int] = []
+        checked = 0
+        cpu0: tuple[int, int] | None = None
+        deadline = time.monotonic() + job.seconds
+        for iteration in range(job.warmup + job.iterations):
+            measured = iteration >= job.warmup
+            if measured and cpu0 is None:
+                cpu0 = process_cpu_ns()
+                deadline = time.monotonic() + job.seconds
+            # Only rank 0 reads the clock: a rank that stopped on its own would leave its
+            # partners waiting for its pieces.
+            last = rank == 0 and measured and time.monotonic() >= deadline
+            buffer = start.copy()
+            t0 = clock()
+            await run(buffer, iteration)
+            t1 = clock()
+            if measured:
+                samples.append(t1 - t0)
+                if job.check:
+                    verify_sum(buffer, expected, rank, iteration)
+                    checked += 1
+                if last:
+                    break
+        user, system = _cpu_since(cpu0)
+        return AllReduceReply(
+            samples_ns=samples, checked=checked, cpu_user_ns=user, cpu_system_ns=system
+        )
+    finally:
+        for channel in channels.values():
+            await channel.close()
+        await server.stop(grace=1.0)
 
 
 async def _run(job: JobMessage, lines: queue.Queue[bytes], credentials: Credentials) -> Reply:
+    if isinstance(job, AllReduceJob):
+        return await _allreduce(job, lines, credentials)
     channels: list[grpc.aio.Channel] = []
     try:
         for target in job.targets:
@@ -335,8 +558,8 @@ def main() -> int:
         except MessageError as error:
             _emit(WorkerFailed(error=f"bad job: {error}"))
             continue
-        if isinstance(job, Go):
-            continue  # a "go" meant for a job that failed before it was ready
+        if isinstance(job, (Go, Peers)):
+            continue  # meant for a job that failed before it was ready
         try:
             reply = asyncio.run(_run(job, lines, credentials))
         except (BenchmarkError, grpc.RpcError, ValueError) as error:

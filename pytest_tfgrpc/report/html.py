@@ -206,7 +206,7 @@ def _summary_section(rows: Sequence[SummaryRow], fabrics: Sequence[str]) -> str:
         "engine b's on that fabric. vs baseline: current/baseline - 1 (+ = the figure grew), "
         "with the gate's word for it and &plusmn; the smallest change it could detect. PS "
         "load: the slowest task carried the most bytes in (then CPU). limit: what bounded the "
-        "size (the README's &quot;What limited a figure&quot;), with the figures the rule used; "
+        "size (the docs' &quot;What limited a figure&quot;), with the figures the rule used; "
         "transport: TCP retransmissions per GB and drops, where not zero.</p>"
     )
     return "\n".join(parts) + legend

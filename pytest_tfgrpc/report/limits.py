@@ -1,6 +1,6 @@
 """The limit rule: what bounded a point's figures, named from what was measured beside them.
 
-The rule (the README's "What limited a figure" states it for users), first match wins:
+The rule (the docs' "What limited a figure" states it for users), first match wins:
 
 1. **loss-bound**: TCP retransmitted at least :data:`LOSS_SHARE` of the data segments sent.
 2. **link-bound**: where the path's nominal rate is known, throughput reached at least

@@ -6,7 +6,7 @@ is the only place they are strings. Everything that reads figures (gate, summary
 ``tfgrpc-compare``, ``tfgrpc-model``, ``tfgrpc-history``) reads a :class:`TestRecord`
 (:func:`read_record`), and everything that writes them writes through the functions here
 (:func:`result_properties`, :func:`verdict_properties`, :func:`gate_properties`,
-:func:`path_value`, :func:`placement_value`). Names (the README's contract):
+:func:`path_value`, :func:`placement_value`). Names (the contract of docs/reference/junit.md):
 
 - ``tfgrpc.fabric``, ``tfgrpc.target``: where a test measured (the first result's server);
 - ``tfgrpc.path``, ``tfgrpc.placement``: whether a test's traffic crossed the fabric or stayed

@@ -343,7 +343,7 @@ def format_summary(rows: Sequence[SummaryRow], fabrics: Sequence[str] = ()) -> l
         )
     if with_limit:
         legend.append(
-            "limit: what bounded the point, by the rule of the README's \"What limited a "
+            "limit: what bounded the point, by the rule of the docs' \"What limited a "
             'figure" (the JUnit record holds the figures it used)'
         )
     if with_transport:
@@ -387,7 +387,7 @@ def format_ps_loads(rows: Iterable[SummaryRow]) -> list[str]:
 
 
 #: How far a prediction may miss its measured step before the summary says so: the model's
-#: stated accuracy on this machine (README-model.md).
+#: stated accuracy on this machine (docs/tasks/model.md).
 MODEL_TOLERANCE = 0.25
 
 

@@ -9,10 +9,14 @@ to its parent through its stdin.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pytest_tfgrpc.native import ENGINES, binaries
-from pytest_tfgrpc.roles.processes import LOCAL, Launcher, ServerProcess
+from pytest_tfgrpc.roles.processes import LOCAL, Launcher, LaunchOptions, ServerProcess
 from pytest_tfgrpc.wire.fabric import Fabric
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ENGINES", "check_engine", "start_native_server", "start_tensor_server"]
 
@@ -25,15 +29,7 @@ def check_engine(engine: object, what: str = "engine") -> str:
 
 
 def start_native_server(
-    fabric: Fabric,
-    *,
-    delay_s: float = 0.0,
-    threads: int = 1,
-    env: Mapping[str, str] | None = None,
-    ready_timeout: float = 30.0,
-    name: str | None = None,
-    launcher: Launcher = LOCAL,
-    max_tensor_bytes: int | None = None,
+    fabric: Fabric, *, delay_s: float = 0.0, threads: int = 1, **options: Unpack[LaunchOptions]
 ) -> ServerProcess:
     """Start the native tensor server on ``fabric`` and return once it serves.
 
@@ -50,13 +46,13 @@ def start_native_server(
     :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built here. With an
     agent's ``launcher`` it runs on that agent's host, from that host's own build (the agent
     refuses it, naming the host, where there is none). Its TLS is the run's
-    (``$TFGRPC_TLS_*`` in ``env``; through an agent, the host's own certificates).
+    (``$TFGRPC_TLS_*`` in ``env``; through an agent, the host's own certificates). The other
+    options are :class:`~pytest_tfgrpc.roles.processes.LaunchOptions`.
     """
     if delay_s < 0:
         raise ValueError(f"delay_s={delay_s!r}: a delay cannot be negative")
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
         raise ValueError(f"threads={threads!r}: a whole number of threads from 1 to 64")
-    limit = [] if max_tensor_bytes is None else ["--max-tensor-bytes", str(max_tensor_bytes)]
     argv = [
         str(binaries().server),
         "--host",
@@ -69,16 +65,10 @@ def start_native_server(
         str(int(delay_s * 1e9)),
         "--threads",
         str(threads),
-        *limit,
         "--exit-on-stdin-eof",
     ]
     return ServerProcess.launch(
-        argv,
-        fabric,
-        name=name or f"native tensor server on {fabric.name}",
-        env=env,
-        ready_timeout=ready_timeout,
-        launcher=launcher,
+        argv, fabric, default_name=f"native tensor server on {fabric.name}", **options
     )
 
 

@@ -24,11 +24,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 from pytest_tfgrpc.wire.security import child_environ
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _LIVE: set[ChildProcess] = set()
 C = TypeVar("C", bound="ChildProcess")
@@ -321,6 +324,24 @@ def _stray_note(stray: list[bytes]) -> str:
     return f" ({len(stray)} other line(s) on its stdout, the last: {last!r})"
 
 
+class LaunchOptions(TypedDict, total=False):
+    """How a server process starts: the keyword options of :meth:`ServerProcess.start`,
+    :meth:`ServerProcess.launch` and the native server's start.
+
+    ``env``: its environment (None: this process's, less the secrets it does not need);
+    ``ready_timeout``: seconds to wait for its ready line (default 30); ``name``: what messages
+    call it; ``launcher``: where it runs (:data:`LOCAL`, or an agent's host, from that host's
+    install); ``max_tensor_bytes``: the largest tensor it takes (None: the largest one gRPC
+    message carries).
+    """
+
+    env: Mapping[str, str] | None
+    ready_timeout: float
+    name: str | None
+    launcher: Launcher
+    max_tensor_bytes: int | None
+
+
 class ServerProcess(ChildProcess):
     """A running tensor server process: ``.target`` (host:port), ``.fabric``, ``.pid``."""
 
@@ -341,21 +362,11 @@ class ServerProcess(ChildProcess):
 
     @classmethod
     def start(
-        cls,
-        fabric: Fabric,
-        *,
-        extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        ready_timeout: float = 30.0,
-        name: str | None = None,
-        launcher: Launcher = LOCAL,
-        max_tensor_bytes: int | None = None,
+        cls, fabric: Fabric, *, extra_args: Sequence[str] = (), **options: Unpack[LaunchOptions]
     ) -> ServerProcess:
-        """Start ``tfgrpc-server`` on ``fabric`` and return once it serves; with an agent's
-        ``launcher``, on that agent's host and fabric. It refuses tensors over
-        ``max_tensor_bytes`` (None: the largest one gRPC message carries)."""
-        if max_tensor_bytes is not None:
-            extra_args = (*extra_args, "--max-tensor-bytes", str(max_tensor_bytes))
+        """Start ``tfgrpc-server`` on ``fabric`` with ``extra_args`` and return once it serves;
+        with an agent's ``launcher``, on that agent's host and fabric (see
+        :class:`LaunchOptions` for the rest)."""
         argv = [
             sys.executable,
             "-m",
@@ -365,16 +376,7 @@ class ServerProcess(ChildProcess):
             "--exit-on-stdin-eof",
             *extra_args,
         ]
-        server = cls.launch(
-            argv,
-            fabric,
-            name=name or f"tensor server on {fabric.name}",
-            env=env,
-            ready_timeout=ready_timeout,
-            launcher=launcher,
-        )
-        server.max_tensor_bytes = max_tensor_bytes
-        return server
+        return cls.launch(argv, fabric, default_name=f"tensor server on {fabric.name}", **options)
 
     @classmethod
     def launch(
@@ -382,17 +384,27 @@ class ServerProcess(ChildProcess):
         argv: Sequence[str],
         fabric: Fabric,
         *,
-        name: str,
-        env: Mapping[str, str] | None = None,
-        ready_timeout: float = 30.0,
-        launcher: Launcher = LOCAL,
+        default_name: str = "server",
+        **options: Unpack[LaunchOptions],
     ) -> ServerProcess:
-        """Start any server program that prints the ready line ``{"target", "pid", "fabric"}``
-        and stops when its stdin closes, and return once it serves: here, or through
-        ``launcher`` on an agent's host (which runs only its own roles and refuses others)."""
-        handle = cls(argv, fabric=fabric, name=name, env=env, launcher=launcher)
+        """Start any server program that prints the ready line ``{"target", "pid", "fabric"}``,
+        stops when its stdin closes and takes ``--max-tensor-bytes``, and return once it
+        serves: here, or through ``options["launcher"]`` on an agent's host (which runs only
+        its own roles and refuses others). ``default_name`` names it in messages unless
+        ``options["name"]`` does."""
+        limit = options.get("max_tensor_bytes")
+        if limit is not None:
+            argv = [*argv, "--max-tensor-bytes", str(limit)]
+        handle = cls(
+            argv,
+            fabric=fabric,
+            name=options.get("name") or default_name,
+            env=options.get("env"),
+            launcher=options.get("launcher", LOCAL),
+        )
+        handle.max_tensor_bytes = limit
         try:
-            handle._wait_ready(ready_timeout)
+            handle._wait_ready(options.get("ready_timeout", 30.0))
         except BaseException:
             handle.stop()
             raise

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_tfgrpc.stats.replicates import invalid_values
+from pytest_tfgrpc.stats.replicates import ChangeTest, invalid_values
 
 __all__ = ["MIN_PAIRS", "PairedTest", "paired_test", "signed_rank_floor"]
 
@@ -33,24 +33,16 @@ MIN_PAIRS = 3
 
 
 @dataclass(frozen=True)
-class PairedTest:
-    """The outcome of :func:`paired_test`.
+class PairedTest(ChangeTest):
+    """The outcome of :func:`paired_test`, a :class:`~pytest_tfgrpc.stats.replicates.ChangeTest`.
 
-    ``baseline`` and ``current`` are the geometric means of A's and B's values (the figure's
-    unit); ``change`` is the geometric mean of the pairs' ratios minus one (B over A).
-    ``detectable`` is the smallest relative change, either way, the t test would call
-    significant at ``alpha`` (a fraction). ``direction`` is +1 (B significantly higher), -1
-    (lower) or 0; ``p_value`` is the t test's two-sided p, ``signed_rank_p`` the Wilcoxon
-    signed-rank test's (NaN when all ratios are 1), and ``vetoed`` says the signed-rank test
+    ``baseline`` and ``current`` are the geometric means of A's and B's values; ``change`` is
+    the geometric mean of the pairs' ratios minus one (B over A); ``detectable``,
+    ``direction`` and ``p_value`` are the t test's. ``signed_rank_p`` is the Wilcoxon
+    signed-rank test's p (NaN when all ratios are 1), and ``vetoed`` says the signed-rank test
     could have confirmed a significant t and did not. ``pairs`` counts the pairs.
     """
 
-    baseline: float
-    current: float
-    change: float
-    detectable: float
-    direction: int
-    p_value: float
     signed_rank_p: float
     vetoed: bool
     pairs: int

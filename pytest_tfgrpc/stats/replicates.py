@@ -37,6 +37,7 @@ __all__ = [
     "MIN_HISTORY",
     "MIN_ROUNDS",
     "UNSTABLE_CV",
+    "ChangeTest",
     "ReplicateTest",
     "history_detectable",
     "instability",
@@ -56,16 +57,14 @@ MIN_ROUNDS = 3
 
 
 @dataclass(frozen=True)
-class ReplicateTest:
-    """The outcome of :func:`replicate_test`.
+class ChangeTest:
+    """What every significance test of a change (B against A) finds.
 
-    ``baseline`` and ``current`` are the compared values in the figure's unit (the geometric
-    mean of the baseline runs' medians of rounds, and the current run's median of rounds);
-    ``change`` is ``current / baseline - 1``. ``detectable`` is the smallest relative change,
-    either way, that the test would call significant at ``alpha`` (as a fraction, ``0.12`` =
-    12 %). ``direction`` is +1 (significantly higher), -1 (lower) or 0. ``runs`` counts the
-    baseline runs, ``rounds`` the current run's rounds; ``method`` names the test and
-    ``p_value`` is its two-sided p.
+    ``baseline`` and ``current`` are the compared values in the figure's unit; ``change`` is
+    ``current / baseline - 1``. ``detectable`` is the smallest relative change, either way,
+    that the test would call significant at ``alpha`` (as a fraction, ``0.12`` = 12 %).
+    ``direction`` is +1 (significantly higher), -1 (lower) or 0; ``p_value`` is the test's
+    two-sided p.
     """
 
     baseline: float
@@ -74,6 +73,17 @@ class ReplicateTest:
     detectable: float
     direction: int
     p_value: float
+
+
+@dataclass(frozen=True)
+class ReplicateTest(ChangeTest):
+    """The outcome of :func:`replicate_test`, a :class:`ChangeTest`.
+
+    ``baseline`` is the geometric mean of the baseline runs' medians of rounds, ``current``
+    the current run's median of rounds. ``runs`` counts the baseline runs, ``rounds`` the
+    current run's rounds; ``method`` names the test.
+    """
+
     runs: int
     rounds: int
     method: str

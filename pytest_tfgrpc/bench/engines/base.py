@@ -14,7 +14,8 @@ sample in nanoseconds) for one message size or one PS exchange:
 - :meth:`Engine.echo`, :meth:`Engine.push`, :meth:`Engine.pull`: one sample is one tensor
   echoed (round trip), pushed until acknowledged, or pulled;
 - :meth:`Engine.start_cluster` and :meth:`Engine.ps_exchange`: PS tasks bound to the fabric;
-  one sample is one exchange of a worker with every PS (the placed variables moved).
+  one sample is one exchange of a worker with every PS (the placed variables moved);
+- :meth:`Engine.allreduce`: the cluster's workers all-reduce a buffer among themselves.
 
 The benchmark-level methods (:meth:`Engine.p2p_latency`, :meth:`Engine.p2p_bandwidth`,
 :meth:`Engine.ps_throughput`) are built from those and return the plugin's
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, runtime_ch
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.bench.allreduce import AllReduceResult
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, Message, Transfer, p2p_result
 from pytest_tfgrpc.bench.ps import PS_THROUGHPUT_RUN, PSResult, throughput_result
 from pytest_tfgrpc.bench.settings import run_settings
@@ -284,7 +286,7 @@ def _flat(name: str, ps: int, nbytes: int) -> PSVariable:
 
 
 class TensorMove(TypedDict):
-    """The keywords of :meth:`Engine.push` and :meth:`Engine.pull` (README "Writing an
+    """The keywords of :meth:`Engine.push` and :meth:`Engine.pull` (the docs' "Writing an
     engine"): the encoding (``mode``: ``raw`` or ``protobuf``), the RPC shape (``rpc``:
     ``unary`` or ``stream``), a stream's slice size in bytes (``chunk_bytes``) and the loop's
     bounds (``run``). An engine may spell them out (``*, mode, rpc, chunk_bytes, run``)."""
@@ -367,6 +369,15 @@ class Engine(ABC):
         """One sample per exchange: a worker pulls every variable from the PS task that owns
         it and pushes a gradient of the same shape back."""
         raise self._unsupported("PS exchanges (ps_exchange)")
+
+    def allreduce(
+        self, cluster: EngineCluster, sizes: Sequence[int], **options: Any
+    ) -> AllReduceResult:
+        """An all-reduce of a buffer of each of ``sizes`` among the cluster's workers, no PS;
+        ``options`` are :func:`~pytest_tfgrpc.bench.allreduce.allreduce`'s keywords (``run``,
+        ``algorithm``, ``check``, ``model``, ``label``, ``key``), which says what is measured
+        and recorded. Not measured unless the engine overrides it (the grpcio engine does)."""
+        raise self._unsupported("all-reduce (allreduce)")
 
     def _unsupported(self, what: str) -> EngineError:
         return EngineError(f"engine {self.name!r} does not measure {what}")

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from pytest_tfgrpc.bench import p2p, ps
+from pytest_tfgrpc.bench.allreduce import AllReduceResult, allreduce
 from pytest_tfgrpc.bench.engines.base import (
     Engine,
     EngineCluster,
@@ -116,11 +117,22 @@ class LoopEngine(Engine):
     def ps_throughput(
         self, cluster: EngineCluster, payload: Any, *, profile: Any = None, **kw: Any
     ) -> PSResult:
+        return ps.ps_throughput(self._own(cluster), payload, **kw)
+
+    def allreduce(self, cluster: EngineCluster, sizes: Sequence[int], **kw: Any) -> AllReduceResult:
+        """The all-reduce in the plugin's Python workers; the native engine's C++ workers do
+        not run it (:class:`EngineError`)."""
+        self.check_usable()
+        if self.implementation != "grpcio":
+            raise self._unsupported("all-reduce (its C++ workers do not run it)")
+        return allreduce(self._own(cluster), sizes, **kw)
+
+    def _own(self, cluster: EngineCluster) -> PSCluster:
         if not isinstance(cluster, PSCluster):
             raise EngineError(
                 f"engine {self.name!r} measures the plugin's own PS cluster, not {cluster!r}"
             )
-        return ps.ps_throughput(cluster, payload, **kw)
+        return cluster
 
 
 class GrpcioEngine(LoopEngine):

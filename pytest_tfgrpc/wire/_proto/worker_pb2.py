@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13tfgrpc/worker.proto\x12\rtfgrpc.worker\"\xa2\x01\n\rThroughputJob\x12\x0f\n\x07targets\x18\x01 \x03(\t\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x15\n\rpayload_bytes\x18\x04 \x03(\x04\x12\x12\n\niterations\x18\x05 \x01(\x04\x12\x0e\n\x06warmup\x18\x06 \x01(\x04\x12\x16\n\x0ewarmup_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\"\'\n\x05Shard\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"3\n\x0bOwnedShards\x12$\n\x06shards\x18\x01 \x03(\x0b\x32\x14.tfgrpc.worker.Shard\"\xb9\x01\n\nSyncSGDJob\x12\x0f\n\x07targets\x18\x01 \x03(\t\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12*\n\x06shards\x18\x03 \x03(\x0b\x32\x1a.tfgrpc.worker.OwnedShards\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06warmup\x18\x05 \x01(\x04\x12\x11\n\tmax_steps\x18\x06 \x01(\x04\x12\x17\n\x0f\x62\x61rrier_timeout\x18\x07 \x01(\x01\x12\r\n\x05\x63heck\x18\x08 \x01(\x08\"\x10\n\x02Go\x12\n\n\x02go\x18\x01 \x01(\x08\"\x96\x01\n\x08ToWorker\x12\x32\n\nthroughput\x18\x01 \x01(\x0b\x32\x1c.tfgrpc.worker.ThroughputJobH\x00\x12-\n\x08sync_sgd\x18\x02 \x01(\x0b\x32\x19.tfgrpc.worker.SyncSGDJobH\x00\x12\x1f\n\x02go\x18\x03 \x01(\x0b\x32\x11.tfgrpc.worker.GoH\x00\x42\x06\n\x04kind\"\x14\n\x05Hello\x12\x0b\n\x03pid\x18\x01 \x01(\r\"\x07\n\x05Ready\"\x1d\n\x0cWorkerFailed\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x15\n\x07Samples\x12\n\n\x02ns\x18\x01 \x03(\x03\"z\n\x0fThroughputReply\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.tfgrpc.worker.Samples\x12\x12\n\nelapsed_ns\x18\x02 \x01(\x04\x12\x13\n\x0b\x63pu_user_ns\x18\x03 \x01(\x04\x12\x15\n\rcpu_system_ns\x18\x04 \x01(\x04\"]\n\x0cSyncSGDReply\x12\x12\n\nsamples_ns\x18\x01 \x03(\x03\x12\r\n\x05steps\x18\x02 \x01(\x04\x12\x13\n\x0b\x63pu_user_ns\x18\x03 \x01(\x04\x12\x15\n\rcpu_system_ns\x18\x04 \x01(\x04\"\xf8\x01\n\nFromWorker\x12%\n\x05hello\x18\x01 \x01(\x0b\x32\x14.tfgrpc.worker.HelloH\x00\x12%\n\x05ready\x18\x02 \x01(\x0b\x32\x14.tfgrpc.worker.ReadyH\x00\x12-\n\x06\x66\x61iled\x18\x03 \x01(\x0b\x32\x1b.tfgrpc.worker.WorkerFailedH\x00\x12\x34\n\nthroughput\x18\x04 \x01(\x0b\x32\x1e.tfgrpc.worker.ThroughputReplyH\x00\x12/\n\x08sync_sgd\x18\x05 \x01(\x0b\x32\x1b.tfgrpc.worker.SyncSGDReplyH\x00\x42\x06\n\x04kindb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13tfgrpc/worker.proto\x12\rtfgrpc.worker\"\xa2\x01\n\rThroughputJob\x12\x0f\n\x07targets\x18\x01 \x03(\t\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x15\n\rpayload_bytes\x18\x04 \x03(\x04\x12\x12\n\niterations\x18\x05 \x01(\x04\x12\x0e\n\x06warmup\x18\x06 \x01(\x04\x12\x16\n\x0ewarmup_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\"\'\n\x05Shard\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"3\n\x0bOwnedShards\x12$\n\x06shards\x18\x01 \x03(\x0b\x32\x14.tfgrpc.worker.Shard\"\xb9\x01\n\nSyncSGDJob\x12\x0f\n\x07targets\x18\x01 \x03(\t\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12*\n\x06shards\x18\x03 \x03(\x0b\x32\x1a.tfgrpc.worker.OwnedShards\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06warmup\x18\x05 \x01(\x04\x12\x11\n\tmax_steps\x18\x06 \x01(\x04\x12\x17\n\x0f\x62\x61rrier_timeout\x18\x07 \x01(\x01\x12\r\n\x05\x63heck\x18\x08 \x01(\x08\"\xa0\x01\n\x0c\x41llReduceJob\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0c\n\x04\x62ind\x18\x03 \x01(\t\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x0e\n\x06warmup\x18\x06 \x01(\x04\x12\x12\n\niterations\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\r\n\x05\x63heck\x18\t \x01(\x08\"\x1a\n\x05Peers\x12\x11\n\taddresses\x18\x01 \x03(\t\"\x10\n\x02Go\x12\n\n\x02go\x18\x01 \x01(\x08\"\xef\x01\n\x08ToWorker\x12\x32\n\nthroughput\x18\x01 \x01(\x0b\x32\x1c.tfgrpc.worker.ThroughputJobH\x00\x12-\n\x08sync_sgd\x18\x02 \x01(\x0b\x32\x19.tfgrpc.worker.SyncSGDJobH\x00\x12\x1f\n\x02go\x18\x03 \x01(\x0b\x32\x11.tfgrpc.worker.GoH\x00\x12\x30\n\tallreduce\x18\x04 \x01(\x0b\x32\x1b.tfgrpc.worker.AllReduceJobH\x00\x12%\n\x05peers\x18\x05 \x01(\x0b\x32\x14.tfgrpc.worker.PeersH\x00\x42\x06\n\x04kind\"\x14\n\x05Hello\x12\x0b\n\x03pid\x18\x01 \x01(\r\"\x07\n\x05Ready\"\x1d\n\x0cWorkerFailed\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\x15\n\x07Samples\x12\n\n\x02ns\x18\x01 \x03(\x03\"z\n\x0fThroughputReply\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.tfgrpc.worker.Samples\x12\x12\n\nelapsed_ns\x18\x02 \x01(\x04\x12\x13\n\x0b\x63pu_user_ns\x18\x03 \x01(\x04\x12\x15\n\rcpu_system_ns\x18\x04 \x01(\x04\"]\n\x0cSyncSGDReply\x12\x12\n\nsamples_ns\x18\x01 \x03(\x03\x12\r\n\x05steps\x18\x02 \x01(\x04\x12\x13\n\x0b\x63pu_user_ns\x18\x03 \x01(\x04\x12\x15\n\rcpu_system_ns\x18\x04 \x01(\x04\"\x1c\n\tListening\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"a\n\x0e\x41llReduceReply\x12\x12\n\nsamples_ns\x18\x01 \x03(\x03\x12\x0f\n\x07\x63hecked\x18\x02 \x01(\x04\x12\x13\n\x0b\x63pu_user_ns\x18\x03 \x01(\x04\x12\x15\n\rcpu_system_ns\x18\x04 \x01(\x04\"\xdb\x02\n\nFromWorker\x12%\n\x05hello\x18\x01 \x01(\x0b\x32\x14.tfgrpc.worker.HelloH\x00\x12%\n\x05ready\x18\x02 \x01(\x0b\x32\x14.tfgrpc.worker.ReadyH\x00\x12-\n\x06\x66\x61iled\x18\x03 \x01(\x0b\x32\x1b.tfgrpc.worker.WorkerFailedH\x00\x12\x34\n\nthroughput\x18\x04 \x01(\x0b\x32\x1e.tfgrpc.worker.ThroughputReplyH\x00\x12/\n\x08sync_sgd\x18\x05 \x01(\x0b\x32\x1b.tfgrpc.worker.SyncSGDReplyH\x00\x12-\n\tlistening\x18\x06 \x01(\x0b\x32\x18.tfgrpc.worker.ListeningH\x00\x12\x32\n\tallreduce\x18\x07 \x01(\x0b\x32\x1d.tfgrpc.worker.AllReduceReplyH\x00\x42\x06\n\x04kind\"T\n\x05Piece\x12\x11\n\titeration\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04last\x18\x05 \x01(\x08\"\x07\n\x05Taken2C\n\nCollective\x12\x35\n\x07\x44\x65liver\x12\x14.tfgrpc.worker.Piece\x1a\x14.tfgrpc.worker.Takenb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,22 +40,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OWNEDSHARDS']._serialized_end=295
   _globals['_SYNCSGDJOB']._serialized_start=298
   _globals['_SYNCSGDJOB']._serialized_end=483
-  _globals['_GO']._serialized_start=485
-  _globals['_GO']._serialized_end=501
-  _globals['_TOWORKER']._serialized_start=504
-  _globals['_TOWORKER']._serialized_end=654
-  _globals['_HELLO']._serialized_start=656
-  _globals['_HELLO']._serialized_end=676
-  _globals['_READY']._serialized_start=678
-  _globals['_READY']._serialized_end=685
-  _globals['_WORKERFAILED']._serialized_start=687
-  _globals['_WORKERFAILED']._serialized_end=716
-  _globals['_SAMPLES']._serialized_start=718
-  _globals['_SAMPLES']._serialized_end=739
-  _globals['_THROUGHPUTREPLY']._serialized_start=741
-  _globals['_THROUGHPUTREPLY']._serialized_end=863
-  _globals['_SYNCSGDREPLY']._serialized_start=865
-  _globals['_SYNCSGDREPLY']._serialized_end=958
-  _globals['_FROMWORKER']._serialized_start=961
-  _globals['_FROMWORKER']._serialized_end=1209
+  _globals['_ALLREDUCEJOB']._serialized_start=486
+  _globals['_ALLREDUCEJOB']._serialized_end=646
+  _globals['_PEERS']._serialized_start=648
+  _globals['_PEERS']._serialized_end=674
+  _globals['_GO']._serialized_start=676
+  _globals['_GO']._serialized_end=692
+  _globals['_TOWORKER']._serialized_start=695
+  _globals['_TOWORKER']._serialized_end=934
+  _globals['_HELLO']._serialized_start=936
+  _globals['_HELLO']._serialized_end=956
+  _globals['_READY']._serialized_start=958
+  _globals['_READY']._serialized_end=965
+  _globals['_WORKERFAILED']._serialized_start=967
+  _globals['_WORKERFAILED']._serialized_end=996
+  _globals['_SAMPLES']._serialized_start=998
+  _globals['_SAMPLES']._serialized_end=1019
+  _globals['_THROUGHPUTREPLY']._serialized_start=1021
+  _globals['_THROUGHPUTREPLY']._serialized_end=1143
+  _globals['_SYNCSGDREPLY']._serialized_start=1145
+  _globals['_SYNCSGDREPLY']._serialized_end=1238
+  _globals['_LISTENING']._serialized_start=1240
+  _globals['_LISTENING']._serialized_end=1268
+  _globals['_ALLREDUCEREPLY']._serialized_start=1270
+  _globals['_ALLREDUCEREPLY']._serialized_end=1367
+  _globals['_FROMWORKER']._serialized_start=1370
+  _globals['_FROMWORKER']._serialized_end=1717
+  _globals['_PIECE']._serialized_start=1719
+  _globals['_PIECE']._serialized_end=1803
+  _globals['_TAKEN']._serialized_start=1805
+  _globals['_TAKEN']._serialized_end=1812
+  _globals['_COLLECTIVE']._serialized_start=1814
+  _globals['_COLLECTIVE']._serialized_end=1881
 # @@protoc_insertion_point(module_scope)

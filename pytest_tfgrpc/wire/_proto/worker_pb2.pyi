@@ -61,6 +61,34 @@ class SyncSGDJob(_message.Message):
     check: bool
     def __init__(self, targets: _Optional[_Iterable[str]] = ..., worker: _Optional[int] = ..., shards: _Optional[_Iterable[_Union[OwnedShards, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., warmup: _Optional[int] = ..., max_steps: _Optional[int] = ..., barrier_timeout: _Optional[float] = ..., check: _Optional[bool] = ...) -> None: ...
 
+class AllReduceJob(_message.Message):
+    __slots__ = ("rank", "ranks", "bind", "nbytes", "algorithm", "warmup", "iterations", "seconds", "check")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    ranks: int
+    bind: str
+    nbytes: int
+    algorithm: str
+    warmup: int
+    iterations: int
+    seconds: float
+    check: bool
+    def __init__(self, rank: _Optional[int] = ..., ranks: _Optional[int] = ..., bind: _Optional[str] = ..., nbytes: _Optional[int] = ..., algorithm: _Optional[str] = ..., warmup: _Optional[int] = ..., iterations: _Optional[int] = ..., seconds: _Optional[float] = ..., check: _Optional[bool] = ...) -> None: ...
+
+class Peers(_message.Message):
+    __slots__ = ("addresses",)
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Go(_message.Message):
     __slots__ = ("go",)
     GO_FIELD_NUMBER: _ClassVar[int]
@@ -68,14 +96,18 @@ class Go(_message.Message):
     def __init__(self, go: _Optional[bool] = ...) -> None: ...
 
 class ToWorker(_message.Message):
-    __slots__ = ("throughput", "sync_sgd", "go")
+    __slots__ = ("throughput", "sync_sgd", "go", "allreduce", "peers")
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     SYNC_SGD_FIELD_NUMBER: _ClassVar[int]
     GO_FIELD_NUMBER: _ClassVar[int]
+    ALLREDUCE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     throughput: ThroughputJob
     sync_sgd: SyncSGDJob
     go: Go
-    def __init__(self, throughput: _Optional[_Union[ThroughputJob, _Mapping]] = ..., sync_sgd: _Optional[_Union[SyncSGDJob, _Mapping]] = ..., go: _Optional[_Union[Go, _Mapping]] = ...) -> None: ...
+    allreduce: AllReduceJob
+    peers: Peers
+    def __init__(self, throughput: _Optional[_Union[ThroughputJob, _Mapping]] = ..., sync_sgd: _Optional[_Union[SyncSGDJob, _Mapping]] = ..., go: _Optional[_Union[Go, _Mapping]] = ..., allreduce: _Optional[_Union[AllReduceJob, _Mapping]] = ..., peers: _Optional[_Union[Peers, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("pid",)
@@ -123,16 +155,56 @@ class SyncSGDReply(_message.Message):
     cpu_system_ns: int
     def __init__(self, samples_ns: _Optional[_Iterable[int]] = ..., steps: _Optional[int] = ..., cpu_user_ns: _Optional[int] = ..., cpu_system_ns: _Optional[int] = ...) -> None: ...
 
+class Listening(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class AllReduceReply(_message.Message):
+    __slots__ = ("samples_ns", "checked", "cpu_user_ns", "cpu_system_ns")
+    SAMPLES_NS_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    CPU_USER_NS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SYSTEM_NS_FIELD_NUMBER: _ClassVar[int]
+    samples_ns: _containers.RepeatedScalarFieldContainer[int]
+    checked: int
+    cpu_user_ns: int
+    cpu_system_ns: int
+    def __init__(self, samples_ns: _Optional[_Iterable[int]] = ..., checked: _Optional[int] = ..., cpu_user_ns: _Optional[int] = ..., cpu_system_ns: _Optional[int] = ...) -> None: ...
+
 class FromWorker(_message.Message):
-    __slots__ = ("hello", "ready", "failed", "throughput", "sync_sgd")
+    __slots__ = ("hello", "ready", "failed", "throughput", "sync_sgd", "listening", "allreduce")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     SYNC_SGD_FIELD_NUMBER: _ClassVar[int]
+    LISTENING_FIELD_NUMBER: _ClassVar[int]
+    ALLREDUCE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     ready: Ready
     failed: WorkerFailed
     throughput: ThroughputReply
     sync_sgd: SyncSGDReply
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputReply, _Mapping]] = ..., sync_sgd: _Optional[_Union[SyncSGDReply, _Mapping]] = ...) -> None: ...
+    listening: Listening
+    allreduce: AllReduceReply
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., failed: _Optional[_Union[WorkerFailed, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputReply, _Mapping]] = ..., sync_sgd: _Optional[_Union[SyncSGDReply, _Mapping]] = ..., listening: _Optional[_Union[Listening, _Mapping]] = ..., allreduce: _Optional[_Union[AllReduceReply, _Mapping]] = ...) -> None: ...
+
+class Piece(_message.Message):
+    __slots__ = ("iteration", "step", "offset", "data", "last")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    step: int
+    offset: int
+    data: bytes
+    last: bool
+    def __init__(self, iteration: _Optional[int] = ..., step: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class Taken(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -4,6 +4,7 @@
 import grpc
 import warnings
 
+from . import worker_pb2 as tfgrpc_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -23,3 +24,81 @@ if _version_not_supported:
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
+
+
+class CollectiveStub:
+    """The service every all-reduce rank serves to the others for the job's length. Every call
+    carries the cluster's job token (metadata x-tfgrpc-job-token), as PS calls do.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Deliver = channel.unary_unary(
+                '/tfgrpc.worker.Collective/Deliver',
+                request_serializer=tfgrpc_dot_worker__pb2.Piece.SerializeToString,
+                response_deserializer=tfgrpc_dot_worker__pb2.Taken.FromString,
+                _registered_method=True)
+
+
+class CollectiveServicer:
+    """The service every all-reduce rank serves to the others for the job's length. Every call
+    carries the cluster's job token (metadata x-tfgrpc-job-token), as PS calls do.
+    """
+
+    def Deliver(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CollectiveServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Deliver': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deliver,
+                    request_deserializer=tfgrpc_dot_worker__pb2.Piece.FromString,
+                    response_serializer=tfgrpc_dot_worker__pb2.Taken.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tfgrpc.worker.Collective', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tfgrpc.worker.Collective', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Collective:
+    """The service every all-reduce rank serves to the others for the job's length. Every call
+    carries the cluster's job token (metadata x-tfgrpc-job-token), as PS calls do.
+    """
+
+    @staticmethod
+    def Deliver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfgrpc.worker.Collective/Deliver',
+            tfgrpc_dot_worker__pb2.Piece.SerializeToString,
+            tfgrpc_dot_worker__pb2.Taken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

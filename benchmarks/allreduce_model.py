@@ -1,0 +1,73 @@
+"""The all-reduce model against measured all-reduces on this machine (docs/tasks/model.md,
+"All-reduce among the workers").
+
+    python benchmarks/allreduce_model.py [--workers 4] [--sizes 64KiB,1MiB,4MiB]
+        [--algorithms ring,halving_doubling] [--iterations 20] [--repeat 3] [--fabric lo]
+
+One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle). For every
+algorithm and pass, :func:`~pytest_tfgrpc.bench.allreduce.allreduce` measures every size
+(check=True: every sum verified) and then the model's inputs (a two-rank ring on workers 0
+and 1, the other sessions' load), and predicts each size. Each row: the measured p50, the
+prediction, its error, which term limits it, its link and CPU parts, busbw, the load the probe
+found and the 1-minute load average. Nothing here asserts; the count within +-25% is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from pytest_tfgrpc.bench.allreduce import allreduce
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.units import parse_sizes, size_label
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+
+TOLERANCE = 25.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--sizes", default="64KiB,1MiB,4MiB")
+    parser.add_argument("--algorithms", default="ring,halving_doubling")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--fabric", default="lo")
+    args = parser.parse_args()
+    sizes = [int(s) for s in parse_sizes(args.sizes)]
+    run = RunSpec(iterations=args.iterations, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
+    header = (
+        f"{'algorithm':<17} {'size':>6} {'measured':>9} {'model':>9} {'error':>7} {'limit':>5} "
+        f"{'link':>8} {'cpu':>8} {'busbw':>10} {'load':>5} {'loadavg':>7}"
+    )
+    print(header)
+    errors = []
+    with PSCluster(resolve_fabric(args.fabric), Topology(ps=1, workers=args.workers)) as cluster:
+        for algorithm in args.algorithms.split(","):
+            for _ in range(args.repeat):
+                result = allreduce(cluster, sizes, run=run, algorithm=algorithm, check=True)
+                for point, prediction in zip(result.sizes, result.predictions, strict=True):
+                    assert prediction is not None
+                    model = dict(prediction.figures(point.summary.p50_ns / 1e9))
+                    busbw = next(f.value for f in point.figures() if f.metric.name == "busbw")
+                    error = float(model["error_pct"])
+                    errors.append(error)
+                    print(
+                        f"{algorithm:<17} {size_label(point.size_bytes):>6} "
+                        f"{point.summary.p50_ns / 1e6:>7.2f}ms {prediction.step_s * 1e3:>7.2f}ms "
+                        f"{error:>+6.0f}% {model['limit']:>5} {prediction.link_s * 1e3:>6.2f}ms "
+                        f"{prediction.host_s * 1e3:>6.2f}ms {busbw / 1e6:>6.1f}MB/s "
+                        f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f}"
+                    )
+    within = sum(abs(e) <= TOLERANCE for e in errors)
+    print(
+        f"\n{within} of {len(errors)} predictions within +-{TOLERANCE:g}% "
+        f"(median error {statistics.median(errors):+.0f}%)"
+    )
+
+
+if __name__ == "__main__":
+    main()

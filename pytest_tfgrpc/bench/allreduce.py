@@ -1,0 +1,306 @@
+"""All-reduce among a cluster's workers over gRPC, beside the parameter-server benchmarks.
+
+:func:`allreduce` runs a ring all-reduce (a reduce-scatter then an all-gather, ``2 (N - 1)``
+steps) or a recursive halving-doubling one (Rabenseifner's; ``2 log2 N`` steps, ``N`` a power
+of two) of one fused float32 buffer among the ``N`` workers of a
+:class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster`: the workers deliver pieces of the buffer to
+each other (``tfgrpc.worker.Collective/Deliver``, ``protos/tfgrpc/worker.proto``) on their
+hosts' fabric addresses, no PS involved. One sample is one all-reduce, the slowest rank's.
+
+The figures follow nccl-tests (NVIDIA/nccl-tests, ``doc/PERFORMANCE.md``): ``algbw = S / t``
+at the median all-reduce and ``busbw = algbw * 2 (N - 1) / N``, comparable with a link's rate
+whatever ``N``. ``check=True`` gives rank ``r`` the input ``(r + 1) * (j mod 7 + 1)`` and
+verifies every measured result against the exact sum, at every rank.
+
+``model=True`` then measures what the model needs (:func:`measure_allreduce_costs`): a
+two-rank ring on workers 0 and 1 at two piece sizes gives the per-step link (alpha and
+bandwidth of the workers' own path and code) and a rank's CPU per step (per step and per
+byte, from the workers' CPU times); a probe gives the other sessions' load on this machine's
+CPUs. :func:`~pytest_tfgrpc.model.scaling.allreduce_time` then predicts the all-reduce beside
+the measurement (``model.*`` figures, ``error_pct`` against the median).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pytest_tfgrpc.bench.fit import available_cpus, measure_load, nonnegative_fit
+from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.analytic import CpuCost, relative_error
+from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_factor
+from pytest_tfgrpc.ps.jobs import AllReduceReply
+from pytest_tfgrpc.ps.jobs import samples as jobs_samples
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
+from pytest_tfgrpc.roles.processes import LOCAL
+from pytest_tfgrpc.wire.client import BenchmarkError
+
+__all__ = [
+    "ALLREDUCE_RUN",
+    "AllReduceCosts",
+    "AllReducePrediction",
+    "AllReduceResult",
+    "allreduce",
+    "measure_allreduce_costs",
+    "predict_allreduce",
+]
+
+#: The default run: 20 all-reduces after 3 unmeasured, within 10 s.
+ALLREDUCE_RUN = RunSpec(iterations=20, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
+#: Each size of the model's two-rank sweep: a few all-reduces, bounded in time.
+_COST_RUN = RunSpec(iterations=12, warmup=2, max_seconds=0.4, warmup_seconds=0.2)
+#: The sweep's small piece (a step's fixed cost) and its least large one (its bytes' cost).
+_SMALL_PIECE = 1024
+_LARGE_PIECE = 256 << 10
+
+
+@dataclass(frozen=True)
+class AllReduceCosts:
+    """What :func:`measure_allreduce_costs` found: a step's link (``alpha_s`` plus bytes at
+    ``link_Bps``; infinite when bytes cost nothing measurable), a rank's CPU per step
+    (``cpu``: ``rpc_s`` per step, ``byte_s`` per byte sent or taken), the cores the ranks
+    share (None: each has a host of its own) and the other sessions' ``load`` on them."""
+
+    alpha_s: float
+    link_Bps: float
+    cpu: CpuCost
+    cores: float | None
+    load: float
+
+    def rate(self, ranks: int) -> float:
+        """The share of a core each of ``ranks`` ranks gets: ``min(1, cores / (ranks +
+        load))``, 1.0 on hosts of their own."""
+        if self.cores is None:
+            return 1.0
+        return min(1.0, self.cores / (ranks + self.load))
+
+
+@dataclass(frozen=True)
+class AllReducePrediction:
+    """The model's all-reduce (:func:`~pytest_tfgrpc.model.scaling.allreduce_time`) for
+    ``ranks`` ranks on ``costs``: seconds in all (``step_s``), on the link alone and on the
+    CPU alone, and ``rate``, the share of a core each rank was taken to have."""
+
+    costs: AllReduceCosts
+    ranks: int
+    step_s: float
+    link_s: float
+    host_s: float
+    rate: float
+
+    def figures(self, measured_s: float) -> list[tuple[str, str]]:
+        """``(name, value)`` pairs beside a measured all-reduce of ``measured_s`` seconds,
+        recorded as ``model.<name>``: ``step_us``, ``link_us``, ``cpu_us``, ``limit``
+        (``link`` or ``cpu``), ``alpha_us``, ``bandwidth_MBps``, ``cpu_step_us``,
+        ``cpu_MBps`` (a rank's bytes per CPU second), ``rate``, ``links`` (whose path the
+        link terms are), with shared cores ``cores`` and ``load``, and ``error_pct``."""
+        costs = self.costs
+        cpu_rate = 1 / costs.cpu.byte_s / 1e6 if costs.cpu.byte_s > 0 else math.inf
+        pairs = [
+            ("step_us", repr(self.step_s * 1e6)),
+            ("link_us", repr(self.link_s * 1e6)),
+            ("cpu_us", repr(self.host_s * 1e6)),
+            ("limit", "link" if self.link_s >= self.host_s else "cpu"),
+            ("alpha_us", repr(costs.alpha_s * 1e6)),
+            ("bandwidth_MBps", repr(costs.link_Bps / 1e6)),
+            ("cpu_step_us", repr(costs.cpu.rpc_s * 1e6)),
+            ("cpu_MBps", repr(cpu_rate)),
+            ("rate", repr(self.rate)),
+            ("links", "ranks 0 and 1's two-rank ring, for every pair"),
+        ]
+        if costs.cores is not None:
+            pairs += [("cores", repr(costs.cores)), ("load", repr(costs.load))]
+        pairs.append(("error_pct", repr(100 * relative_error(self.step_s, measured_s))))
+        return pairs
+
+
+@dataclass(frozen=True, eq=False)
+class AllReduceResult(BenchmarkResult):
+    """An all-reduce result: a point per buffer size (step figures, ``algbw``, ``busbw``);
+    ``ranks`` and ``algorithm``; ``predictions``, the model's per point, with ``model=True``."""
+
+    ranks: int = 2
+    algorithm: str = "ring"
+    predictions: tuple[AllReducePrediction | None, ...] = ()
+
+    def model_predictions(self) -> Mapping[str, Sequence[tuple[str, str]]]:
+        """Each point's prediction beside it, with ``error_pct`` against its median."""
+        return {
+            point.label: prediction.figures(point.summary.p50_ns / 1e9)
+            for point, prediction in zip(self.sizes, self.predictions, strict=False)
+            if prediction is not None
+        }
+
+
+def _ranks_on_this_host(cluster: PSCluster, ranks: int) -> bool:
+    return all(worker.launcher is LOCAL for worker in cluster.workers[:ranks])
+
+
+def _per_step(replies: Sequence[AllReduceReply], steps: int) -> tuple[float, float]:
+    """(wall seconds, a rank's mean CPU seconds) per step of a two-rank ring's replies."""
+    walls = np.max(np.vstack([jobs_samples(r.samples_ns) for r in replies]), axis=0)
+    count = sum(len(r.samples_ns) for r in replies)
+    cpu = sum(r.cpu_user_ns + r.cpu_system_ns for r in replies)
+    return float(np.median(walls)) / steps / 1e9, cpu / count / steps / 1e9
+
+
+def measure_allreduce_costs(
+    cluster: PSCluster, nbytes: int, ranks: int, algorithm: str, *, load: float | None = None
+) -> AllReduceCosts:
+    """The inputs of the all-reduce model for ``nbytes`` among ``ranks`` ranks: a two-rank
+    ring on workers 0 and 1 at a small piece and at the run's largest piece (at least 256
+    KiB), each a few all-reduces within 0.4 s. Each size's median step gives the link
+    (``alpha + n / B``, fitted through the two), the workers' CPU times a rank's CPU per step
+    (``rpc_s + 2 n byte_s``); neither is negative. The ranks share this machine's CPUs when
+    they all run here, with ``load`` other runnable sessions (None: probed now with
+    ``ranks`` busy processes); through agents each is taken to have a host of its own."""
+    largest = max(allreduce_pieces(nbytes, ranks, algorithm))
+    pieces = (_SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4))
+    link_rows, cpu_rows = [], []
+    for piece in pieces:
+        replies = cluster.allreduce(
+            2 * piece,
+            algorithm="ring",
+            warmup=_COST_RUN.warmup,
+            iterations=_COST_RUN.iterations,
+            seconds=_COST_RUN.time_limit_s,
+            check=False,
+            ranks=2,
+        )
+        wall, cpu = _per_step(replies, steps=2)
+        link_rows.append(((1.0, float(piece)), wall))
+        cpu_rows.append(((1.0, 2.0 * piece), cpu))
+    alpha, beta = nonnegative_fit(link_rows)
+    rpc_s, byte_s = nonnegative_fit(cpu_rows)
+    shared = _ranks_on_this_host(cluster, ranks)
+    if shared and load is None:
+        load = measure_load(ranks)
+    return AllReduceCosts(
+        alpha_s=alpha,
+        link_Bps=1 / beta if beta > 0 else math.inf,
+        cpu=CpuCost(rpc_s, 0.0, byte_s),
+        cores=float(available_cpus()) if shared else None,
+        load=load or 0.0,
+    )
+
+
+def allreduce(
+    cluster: PSCluster,
+    sizes: Sequence[int],
+    *,
+    run: RunSpec = ALLREDUCE_RUN,
+    algorithm: str = "ring",
+    check: bool = False,
+    model: bool = True,
+    label: str | None = None,
+    key: str | None = None,
+) -> AllReduceResult:
+    """All-reduce a buffer of each of ``sizes`` bytes (whole float32 elements, at least one
+    per rank) among every worker of ``cluster``, one point per size: ``run.warmup``
+    all-reduces unmeasured, then at most ``run.iterations`` within ``run.time_limit_s``; see
+    the module docstring. ``key`` names a single size's point (a profile's key; default: the
+    size). With ``model``, the model's inputs are measured once, after the last size.
+
+    :raises ValueError: no sizes, fewer than two workers, a size that is no whole float32
+        elements or too small, an unknown algorithm, halving-doubling on a number of ranks
+        that is no power of two (the worker protocol's
+        :class:`~pytest_tfgrpc.ps.jobs.MessageError`).
+    :raises BenchmarkError: a wrong sum with ``check=True`` (naming the rank and element),
+        native workers, ranks that measured different counts; as
+        :meth:`~pytest_tfgrpc.ps.ps_cluster.PSCluster.allreduce` raises otherwise.
+    """
+    if not sizes:
+        raise ValueError("no buffer sizes to all-reduce")
+    ranks = len(cluster.workers)
+    points = []
+    checked = []
+    for nbytes in sizes:
+        replies = cluster.allreduce(
+            nbytes,
+            algorithm=algorithm,
+            warmup=run.warmup,
+            iterations=run.iterations,
+            seconds=run.time_limit_s,
+            check=check,
+        )
+        points.append(_point(replies, nbytes, ranks, key if len(sizes) == 1 else None))
+        checked.append(min(r.checked for r in replies))
+    predictions: tuple[AllReducePrediction | None, ...] = (None,) * len(points)
+    if model:  # measured after the run: a bad request fails before anything is measured
+        costs = measure_allreduce_costs(cluster, max(sizes), ranks, algorithm)
+        predictions = tuple(predict_allreduce(costs, n, ranks, algorithm) for n in sizes)
+    topology = cluster.topology
+    return AllReduceResult(
+        benchmark="allreduce",
+        label=label or "allreduce",
+        fabric=cluster.fabric.name,
+        target=",".join(cluster.targets),
+        mode="protobuf",
+        rpc="unary",
+        cluster=Cluster(topology.ps, ranks, topology.sharding),
+        sizes=tuple(points),
+        settings=run_settings(
+            run,
+            algorithm=algorithm,
+            ranks=str(ranks),
+            check=str(check),
+            checked=str(min(checked)),
+            bus_factor=f"{bus_factor(ranks):g}",
+        ),
+        ranks=ranks,
+        algorithm=algorithm,
+        predictions=predictions,
+    )
+
+
+def _point(
+    replies: Sequence[AllReduceReply], nbytes: int, ranks: int, key: str | None
+) -> SizeResult:
+    """One size's point: each all-reduce the slowest rank's."""
+    per_rank = [jobs_samples(r.samples_ns) for r in replies]
+    counts = {len(s) for s in per_rank}
+    if len(counts) != 1 or 0 in counts:
+        raise BenchmarkError(f"ranks measured different numbers of all-reduces: {sorted(counts)}")
+    if any(0 < r.checked != len(r.samples_ns) for r in replies):
+        raise BenchmarkError("check=True: a rank verified fewer all-reduces than it measured")
+    steps = np.max(np.vstack(per_rank), axis=0)
+    total_ns = int(steps.sum())
+    factor = bus_factor(ranks)
+    return SizeResult.from_samples(
+        nbytes,
+        int(nbytes * factor) * ranks,  # what every rank sends, all ranks together
+        steps,
+        total_ns,
+        key=key or "",
+        step=True,
+        rate_per_s=len(steps) * 1e9 / total_ns if total_ns else 0.0,
+        rate_Bps=nbytes * len(steps) * 1e9 / total_ns if total_ns else 0.0,
+        cpu={
+            "workers": CpuTime(
+                sum(r.cpu_user_ns for r in replies), sum(r.cpu_system_ns for r in replies)
+            )
+        },
+        bus_factor=factor,
+    )
+
+
+def predict_allreduce(
+    costs: AllReduceCosts, nbytes: int, ranks: int, algorithm: str
+) -> AllReducePrediction:
+    """The model's all-reduce of ``nbytes`` among ``ranks`` ranks on ``costs``."""
+    rate = costs.rate(ranks)
+    total, link, host = allreduce_time(
+        nbytes,
+        ranks,
+        algorithm,
+        alpha_s=costs.alpha_s,
+        link_Bps=costs.link_Bps,
+        cpu=costs.cpu,
+        rate=rate,
+    )
+    return AllReducePrediction(costs, ranks, total, link, host, rate)

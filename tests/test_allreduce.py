@@ -1,0 +1,180 @@
+"""All-reduce among a cluster's workers over gRPC: ring and halving-doubling on 4 local
+workers, exact sums, nccl-tests' figures, the model beside the measurement, bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from pytest_tfgrpc.bench.allreduce import allreduce
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.analytic import CpuCost
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_factor
+from pytest_tfgrpc.ps.jobs import AllReduceJob, MessageError, check_allreduce
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.ps.worker import Mailbox, check_input, verify_sum
+from pytest_tfgrpc.report.record import read_record, result_properties
+from pytest_tfgrpc.wire._proto import worker_pb2
+from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.security import TOKEN_KEY
+
+RUN = RunSpec(iterations=5, warmup=1, max_seconds=5.0, warmup_seconds=2.0)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PSCluster]:
+    with PSCluster(resolve_fabric("lo"), Topology(ps=1, workers=4)) as started:
+        yield started
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling"])
+def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -> None:
+    # 1 MiB + 36 B: pieces that do not split evenly among 4 ranks or in halves
+    nbytes = (1 << 20) + 36
+    result = allreduce(cluster, [nbytes], run=RUN, algorithm=algorithm, check=True)
+    point = result.sizes[0]
+    assert result.ranks == 4 and point.size_bytes == nbytes
+    assert result.settings["checked"] == str(point.count) != "0"
+    algbw = nbytes * 1e9 / point.summary.p50_ns
+    figures = {f.metric.name: f.value for f in point.figures()}
+    assert figures["algbw"] == pytest.approx(algbw)
+    assert figures["busbw"] == pytest.approx(algbw * 1.5)  # 2 (4 - 1) / 4
+    # The record: nccl-tests' figures, and the model's prediction beside the measurement.
+    record = read_record("t", [("tfgrpc.fabric", "lo"), *result_properties(result)], strict=True)
+    (measurement,) = record.measurements
+    assert measurement.figure("busbw") == pytest.approx(algbw * 1.5, rel=1e-5)
+    model = measurement.model
+    predicted = float(model["step_us"])
+    measured = point.summary.p50_ns / 1e3
+    assert float(model["error_pct"]) == pytest.approx(
+        100 * (predicted - measured) / measured, rel=1e-4
+    )
+    assert predicted == pytest.approx(max(float(model["link_us"]), float(model["cpu_us"])), rel=1)
+    assert float(model["cores"]) >= 1 and 0 < float(model["rate"]) <= 1
+    print(
+        f"{algorithm}, 4 local workers, 1 MiB: measured p50 {measured / 1e3:.1f} ms, "
+        f"model {predicted / 1e3:.1f} ms ({float(model['error_pct']):+.0f}%, "
+        f"{model['limit']}-bound, load {float(model['load']):.2g})"
+    )
+
+
+def test_bad_requests_lead_with_the_cause(cluster: PSCluster) -> None:
+    with pytest.raises(MessageError, match=r"nbytes=8: .*at least one per rank \(16 bytes\)"):
+        allreduce(cluster, [8], run=RUN, model=False)
+    with pytest.raises(MessageError, match=r"nbytes=1026: whole float32 elements"):
+        allreduce(cluster, [1026], run=RUN)
+    with pytest.raises(MessageError, match="algorithm='tree': expected one of ring, halving_"):
+        allreduce(cluster, [1024], run=RUN, algorithm="tree")
+    with pytest.raises(ValueError, match="2 to 4 ranks"):
+        cluster.allreduce(1024, algorithm="ring", warmup=0, iterations=1, seconds=1.0,
+                          check=False, ranks=5)  # fmt: skip
+    job = AllReduceJob(
+        rank=0, ranks=3, bind="127.0.0.1", nbytes=1024, algorithm="halving_doubling",
+        iterations=1, seconds=1.0,
+    )  # fmt: skip
+    with pytest.raises(MessageError, match="power-of-two number of ranks, not 3"):
+        check_allreduce(job)
+    # the cluster is still usable after refusals
+    result = allreduce(cluster, [4096], run=RUN, check=True, model=False)
+    assert result.sizes[0].count >= 1 and not result.model_predictions()
+
+
+def test_the_model_counts_each_algorithms_pieces() -> None:
+    assert bus_factor(8) == pytest.approx(1.75)
+    ring = allreduce_pieces(1024, 4, "ring")
+    assert ring == (256,) * 6
+    hd = allreduce_pieces(1024, 8, "halving_doubling")
+    assert hd == (512, 256, 128, 128, 256, 512)
+    for n, algorithm in ((4, "ring"), (8, "halving_doubling"), (6, "halving_doubling")):
+        assert sum(allreduce_pieces(1000, n, algorithm)) == pytest.approx(1000 * bus_factor(n))
+    # link only: nccl-tests' and Thakur et al.'s totals
+    total, link, host = allreduce_time(1e6, 8, "ring", alpha_s=1e-4, link_Bps=1e9)
+    assert total == link == pytest.approx(14 * 1e-4 + 1.75e6 / 1e9) and host == 0
+    # a CPU per step that the ranks share: each step takes the larger of link and CPU
+    cpu = CpuCost(1e-3, 0.0, 1e-9)
+    total, link, host = allreduce_time(1e6, 4, "ring", alpha_s=1e-5, link_Bps=1e10, cpu=cpu,
+                                       rate=0.5)  # fmt: skip
+    assert host == pytest.approx(6 * (1e-3 + 2 * 250e3 * 1e-9) / 0.5)
+    assert total == pytest.approx(host) and link < host
+    with pytest.raises(ValueError, match="known all-reduce algorithms: ring, halving_doubling"):
+        allreduce_pieces(1024, 4, "tree")
+
+
+SUITE = """
+import pytest
+
+@pytest.mark.ps_topology(ps=1, workers=4)
+def test_ring(tfgrpc, ps_cluster):
+    tfgrpc.allreduce(ps_cluster, sizes="256KiB", check=True, iterations=4)
+
+@pytest.mark.ps_topology(ps=1, workers=4)
+def test_unknown_algorithm(tfgrpc, ps_cluster):
+    tfgrpc.allreduce(ps_cluster, sizes="1KiB", algorithm="tree", model=False)
+
+@pytest.mark.ps_topology(ps=1, workers=4)
+def test_no_sizes(tfgrpc, ps_cluster):
+    tfgrpc.allreduce(ps_cluster)
+"""
+
+
+def test_allreduce_reaches_junit(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE)
+    xml = pytester.path / "out.xml"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--junitxml={xml}")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*SpecError: *test_unknown_algorithm*: allreduce(): algorithm='tree': expected one "
+            "of ring, halving_doubling*",
+            "*SpecError: allreduce() needs sizes: pass sizes= or mark the test*",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
+    text = xml.read_text()
+    props = dict(re.findall(r'name="(tfgrpc\.allreduce\.[^"]*)" value="([^"]*)"', text))
+    for name in ("algbw_MBps", "busbw_MBps", "step_p50_us", "model.step_us", "model.error_pct"):
+        assert f"tfgrpc.allreduce.256KiB.{name}" in props, name
+    busbw = float(props["tfgrpc.allreduce.256KiB.busbw_MBps"])
+    algbw = float(props["tfgrpc.allreduce.256KiB.algbw_MBps"])
+    assert busbw == pytest.approx(1.5 * algbw, rel=1e-5)
+    assert "check=True" in text and "algorithm=ring" in text and "checked=4" in text
+    assert np.isfinite(float(props["tfgrpc.allreduce.256KiB.model.error_pct"]))
+
+
+def test_a_wrong_sum_or_a_stranger_s_piece_is_refused() -> None:
+    expected = check_input(10, 0) * 10  # four ranks: (1 + 2 + 3 + 4) times the pattern
+    assert np.array_equal(sum(check_input(10, r) for r in range(4)), expected)
+    verify_sum(expected.copy(), expected, 2, 7)
+    wrong = expected.copy()
+    wrong[3] += 1
+    with pytest.raises(BenchmarkError, match=r"rank 2: all-reduce 7 element 3 is 41.0, .* 40.0"):
+        verify_sum(wrong, expected, 2, 7)
+
+    class Context:
+        def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+            self.metadata = metadata
+
+        def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+            return self.metadata
+
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise PermissionError(f"{code.name}: {details}")
+
+    async def deliver() -> None:
+        mailbox = Mailbox(((TOKEN_KEY, "secret"),))
+        piece = worker_pb2.Piece(iteration=0, step=0, data=b"\0" * 8)
+        with pytest.raises(PermissionError, match=r"UNAUTHENTICATED: .*job token"):
+            await mailbox.deliver(piece, Context(((TOKEN_KEY, "guess"),)))
+        await mailbox.deliver(piece, Context(((TOKEN_KEY, "secret"),)))
+        with pytest.raises(PermissionError, match="ALREADY_EXISTS: a second piece"):
+            await mailbox.deliver(piece, Context(((TOKEN_KEY, "secret"),)))
+        assert (await mailbox.take(0, 0, timeout=1.0)).data == b"\0" * 8
+
+    asyncio.run(deliver())
