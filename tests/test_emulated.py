@@ -590,13 +590,10 @@ import pytest
 
 @pytest.mark.message_profile(["64KiB"])
 @pytest.mark.ps_topology(ps=2, workers=1)
-def test_kill(tfgrpc, ps_cluster):
-    os.kill(int(os.environ["KILL_AGENT"]), 9)
-    tfgrpc.ps_throughput(ps_cluster)
-
-@pytest.mark.message_profile(["64KiB"])
-@pytest.mark.ps_topology(ps=2, workers=1)
-def test_next(tfgrpc, ps_cluster):
+@pytest.mark.parametrize("kill", ["kill", "next"])
+def test_ps(tfgrpc, ps_cluster, kill):
+    if kill == "kill":
+        os.kill(int(os.environ["KILL_AGENT"]), 9)
     tfgrpc.ps_throughput(ps_cluster)
 """
 
@@ -611,7 +608,7 @@ def test_a_dead_agents_next_test_fails_in_one_line_without_core_log_lines(
     result = pytester.runpytest_subprocess(*FAST, *hosts.pytest_args(), timeout=120)
     result.assert_outcomes(failed=1, errors=1)
     out = result.stdout.str() + result.stderr.str()
-    section = out.split("ERROR at setup of test_next")[1].split("\n===")[0]
+    section = out.split("ERROR at setup of test_ps[next-")[1].split("\n===")[0]
     (line,) = [ln for ln in section.splitlines()[1:] if ln.strip()]
     target = hosts.agents["usage-p1"].target
     assert line == (

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_tfgrpc import native
+from pytest_tfgrpc.metrics import GATED as GATED_METRICS
+from pytest_tfgrpc.metrics import budget_metrics_of
 from pytest_tfgrpc.ps.tf_cluster import find_tf_python
 
 ENGINES = "registered engines: grpcio, native, tensorflow"
@@ -20,15 +22,11 @@ MISSING_ENGINE = """
 from pytest_tfgrpc.bench.engines.grpcio import GrpcioEngine
 
 
-class Missing(GrpcioEngine):
-    name = "missing"
-
-    def unavailable(self):
-        return "libmissing is not installed: pip install missing"
-
-
 def pytest_tfgrpc_add_engines(registry):
-    registry.add(Missing())
+    missing = GrpcioEngine()  # an engine whose library is not installed here
+    missing.name = "missing"
+    missing.unavailable = lambda: "libmissing is not installed: pip install missing"
+    registry.add(missing)
 """
 
 
@@ -142,10 +140,7 @@ NO_BASELINE = (
     "no baseline to gate against; give --tfgrpc-baseline PATH (a JUnit XML, a directory of "
     "them or a --tfgrpc-results file) or drop {flag}"
 )
-GATED = (
-    "gated metrics are mean, p50, p90, p99, p999, throughput, throughput_p50, step_mean, "
-    "step_p50, step_p90, step_p99, step_p999, rpc_rate, step_rate, imbalance, efficiency"
-)
+GATED = f"gated metrics are {', '.join(GATED_METRICS)}"
 PERCENTAGE = "expected a percentage such as '10%' (relative to the baseline value)"
 
 
@@ -201,49 +196,30 @@ def test_an_ini_tolerance_waits_for_a_baseline_but_must_read(pytester: pytest.Py
     _usage_error(result, f"ini tfgrpc_max_regression: cannot read tolerance '5': {PERCENTAGE}")
 
 
-BUDGETS = """
-import pytest
-
-@pytest.mark.budget(step_p50="5ms")
-def test_p2p_step(tfgrpc, tensor_server):
-    pass
-
-@pytest.mark.budget(p99="5ms", rpc_rate=">=100")
-def test_p2p_rpc_rate(tfgrpc, tensor_server):
-    pass
-
-@pytest.mark.budget(imbalance="<=1.2")
-def test_p2p_imbalance(tfgrpc, tensor_server):
-    pass
-
-@pytest.mark.budget(throughput_p50=">=1 MB/s")
-def test_ps_throughput_p50(tfgrpc, ps_cluster):
-    pass
-
-@pytest.mark.budget(efficiency=">=0.5")
-def test_ps_efficiency(tfgrpc, ps_cluster):
-    pass
-
-@pytest.mark.budget(Step_p50="5ms")
-def test_ps_wrong_case(tfgrpc, ps_cluster):
-    pass
-
-@pytest.mark.budget(p50="5ms", step_rate=">=1", imbalance="<=2")
-def test_ps_fine(tfgrpc, ps_cluster):
-    pass
-
-@pytest.mark.budget(step_p50="5ms")
-def test_remote(tfgrpc):
-    pass  # a test without a server fixture may measure anything: not checked
-"""
+#: Tests, each with its one server fixture (or none) and its budget marker's arguments.
+BUDGET_TESTS = {
+    "test_p2p_step": ("tensor_server", 'step_p50="5ms"'),
+    "test_p2p_rpc_rate": ("tensor_server", 'p99="5ms", rpc_rate=">=100"'),
+    "test_p2p_imbalance": ("tensor_server", 'imbalance="<=1.2"'),
+    "test_ps_throughput_p50": ("ps_cluster", 'throughput_p50=">=1 MB/s"'),
+    "test_ps_efficiency": ("ps_cluster", 'efficiency=">=0.5"'),
+    "test_ps_wrong_case": ("ps_cluster", 'Step_p50="5ms"'),
+    "test_ps_fine": ("ps_cluster", 'p50="5ms", step_rate=">=1", imbalance="<=2"'),
+    # A test without a server fixture may measure anything: not checked.
+    "test_remote": ("", 'step_p50="5ms"'),
+}
+BUDGETS = "import pytest\n" + "".join(
+    f"\n@pytest.mark.budget({budget})\ndef {test}(tfgrpc{', ' * bool(fixture)}{fixture}):\n"
+    "    pass\n"
+    for test, (fixture, budget) in BUDGET_TESTS.items()
+)
 P2P_METRICS = (
-    "it uses tensor_server: p2p_latency, p2p_bandwidth record min, mean, p50, p90, p99, p999, "
-    "max, throughput, throughput_p50, efficiency"
+    f"it uses tensor_server: p2p_latency, p2p_bandwidth record "
+    f"{', '.join(budget_metrics_of(('p2p_latency', 'p2p_bandwidth')))}"
 )
 PS_METRICS = (
-    "it uses ps_cluster: ps_throughput, sync_sgd_step record min, mean, p50, p90, p99, p999, "
-    "max, throughput, step_min, step_mean, step_p50, step_p90, step_p99, step_p999, step_max, "
-    "rpc_rate, step_rate, imbalance"
+    f"it uses ps_cluster: ps_throughput, sync_sgd_step, allreduce record "
+    f"{', '.join(budget_metrics_of(('ps_throughput', 'sync_sgd_step', 'allreduce')))}"
 )
 
 
