@@ -321,3 +321,15 @@ def test_a_mistyped_engines_marker_argument_is_a_usage_error_with_the_one_meant(
         "test_a_mistyped_engines_marker_argument_is_a_usage_error_with_the_one_meant.py::test_x:"
         " tfgrpc_engines() takes server=..., got sever; did you mean 'server'?",
     )
+
+
+def test_under_xdist_a_usage_error_fails_each_test_with_the_line(pytester: pytest.Pytester) -> None:
+    # pytest-xdist's controller takes a worker's usage error for a crash (INTERNALERROR): the
+    # workers fail each tfgrpc test at setup with the same one line instead.
+    pytester.makepyfile(P2P_TEST + "\n\ndef test_y(tfgrpc, tensor_server):\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--tfgrpc-engines=nativ"
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["--tfgrpc-engines=nativ: unknown engine 'nativ'; *"])
