@@ -1,12 +1,14 @@
 """The cost of transport telemetry per size: reads between timed loops, against the figures.
 
-    python benchmarks/telemetry_overhead.py [--rounds 5] [--json out.json]
+    python benchmarks/telemetry_overhead.py [--rounds 5] [--engines grpcio,native] [--json out.json]
 
-A local tensor server on ``lo``; per round, the 1 KiB echo (``p2p_latency``, unary, the
-default run: 1000 iterations in each of 10 interleaved rounds) and the 64 MiB stream push
-(``p2p_bandwidth``, 50 iterations in 10 rounds) are measured twice, in turn: with telemetry
-(the plugin as it is) and without (a probe that reads nothing), the order alternating per
-round. For each size it reports:
+Per engine (``grpcio``, and ``native`` where it is built: its own server and its C++ client,
+which pauses with its connections open while telemetry is read), a local tensor server on
+``lo``; per round, the 1 KiB echo (``p2p_latency``, unary, the default run: 1000 iterations in
+each of 10 interleaved rounds for grpcio, one client run for native) and the 64 MiB push
+(``p2p_bandwidth``, 50 iterations) are measured twice, in turn: with telemetry (the plugin as
+it is) and without (a probe that reads nothing), the order alternating per round. For each
+engine and size it reports:
 
 - the wall time telemetry reads took (two readings per window: one ``sock_diag`` dump per
   address family, the fabric's link and qdisc, ``/proc`` files), per size, against the size's
@@ -33,9 +35,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pytest_tfgrpc.bench.native_p2p as native_p2p
 import pytest_tfgrpc.bench.p2p as p2p
+from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import telemetry
-from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall, p2p_bandwidth, p2p_latency
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
+from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
@@ -44,8 +49,9 @@ TARGET_SHARE = 0.01
 
 @dataclass(frozen=True)
 class Arm:
-    """One size measured once, with or without telemetry."""
+    """One size measured once by one engine, with or without telemetry."""
 
+    engine: str
     size: str
     telemetry: bool
     figure: str
@@ -63,6 +69,8 @@ class _NoProbe(telemetry.TransportProbe):
         self.errors = []
         self.cpu_wait = {}
 
+    def watch(self, side: str, pid: int) -> None: ...
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -73,13 +81,19 @@ class _NoProbe(telemetry.TransportProbe):
     def close(self) -> None: ...
 
 
+#: The measuring loops of each engine: each looks its probe up as ``probe_for`` at run time.
+LOOPS = {"grpcio": p2p, "native": native_p2p}
+
+
 @contextmanager
-def timed_reads(enabled: bool) -> Iterator[list[float]]:
-    """Patch the P2P loop's probe: timed (enabled) or a no-op one; yields each read's time."""
+def timed_reads(engine: str, enabled: bool) -> Iterator[list[float]]:
+    """Patch ``engine``'s P2P loop's probe: timed (enabled) or a no-op one; yields each read's
+    time."""
     spent: list[float] = []
-    original = p2p.probe_for
+    loops = LOOPS[engine]
+    original = loops.probe_for
     if not enabled:
-        p2p.probe_for = lambda *a, **k: _NoProbe()  # type: ignore[assignment]
+        loops.probe_for = lambda *a, **k: _NoProbe()  # type: ignore[assignment]
     else:
 
         def made(*args: Any, **kwargs: Any) -> telemetry.TransportProbe:
@@ -95,23 +109,25 @@ def timed_reads(enabled: bool) -> Iterator[list[float]]:
                 setattr(probe, name, wrapped)
             return probe
 
-        p2p.probe_for = made  # type: ignore[assignment]
+        loops.probe_for = made  # type: ignore[assignment]
     try:
         yield spent
     finally:
-        p2p.probe_for = original
+        loops.probe_for = original
 
 
-def one(server: ServerProcess, size: str, enabled: bool) -> Arm:
-    with timed_reads(enabled) as spent:
+def one(engine: str, server: ServerProcess, size: str, enabled: bool) -> Arm:
+    loops = LOOPS[engine]
+    with timed_reads(engine, enabled) as spent:
         if size == "1KiB":
-            result = p2p_latency(server, [1024], LatencyCall())
+            result = loops.p2p_latency(server, [1024], LatencyCall())
             figure, value = "p50_us", result.sizes[0].summary.p50_ns / 1e3
         else:
-            result = p2p_bandwidth(server, [64 * 2**20], BandwidthCall())
+            result = loops.p2p_bandwidth(server, [64 * 2**20], BandwidthCall())
             figure, value = "throughput_MBps", result.sizes[0].throughput_Bps / 1e6
     point = result.sizes[0]
-    return Arm(size, enabled, figure, value, point.elapsed_ns / 1e9, sum(spent), len(spent))
+    measured = point.elapsed_ns / 1e9
+    return Arm(engine, size, enabled, figure, value, measured, sum(spent), len(spent))
 
 
 def loaded() -> tuple[bool, str]:
@@ -123,23 +139,37 @@ def loaded() -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--engines",
+        default="grpcio,native",
+        help="comma-separated engines (default grpcio,native; native is left out, with a "
+        "note, where it is not built)",
+    )
     parser.add_argument("--json", help="write every arm's figures here")
     args = parser.parse_args(argv)
+    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    unknown = sorted(set(engines) - set(LOOPS))
+    if unknown:
+        parser.error(f"--engines: unknown {', '.join(unknown)}; choose from grpcio, native")
+    if "native" in engines and (why := native.unavailable_reason()) is not None:
+        print(f"native left out: {why}", file=sys.stderr)
+        engines.remove("native")
     busy, load_text = loaded()
     arms: list[Arm] = []
-    with ServerProcess.start(resolve_fabric("lo")) as server:
-        for r in range(args.rounds):
-            for size in ("1KiB", "64MiB"):
-                order = (True, False) if r % 2 == 0 else (False, True)
-                for enabled in order:
-                    arms.append(one(server, size, enabled))
-                    print(f"round {r + 1}: {arms[-1]}", file=sys.stderr)
+    for engine in engines:
+        with start_tensor_server(resolve_fabric("lo"), engine=engine) as server:
+            for r in range(args.rounds):
+                for size in ("1KiB", "64MiB"):
+                    order = (True, False) if r % 2 == 0 else (False, True)
+                    for enabled in order:
+                        arms.append(one(engine, server, size, enabled))
+                        print(f"round {r + 1}: {arms[-1]}", file=sys.stderr)
     busy = busy or loaded()[0]
     label = f" (UNDER LOAD: {load_text})" if busy else f" ({load_text})"
     print(f"telemetry overhead per size, median of {args.rounds} rounds{label}")
-    for size in ("1KiB", "64MiB"):
-        on = [a for a in arms if a.size == size and a.telemetry]
-        off = [a for a in arms if a.size == size and not a.telemetry]
+    for engine, size in ((e, s) for e in engines for s in ("1KiB", "64MiB")):
+        on = [a for a in arms if (a.engine, a.size) == (engine, size) and a.telemetry]
+        off = [a for a in arms if (a.engine, a.size) == (engine, size) and not a.telemetry]
         share = statistics.median(a.read_s / a.measured_s for a in on)
         read_ms = statistics.median(a.read_s for a in on) * 1e3
         reads = on[0].reads
@@ -147,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         spread = statistics.pstdev(a.value for a in off) / without if len(off) > 1 else 0.0
         verdict = "meets" if share < TARGET_SHARE else "misses"
         print(
-            f"{size}: {reads} reads, {read_ms:.2f} ms per size = {share:.3%} of the measured "
-            f"time ({verdict} the {TARGET_SHARE:.0%} target); {on[0].figure} with "
+            f"{engine} {size}: {reads} reads, {read_ms:.2f} ms per size = {share:.3%} of the "
+            f"measured time ({verdict} the {TARGET_SHARE:.0%} target); {on[0].figure} with "
             f"{with_:.4g}, without {without:.4g} ({with_ / without - 1:+.1%}; rounds spread "
             f"{spread:.1%})"
         )

@@ -207,7 +207,8 @@ class Metric:
     the gate bootstraps it. ``higher_is_better`` for rates. ``budget``: a budget may limit it.
     ``gate``: how the baseline gate tests it; ``by_default``: gated whether or not a tolerance
     names it. ``not_gated`` says why a figure with ``gate=NONE`` is not. ``scoped``: recorded
-    per PS task or for the workers (``tfgrpc.<label>.<key>.ps<i>.<metric>``), not per point.
+    per PS task or for the workers (``tfgrpc.<label>.<key>.ps<i>.<metric>``), not per point;
+    ``per_ps``: recorded per point and also per PS task (a PS task's transport telemetry).
     ``recorded_by``: the benchmarks (:data:`BENCHMARKS`) whose results carry a budget
     metric, so that a budget a test's benchmarks can never meet is refused before measuring.
     """
@@ -222,6 +223,7 @@ class Metric:
     by_default: bool = False
     not_gated: str = ""
     scoped: bool = False
+    per_ps: bool = False
     recorded_by: tuple[str, ...] = ()
 
     @property
@@ -273,6 +275,14 @@ def _times(prefix: str, what: str, recorded_by: tuple[str, ...]) -> list[Metric]
         t("p999", 0.999, GateTest.BOOTSTRAP, False),
         t("max", None, GateTest.NONE, False, _EXTREME),
     ]
+
+
+def _tcp(name: str, unit: Unit, description: str, *, higher_is_better: bool = False) -> Metric:
+    """A transport-telemetry figure: context for the gated ones, recorded per point and per
+    PS task."""
+    return Metric(
+        name, unit, description, higher_is_better=higher_is_better, not_gated=_TCP, per_ps=True
+    )
 
 
 def _cpu(who: str, scoped: bool = False) -> list[Metric]:
@@ -377,36 +387,31 @@ _ALL: list[Metric] = [
     Metric("bytes_out", BYTES, "tensor bytes a PS sent", not_gated=_TOTAL, scoped=True),
     Metric("rpcs", COUNT, "RPCs a PS served", not_gated=_TOTAL, scoped=True),
     # Transport telemetry (pytest_tfgrpc.wire.telemetry): what the kernel saw meanwhile.
-    Metric(
+    _tcp(
         "retransmits",
         COUNT,
         "TCP segments retransmitted for loss, both ends (spurious ones not counted)",
-        not_gated=_TCP,
     ),
-    Metric(
+    _tcp(
         "spurious_retransmits",
         COUNT,
         "TCP retransmissions the receiver reported as duplicates (D-SACK): no loss",
-        not_gated=_TCP,
     ),
-    Metric("retransmits_per_MB", RATIO, "TCP segments retransmitted per MB sent", not_gated=_TCP),
-    Metric("tcp_bytes_sent", BYTES, "bytes the connections' sockets sent", not_gated=_TCP),
-    Metric("tcp_bytes_acked", BYTES, "bytes the connections' sockets had acked", not_gated=_TCP),
-    Metric("rtt_p50", TIME, "the data sender's smoothed TCP RTT, median reading", not_gated=_TCP),
-    Metric("rttvar_p50", TIME, "that RTT's mean deviation, median reading", not_gated=_TCP),
-    Metric("cwnd_p50", RATIO, "the sender's congestion window (segments)", not_gated=_TCP),
-    Metric(
+    _tcp("retransmits_per_MB", RATIO, "TCP segments retransmitted per MB sent"),
+    _tcp("tcp_bytes_sent", BYTES, "bytes the connections' sockets sent"),
+    _tcp("tcp_bytes_acked", BYTES, "bytes the connections' sockets had acked"),
+    _tcp("rtt_p50", TIME, "the data sender's smoothed TCP RTT, median reading"),
+    _tcp("rttvar_p50", TIME, "that RTT's mean deviation, median reading"),
+    _tcp("cwnd_p50", RATIO, "the sender's congestion window (segments)"),
+    _tcp(
         "delivery_rate_p50",
         RATE,
         "the sender's TCP delivery rate, median reading",
         higher_is_better=True,
-        not_gated=_TCP,
     ),
-    Metric("link_drops", COUNT, "packets the fabric interfaces dropped", not_gated=_TCP),
-    Metric(
-        "link_errors", COUNT, "receive and send errors of the fabric interfaces", not_gated=_TCP
-    ),
-    Metric("qdisc_drops", COUNT, "packets the fabric interfaces' qdiscs dropped", not_gated=_TCP),
+    _tcp("link_drops", COUNT, "packets the fabric interfaces dropped"),
+    _tcp("link_errors", COUNT, "receive and send errors of the fabric interfaces"),
+    _tcp("qdisc_drops", COUNT, "packets the fabric interfaces' qdiscs dropped"),
     Metric("link_rate", RATE, "the path's nominal rate", higher_is_better=True, not_gated=_FIXED),
     Metric(
         "efficiency",

@@ -53,7 +53,9 @@ class PSLoad:
     """What one PS task carried during the measured phase.
 
     ``placed_bytes`` is what the payload or placement gives this PS per RPC or per step;
-    ``bytes_in``/``bytes_out`` are the tensor bytes the PS itself counted.
+    ``bytes_in``/``bytes_out`` are the tensor bytes the PS itself counted; ``transport`` what
+    the kernel saw of its connections from the job's start to its end (warm-up included;
+    None where nothing was read).
     """
 
     task: int
@@ -65,6 +67,7 @@ class PSLoad:
     rpcs: int
     steps: int
     cpu: CpuTime
+    transport: Transport | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,34 @@ class Transport:
 
 def _median(values: Sequence[float]) -> float | None:
     return float(np.median(values)) if values else None
+
+
+def _tcp_figures(tcp: Transport, scope: str = "") -> list[Figure]:
+    """The counts, medians and link counters of ``tcp``, as figures of ``scope``."""
+    out = [
+        Figure.of("retransmits", float(tcp.retransmits), scope),
+        Figure.of("spurious_retransmits", float(tcp.spurious_retransmits), scope),
+        Figure.of("retransmits_per_MB", tcp.retransmits_per_MB, scope),
+        Figure.of("tcp_bytes_sent", float(tcp.bytes_sent), scope),
+        Figure.of("tcp_bytes_acked", float(tcp.bytes_acked), scope),
+    ]
+    for name, values in (
+        ("rtt_p50", tcp.rtt_ns),
+        ("rttvar_p50", tcp.rttvar_ns),
+        ("cwnd_p50", tcp.cwnd),
+        ("delivery_rate_p50", tcp.delivery_rate_Bps),
+    ):
+        median = _median(values)
+        if median is not None:
+            out.append(Figure.of(name, median, scope))
+    for name, count in (
+        ("link_drops", tcp.link_drops),
+        ("link_errors", tcp.link_errors),
+        ("qdisc_drops", tcp.qdisc_drops),
+    ):
+        if count is not None:
+            out.append(Figure.of(name, float(count), scope))
+    return out
 
 
 @dataclass(frozen=True)
@@ -326,35 +357,15 @@ class SizeResult:
             out.append(Figure.of("rpcs", float(load.rpcs), where))
             out.append(Figure.of("cpu_user", float(load.cpu.user_ns), where))
             out.append(Figure.of("cpu_system", float(load.cpu.system_ns), where))
+            if load.transport is not None:
+                out.extend(_tcp_figures(load.transport, where))
         return tuple(out)
 
     def _transport_figures(self, rates: bool) -> list[Figure]:
         tcp = self.transport
         if tcp is None:
             return []
-        out = [
-            Figure.of("retransmits", float(tcp.retransmits)),
-            Figure.of("spurious_retransmits", float(tcp.spurious_retransmits)),
-            Figure.of("retransmits_per_MB", tcp.retransmits_per_MB),
-            Figure.of("tcp_bytes_sent", float(tcp.bytes_sent)),
-            Figure.of("tcp_bytes_acked", float(tcp.bytes_acked)),
-        ]
-        for name, values in (
-            ("rtt_p50", tcp.rtt_ns),
-            ("rttvar_p50", tcp.rttvar_ns),
-            ("cwnd_p50", tcp.cwnd),
-            ("delivery_rate_p50", tcp.delivery_rate_Bps),
-        ):
-            median = _median(values)
-            if median is not None:
-                out.append(Figure.of(name, median))
-        for name, count in (
-            ("link_drops", tcp.link_drops),
-            ("link_errors", tcp.link_errors),
-            ("qdisc_drops", tcp.qdisc_drops),
-        ):
-            if count is not None:
-                out.append(Figure.of(name, float(count)))
+        out = _tcp_figures(tcp)
         if tcp.nominal_Bps:
             out.append(Figure.of("link_rate", tcp.nominal_Bps))
             if rates and self.rate_Bps is None:

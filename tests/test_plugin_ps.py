@@ -56,6 +56,9 @@ def test_ps_benchmarks_reach_junit(pytester: pytest.Pytester) -> None:
         assert float(throughput[f"tfgrpc.ps_throughput.{key}.rpc_rate_per_s"]) > 0
         for ps in (0, 1):
             assert int(throughput[f"tfgrpc.ps_throughput.{key}.ps{ps}.rpcs"]) > 0
+            # each PS task's connections, read around the job
+            assert throughput[f"tfgrpc.ps_throughput.{key}.ps{ps}.retransmits"] == "0"
+        assert throughput[f"tfgrpc.ps_throughput.{key}.limit"]
     hep = load_profile("hep_cnn")
     placed = props["test_placed_throughput[lo]"]
     greedy = place_profile(hep, 2, "greedy")
@@ -68,7 +71,12 @@ def test_ps_benchmarks_reach_junit(pytester: pytest.Pytester) -> None:
     )
     assert steps["tfgrpc.sync_sgd_step.hep_cnn.samples"] == "8"
     assert float(steps["tfgrpc.sync_sgd_step.hep_cnn.step_p50_us"]) > 0
-    result.stdout.fnmatch_lines(["*::test_steps *sync_sgd_step*hep_cnn*lo*8"])
+    for ps in (0, 1):  # every worker pushed and pulled this task's shards
+        sent = float(steps[f"tfgrpc.sync_sgd_step.hep_cnn.ps{ps}.tcp_bytes_sent"])
+        assert sent >= float(steps[f"tfgrpc.sync_sgd_step.hep_cnn.ps{ps}.bytes_in"])
+    result.stdout.re_match_lines(
+        [r".*::test_steps +sync_sgd_step .*hep_cnn +lo .* 8 +(\S+-bound|unknown)$"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -395,10 +395,9 @@ def test_the_ini_example_takes_effect(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=perf.xml")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["tfgrpc: fabrics lo (127.0.0.1*"])
-    assert (
-        'name="tfgrpc.p2p_latency.4B.samples" value="2000"'
-        in (pytester.path / "perf.xml").read_text()
-    )
+    xml = (pytester.path / "perf.xml").read_text()
+    assert 'name="tfgrpc.p2p_latency.4B.samples" value="2000"' in xml
+    assert 'name="tfgrpc.p2p_latency.4B.link_rate_MBps" value="10000"' in xml
 
 
 def test_the_outputs_shown_are_those_of_a_fresh_run() -> None:

@@ -3,6 +3,7 @@ and the plugin end to end on loopback (the grpcio engine; the gate quoting the t
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -80,6 +81,26 @@ def test_a_probe_sums_its_windows_and_leaves_idle_channels_out(
     assert transport.link_drops == 0 and transport.nominal_Bps is None
 
 
+def test_a_probe_whose_connection_is_gone_quotes_its_last_reading() -> None:
+    """A native client that exited: what its connection showed when last read, and what the
+    host retransmitted since."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        with TransportProbe(f"127.0.0.1:{port}", "lo") as probe:
+            with client, accepted:
+                client.sendall(b"z" * 50_000)
+                accepted.recv(1 << 20)
+                probe.start()
+            seen = probe.last_seen()
+    assert re.fullmatch(
+        r"after \S+; the connection is gone; this host retransmitted [\d,]+ segments, when "
+        r"last read, \S+ before: 0 retransmissions, RTT \S+",
+        seen,
+    ), seen
+
+
 def _state(sent: int, retrans: int, *, server_side: bool = False) -> TcpState:
     return TcpState(
         local="10.0.0.1:5" if server_side else "10.0.0.2:6",
@@ -117,6 +138,12 @@ def test_windows_add_up_on_both_sides_with_the_lowest_rate() -> None:
     assert transport.retransmits_per_MB == 30.0
     named = summarize_windows([window], named_rate_Bps=12.5e6)
     assert named is not None and named.nominal_source == "named"
+    # A named rate replaces the interfaces' reported speeds (10 Gbit/s here), not a tbf cap.
+    local = Window({"local": start}, {"local": end})
+    alone = summarize_windows([local], named_rate_Bps=1e10)
+    assert alone is not None and alone.nominal_Bps == 1e10
+    faster = summarize_windows([window], named_rate_Bps=1e10)
+    assert faster is not None and faster.nominal_Bps == 25e6
     assert summarize_windows([Window({"local": start}, {})]) is None  # never closed
 
 
@@ -156,6 +183,9 @@ def test_the_limit_rule_in_its_order() -> None:
     at_rate = _point(transport=_transport(nominal_Bps=1.1e6), throughput_bytes=10**6)
     limit = name_limit(at_rate, cores={})
     assert limit.kind == "link" and dict(limit.used)["efficiency"] >= LINK_SHARE
+    # Beyond the nominal rate (a veth's reported speed), the link is not what bounds it.
+    beyond = _point(transport=_transport(nominal_Bps=0.5e6), throughput_bytes=10**6)
+    assert name_limit(beyond, cores={}).kind != "link"
     busy = _point(transport=_transport(), server_ns=9 * 10**8, client_ns=10**8)
     limit = name_limit(busy, cores={"client": 4, "server": 4})
     assert (limit.kind, limit.side) == ("cpu", "server")
@@ -255,3 +285,35 @@ def test_the_gate_quotes_the_transport_beside_a_regression(pytester: pytest.Pyte
         [r"regression: .*p2p_latency 1KiB p50: \+.*; transport: retransmissions 0 -> 0 per GB; "
          r"RTT p50 \S+ -> \S+"]
     )  # fmt: skip
+
+
+def test_a_rate_named_for_the_fabric_in_the_ini_file_gives_the_efficiency(
+    pytester: pytest.Pytester,
+) -> None:
+    """``lo`` reports no speed: the rate named in the ini file is its nominal rate."""
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
+    pytester.makeini("[pytest]\ntfgrpc_link_rates = eth9=1Gbit/s lo=80Gbit/s\n")
+    result = pytester.runpytest(*STEADY, "-k", "bandwidth", "--junitxml=perf.xml")
+    result.assert_outcomes(passed=1)
+    props = properties(pytester.path / "perf.xml")
+    point = "tfgrpc.p2p_bandwidth.4MiB"
+    assert float(props[f"{point}.link_rate_MBps"]) == 10_000.0
+    throughput = float(props[f"{point}.throughput_MBps"])
+    assert float(props[f"{point}.efficiency"]) == pytest.approx(throughput / 10_000, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("pair", "message"),
+    [
+        ("lo", "'lo' is not FABRIC=RATE (eth0=10Gbit/s)"),
+        ("lo=fast", "lo: cannot read 'fast' as a rate"),
+        ("lo=0Mbit/s", "'lo=0Mbit/s': a link's rate is above 0"),
+    ],
+)
+def test_a_bad_link_rate_is_a_usage_error(
+    pytester: pytest.Pytester, pair: str, message: str
+) -> None:
+    pytester.makepyfile(test_perf="def test_nothing(tfgrpc):\n    pass\n")
+    result = pytester.runpytest(f"--tfgrpc-link-rate={pair}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--tfgrpc-link-rate / tfgrpc_link_rates: {message}*"])

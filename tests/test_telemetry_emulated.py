@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from test_emulated import properties
 
+from pytest_tfgrpc import native
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 
 Hosts = Callable[..., EmulatedHosts]
@@ -33,29 +34,47 @@ def shape(hosts: EmulatedHosts, name: str, *, limit: str, burst: str = "32kb") -
 
 
 def run_bandwidth(
-    hosts: EmulatedHosts, pytester: pytest.Pytester, size: str, *args: str
-) -> dict[str, str]:
+    hosts: EmulatedHosts, pytester: pytest.Pytester, size: str, *args: str, failed: int = 0
+) -> tuple[pytest.RunResult, dict[str, str]]:
+    """One bandwidth test of ``size`` across ``hosts``: its outcome (``failed`` tests failing,
+    by the gate) and its point's JUnit properties."""
     pytester.makepyfile(BANDWIDTH_SUITE.format(size=size))
     xml = pytester.path / "perf.xml"
     result = pytester.runpytest_subprocess(
         "--tfgrpc-iterations=10", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=3",
         *hosts.pytest_args(), f"--junitxml={xml}", *args, timeout=240,
     )  # fmt: skip
-    result.assert_outcomes(passed=1)
-    return properties(xml)[f"test_bandwidth[{hosts.fabric.bridge}]"]
+    result.assert_outcomes(passed=1 - failed, failed=failed)
+    return result, properties(xml)[f"test_bandwidth[{hosts.fabric.bridge}]"]
 
 
-def test_a_lossy_queue_is_named_as_the_limit(
+def test_a_lossy_queue_is_named_as_the_limit_and_quoted_by_the_gate(
     tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
 ) -> None:
-    """A tbf queue of 20 packets drops: the sender retransmits, and loss is the limit."""
+    """A deep queue first (the baseline), then a tbf queue of 20 packets, which drops: the
+    sender retransmits, loss is the limit, and the gate fails the test with the
+    retransmissions quoted beside the throughput it lost. Loss makes pushes stall on
+    retransmission timeouts, so the rounds vary widely: the gate calls the change a
+    regression or, as often, inconclusive (beyond the tolerance, within the noise), which
+    ``--tfgrpc-inconclusive=fail`` fails too; either verdict quotes the transport."""
     hosts = tfgrpc_emulated_hosts("lossy", rate="200mbit")
-    shape(hosts, "lossy", limit="30000")
-    props = run_bandwidth(hosts, pytester, "1MiB")
+    shape(hosts, "lossy", limit="16mb")
     point = "tfgrpc.p2p_bandwidth.1MiB"
+    # 40 pushes in 10 rounds: enough for the gate to tell the loss's cost from its noise.
+    steady = ("--tfgrpc-iterations=40", "--tfgrpc-max-seconds=8")
+    _, props = run_bandwidth(hosts, pytester, "1MiB", *steady)
+    assert props[f"{point}.retransmits"] == "0"
+    (pytester.path / "perf.xml").rename(pytester.path / "base.xml")
+    shape(hosts, "lossy", limit="30000")
+    gate = ("--tfgrpc-baseline=base.xml", "--tfgrpc-inconclusive=fail")
+    result, props = run_bandwidth(hosts, pytester, "1MiB", *steady, *gate, failed=1)
     assert int(props[f"{point}.retransmits"]) > 0
     assert props[f"{point}.limit"].startswith("loss-bound: loss_share=")
     assert float(props[f"{point}.link_rate_MBps"]) == 25.0  # the agent's tbf, read there
+    result.stdout.re_match_lines(
+        [r"(regression|inconclusive): .*p2p_bandwidth[ .]1MiB.* throughput: -.*; transport: "
+         r"retransmissions 0 -> [\d,.]+ per GB.*"]
+    )  # fmt: skip
 
 
 def test_a_deep_queue_runs_at_the_links_rate(
@@ -64,29 +83,38 @@ def test_a_deep_queue_runs_at_the_links_rate(
     """A queue deeper than TCP's window never drops: no retransmissions, the link's rate."""
     hosts = tfgrpc_emulated_hosts("deep", rate="200mbit")
     shape(hosts, "deep", limit="16mb")
-    props = run_bandwidth(hosts, pytester, "4MiB")
+    _, props = run_bandwidth(hosts, pytester, "4MiB")
     point = "tfgrpc.p2p_bandwidth.4MiB"
     assert props[f"{point}.retransmits"] == "0"
     assert 0.9 <= float(props[f"{point}.efficiency"]) <= 1.05, props[f"{point}.efficiency"]
     assert props[f"{point}.limit"].startswith("link-bound: efficiency=")
 
 
+ENGINE_FAILURES = {
+    # DEADLINE_EXCEEDED: "... (transport: after ...)"; a connection that broke mid-call says
+    # so: "... INTERNAL: the connection broke mid-call (after ...)".
+    "grpcio": r".*stream push of 1048576 B .* failed: .*\((transport: )?after [^;]+; [\d,]+ "
+    r"retransmissions, RTT .*",
+    # The native client's run ends with its connection: the last reading of it is quoted.
+    "native": r".*native client, stream bandwidth of 1048576 B: .*\(transport: after .*; .*\)",
+}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_FAILURES))
 def test_a_call_that_breaks_says_what_the_transport_saw(
-    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester, engine: str
 ) -> None:
     """A queue of two packets: the push never completes, and the failure quotes the
-    connection's retransmissions and RTT rather than gRPC's silence."""
+    connection's retransmissions and RTT rather than gRPC's silence, for either engine."""
+    if engine == "native" and (why := native.unavailable_reason()) is not None:
+        pytest.skip(why)
     hosts = tfgrpc_emulated_hosts("broken", rate="200mbit")
     shape(hosts, "broken", limit="3000")
     pytester.makepyfile(BANDWIDTH_SUITE.format(size="1MiB"))
     result = pytester.runpytest_subprocess(
         "--tfgrpc-iterations=4", "--tfgrpc-warmup=1", "--tfgrpc-max-seconds=1",
-        "--tfgrpc-warmup-seconds=1", *hosts.pytest_args(), timeout=240,
+        "--tfgrpc-warmup-seconds=1", *hosts.pytest_args(), f"--tfgrpc-engines={engine}",
+        timeout=240,
     )  # fmt: skip
     result.assert_outcomes(failed=1)
-    result.stdout.re_match_lines(
-        [
-            r".*stream push of 1048576 B .* failed: .*transport: after .*; [\d,]+ retransmissions, "
-            r"RTT .*"
-        ]
-    )
+    result.stdout.re_match_lines([ENGINE_FAILURES[engine]])

@@ -2,31 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from pytest_tfgrpc.results import CpuTime, process_cpu_ns
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import open_channel
-
-
-def run_queue_wait_ns(pid: int) -> int | None:
-    """Nanoseconds the threads of process ``pid`` (of this host) have waited on a run queue
-    for a CPU, summed over the threads alive now (the second field of each
-    ``/proc/<pid>/task/<tid>/schedstat``); None where it cannot be read. A side that waited
-    long wanted more CPU than it got: the machine's load, not the side, was short of CPU."""
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tasks:
-        try:
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
-    return total
 
 
 class CpuProbe:

@@ -27,9 +27,16 @@ from pytest_tfgrpc.bench.p2p import (
     p2p_result,
 )
 from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, server_cores
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native import binaries
-from pytest_tfgrpc.native.client import ClientSettings, NativeClientError, NativeRun, run_client
+from pytest_tfgrpc.native.client import (
+    ClientSettings,
+    NativeClientError,
+    NativeRun,
+    Pause,
+    run_client,
+)
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
@@ -58,10 +65,18 @@ def _deadline(benchmark: str, rpc: str, wire: int, run: RunSpec) -> float:
     return 2 * base + 2 * (run.time_limit_s + run.warmup_seconds) if rpc == "stream" else base
 
 
-def run_native(server: Server, message: Message, call: Transfer, streams: int = 1) -> NativeRun:
+def run_native(
+    server: Server,
+    message: Message,
+    call: Transfer,
+    streams: int = 1,
+    telemetry: TransportProbe | None = None,
+) -> NativeRun:
     """One client run of one message (an echo for a latency call, a push or a pull for a
     bandwidth call) over ``streams`` connections; failures say what failed (or that the
-    server died)."""
+    server died), and what the transport saw meanwhile. ``telemetry`` reads the run's
+    connections when its measured phase starts and ends (the client waits meanwhile), and
+    the client's run-queue wait."""
     mode, rpc, run = call.mode, call.rpc, call.run
     benchmark = "bandwidth" if isinstance(call, BandwidthCall) else "latency"
     nbytes, dtype, raw_wire, protobuf_wire = tensor_of(message)
@@ -82,19 +97,38 @@ def run_native(server: Server, message: Message, call: Transfer, streams: int = 
     )
     if isinstance(call, BandwidthCall):  # an echo keeps the client's defaults
         settings = replace(settings, direction=call.direction, chunk_bytes=call.chunk_bytes)
+    pause = _reading(telemetry) if telemetry is not None else None
     try:
-        measured = run_client(settings, env=child_env())  # the run's TLS setting
+        measured = run_client(settings, env=child_env(), pause=pause)  # the run's TLS setting
     except NativeClientError as error:
         death = server.died()
         if death is not None:
             raise death from error
-        raise BenchmarkError(f"native client, {rpc} {benchmark} of {nbytes} B: {error}") from None
+        seen = telemetry.last_seen() if telemetry is not None else ""
+        raise BenchmarkError(
+            f"native client, {rpc} {benchmark} of {nbytes} B: {error}"
+            + (f" (transport: {seen})" if seen else "")
+        ) from None
     if measured.wire_bytes != wire or measured.size_bytes != nbytes:
         raise BenchmarkError(
             f"the native client sent {measured.size_bytes} B as {measured.wire_bytes} B on the "
             f"wire; the Python codec makes {nbytes} B into {wire} B"
         )
     return measured
+
+
+def _reading(probe: TransportProbe) -> Pause:
+    """The client's pause hook: ``probe``'s window opens when the measured phase starts
+    (watching the client's process from then) and closes when it ends."""
+
+    def pause(phase: str, pid: int) -> None:
+        if phase == "start":
+            probe.watch("client", pid)
+            probe.start()
+        else:
+            probe.stop()
+
+    return pause
 
 
 def size_result(message: Message, mode: str, measured: NativeRun, stream: int = 0) -> SizeResult:
@@ -123,11 +157,17 @@ def _measure_each(server: Server, sizes: Sequence[Message], call: Transfer) -> B
     checked = _check_messages(sizes)
     binaries()  # not built: say so before anything runs
     results = []
+    cores = server_cores(server)  # the client inherits this process's CPUs
     for index, message in enumerate(checked, 1):
         if call.progress is not None:
             call.progress(index, len(checked), _name(message))
-        measured = run_native(server, message, call)
-        results.append(size_result(message, call.mode, measured))
+        with probe_for(server) as probe:
+            measured = run_native(server, message, call, telemetry=probe)
+        point = size_result(message, call.mode, measured)
+        wire = measured.wire_bytes * (2 if isinstance(call, LatencyCall) else 1)
+        results.append(
+            explained(point, probe.transport(), cores=cores, op_bytes=wire, cpu_wait=probe.cpu_wait)
+        )
     settings = native_settings(call.run, **call.extra_settings())
     return p2p_result(call, server, results, settings)
 

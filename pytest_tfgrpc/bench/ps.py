@@ -28,6 +28,7 @@ import numpy.typing as npt
 from pytest_tfgrpc.bench.fit import MachineFit, measure_fit, measure_load
 from pytest_tfgrpc.bench.partial import keeping_partial
 from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.telemetry import ClusterProbe, explained
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.metrics import PS_THROUGHPUT, SYNC_SGD_STEP
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
@@ -37,7 +38,7 @@ from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.ps.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
 from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult
+from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult, Transport
 from pytest_tfgrpc.roles.parameter_server import (
     INIT_INDEX,
     INIT_RANDOM,
@@ -107,7 +108,10 @@ def _imbalance(loads: Sequence[int]) -> float:
 
 
 def _loads(
-    cluster: PSCluster, stats: Sequence[service_pb2.PSJobStats], placed: Sequence[int]
+    cluster: PSCluster,
+    stats: Sequence[service_pb2.PSJobStats],
+    placed: Sequence[int],
+    transports: Sequence[Transport | None],
 ) -> tuple[PSLoad, ...]:
     return tuple(
         PSLoad(
@@ -120,9 +124,15 @@ def _loads(
             rpcs=s.rpcs,
             steps=s.measured_steps,
             cpu=CpuTime(s.cpu_user_ns, s.cpu_system_ns),
+            transport=transports[i] if i < len(transports) else None,
         )
         for i, s in enumerate(stats)
     )
+
+
+def _explained(point: SizeResult, watch: ClusterProbe) -> SizeResult:
+    """``point`` with its PS tasks' telemetry together and the limit the rule names."""
+    return explained(point, watch.transport(), cores=watch.cores())
 
 
 # --- PS throughput ---------------------------------------------------------------------------
@@ -195,7 +205,8 @@ def ps_throughput(
                 )
                 for w in range(cluster.topology.workers)
             ]
-            replies = cluster.run(jobs, run.job_timeout_s())
+            with ClusterProbe(cluster.ps) as watch:
+                replies = cluster.run(jobs, run.job_timeout_s(), watch)
             stats = cluster.job_stats()
             samples = np.concatenate([jobs_samples(s.ns) for r in replies for s in r.samples])
             rate = 0.0
@@ -205,22 +216,21 @@ def ps_throughput(
                 counts = [len(s.ns) for s in reply.samples]
                 rate += sum(counts) / seconds
                 rate_bytes += sum(c * b for c, b in zip(counts, per_ps, strict=True)) / seconds
-            loads = _loads(cluster, stats, per_ps)
-            points.append(
-                SizeResult.from_samples(
-                    sum(per_ps),
-                    sum(per_ps),
-                    samples,
-                    max(r.elapsed_ns for r in replies),
-                    key=point_key,
-                    rate_per_s=rate,
-                    rate_Bps=rate_bytes,
-                    per_ps=loads,
-                    cpu={"workers": _workers_cpu(replies)},
-                    imbalance=payload.imbalance if isinstance(payload, Placement) else 1.0,
-                    bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
-                )
+            loads = _loads(cluster, stats, per_ps, watch.per_task())
+            point = SizeResult.from_samples(
+                sum(per_ps),
+                sum(per_ps),
+                samples,
+                max(r.elapsed_ns for r in replies),
+                key=point_key,
+                rate_per_s=rate,
+                rate_Bps=rate_bytes,
+                per_ps=loads,
+                cpu={"workers": _workers_cpu(replies)},
+                imbalance=payload.imbalance if isinstance(payload, Placement) else 1.0,
+                bytes_imbalance=_imbalance([load.bytes_in for load in loads]),
             )
+            points.append(_explained(point, watch))
     return build(tuple(points))
 
 
@@ -330,16 +340,18 @@ def sync_sgd_step(
     machine: MachineFit | None = None
     if model:
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
-    replies, stats = cluster.sync_sgd(
-        [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
-        **run.step_bounds(barrier_timeout),
-        workers=topology.workers,
-        chunk_bytes=chunk_bytes,
-        learning_rate=learning_rate,
-        init=INIT_INDEX if check else INIT_RANDOM,
-        barrier_timeout=barrier_timeout,
-        check=check,
-    )
+    with ClusterProbe(cluster.ps) as watch:
+        replies, stats = cluster.sync_sgd(
+            [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
+            **run.step_bounds(barrier_timeout),
+            workers=topology.workers,
+            chunk_bytes=chunk_bytes,
+            learning_rate=learning_rate,
+            init=INIT_INDEX if check else INIT_RANDOM,
+            barrier_timeout=barrier_timeout,
+            check=check,
+            window=watch,
+        )
     prediction = None
     if machine is not None:
         # The machine is shared and its load moves: the other sessions' load during the
@@ -363,7 +375,7 @@ def sync_sgd_step(
         raise BenchmarkError(f"workers measured different numbers of steps: {sorted(counts)}")
     steps = np.max(np.vstack(per_worker), axis=0)
     per_step = placement.total_bytes * topology.workers * 2  # every worker pushes and pulls
-    loads = _loads(cluster, stats, list(placement.bytes_per_ps()))
+    loads = _loads(cluster, stats, list(placement.bytes_per_ps()), watch.per_task())
     total_ns = int(steps.sum())
     point = SizeResult.from_samples(
         per_step,
@@ -378,6 +390,7 @@ def sync_sgd_step(
         cpu={"workers": _workers_cpu(replies)},
         imbalance=placement.imbalance,
     )
+    point = _explained(point, watch)
     result = PSResult(
         benchmark=SYNC_SGD_STEP,
         label=label or "sync_sgd_step",

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pytest_tfgrpc.bench.cpu import run_queue_wait_ns
 from pytest_tfgrpc.bench.timing import Phase
 from pytest_tfgrpc.report.limits import name_limit
 from pytest_tfgrpc.results import SizeResult, Transport
@@ -29,21 +28,25 @@ from pytest_tfgrpc.wire.telemetry import (
     TcpState,
     TelemetryError,
     TelemetryReader,
+    run_queue_wait_ns,
     split_target,
 )
 
 __all__ = [
+    "ClusterProbe",
     "RemoteRead",
     "TransportProbe",
     "Window",
     "explained",
+    "merge_windows",
     "probe_for",
     "server_cores",
     "summarize_windows",
 ]
 
-#: Reads the server's side on its host: (address, port, discover) -> a Reading there.
-RemoteRead = Callable[[str, int, bool], Reading]
+#: Reads the server's side on its host: (address, port, discover, the server's process id
+#: there whose run-queue wait to read, or 0) -> a Reading there.
+RemoteRead = Callable[[str, int, bool, int], Reading]
 
 
 @dataclass
@@ -119,8 +122,9 @@ def summarize_windows(
 
     Counts are summed over windows and sides; the sender's RTT, RTT variance, cwnd and
     delivery rate are taken at each window's end from the socket that sent the most in it.
-    The nominal rate is the lowest of ``named_rate_Bps`` and the links' own (tbf rate, else
-    reported speed)."""
+    The nominal rate is the lowest of the links' ``tbf`` rates and ``named_rate_Bps``, or
+    where no rate was named, of their reported speeds too: a named rate replaces the speeds
+    (a virtual interface's 10 Gbit/s is no path's rate), a ``tbf`` cap is real."""
     complete = [w for w in windows if w.start and set(w.start) == set(w.end)]
     if not complete:
         return None
@@ -156,9 +160,11 @@ def summarize_windows(
                 b, d, e, q = _link_delta(start.link, end.link)
                 link_bytes, drops, errors = link_bytes + b, drops + d, errors + e
                 qdrops += q
-                if end.link.nominal_Bps:
-                    what = "tbf" if end.link.tbf_rate_Bps else "speed"
-                    nominal.append((end.link.nominal_Bps, f"{what} of {end.link.interface}@{side}"))
+                where = f"{end.link.interface}@{side}"
+                if end.link.tbf_rate_Bps:
+                    nominal.append((float(end.link.tbf_rate_Bps), f"tbf of {where}"))
+                elif end.link.nominal_Bps and not named_rate_Bps:
+                    nominal.append((end.link.nominal_Bps, f"speed of {where}"))
         if best is not None and best[0] > 0:
             state = best[1]
             rtt.append(state.rtt_us * 1e3)
@@ -192,7 +198,9 @@ class TransportProbe:
     """Reads the telemetry of ``target``'s connections at each window's start and end.
 
     ``interface`` is this host's fabric (its link counters are read too); ``remote`` reads the
-    server's host (None: the server is on this host, or nothing can read its host). Wrap a
+    server's host (None: the server is on this host, or nothing can read its host), with the
+    run-queue wait of ``remote_pid`` there (the server's process; 0: none) as the
+    ``server`` side's. Wrap a
     CPU probe with :meth:`around`: the telemetry is read outside the CPU probe's window, so
     that reading it never counts in the CPU figures (the CPU probe's own small calls are told
     apart from the measured connections by the bytes they carry).
@@ -205,6 +213,7 @@ class TransportProbe:
         *,
         remote: RemoteRead | None = None,
         remote_name: str = "server",
+        remote_pid: int = 0,
         named_rate_Bps: float | None = None,
         pids: Mapping[str, int] | None = None,
     ) -> None:
@@ -219,8 +228,12 @@ class TransportProbe:
         self._named = named_rate_Bps
         self._remote = remote
         self._remote_name = remote_name
+        self._remote_pid = remote_pid
         self._reader: TelemetryReader | None = None
         self._first: Reading | None = None
+        #: The latest reading of this host that found the connections: what a failure quotes
+        #: once they are gone (a native client that exited).
+        self._last: Reading | None = None
         self._started_ns = 0
         self._address, self._port = "", 0
         try:
@@ -244,15 +257,17 @@ class TransportProbe:
         try:
             out["local"] = self._side(self._reader.read, discover)
             if self._remote is not None:
-                remote = self._remote
+                remote, pid = self._remote, self._remote_pid
 
                 def read_remote(address: str, port: int, *, discover: bool) -> Reading:
-                    return remote(address, port, discover)
+                    return remote(address, port, discover, pid)
 
                 out[self._remote_name] = self._side(read_remote, discover)
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
             return {}
+        if out["local"].sockets:
+            self._last = out["local"]
         return out
 
     def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
@@ -267,6 +282,11 @@ class TransportProbe:
         waits = {side: run_queue_wait_ns(pid) for side, pid in self._pids.items()}
         return {side: ns for side, ns in waits.items() if ns is not None}
 
+    def watch(self, side: str, pid: int) -> None:
+        """Read ``side``'s run-queue wait from process ``pid`` (of this host) from the next
+        window on: a side whose process starts after the probe (the native client's)."""
+        self._pids[side] = pid
+
     def start(self) -> None:
         self.windows.append(Window(start=self._read()))
         self._wait_start = self._waits()
@@ -276,9 +296,16 @@ class TransportProbe:
             window = self.windows[-1]
             window.end = self._read(discover=False)
             self._carried = _carriers(window)
-            for side, ns in self._waits().items():
-                if side in self._wait_start:
-                    waited = max(ns - self._wait_start[side], 0)
+            waits = dict(self._waits())
+            starts = dict(self._wait_start)
+            far = self._remote_name
+            if self._remote_pid and far in window.start and far in window.end:
+                began, ended = window.start[far].cpu_wait_ns, window.end[far].cpu_wait_ns
+                if began is not None and ended is not None:  # read on the server's host
+                    starts["server"], waits["server"] = began, ended
+            for side, ns in waits.items():
+                if side in starts:
+                    waited = max(ns - starts[side], 0)
                     self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
 
     def around(self, inner: Phase) -> Phase:
@@ -291,15 +318,17 @@ class TransportProbe:
 
     def last_seen(self) -> str:
         """What the transport showed since the probe was made, read now (after a
-        failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; empty when
-        nothing was read."""
+        failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; where the
+        connection is gone, what it showed when last read and what the host retransmitted
+        since; empty when nothing was read."""
         if self._first is None or self._reader is None:
             return ""
         try:
             now = self._reader.read(self._address, self._port)
         except (TelemetryError, OSError):
             return ""
-        parts = [f"after {format_duration(time.monotonic_ns() - self._started_ns)}"]
+        at_ns = time.monotonic_ns()
+        parts = [f"after {format_duration(at_ns - self._started_ns)}"]
         closed = Window(start={"local": self._first}, end={"local": now})
         seen = summarize_windows([closed])
         if seen is not None and seen.connections:
@@ -309,9 +338,24 @@ class TransportProbe:
         elif self._first.host_retransmits is not None and now.host_retransmits is not None:
             grown = now.host_retransmits - self._first.host_retransmits
             parts.append(f"the connection is gone; this host retransmitted {grown:,} segments")
+            last = self._last_connection()
+            if last is not None:
+                parts.append(last)
         if seen is not None and seen.qdisc_drops:
             parts.append(f"{seen.qdisc_drops:,} qdisc drops")
         return parts[0] + "; " + ", ".join(parts[1:]) if len(parts) > 1 else ""
+
+    def _last_connection(self) -> str | None:
+        """``when last read, 3.2 s before: 12 retransmissions, RTT 1.2 ms``: the connections
+        from the probe's start to the last reading that found them; None without one."""
+        if self._first is None or self._last is None or self._last is self._first:
+            return None
+        seen = summarize_windows([Window(start={"local": self._first}, end={"local": self._last})])
+        if seen is None or not seen.connections:
+            return None
+        ago = format_duration(time.monotonic_ns() - self._last.at_ns)
+        words = f"when last read, {ago} before: {seen.retransmits:,} retransmissions"
+        return words + (f", RTT {format_duration(seen.rtt_ns[-1])}" if seen.rtt_ns else "")
 
     def close(self) -> None:
         if self._reader is not None:
@@ -336,6 +380,70 @@ class _Nested:
     def stop(self) -> None:
         self._inner.stop()
         self._outer.stop()
+
+
+def merge_windows(windows: Sequence[Window]) -> Window:
+    """One window of several probes' windows, read at nearly the same moments (a cluster's PS
+    tasks'): per side, every probe's sockets (each once) and the first probe's link and host
+    counters (one host's, read again by the others)."""
+    merged = Window()
+    for window in windows:
+        for into, readings in ((merged.start, window.start), (merged.end, window.end)):
+            for side, reading in readings.items():
+                had = into.get(side)
+                if had is None:
+                    into[side] = reading
+                    continue
+                keys = {state.key for state in had.sockets}
+                more = tuple(state for state in reading.sockets if state.key not in keys)
+                into[side] = replace(had, sockets=had.sockets + more)
+    return merged
+
+
+class ClusterProbe:
+    """A probe of each PS task's connections (:func:`probe_for`), all started and stopped
+    together: a :class:`~pytest_tfgrpc.ps.ps_cluster.PSCluster` job's window. One per job."""
+
+    def __init__(self, tasks: Sequence[Server]) -> None:
+        self._tasks = tuple(tasks)
+        self.probes = [probe_for(task) for task in self._tasks]
+
+    def start(self) -> None:
+        for probe in self.probes:
+            probe.start()
+
+    def stop(self) -> None:
+        for probe in reversed(self.probes):
+            probe.stop()
+
+    def per_task(self) -> list[Transport | None]:
+        """Each PS task's telemetry over the job."""
+        return [probe.transport() for probe in self.probes]
+
+    def transport(self) -> Transport | None:
+        """Every PS task's connections together, over the job."""
+        closed = [probe.windows[-1] for probe in self.probes if probe.windows]
+        if not closed:
+            return None
+        named = min((t.fabric.link_rate_Bps or 0.0 for t in self._tasks), default=0.0)
+        return summarize_windows([merge_windows(closed)], named or None)
+
+    def cores(self) -> dict[str, int | None]:
+        """The CPUs each PS task may run on (``ps<i>``; None for one on another host)."""
+        return {
+            f"ps{i}": affinity(getattr(task, "pid", None)) if _is_local(task) else None
+            for i, task in enumerate(self._tasks)
+        }
+
+    def close(self) -> None:
+        for probe in self.probes:
+            probe.close()
+
+    def __enter__(self) -> ClusterProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def affinity(pid: int | None) -> int | None:
@@ -363,21 +471,24 @@ def explained(
     return replace(with_tcp, limit=name_limit(with_tcp, cores=cores, op_bytes=op_bytes))
 
 
-def probe_for(server: Server, named_rate_Bps: float | None = None) -> TransportProbe:
+def probe_for(server: Server) -> TransportProbe:
     """A probe of ``server``'s connections: on this host's fabric, and on the server's host
-    where its node agent can read them."""
+    where its node agent can read them; with the rate the user named for its fabric
+    (:attr:`~pytest_tfgrpc.wire.fabric.Fabric.link_rate_Bps`)."""
     launcher = getattr(server, "launcher", None)
     remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
     pids = {"client": os.getpid()}
     pid = getattr(server, "pid", None)
-    if _is_local(server) and pid:
+    local = _is_local(server)
+    if local and pid:
         pids["server"] = pid
     return TransportProbe(
         server.target,
         server.fabric.name,
         remote=remote,
         remote_name=str(getattr(launcher, "host", "server")),
-        named_rate_Bps=named_rate_Bps,
+        remote_pid=int(pid or 0) if remote is not None and not local else 0,
+        named_rate_Bps=server.fabric.link_rate_Bps,
         pids=pids,
     )
 

@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ from pytest_tfgrpc.wire.security import (
 )
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
-from pytest_tfgrpc.wire.telemetry import TelemetryError, TelemetryReader
+from pytest_tfgrpc.wire.telemetry import TelemetryError, TelemetryReader, run_queue_wait_ns
 
 __all__ = [
     "DEFAULT_PORT",
@@ -470,6 +470,16 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             )
         except (TelemetryError, OSError) as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"telemetry on {self.host}: {exc}")
+        if request.pid:
+            with self._lock:
+                lease = self._leases.get(request.driver)
+                ours = lease is not None and any(r.proc.pid == request.pid for r in lease.roles)
+            if not ours:  # only the roles it started: no view of the host's other processes
+                context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"process {request.pid} is no role driver {request.driver} started here",
+                )
+            reading = replace(reading, cpu_wait_ns=run_queue_wait_ns(request.pid))
         return reading_message(reading)
 
     def _telemetry(self) -> TelemetryReader:

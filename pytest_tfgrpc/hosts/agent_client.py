@@ -203,12 +203,13 @@ class AgentClient:
         reply = self._call(self._stub.Counters, agent_pb2.LeaseRequest(driver=self.driver))
         return int(reply.rx_bytes), int(reply.tx_bytes)
 
-    def telemetry(self, address: str, port: int, discover: bool = True) -> Reading:
+    def telemetry(self, address: str, port: int, discover: bool = True, pid: int = 0) -> Reading:
         """What the agent's host knows of the connections of ``address:port`` there, and
         its fabric's counters (:mod:`pytest_tfgrpc.wire.telemetry`; ``discover`` as for
-        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`)."""
+        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`); with ``pid`` (a
+        process this driver started there), its run-queue wait so far."""
         request = agent_pb2.TelemetryRequest(
-            driver=self.driver, address=address, port=port, discover=discover
+            driver=self.driver, address=address, port=port, discover=discover, pid=pid
         )
         return reading_from_message(self._call(self._stub.Telemetry, request))
 
@@ -277,10 +278,11 @@ class AgentLauncher:
         info = self.client.info
         return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
 
-    def read_telemetry(self, address: str, port: int, discover: bool) -> Reading:
-        """The server side of a connection, read on this agent's host."""
+    def read_telemetry(self, address: str, port: int, discover: bool, pid: int = 0) -> Reading:
+        """The server side of a connection, read on this agent's host (with the run-queue
+        wait of ``pid``, a process started there, where given)."""
         try:
-            return self.client.telemetry(address, port, discover)
+            return self.client.telemetry(address, port, discover, pid)
         except AgentError as exc:
             raise TelemetryError(str(exc)) from None
 

@@ -39,6 +39,7 @@ def reading_message(reading: Reading) -> Any:
             for s in reading.sockets
         ],
         host_retransmits=-1 if reading.host_retransmits is None else reading.host_retransmits,
+        cpu_wait_ns=-1 if reading.cpu_wait_ns is None else reading.cpu_wait_ns,
     )
     if reading.link is not None:
         reply.link.CopyFrom(link_message(reading.link))
@@ -67,4 +68,5 @@ def reading_from_message(reply: Any) -> Reading:
         TcpState(**{name: getattr(s, name) for name in _SOCKET_FIELDS}) for s in reply.sockets
     )
     retrans = reply.host_retransmits if reply.host_retransmits >= 0 else None
-    return Reading(reply.at_ns, sockets, link, retrans)
+    wait = reply.cpu_wait_ns if reply.cpu_wait_ns >= 0 else None
+    return Reading(reply.at_ns, sockets, link, retrans, wait)

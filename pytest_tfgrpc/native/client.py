@@ -12,9 +12,11 @@ i64 count, i64 elapsed_ns, i64 start_ns (after the earliest stream's start), cou
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,12 @@ MAGIC = b"TFGN"
 VERSION = 1
 _HEAD = struct.Struct("<4sII7q")
 _STREAM = struct.Struct("<3q")
+#: What the client writes on its pause socket (``--pause-fd``) at each phase.
+_PHASES = {b"s": "start", b"e": "end"}
+
+#: Called while the client waits at a phase: (``start`` or ``end`` of its measured phase, the
+#: client's process id).
+Pause = Callable[[str, int], None]
 
 
 class NativeClientError(RuntimeError):
@@ -164,35 +172,75 @@ def run_client(
     *,
     extra_argv: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    pause: Pause | None = None,
 ) -> NativeRun:
     """Run the native client once, in ``env`` (None: this process's; its TLS setting travels
-    as ``$TFGRPC_TLS_*``), and return what it measured.
+    as ``$TFGRPC_TLS_*``), and return what it measured. ``pause`` is called when every stream
+    is warm and again when every measured loop has ended, while the client waits with its
+    connections open (``--pause-fd``): to read their TCP state outside the measured loops.
 
     Raises :class:`~pytest_tfgrpc.native.NativeNotBuilt` if the engine is not built, and
     :class:`NativeClientError` with the client's own message if it fails or runs past
-    :attr:`ClientSettings.timeout_s` (it is killed then).
+    :attr:`ClientSettings.timeout_s` (it is killed then). An exception ``pause`` raised is
+    raised once the client has ended (it is answered meanwhile, so that it ends).
     """
     argv = [str(binaries().client), *settings.argv(), "--exit-on-stdin-eof", *extra_argv]
+    ours, theirs = socket.socketpair() if pause is not None else (None, None)
+    if theirs is not None:
+        argv += ["--pause-fd", str(theirs.fileno())]
     # Its stdin is a pipe this process holds open until the client ends: if this process dies,
     # the pipe closes and the client exits at once instead of finishing its run.
     lifeline, keep = os.pipe()
+    failed: list[BaseException] = []
     try:
-        done = subprocess.run(
+        process = subprocess.Popen(
             argv,
             stdin=lifeline,
-            capture_output=True,
-            timeout=settings.timeout_s,
-            check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
+            pass_fds=(theirs.fileno(),) if theirs is not None else (),
         )
-    except subprocess.TimeoutExpired:
-        raise NativeClientError(
-            f"the native client did not finish within {settings.timeout_s:g} s and was killed"
-        ) from None
+        answering = None
+        if ours is not None and theirs is not None and pause is not None:
+            theirs.close()  # the client's now: its exit ends the answering thread's reads
+            answering = threading.Thread(
+                target=_answer, args=(ours, pause, process.pid, failed), daemon=True
+            )
+            answering.start()
+        try:
+            stdout, stderr = process.communicate(timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise NativeClientError(
+                f"the native client did not finish within {settings.timeout_s:g} s and was killed"
+            ) from None
+        if answering is not None:
+            answering.join()
     finally:
         os.close(lifeline)
         os.close(keep)
-    if done.returncode != 0:
-        message = done.stderr.decode("utf-8", "replace").strip() or "no message"
+        for end in (ours, theirs):
+            if end is not None:
+                end.close()
+    if process.returncode != 0:
+        message = stderr.decode("utf-8", "replace").strip() or "no message"
         raise NativeClientError(message)
-    return decode_run(done.stdout)
+    if failed:
+        raise failed[0]
+    return decode_run(stdout)
+
+
+def _answer(sock: socket.socket, pause: Pause, pid: int, failed: list[BaseException]) -> None:
+    """Call ``pause`` at each phase the client reports on ``sock`` and let it go on, until it
+    closes its end; what ``pause`` raises is kept in ``failed``."""
+    while phase := sock.recv(1):
+        try:
+            pause(_PHASES.get(phase, phase.decode("ascii", "replace")), pid)
+        except Exception as error:  # raised in the caller's thread once the client ends
+            failed.append(error)
+        try:
+            sock.sendall(b"g")
+        except OSError:
+            return  # the client is gone

@@ -97,6 +97,11 @@ SERVER_DELAY_HELP = (
     "measuring. Recorded in the run metadata (server_delay), so a baseline without it is a "
     "setup mismatch"
 )
+LINK_RATES_HELP = (
+    "the nominal rate of a fabric's path, FABRIC=RATE (e.g. eth0=10Gbit/s; repeatable; in the "
+    "ini file, space-separated pairs): link efficiency is throughput over it (or over a tbf "
+    "cap's rate where lower); it replaces the interfaces' reported speeds"
+)
 ALPHA_HELP = "significance level of the baseline comparison (default 0.05)"
 GATE_POLICIES = {
     "inconclusive": (
@@ -293,6 +298,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "tfgrpc_server_delay",
         SERVER_DELAY_HELP,
         metavar="DURATION",
+    )
+    _add(
+        group,
+        parser,
+        ("--tfgrpc-link-rate",),
+        "tfgrpc_link_rates",
+        LINK_RATES_HELP,
+        ini_type="args",
+        ini_default=[],
+        action="append",
+        metavar="FABRIC=RATE",
     )
     _add(group, parser, ("--tfgrpc-alpha",), "tfgrpc_alpha", ALPHA_HELP, type=float, metavar="P")
     for name, help_text in RUN_HELP.items():

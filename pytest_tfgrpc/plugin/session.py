@@ -8,7 +8,7 @@ import socket
 import time
 import uuid
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -36,7 +36,7 @@ from pytest_tfgrpc.report.tolerance import ToleranceError, parse_tolerances
 from pytest_tfgrpc.roles.processes import ServerError
 from pytest_tfgrpc.tuning.allocator import apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
-from pytest_tfgrpc.units import UnitError, parse_duration_ns
+from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_rate_Bps
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import Fabric, FabricError, parse_fabric_names, resolve_fabrics
 from pytest_tfgrpc.wire.security import TlsError, TlsFiles, load_tls, tls_mode, use_tls
@@ -131,6 +131,26 @@ def server_delay(config: pytest.Config) -> tuple[float, str]:
     return seconds, raw
 
 
+def link_rates(config: pytest.Config) -> dict[str, float]:
+    """Per fabric name, the nominal rate the user named (bytes/s), from ``--tfgrpc-link-rate``
+    or the ini's ``tfgrpc_link_rates`` (``FABRIC=RATE`` pairs); a bad pair is a usage error
+    naming the option and the pair."""
+    where = "--tfgrpc-link-rate / tfgrpc_link_rates"
+    rates: dict[str, float] = {}
+    for pair in config.getoption("tfgrpc_link_rates") or config.getini("tfgrpc_link_rates"):
+        name, sep, text = str(pair).partition("=")
+        if not sep or not name.strip():
+            raise pytest.UsageError(f"{where}: {pair!r} is not FABRIC=RATE (eth0=10Gbit/s)")
+        try:
+            rate = parse_rate_Bps(text.strip())
+        except UnitError as exc:
+            raise pytest.UsageError(f"{where}: {name.strip()}: {exc}") from None
+        if rate <= 0:
+            raise pytest.UsageError(f"{where}: {pair!r}: a link's rate is above 0")
+        rates[name.strip()] = rate
+    return rates
+
+
 def junit_name(config: pytest.Config, nodeid: str) -> str:
     """A test's ``classname.name`` exactly as pytest's JUnit writer names it: its address
     mangled (path to dots, ``::`` to dots, parameters kept), ``--junit-prefix`` before the
@@ -210,6 +230,8 @@ def start(config: pytest.Config) -> RunState:
         fabrics = resolve_fabrics(parse_fabric_names(given))
     except FabricError as exc:
         raise pytest.UsageError(str(exc)) from None
+    rates = link_rates(config)
+    fabrics = tuple(replace(f, link_rate_Bps=rates.get(f.name)) for f in fabrics)
     run = run_layers(config)
     delay_s, delay = server_delay(config)
     policy = config.getoption("tfgrpc_allocator") or config.getini("tfgrpc_allocator")

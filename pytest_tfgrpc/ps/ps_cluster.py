@@ -16,7 +16,7 @@ import selectors
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import grpc
 
@@ -40,7 +40,15 @@ from pytest_tfgrpc.wire.client import BenchmarkError, connect, explain, rpc_time
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY, new_token
 
-__all__ = ["ClusterError", "PSCluster", "WorkerProcess"]
+__all__ = ["ClusterError", "PSCluster", "Window", "WorkerProcess"]
+
+
+class Window(Protocol):
+    """Told when a job's workers are ready to go and when their replies are in."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class ClusterError(ServerError):
@@ -298,16 +306,28 @@ class PSCluster:
     # --- worker jobs ---------------------------------------------------------------------
     @overload
     def run(
-        self, jobs: Sequence[protocol.ThroughputJob], timeout: float
+        self,
+        jobs: Sequence[protocol.ThroughputJob],
+        timeout: float,
+        window: Window | None = None,
     ) -> list[protocol.ThroughputReply]: ...
 
     @overload
     def run(
-        self, jobs: Sequence[protocol.SyncSGDJob], timeout: float
+        self,
+        jobs: Sequence[protocol.SyncSGDJob],
+        timeout: float,
+        window: Window | None = None,
     ) -> list[protocol.SyncSGDReply]: ...
 
-    def run(self, jobs: Sequence[JobMessage], timeout: float) -> Sequence[Reply]:
+    def run(
+        self, jobs: Sequence[JobMessage], timeout: float, window: Window | None = None
+    ) -> Sequence[Reply]:
         """Give ``jobs[i]`` to worker ``i``, start them together, return their results.
+
+        ``window`` is started once every worker is connected and ready, before they are told
+        to go, and stopped once every reply is in (the workers keep their connections between
+        jobs): to read the connections' TCP state around the job.
 
         With fewer jobs than workers, the workers after the last job stay idle. Raises
         ServerDied when a worker or a PS dies, BenchmarkError when a worker reports an error,
@@ -319,10 +339,12 @@ class PSCluster:
         deadline = time.monotonic() + timeout
         for worker, job in zip(busy, jobs, strict=True):
             worker.send(job)
-        self._start(busy, deadline)
+        self._start(busy, deadline, ready=window.start if window is not None else None)
         replies = self._collect(
             busy, deadline, "run", (protocol.ThroughputReply, protocol.SyncSGDReply)
         )
+        if window is not None:
+            window.stop()
         out: list[Reply] = []
         for worker, job, reply in zip(busy, jobs, replies, strict=True):
             wanted = (
@@ -342,14 +364,18 @@ class PSCluster:
         busy: Sequence[WorkerProcess],
         deadline: float,
         before: Callable[[], None] | None = None,
+        ready: Callable[[], None] | None = None,
     ) -> None:
         """The start barrier of jobs sent to ``busy``: run ``before`` (what must happen
-        between the job and Ready), wait for every worker's Ready, then tell all to go; if any
-        of that fails, call the job off at every worker still running."""
+        between the job and Ready), wait for every worker's Ready, run ``ready`` (every worker
+        connected, none started), then tell all to go; if any of that fails, call the job off
+        at every worker still running."""
         try:
             if before is not None:
                 before()
             self._collect(busy, deadline, "prepare", protocol.Ready)
+            if ready is not None:
+                ready()
         except Exception:
             for worker in busy:
                 if worker.poll() is None:
@@ -438,6 +464,7 @@ class PSCluster:
         init: int,
         barrier_timeout: float,
         check: bool = False,
+        window: Window | None = None,
     ) -> tuple[list[protocol.SyncSGDReply], tuple[service_pb2.PSJobStats, ...]]:
         """Run one sync-SGD job: PS ``p`` owns ``shards[p]`` (``(tensor, offset, nbytes)``,
         in its order), ``workers`` workers step against PS tasks ``0..len(shards)-1``.
@@ -446,7 +473,7 @@ class PSCluster:
         ``steps`` within ``max_seconds``, each step's barrier bounded by ``barrier_timeout``);
         each worker gets a :class:`~pytest_tfgrpc.ps.jobs.SyncSGDJob` that allows one step
         more than that. Returns the workers' replies and what each PS saw, within
-        ``timeout_s``.
+        ``timeout_s``. ``window``: as for :meth:`run`.
         """
         tasks = range(len(shards))
         self.configure(
@@ -489,7 +516,7 @@ class PSCluster:
             )
             for w in range(workers)
         ]
-        replies = self.run(jobs, timeout_s)
+        replies = self.run(jobs, timeout_s, window)
         return replies, self.job_stats(list(tasks))
 
     def _collect(

@@ -8,9 +8,9 @@ not one interpreter's GIL. The parent talks to a worker in the messages of
 
 1. the worker writes ``Hello`` once it is up;
 2. the parent writes a job (``ThroughputJob``, ``SyncSGDJob`` or ``AllReduceJob``); the
-   worker connects to every PS, prepares its tensors and writes ``Ready`` (an all-reduce job
-   first serves ``tfgrpc.Collective`` on the fabric, writes ``Listening`` and takes ``Peers``,
-   the other ranks' addresses);
+   worker connects to every PS (once: it keeps its connections for later jobs), prepares its
+   tensors and writes ``Ready`` (an all-reduce job first serves ``tfgrpc.Collective`` on the
+   fabric, writes ``Listening`` and takes ``Peers``, the other ranks' addresses);
 3. the parent writes ``Go`` to all workers at once (the start barrier); the worker runs the
    job and writes its reply, samples as packed int64; then it waits for the next job.
 
@@ -525,19 +525,32 @@ async def _allreduce(
         await server.stop(grace=1.0)
 
 
-async def _run(job: JobMessage, lines: queue.Queue[bytes], credentials: Credentials) -> Reply:
+async def _run(
+    job: JobMessage,
+    lines: queue.Queue[bytes],
+    credentials: Credentials,
+    kept: dict[str, grpc.aio.Channel],
+) -> Reply:
+    """Run ``job``: a PS job on the channels ``kept`` from earlier jobs (per PS target),
+    opening those it lacks: a worker's connections to the PS tasks live as long as it does, as
+    TensorFlow's, so that the driver can read their TCP state once a job's replies are in. An
+    all-reduce job makes and closes its own (its peers differ per job)."""
     if isinstance(job, AllReduceJob):
         return await _allreduce(job, lines, credentials)
     channels: list[grpc.aio.Channel] = []
-    try:
-        for target in job.targets:
-            channels.append(await connect_aio(target))
-        if isinstance(job, ThroughputJob):
-            return await _throughput(job, channels, lines, credentials)
-        return await _sync_sgd(job, channels, lines, credentials)
-    finally:
-        for channel in channels:
-            await channel.close()
+    for target in job.targets:
+        if target not in kept:
+            kept[target] = await connect_aio(target)
+        channels.append(kept[target])
+    if isinstance(job, ThroughputJob):
+        return await _throughput(job, channels, lines, credentials)
+    return await _sync_sgd(job, channels, lines, credentials)
+
+
+async def _close(kept: dict[str, grpc.aio.Channel]) -> None:
+    for channel in kept.values():
+        await channel.close()
+    kept.clear()
 
 
 def main() -> int:
@@ -552,6 +565,9 @@ def main() -> int:
     lines: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_lifeline, args=(lines,), daemon=True).start()
     _emit(Hello(pid=os.getpid()))
+    # One event loop for the worker's life: the channels it keeps belong to it.
+    loop = asyncio.new_event_loop()
+    kept: dict[str, grpc.aio.Channel] = {}
     while True:
         try:
             job = job_of(lines.get())
@@ -561,8 +577,9 @@ def main() -> int:
         if isinstance(job, (Go, Peers)):
             continue  # meant for a job that failed before it was ready
         try:
-            reply = asyncio.run(_run(job, lines, credentials))
+            reply = loop.run_until_complete(_run(job, lines, credentials, kept))
         except (BenchmarkError, grpc.RpcError, ValueError) as error:
+            loop.run_until_complete(_close(kept))  # a failed job's connections start afresh
             _emit(WorkerFailed(error=str(error) or type(error).__name__))
         else:
             _emit(reply)

@@ -4,7 +4,9 @@ The rule (the docs' "What limited a figure" states it for users), first match wi
 
 1. **loss-bound**: TCP retransmitted at least :data:`LOSS_SHARE` of the data segments sent.
 2. **link-bound**: where the path's nominal rate is known, throughput reached at least
-   :data:`LINK_SHARE` of it (the ``efficiency`` figure).
+   :data:`LINK_SHARE` of it (the ``efficiency`` figure) and at most :data:`LINK_OVER` of it:
+   a throughput well above the nominal rate says that rate is not the path's (a virtual
+   interface's reported speed: a veth reports 10 Gbit/s and carries more).
 3. **cpu-bound**, naming the side: a side's demand for CPU reached :data:`CPU_SHARE` of the
    cores it could use over the measured time: its CPU time (``busy``) plus the time its
    threads waited on a run queue for a CPU (``waited``: another process had the core; read
@@ -26,13 +28,15 @@ from collections.abc import Mapping
 
 from pytest_tfgrpc.results import Limit, SizeResult
 
-__all__ = ["CPU_SHARE", "LINK_SHARE", "LOSS_SHARE", "cpu_shares", "name_limit"]
+__all__ = ["CPU_SHARE", "LINK_OVER", "LINK_SHARE", "LOSS_SHARE", "cpu_shares", "name_limit"]
 
 #: Retransmitted / data segments sent from which a point is loss-bound (0.1%: at that loss
 #: rate TCP's throughput model gives well under a gigabit at a millisecond's RTT).
 LOSS_SHARE = 1e-3
 #: Throughput / nominal rate from which a point is link-bound.
 LINK_SHARE = 0.8
+#: Throughput / nominal rate beyond which the nominal rate is not the path's.
+LINK_OVER = 1.1
 #: Busy share of a side's usable cores from which a point is CPU-bound.
 CPU_SHARE = 0.7
 
@@ -77,7 +81,7 @@ def name_limit(
             used.append(("qdisc_drops", float(tcp.qdisc_drops)))
         return Limit("loss", used=tuple(used))
     efficiency = point.figure("efficiency")
-    if efficiency is not None and efficiency.value >= LINK_SHARE:
+    if efficiency is not None and LINK_SHARE <= efficiency.value <= LINK_OVER:
         assert tcp is not None and tcp.nominal_Bps
         return Limit(
             "link", used=(("efficiency", efficiency.value), ("link_rate_Bps", tcp.nominal_Bps))

@@ -101,7 +101,11 @@ _GATE = f"{PREFIX}gate."
 
 _SCOPE = re.compile(r"^(?:ps\d+|workers)$")
 _BY_SUFFIX: Mapping[bool, Mapping[str, Metric]] = {
-    scoped: {m.property_suffix: m for m in METRICS.values() if m.scoped == scoped}
+    scoped: {
+        m.property_suffix: m
+        for m in METRICS.values()
+        if m.scoped == scoped or (scoped and m.per_ps)
+    }
     for scoped in (False, True)
 }
 

@@ -96,6 +96,8 @@ class Fabric:
 
     ``address`` is the bare IP (no brackets, no zone); ``zone`` is the interface name when the
     address is an IPv6 link-local one, which is only reachable with a zone id.
+    ``link_rate_Bps`` is the nominal rate the user named for it (bytes/s; the plugin's
+    ``tfgrpc_link_rates``), for the link efficiency of what crosses it; None: not named.
     """
 
     name: str
@@ -106,6 +108,7 @@ class Fabric:
     operstate: str = "unknown"
     link_type: str = "other"
     speed_mbps: int | None = None
+    link_rate_Bps: float | None = None
 
     @property
     def host(self) -> str:

@@ -45,6 +45,7 @@ __all__ = [
     "TelemetryError",
     "TelemetryReader",
     "host_retransmits",
+    "run_queue_wait_ns",
     "split_target",
 ]
 
@@ -139,12 +140,15 @@ class LinkState:
 class Reading:
     """What one host saw at one moment (``at_ns``, its monotonic clock): the sockets of the
     endpoint, its fabric's link, the host's retransmitted segments so far (all connections;
-    None where ``/proc/net/snmp`` cannot be read)."""
+    None where ``/proc/net/snmp`` cannot be read), and ``cpu_wait_ns``, the run-queue wait so
+    far of a role's process there (:func:`run_queue_wait_ns`; None where none was asked for
+    or it cannot be read)."""
 
     at_ns: int
     sockets: tuple[TcpState, ...]
     link: LinkState | None
     host_retransmits: int | None
+    cpu_wait_ns: int | None = None
 
 
 def split_target(target: str) -> tuple[str, int]:
@@ -174,6 +178,24 @@ def host_retransmits() -> int | None:
         return int(values[names.index("RetransSegs")])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def run_queue_wait_ns(pid: int) -> int | None:
+    """Nanoseconds the threads of process ``pid`` (of this host) have waited on a run queue
+    for a CPU, summed over the threads alive now (the second field of each
+    ``/proc/<pid>/task/<tid>/schedstat``); None where it cannot be read. A side that waited
+    long wanted more CPU than it got: the machine's load, not the side, was short of CPU."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
 
 
 def _tcp_state(message: Any, server_side: bool) -> TcpState | None:

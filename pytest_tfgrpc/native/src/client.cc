@@ -10,6 +10,12 @@
 // pytest_tfgrpc/native/client.py (format below). Errors go to stderr; exit status 2 is a
 // usage error, 3 a failed or wrong RPC, 4 its parent went away (--exit-on-stdin-eof).
 //
+// --pause-fd N (a socket its parent holds the other end of): the client writes "s" there once
+// every stream is connected and warm, and "e" once every measured loop has ended (before any
+// connection closes), and each time waits for one byte back before going on, so that the
+// parent can read the connections' TCP state (sock_diag) at the measured phase's start and
+// end. Its parent gone (end of file there): exit status 4.
+//
 // Output (little-endian): "TFGN", u32 version (1), u32 streams; i64 size_bytes, wire_bytes,
 // wall_ns (first measured start to last measured end), client_user_ns, client_system_ns,
 // server_user_ns, server_system_ns (over the measured phase); then per stream: i64 count,
@@ -58,6 +64,7 @@ struct Settings {
   int64_t chunk_bytes = kDefaultChunkBytes;
   double deadline_s = 0;
   int streams = 1;
+  int pause_fd = -1;
   // Of the TLS setting its parent handed it ($TFGRPC_TLS_*, tls.h); plaintext by default.
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   std::string tls_mode = "off";
@@ -375,7 +382,15 @@ Cpu read_cpu(const std::shared_ptr<grpc::Channel>& status_channel) {
   return cpu;
 }
 
-// One stream's warm-up and measured loop, in step with the others through `sync`.
+// Tell the parent the phase `what` is reached and wait until it has looked (--pause-fd).
+void pause(const Settings& s, char what) {
+  if (s.pause_fd < 0) return;
+  char answer = 0;
+  if (write(s.pause_fd, &what, 1) != 1 || read(s.pause_fd, &answer, 1) != 1) std::_Exit(4);
+}
+
+// One stream's warm-up and measured loop, in step with the others through `sync` (four
+// phases: every stream warm, the CPU start read, every measured loop ended, the end paused).
 void run_stream(const Settings& s, int index, const Tensor& tensor,
                 std::barrier<>* sync, StreamResult* out) {
   bool arrived = false;
@@ -390,7 +405,6 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
     }
     sync->arrive_and_wait();  // every stream warm
     sync->arrive_and_wait();  // the phase's CPU start read
-    arrived = true;
     out->samples.reserve(static_cast<size_t>(s.iterations));
     int64_t start = now_ns();
     int64_t deadline = start + static_cast<int64_t>(s.max_seconds * 1e9);
@@ -403,6 +417,9 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
     }
     out->elapsed_ns = now_ns() - start;
     out->start_ns = start;
+    sync->arrive_and_wait();  // every measured loop ended
+    arrived = true;
+    sync->arrive_and_wait();  // the parent has looked at the connections, still open
     op->finish();
   } catch (const std::exception& error) {
     out->error = error.what();
@@ -429,6 +446,7 @@ int run(const Settings& s) {
     threads.emplace_back(run_stream, std::cref(s), i, std::cref(tensor), &sync, &results[i]);
   }
   sync.arrive_and_wait();
+  pause(s, 's');
   Cpu start{};
   std::string cpu_error;
   try {
@@ -436,6 +454,9 @@ int run(const Settings& s) {
   } catch (const std::exception& error) {
     cpu_error = error.what();
   }
+  sync.arrive_and_wait();
+  sync.arrive_and_wait();
+  pause(s, 'e');
   sync.arrive_and_wait();
   for (auto& thread : threads) thread.join();
   for (const auto& result : results) {
@@ -520,6 +541,10 @@ int main(int argc, char** argv) {
     else if (arg == "--warmup-seconds") ok = real(&s.warmup_seconds);
     else if (arg == "--chunk-bytes") ok = integer(&s.chunk_bytes);
     else if (arg == "--deadline-s") ok = real(&s.deadline_s);
+    else if (arg == "--pause-fd") {
+      ok = integer(&number) && number >= 0;
+      s.pause_fd = static_cast<int>(number);
+    }
     else if (arg == "--streams") {
       ok = integer(&number) && number >= 1 && number <= 1024;
       s.streams = static_cast<int>(number);

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <deque>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -622,13 +623,22 @@ std::string sync_sgd(const Job& job,
   return reply;
 }
 
+// Per PS target, the channel of the jobs so far: kept open from one job to the next (a
+// worker's connections live as long as it does, as TensorFlow's), so that the driver can read
+// their TCP state once a job's replies are in. Dropped after a failed job.
+std::map<std::string, std::shared_ptr<grpc::Channel>> kept_channels;
+
 // Run `job`; writes its reply.
 void run(const Job& job) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   if (job.targets.empty()) {
     throw CallError("bad job: targets: expected a non-empty list of host:port");
   }
-  for (const auto& target : job.targets) channels.push_back(connect(target));
+  for (const auto& target : job.targets) {
+    std::shared_ptr<grpc::Channel>& channel = kept_channels[target];
+    if (!channel) channel = connect(target);
+    channels.push_back(channel);
+  }
   if (job.kind == Job::kThroughput) {
     emit(kThroughputReply, throughput(job, channels));
   } else {
@@ -661,6 +671,7 @@ int main() {
       if (job.kind == Job::kGo) continue;  // a Go meant for a job that failed before it was ready
       run(job);
     } catch (const std::exception& error) {
+      kept_channels.clear();
       emit_error(error.what());
     }
   }

@@ -140,16 +140,18 @@ class InterfaceCounters(_message.Message):
     def __init__(self, fabric: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ..., rx_dropped: _Optional[int] = ..., tx_dropped: _Optional[int] = ..., rx_errors: _Optional[int] = ..., tx_errors: _Optional[int] = ..., qdisc: _Optional[str] = ..., qdisc_drops: _Optional[int] = ..., tbf_rate_Bps: _Optional[int] = ..., speed_bps: _Optional[int] = ...) -> None: ...
 
 class TelemetryRequest(_message.Message):
-    __slots__ = ("driver", "address", "port", "discover")
+    __slots__ = ("driver", "address", "port", "discover", "pid")
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     DISCOVER_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     driver: str
     address: str
     port: int
     discover: bool
-    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ...) -> None: ...
+    pid: int
+    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class TcpSocket(_message.Message):
     __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps", "dsack_dups")
@@ -184,13 +186,15 @@ class TcpSocket(_message.Message):
     def __init__(self, local: _Optional[str] = ..., remote: _Optional[str] = ..., server_side: _Optional[bool] = ..., retransmits: _Optional[int] = ..., data_segs_out: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_acked: _Optional[int] = ..., bytes_retrans: _Optional[int] = ..., bytes_received: _Optional[int] = ..., rtt_us: _Optional[int] = ..., rttvar_us: _Optional[int] = ..., cwnd: _Optional[int] = ..., delivery_rate_Bps: _Optional[int] = ..., dsack_dups: _Optional[int] = ...) -> None: ...
 
 class TelemetryReply(_message.Message):
-    __slots__ = ("at_ns", "sockets", "link", "host_retransmits")
+    __slots__ = ("at_ns", "sockets", "link", "host_retransmits", "cpu_wait_ns")
     AT_NS_FIELD_NUMBER: _ClassVar[int]
     SOCKETS_FIELD_NUMBER: _ClassVar[int]
     LINK_FIELD_NUMBER: _ClassVar[int]
     HOST_RETRANSMITS_FIELD_NUMBER: _ClassVar[int]
+    CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     at_ns: int
     sockets: _containers.RepeatedCompositeFieldContainer[TcpSocket]
     link: InterfaceCounters
     host_retransmits: int
-    def __init__(self, at_ns: _Optional[int] = ..., sockets: _Optional[_Iterable[_Union[TcpSocket, _Mapping]]] = ..., link: _Optional[_Union[InterfaceCounters, _Mapping]] = ..., host_retransmits: _Optional[int] = ...) -> None: ...
+    cpu_wait_ns: int
+    def __init__(self, at_ns: _Optional[int] = ..., sockets: _Optional[_Iterable[_Union[TcpSocket, _Mapping]]] = ..., link: _Optional[_Union[InterfaceCounters, _Mapping]] = ..., host_retransmits: _Optional[int] = ..., cpu_wait_ns: _Optional[int] = ...) -> None: ...

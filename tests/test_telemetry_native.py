@@ -1,0 +1,123 @@
+"""Transport telemetry of the native engine: its client pauses with its connections open when
+its measured phase starts and ends (``--pause-fd``), and the plugin reads their TCP state then,
+on this host and, for a server elsewhere, on the server's host through its node agent."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+
+from pytest_tfgrpc import native
+from pytest_tfgrpc.bench import native_p2p
+from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
+from pytest_tfgrpc.bench.telemetry import probe_for
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError
+from pytest_tfgrpc.native.client import ClientSettings, run_client
+from pytest_tfgrpc.plugin.emulated import EmulatedHosts
+from pytest_tfgrpc.roles.native_server import start_tensor_server
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.telemetry import split_target
+
+NOT_BUILT = native.unavailable_reason()
+pytestmark = [
+    pytest.mark.skipif(NOT_BUILT is not None, reason=NOT_BUILT or ""),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux"),
+]
+RUN = RunSpec(iterations=20, warmup=2, max_seconds=2.0, warmup_seconds=1.0)
+MiB4 = 4 << 20
+Hosts = Callable[..., EmulatedHosts]
+
+
+@pytest.fixture
+def native_server() -> Iterator[ServerProcess]:
+    with start_tensor_server(resolve_fabric("lo"), engine="native") as server:
+        yield server
+
+
+def _settings(server: ServerProcess) -> ClientSettings:
+    return ClientSettings(
+        target=server.target, benchmark="bandwidth", mode="raw", rpc="unary", size=MiB4,
+        dtype="float32", iterations=5, warmup=1, max_seconds=2.0, warmup_seconds=1.0,
+        deadline_s=30.0,
+    )  # fmt: skip
+
+
+def test_the_client_pauses_with_its_connection_open_at_each_end_of_its_measured_phase(
+    native_server: ServerProcess,
+) -> None:
+    """At the start the warm-up's bytes are on the connection, at the end every measured
+    push's too; the client process waits meanwhile, and an error in the hook comes back."""
+    seen: list[tuple[str, int, int]] = []
+    with probe_for(native_server) as probe:
+
+        def pause(phase: str, pid: int) -> None:
+            (probe.start if phase == "start" else probe.stop)()
+            window = probe.windows[-1]
+            reading = window.start["local"] if phase == "start" else window.end["local"]
+            sent = sum(s.bytes_sent for s in reading.sockets if not s.server_side)
+            seen.append((phase, pid, sent))
+
+        measured = run_client(_settings(native_server), pause=pause)
+    assert [phase for phase, _, _ in seen] == ["start", "end"]
+    assert seen[0][1] == seen[1][1] != os.getpid()
+    assert seen[0][2] >= 2 * MiB4  # the prepare call and one warm-up push
+    assert seen[1][2] - seen[0][2] >= len(measured.streams[0].samples_ns) * MiB4
+    transport = probe.transport()
+    assert transport is not None and transport.connections == 1 and transport.retransmits == 0
+
+    def broken(phase: str, pid: int) -> None:
+        raise RuntimeError(f"hook failed at {phase}")
+
+    with pytest.raises(RuntimeError, match="hook failed at start"):
+        run_client(_settings(native_server), pause=broken)
+
+
+def test_native_on_loopback_records_telemetry_per_size_and_names_a_limit(
+    native_server: ServerProcess,
+) -> None:
+    result = native_p2p.p2p_bandwidth(native_server, [MiB4], BandwidthCall(run=RUN))
+    point = result.sizes[0]
+    tcp = point.transport
+    assert tcp is not None and tcp.sides == ("local",)
+    assert tcp.retransmits == 0 and tcp.connections == 1
+    assert tcp.bytes_sent >= point.count * MiB4 and tcp.rtt_ns
+    assert point.limit is not None and point.limit.kind != ""
+    assert point.cpu_wait.get("client") is not None  # the client process's, read by its pid
+    echo = native_p2p.p2p_latency(native_server, [1024], LatencyCall(run=RUN)).sizes[0]
+    assert echo.transport is not None and echo.transport.bytes_sent >= echo.count * 1024
+
+
+def test_native_through_an_agent_reads_the_servers_side_on_its_host(
+    tfgrpc_emulated_hosts: Hosts,
+) -> None:
+    """A native server on host s0 (an uncapped link), started by its agent, measured by the
+    native client from here: no retransmissions, the server's sockets and its run-queue wait
+    read on s0, and a CPU side named as the limit. The agent reads no process it did not
+    start. The veths report 10 Gbit/s, no rate of this path: 100 Gbit/s is named for it."""
+    hosts = tfgrpc_emulated_hosts("s0")
+    driver = replace(resolve_fabric(hosts.fabric.bridge), link_rate_Bps=100e9 / 8)
+    with AgentClient(hosts.agent_targets()[0], hosts.token) as agent:
+        server = start_tensor_server(driver, engine="native", launcher=agent.launcher())
+        try:
+            result = native_p2p.p2p_bandwidth(server, [MiB4], BandwidthCall(run=RUN))
+            address, port = split_target(server.target)
+            with pytest.raises(AgentError, match=r"process 1 is no role driver .* started"):
+                agent.telemetry(address, port, pid=1)
+        finally:
+            server.stop()
+    point = result.sizes[0]
+    tcp = point.transport
+    assert tcp is not None and tcp.sides == ("local", "s0")
+    assert tcp.retransmits == 0 and tcp.connections == 1
+    assert tcp.bytes_sent >= point.count * MiB4
+    assert point.cpu_wait.get("server") is not None  # the agent read it on s0
+    assert point.limit is not None
+    assert (point.limit.kind, point.limit.side in ("client", "server")) == ("cpu", True), (
+        point.limit.describe()
+    )

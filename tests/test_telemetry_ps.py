@@ -1,0 +1,45 @@
+"""Transport telemetry of PS benchmarks: each PS task's connections read when a job's workers
+are ready and when their replies are in (the workers keep their connections between jobs),
+recorded per PS task and for the point."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pytest_tfgrpc.bench.ps import ps_throughput
+from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.report.record import read_record, result_properties
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux")
+RUN = RunSpec(iterations=20, warmup=2, max_seconds=2.0, warmup_seconds=1.0)
+SIZE = 64 << 10
+
+
+def test_each_ps_tasks_connections_are_read_around_every_job() -> None:
+    with PSCluster(resolve_fabric("lo"), Topology(ps=2, workers=2)) as cluster:
+        results = [ps_throughput(cluster, [SIZE], run=RUN) for _ in range(2)]
+    for result in results:  # the second job on the connections the first one opened
+        point = result.sizes[0]
+        for load in point.per_ps:
+            tcp = load.transport
+            assert tcp is not None, load.task
+            assert tcp.connections == 2 and tcp.retransmits == 0  # one per worker
+            assert tcp.bytes_sent >= load.bytes_in >= load.rpcs * SIZE > 0
+            assert tcp.rtt_ns and tcp.sides == ("local",)
+        assert point.transport is not None and point.transport.connections == 4
+        assert point.transport.bytes_sent == sum(
+            load.transport.bytes_sent for load in point.per_ps if load.transport
+        )
+        assert point.limit is not None
+    figures = {(f.metric.name, f.scope): f.value for f in results[1].sizes[0].figures()}
+    assert figures[("retransmits", "ps1")] == 0.0
+    assert figures[("tcp_bytes_sent", "ps0")] > 0
+    record = read_record("test_ps", result_properties(results[1]), strict=True)
+    (recorded,) = record.measurements
+    assert recorded.scoped["ps0"]["retransmits"] == 0.0
+    assert recorded.scoped["ps1"]["rtt_p50"] > 0
