@@ -12,7 +12,14 @@ import pytest
 from junitparser.xunit2 import JUnitXml
 
 EXAMPLE = Path(__file__).parent.parent / "example_suites" / "custom_ps"
-FAST = ("-p", "no:cacheprovider", "--tfgrpc-iterations=20", "--tfgrpc-warmup=2")
+#: The count bounds each size (the time limit is far away: a busy machine once cut one at 19).
+FAST = (
+    "-p",
+    "no:cacheprovider",
+    "--tfgrpc-iterations=20",
+    "--tfgrpc-warmup=2",
+    "--tfgrpc-max-seconds=60",
+)
 
 RESULT_HOOK = """
 
