@@ -714,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tls-ca", help="require client certificates signed by this CA (PEM): mutual TLS"
     )
     args = parser.parse_args(argv)
+    grpc_settings.quiet_core_log(os.environ)  # before its server starts; its roles inherit it
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: a port is a number from 0 to 65535")
     try:

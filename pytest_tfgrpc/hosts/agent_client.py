@@ -388,7 +388,9 @@ class RemoteProcess:
             self._call.cancel()
             self._done.wait(client.timeout)
             why = self._refusal or f"no answer within {client.timeout:g} s"
-            raise AgentError(f"{name} on {client.name}: {why}")
+            # "PS 1 on host ps1", not "PS 1 on host ps1 on agent ps1 at ...".
+            agent = f"agent at {client.target}" if self.host in name else client.name
+            raise AgentError(f"{name}: {agent}: {why}")
 
     def _requests(self) -> Iterator[Any]:
         while True:
@@ -454,5 +456,9 @@ class RemoteProcess:
 
 def _status(exc: grpc.RpcError) -> str:
     if isinstance(exc, grpc.Call):
-        return f"{exc.code().name}: {exc.details()}"
+        details = exc.details() or ""
+        if exc.code() is grpc.StatusCode.UNAVAILABLE and "connection refused" in details.lower():
+            # gRPC's own text repeats the address twice around "last error: UNKNOWN".
+            return "connection refused: no agent is running there (start tfgrpc-node again)"
+        return f"{exc.code().name}: {details}"
     return str(exc)

@@ -192,6 +192,13 @@ def _agents_of(config: pytest.Config) -> _Agents | None:
     return agents
 
 
+def agents_source(config: pytest.Config) -> str | None:
+    """Where the run's agents come from, as the user named them (``--tfgrpc-agents``, a
+    cluster spec, ``SLURM``), or None when the run uses none."""
+    agents = _agents_of(config)
+    return agents.source if agents is not None else None
+
+
 def agent_tls_files(config: pytest.Config) -> tuple[str | None, str | None, str | None]:
     """The (CA, certificate, key) files for talking to the agents: the
     ``--tfgrpc-agent-tls-*`` options when any is given; else the run's own

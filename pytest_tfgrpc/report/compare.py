@@ -310,7 +310,9 @@ def compare_figure(
         method, p_value = "mann-whitney-u", test.p_value
         direction = (1 if test.x_larger else -1) if test.p_value < alpha else 0
         evidence = f"Mann-Whitney U p={test.p_value:.2g}"
-        detectable = _sample_detectable(baseline.sketch, current.sketch, alpha)
+        detectable = _sample_detectable(
+            baseline.sketch, current.sketch, alpha, rate=gated.higher_is_better
+        )
     else:
         assert gated.quantile is not None  # the registry bootstraps quantiles only
         low, high = bootstrap_quantile_ratio(
@@ -357,10 +359,15 @@ def invalid_figure(measurement: Measurement, metric: str) -> str:
     return f"{metric} per round: {why}" if why else ""
 
 
-def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float:
+def _sample_detectable(
+    baseline: Sketch, current: Sketch, alpha: float, *, rate: bool = False
+) -> float:
     """The smallest median shift the U test would call significant on samples this spread,
     were they independent (they are not quite: consecutive samples correlate): the normal
-    approximation of the median's standard error from the inter-quartile range of the logs."""
+    approximation of the median's standard error from the inter-quartile range of the logs.
+    On the figure's own scale, as its change is: the samples are durations, so for a ``rate``
+    (work over those durations) the rate's drop that such a longer duration means
+    (+39.2% in time is -28.2% in rate), not the time's growth."""
     spreads = []
     for sketch in (baseline, current):
         q1, q3 = sketch.quantile(0.25), sketch.quantile(0.75)
@@ -370,7 +377,8 @@ def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float
     se = 1.2533 * math.sqrt(
         spreads[0] ** 2 / max(baseline.count, 1) + spreads[1] ** 2 / max(current.count, 1)
     )
-    return math.expm1(NormalDist().inv_cdf(1.0 - alpha / 2.0) * se)
+    shift = NormalDist().inv_cdf(1.0 - alpha / 2.0) * se  # on the log of the durations
+    return -math.expm1(-shift) if rate else math.expm1(shift)
 
 
 def _across_runs(history: Sequence[float | None]) -> bool:
