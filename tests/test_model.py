@@ -721,7 +721,10 @@ def test_cli_with_given_link(capsys: pytest.CaptureFixture[str]) -> None:
         compute_s=0.2,
         overlap=0.5,
     )
-    assert out == f"{expected.describe()}\n\n{expected.format()}\n"
+    # The PS projection, then the ring all-reduce over the same link beside it.
+    ps_part, allreduce_part = out.split("\n\nring all-reduce of the profile", 1)
+    assert ps_part == f"{expected.describe()}\n\n{expected.format()}"
+    assert [line.split()[0] for line in allreduce_part.splitlines()[2:]] == ["1", "2", "4", "8"]
     assert "sharding greedy" in out and "alpha 50.0us" in out and "compute 200ms" in out
 
 
@@ -730,7 +733,8 @@ def test_cli_grid(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--alpha", "5us", "--bandwidth", "10Gbit/s", "--grid"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split() == ["workers", "\\", "ps", "1", "2"]
-    assert [line.split()[0] for line in lines[3:]] == ["1", "64"]
+    grid = lines[3 : lines.index("", 3)]  # the all-reduce table follows a blank line
+    assert [line.split()[0] for line in grid] == ["1", "64"]
 
 
 def test_cli_fits_each_fabric_of_a_junit_file(
