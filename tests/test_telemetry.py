@@ -89,9 +89,16 @@ def test_the_kernel_sends_only_the_endpoints_sockets_and_lookups_find_them_again
             client.sendall(b"y" * 5000)
             assert len(accepted.recv(1 << 16)) > 0
             again = reader.sockets("127.0.0.1", port, discover=False)
+            # A connection opened since is found by the next discovery (the namespace's open
+            # count moved), though the sockets found before are still open.
+            late = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+            stack.enter_context(listener.accept()[0])
+            late_port = late.getsockname()[1]
+            more = reader.sockets("127.0.0.1", port)
     ends = {(f"127.0.0.1:{client_port}", False), (f"127.0.0.1:{port}", True)}
     assert {(s.local, s.server_side) for s in found} == ends
     assert {s.key for s in again} == {s.key for s in found}
+    assert {s.local for s in more} - {s.local for s in found} == {f"127.0.0.1:{late_port}"}
     assert sum(s.bytes_sent for s in again if not s.server_side) == 5000
     assert answered and all(port in struct.unpack_from(">HH", a, 20) for a in answered)
     # The one-unpack decoding agrees with pyroute2's decoder of the same answer.
