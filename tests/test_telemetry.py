@@ -57,11 +57,13 @@ def test_the_reader_finds_both_ends_of_a_connection_by_its_endpoint(
     assert after.link.speed_bps is None  # lo reports no speed: no nominal rate
 
 
+@pytest.mark.parametrize("one_walk", [True, False], ids=["both-families", "per-family"])
 def test_the_kernel_sends_only_the_endpoints_sockets_and_lookups_find_them_again(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, one_walk: bool
 ) -> None:
-    """Among many connections to another port, the discovery's filtered dump answers with the
-    endpoint's sockets only, and the lookups at a window's end read those and nothing else."""
+    """Among many connections to another port, the discovery's filtered dump (both families
+    in one request, or one request a family) answers with the endpoint's sockets only, and the
+    lookups at a window's end read those and nothing else."""
     from pyroute2.netlink.diag import inet_diag_msg
 
     answered: list[bytes] = []
@@ -85,6 +87,7 @@ def test_the_kernel_sends_only_the_endpoints_sockets_and_lookups_find_them_again
         accepted = stack.enter_context(listener.accept()[0])
         client_port = client.getsockname()[1]
         with TelemetryReader("lo") as reader:
+            reader._any = one_walk
             found = reader.sockets("127.0.0.1", port)
             client.sendall(b"y" * 5000)
             assert len(accepted.recv(1 << 16)) > 0

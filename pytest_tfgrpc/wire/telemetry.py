@@ -68,6 +68,10 @@ _REQUEST_SOCKID = 24
 _INET_DIAG_INFO = 2
 _INET_DIAG_REQ_BYTECODE = 1
 _BC_JMP, _BC_S_COND, _BC_D_COND = 1, 7, 8
+_TCPDIAG_GETSOCK = 18
+#: A raw ``tcmsg`` answer's attributes start after the netlink header and its 20 bytes;
+#: ``TCA_KIND`` and ``TCA_STATS`` are its attributes 1 and 3.
+_TCMSG_ATTRS, _TCA_KIND, _TCA_STATS = 16 + 20, 1, 3
 _ROOT = 0xFFFFFFFF  # TC_H_ROOT
 
 
@@ -234,6 +238,18 @@ def _end(family: int, raw: bytes) -> str:
     return socket.inet_ntop(family, raw)
 
 
+def _attributes(data: bytes, offset: int) -> dict[int, bytes]:
+    """The netlink attributes of a raw message from ``offset`` on: type -> payload."""
+    out = {}
+    while offset + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, offset)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = data[offset + 4 : offset + length]
+        offset += (length + 3) & ~3
+    return out
+
+
 def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
     """The :class:`TcpState` of a raw ``inet_diag_msg`` answer (with its netlink header);
     None without ``INET_DIAG_INFO``. Its addresses and ports are read at their offsets and
@@ -242,20 +258,11 @@ def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
     family = data[_FAMILY]
     sport, dport = struct.unpack_from(">HH", data, _SOCKID)
     src, dst = _end(family, data[24:40]), _end(family, data[40:56])
-    info: dict[str, int] | None = None
-    offset = _ATTRS
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4:
-            break
-        if kind & 0x3FFF == _INET_DIAG_INFO:
-            payload = data[offset + 4 : offset + length][: _TCP_INFO.size]
-            values = _TCP_INFO.unpack(payload.ljust(_TCP_INFO.size, b"\0"))
-            info = dict(zip(_TCP_INFO_NAMES, values, strict=True))
-            break
-        offset += (length + 3) & ~3
-    if info is None:
+    payload = _attributes(data, _ATTRS).get(_INET_DIAG_INFO)
+    if payload is None:
         return None
+    values = _TCP_INFO.unpack(payload[: _TCP_INFO.size].ljust(_TCP_INFO.size, b"\0"))
+    info = dict(zip(_TCP_INFO_NAMES, values, strict=True))
 
     def end(address: str, port: int) -> str:
         return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
@@ -307,6 +314,8 @@ class TelemetryReader:
         #: Per endpoint, the connections opened in the namespace before its last discovery.
         self._opened: dict[tuple[str, int], int | None] = {}
         self._qdisc_request = _encoded(tcmsg(), RTM_GETQDISC, dump=True)
+        #: Whether the kernel takes the one-walk discovery of both families.
+        self._any = True
 
     def _send(self, sock: socket.socket, requests: list[bytes]) -> list[int]:
         """Send encoded requests in one datagram, each with a sequence number of its own
@@ -402,31 +411,33 @@ class TelemetryReader:
 
     def _discover(self, address: str, port: int) -> tuple[TcpState, ...]:
         # gRPC opens AF_INET6 sockets and reaches IPv4 through mapped addresses
-        # (::ffff:127.0.0.1): an IPv4 endpoint is looked up in both families.
-        families: tuple[int, ...] = (
-            (socket.AF_INET6,) if ":" in address else (socket.AF_INET, socket.AF_INET6)
-        )
-        # Both families walk the one connection table: once the endpoint's sockets were found
-        # in one, only that one is dumped again.
-        seen = {family for family, _, _ in self._known.get((address, port), ())}
-        if seen:
-            families = tuple(f for f in families if f in seen)
+        # (::ffff:127.0.0.1): an IPv4 endpoint is looked up in both families, in one walk
+        # of the table where the kernel takes the older request, else one family at a time.
         want = {address, f"::ffff:{address}"}
+        try:
+            if self._any:
+                try:
+                    raw = self._dump(self._diag, _port_dump_any(port))
+                except TelemetryError:
+                    self._any = False
+            if not self._any:
+                families = (
+                    (socket.AF_INET6,) if ":" in address else (socket.AF_INET, socket.AF_INET6)
+                )
+                raw = [d for f in families for d in self._dump(self._diag, _port_dump(f, port))]
+        except OSError as exc:
+            raise TelemetryError(f"socket diagnostics: {exc}") from None
         found: list[TcpState] = []
         known: list[tuple[int, bytes, bool]] = []
-        for family in families:
-            try:
-                raw = self._dump(self._diag, _port_dump(family, port))
-            except OSError as exc:
-                raise TelemetryError(f"socket diagnostics: {exc}") from None
-            for data in raw:
-                server_side = _side(data, family, want, port)
-                if server_side is None:
-                    continue  # the port at the other end of another address
-                state = _tcp_state(data, server_side=server_side)
-                if state is not None:
-                    found.append(state)
-                    known.append((family, _lookup(family, data), server_side))
+        for data in raw:
+            family = data[_FAMILY]
+            server_side = _side(data, family, want, port)
+            if server_side is None:
+                continue  # the port at the other end of another address
+            state = _tcp_state(data, server_side=server_side)
+            if state is not None:
+                found.append(state)
+                known.append((family, _lookup(family, data), server_side))
         self._known[(address, port)] = known
         return tuple(found)
 
@@ -449,12 +460,15 @@ class TelemetryReader:
             ifindex, _, parent = struct.unpack_from("=iII", data, 20)
             if ifindex != index or parent != _ROOT:
                 continue
-            qdisc = tcmsg(data)
-            qdisc.decode()
-            kind = str(qdisc.get_attr("TCA_KIND") or "")
-            basic = qdisc.get_attr("TCA_STATS") or {}
-            drops = int(basic.get("drop", 0))
+            # Its kind and drops from their attributes (a string; struct tc_stats: bytes,
+            # packets, drops), pyroute2's decoder only for a tbf's rate (its options).
+            attrs = _attributes(data, _TCMSG_ATTRS)
+            kind = attrs.get(_TCA_KIND, b"").split(b"\0", 1)[0].decode()
+            stats = attrs.get(_TCA_STATS, b"")
+            drops = struct.unpack_from("=QII", stats)[2] if len(stats) >= 16 else 0
             if kind == "tbf":
+                qdisc = tcmsg(data)
+                qdisc.decode()
                 rate = _tbf_rate(qdisc.get_attr("TCA_OPTIONS"))
         return LinkState(
             interface=interface,
@@ -522,11 +536,10 @@ def _lookup(family: int, answer: bytes) -> bytes:
     return request[:at] + answer[_SOCKID:_SOCKID_END] + request[at + _SOCKID_END - _SOCKID :]
 
 
-def _port_dump(family: int, port: int) -> bytes:
-    """An encoded dump request of ``family``'s TCP sockets with ``port`` at either end: the
-    kernel runs ``INET_DIAG_REQ_BYTECODE`` (``ss``'s ``sport = P or dport = P``: a source
-    condition, a jump to accept, a destination condition) on each socket and sends only
-    those it accepts."""
+def _port_filter(port: int) -> bytes:
+    """The ``INET_DIAG_REQ_BYTECODE`` attribute of ``sport = P or dport = P`` (as ``ss``
+    writes it: a source condition, a jump to accept, a destination condition), which the
+    kernel runs on each socket of a dump, sending only those it accepts."""
     cond = struct.pack("=BBxxi", socket.AF_UNSPEC, 0, port)  # struct inet_diag_hostcond
     op = 4 + len(cond)
     bytecode = (
@@ -536,10 +549,27 @@ def _port_dump(family: int, port: int) -> bytes:
         + struct.pack("=BBH", _BC_D_COND, op, op + 4)
         + cond
     )
+    return struct.pack("=HH", 4 + len(bytecode), _INET_DIAG_REQ_BYTECODE) + bytecode
+
+
+def _with_length(message: bytes) -> bytes:
+    return struct.pack("=I", len(message)) + message[4:]
+
+
+def _port_dump(family: int, port: int) -> bytes:
+    """An encoded dump request of ``family``'s TCP sockets with ``port`` at either end."""
     request = _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=True)
-    attr = struct.pack("=HH", 4 + len(bytecode), _INET_DIAG_REQ_BYTECODE) + bytecode
-    whole = request + attr
-    return struct.pack("=I", len(whole)) + whole[4:]
+    return _with_length(request + _port_filter(port))
+
+
+def _port_dump_any(port: int) -> bytes:
+    """The same of both families in one walk of the connection table: the kernel's older
+    ``TCPDIAG_GETSOCK`` request (``struct inet_diag_req``, which pyroute2 does not define:
+    family, address lengths, extensions, socket id, states, ``dbs``), which dumps every
+    family (``AF_UNSPEC``) where ``SOCK_DIAG_BY_FAMILY`` takes one."""
+    header = struct.pack("=IHHII", 0, _TCPDIAG_GETSOCK, NLM_F_REQUEST | NLM_F_DUMP, 0, 0)
+    body = struct.pack("=BBBB48xII", socket.AF_INET, 0, 0, _INFO_EXT, _STATES, 0)
+    return _with_length(header + body + _port_filter(port))
 
 
 def _tbf_rate(options: Any) -> int | None:
