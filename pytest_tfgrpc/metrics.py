@@ -29,6 +29,7 @@ from pytest_tfgrpc.units import (
 )
 
 __all__ = [
+    "BENCHMARKS",
     "BUDGET_METRICS",
     "BYTES",
     "COUNT",
@@ -43,11 +44,21 @@ __all__ = [
     "GateTest",
     "Metric",
     "Unit",
+    "budget_metrics_of",
     "is_floor",
     "plain_number",
     "significant",
     "stream_label",
 ]
+
+#: The benchmarks, by the name their results carry (``BenchmarkResult.benchmark``).
+P2P_LATENCY, P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP, ALLREDUCE = BENCHMARKS = (
+    "p2p_latency",
+    "p2p_bandwidth",
+    "ps_throughput",
+    "sync_sgd_step",
+    "allreduce",
+)
 
 #: A transport floor's label is its gRPC result's label with this suffix (``p2p_latency_floor``).
 FLOOR_SUFFIX = "_floor"
@@ -198,6 +209,8 @@ class Metric:
     names it. ``not_gated`` says why a figure with ``gate=NONE`` is not. ``scoped``: recorded
     per PS task or for the workers (``tfgrpc.<label>.<key>.ps<i>.<metric>``), not per point;
     ``per_ps``: recorded per point and also per PS task (a PS task's transport telemetry).
+    ``recorded_by``: the benchmarks (:data:`BENCHMARKS`) whose results carry a budget
+    metric, so that a budget a test's benchmarks can never meet is refused before measuring.
     """
 
     name: str
@@ -211,6 +224,7 @@ class Metric:
     not_gated: str = ""
     scoped: bool = False
     per_ps: bool = False
+    recorded_by: tuple[str, ...] = ()
 
     @property
     def kind(self) -> Unit:
@@ -235,17 +249,18 @@ _TOTAL = "one PS task's total over the run: no samples to test a change against"
 _TCP = "transport telemetry read between timed loops: context for the gated figures"
 
 
-def _times(prefix: str, what: str, budget: bool) -> list[Metric]:
+def _times(prefix: str, what: str, recorded_by: tuple[str, ...]) -> list[Metric]:
     def t(name: str, q: float | None, gate: GateTest, default: bool, why: str = "") -> Metric:
         return Metric(
             prefix + name,
             TIME,
             f"{name} {what}",
             quantile=q,
-            budget=budget,
+            budget=True,
             gate=gate,
             by_default=default,
             not_gated=why,
+            recorded_by=recorded_by,
         )
 
     return [
@@ -278,7 +293,7 @@ def _cpu(who: str, scoped: bool = False) -> list[Metric]:
 
 
 _ALL: list[Metric] = [
-    *_times("", "time per operation", budget=True),
+    *_times("", "time per operation", (P2P_LATENCY, P2P_BANDWIDTH, PS_THROUGHPUT)),
     Metric(
         "throughput",
         RATE,
@@ -287,6 +302,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
+        recorded_by=(P2P_BANDWIDTH, PS_THROUGHPUT, SYNC_SGD_STEP, ALLREDUCE),
     ),
     Metric(
         "throughput_p50",
@@ -295,8 +311,9 @@ _ALL: list[Metric] = [
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
+        recorded_by=(P2P_BANDWIDTH,),
     ),
-    *_times("step_", "time per sync-SGD step or all-reduce", budget=True),
+    *_times("step_", "time per sync-SGD step or all-reduce", (SYNC_SGD_STEP, ALLREDUCE)),
     # nccl-tests' all-reduce figures (NVIDIA/nccl-tests, doc/PERFORMANCE.md), at the median.
     Metric(
         "algbw",
@@ -305,6 +322,7 @@ _ALL: list[Metric] = [
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
+        recorded_by=(ALLREDUCE,),
     ),
     Metric(
         "busbw",
@@ -313,6 +331,7 @@ _ALL: list[Metric] = [
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
+        recorded_by=(ALLREDUCE,),
     ),
     Metric(
         "rpc_rate",
@@ -322,6 +341,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
+        recorded_by=(PS_THROUGHPUT,),
     ),
     Metric(
         "step_rate",
@@ -331,6 +351,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.U,
         by_default=True,
+        recorded_by=(SYNC_SGD_STEP, ALLREDUCE),
     ),
     Metric(
         "imbalance",
@@ -339,6 +360,7 @@ _ALL: list[Metric] = [
         budget=True,
         gate=GateTest.RATIO,
         by_default=True,
+        recorded_by=(PS_THROUGHPUT, SYNC_SGD_STEP),
     ),
     Metric(
         "bytes_imbalance",
@@ -398,6 +420,7 @@ _ALL: list[Metric] = [
         higher_is_better=True,
         budget=True,
         gate=GateTest.U,
+        recorded_by=(P2P_BANDWIDTH,),
     ),
 ]
 
@@ -409,7 +432,15 @@ BUDGET_METRICS: Mapping[str, Metric] = MappingProxyType({m.name: m for m in _ALL
 GATED: Mapping[str, Metric] = MappingProxyType({m.name: m for m in _ALL if m.gated})
 
 assert len(METRICS) == len(_ALL), "a metric is declared twice"
+assert all(m.recorded_by for m in BUDGET_METRICS.values()), "a budget metric says who records it"
 assert all(m.gated or m.not_gated for m in _ALL), "an ungated metric must say why"
 assert all(m.gated for m in BUDGET_METRICS.values() if m.not_gated != _EXTREME), (
     "every budget metric but a single extreme sample takes a tolerance"
 )
+
+
+def budget_metrics_of(benchmarks: tuple[str, ...]) -> Mapping[str, Metric]:
+    """The budget metrics that results of any of ``benchmarks`` carry, in registry order."""
+    return MappingProxyType(
+        {n: m for n, m in BUDGET_METRICS.items() if set(m.recorded_by) & set(benchmarks)}
+    )

@@ -8,7 +8,7 @@ import importlib
 from importlib.metadata import distribution
 from typing import Any
 
-from pytest_tfgrpc.metrics import METRICS
+from pytest_tfgrpc.metrics import METRICS, Metric
 from pytest_tfgrpc.plugin import options
 
 
@@ -56,9 +56,13 @@ def markers_table() -> str:
     return "\n".join(lines)
 
 
+def _budget_cell(metric: Metric) -> str:
+    return f"yes ({', '.join(metric.recorded_by)})" if metric.budget else "no"
+
+
 def metrics_table() -> str:
     lines = [
-        "| metric | JUnit suffix | unit | better | budget | gate | what |",
+        "| metric | JUnit suffix | unit | better | budget (recorded by) | gate | what |",
         "|---|---|---|---|---|---|---|",
     ]
     for metric in METRICS.values():
@@ -66,7 +70,7 @@ def metrics_table() -> str:
         lines.append(
             f"| `{metric.name}` | `{metric.property_suffix}` | {_cell(metric.unit.name)} | "
             f"{'higher' if metric.higher_is_better else 'lower'} | "
-            f"{'yes' if metric.budget else 'no'} | {_cell(gate)} | {_cell(metric.description)} |"
+            f"{_budget_cell(metric)} | {_cell(gate)} | {_cell(metric.description)} |"
         )
     return "\n".join(lines)
 

@@ -105,11 +105,21 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
         read_token(None, {})
     with pytest.raises(ValueError, match="fewer than 16"):
         read_token(None, {"TFGRPC_AGENT_TOKEN": "short"})
-    with pytest.raises(ValueError, match=r"token file .*missing"):
-        read_token(str(tmp_path / "missing"), {})
+    with pytest.raises(ValueError, match=r"token file \(--tfgrpc-agent-token-file\) .*missing"):
+        read_token(str(tmp_path / "missing"), {}, "--tfgrpc-agent-token-file")
     path.write_text("")
     with pytest.raises(ValueError, match="no agent token"):
         read_token(str(path), {})
+
+
+def test_a_token_file_under_home_is_found_whatever_the_shell_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--tfgrpc-agent-token-file=~/.tfgrpc-token` and ini files reach us with the ~ unexpanded
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".tfgrpc-token").write_text("a" * 20 + "\n")
+    (tmp_path / ".tfgrpc-token").chmod(0o600)
+    assert read_token("~/.tfgrpc-token", {}) == "a" * 20
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o620, 0o666, 0o777])

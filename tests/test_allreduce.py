@@ -49,12 +49,13 @@ def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -
     # The record: nccl-tests' figures, and the model's prediction beside the measurement.
     record = read_record("t", [("tfgrpc.fabric", "lo"), *result_properties(result)], strict=True)
     (measurement,) = record.measurements
-    assert measurement.figure("busbw") == pytest.approx(algbw * 1.5, rel=1e-5)
+    # The record keeps a figure to its recorded digits: a few parts in 1e5 of the float.
+    assert measurement.figure("busbw") == pytest.approx(algbw * 1.5, rel=1e-4)
     model = measurement.model
     predicted = float(model["step_us"])
     measured = point.summary.p50_ns / 1e3
     assert float(model["error_pct"]) == pytest.approx(
-        100 * (predicted - measured) / measured, rel=1e-4
+        100 * (predicted - measured) / measured, rel=1e-4, abs=1e-3
     )
     assert predicted == pytest.approx(max(float(model["link_us"]), float(model["cpu_us"])), rel=1)
     assert float(model["cores"]) >= 1 and 0 < float(model["rate"]) <= 1

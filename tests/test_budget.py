@@ -81,6 +81,8 @@ def test_budget_metrics_are_the_registry_budget_entries() -> None:
         "step_p99",
         "step_p999",
         "step_max",
+        "algbw",
+        "busbw",
         "rpc_rate",
         "step_rate",
         "imbalance",
@@ -168,7 +170,8 @@ def test_unknown_metric_lists_the_known_ones() -> None:
     assert str(info.value) == (
         "unknown budget metric 'p98': known metrics are min, mean, p50, p90, p99, p999, max, "
         "throughput, throughput_p50, step_min, step_mean, step_p50, step_p90, step_p99, "
-        "step_p999, step_max, rpc_rate, step_rate, imbalance, efficiency; did you mean 'p99'?"
+        "step_p999, step_max, algbw, busbw, rpc_rate, step_rate, imbalance, efficiency; "
+        "did you mean 'p99'?"
     )
 
 

@@ -422,11 +422,16 @@ def test_throughput_drop_is_a_regression_and_p99_of_50_is_inconclusive(tmp_path:
     old = properties({size: latencies(50, 1, median_ns=2e6)}, benchmark="p2p_bandwidth")
     new = properties({size: latencies(50, 2, 1.4, median_ns=2e6)}, benchmark="p2p_bandwidth")
     base, cur = run(tmp_path, "a.xml", {test: old}), run(tmp_path, "b.xml", {test: new})
-    verdicts = verdicts_by_metric(base, cur, throughput=0.05)
+    verdicts = verdicts_by_metric(base, cur, throughput=0.05, mean=0.10)
     throughput = verdicts[("4MiB", "throughput")]
     assert throughput.outcome is Outcome.REGRESSION
     assert throughput.change < -0.2 and throughput.tolerance == 0.05
     assert throughput.unit == "B/s"
+    # The U test runs on durations; a rate's detectable change is on the rate's scale, as its
+    # change is: the drop a detectably longer duration means (+x in time is -x/(1+x) in rate).
+    rate, time = throughput.detectable, verdicts[("4MiB", "mean")].detectable
+    assert 0 < rate < time
+    assert rate == pytest.approx(1 - 1 / (1 + time), rel=1e-9)
     assert verdicts[("4MiB", "p99")].outcome is Outcome.INCONCLUSIVE
     # Throughput up is an improvement, not a regression.
     faster = properties({size: latencies(50, 2, 0.6, median_ns=2e6)}, benchmark="p2p_bandwidth")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from junitparser.xunit2 import JUnitXml
 
 from pytest_tfgrpc.hosts.emulated import (
     HostSpec,
+    agent_pids,
     build_fabric,
     can_build,
     emulated_fabric,
@@ -510,3 +512,110 @@ def test_an_agent_with_mutual_tls_refuses_clients_without_its_ca_or_a_certificat
             AgentClient(agent.target, "x" * 32, tls=good)
     finally:
         agent.stop()
+
+
+def _fabric_cli(*args: str, uid: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``tfgrpc-fabric ARGS`` as user ``uid`` would run it through sudo."""
+    env = {**os.environ, "SUDO_UID": str(uid)} if uid is not None else None
+    return subprocess.run([*FABRIC, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def _up(hosts: str, uid: int, *extra: str) -> str:
+    up = _fabric_cli("up", "--hosts", hosts, *extra, uid=uid)
+    assert up.returncode == 0, up.stderr
+    return up.stdout.split()[1].rstrip(":")
+
+
+# Users that no one else on this machine is (their fabrics are this test's alone).
+ME, OTHER = 61_026, 61_027
+
+
+def test_down_all_removes_only_the_callers_fabrics() -> None:
+    needs_root()
+    mine = _up("usage-m", ME)
+    other = _up("usage-o", OTHER)
+    try:
+        status = _fabric_cli("status").stdout
+        assert f"fabric {mine}: " in status and f"uid {ME}" in status, status
+        down = _fabric_cli("down", "--all", uid=ME)
+        assert down.returncode == 0, down.stderr
+        assert f"removed: {mine}" in down.stdout
+        assert f"{other} of uid {OTHER}" in down.stdout and "--all-owners" in down.stdout
+        assert not Path(f"/run/netns/{mine}-usage-m").exists()
+        assert Path(f"/run/netns/{other}-usage-o").exists()  # another owner's: left alone
+        assert other in [f.name for f in list_fabrics()]
+    finally:
+        left = {f.name for f in list_fabrics()} & {mine, other}
+        if left:
+            _fabric_cli("down", *left, uid=OTHER)  # by name: whoever built it
+    assert not Path(f"/run/netns/{other}-usage-o").exists()
+
+
+def _host_line(host: str) -> str:
+    (line,) = [ln for ln in _fabric_cli("status").stdout.splitlines() if f" {host}: " in ln]
+    return line
+
+
+def test_status_says_an_agent_is_not_running_and_how_to_start_it(tmp_path: Path) -> None:
+    needs_root()
+    token = tmp_path / "token"
+    token.write_text("u" * 32 + "\n")
+    token.chmod(0o600)
+    name = _up("usage-a,usage-b", ME, "--agents", "--token-file", str(token))
+    try:
+        for host in ("usage-a", "usage-b"):
+            assert "agent running (pid" in _host_line(host), host
+        (pid,) = agent_pids(next(h for h in list_fabrics() if h.name == name).host("usage-b"))
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        restart = f"tfgrpc-fabric agent {name} usage-b"
+        line = _host_line("usage-b")
+        assert line.endswith(f", agent NOT RUNNING: start it again with `{restart}`"), line
+        assert "agent running" in _host_line("usage-a")
+        started = _fabric_cli(*restart.split()[1:], uid=ME)
+        assert started.returncode == 0 and "usage-b: agent 198.18." in started.stdout, started
+        assert "agent running (pid" in _host_line("usage-b")
+        refused = _fabric_cli("agent", name, "usage-x", uid=ME)
+        assert refused.returncode == 2 and "no host 'usage-x'" in refused.stdout
+    finally:
+        down = _fabric_cli("down", name, uid=ME)
+    assert down.returncode == 0, down.stderr
+
+
+DEAD_AGENT_SUITE = """
+import os
+import pytest
+
+@pytest.mark.message_profile(["64KiB"])
+@pytest.mark.ps_topology(ps=2, workers=1)
+@pytest.mark.parametrize("kill", ["kill", "next"])
+def test_ps(tfgrpc, ps_cluster, kill):
+    if kill == "kill":
+        os.kill(int(os.environ["KILL_AGENT"]), 9)
+    tfgrpc.ps_throughput(ps_cluster)
+"""
+
+
+def test_a_dead_agents_next_test_fails_in_one_line_without_core_log_lines(
+    tfgrpc_emulated_hosts: Hosts, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts = tfgrpc_emulated_hosts("usage-p0,usage-p1,usage-w0")
+    monkeypatch.setenv("KILL_AGENT", str(hosts.agents["usage-p1"].pid))
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)  # the plugin's own default, not ours
+    pytester.makepyfile(DEAD_AGENT_SUITE)
+    result = pytester.runpytest_subprocess(*FAST, *hosts.pytest_args(), timeout=120)
+    result.assert_outcomes(failed=1, errors=1)
+    out = result.stdout.str() + result.stderr.str()
+    section = out.split("ERROR at setup of test_ps[next-")[1].split("\n===")[0]
+    (line,) = [ln for ln in section.splitlines()[1:] if ln.strip()]
+    target = hosts.agents["usage-p1"].target
+    assert line == (
+        f"AgentError: PS 1 on host usage-p1: agent at {target}: connection refused: no agent "
+        "is running there (start tfgrpc-node again) (agents from --tfgrpc-agents)"
+    )
+    assert "During handling" not in out and "fixtures.py" not in out
+    # gRPC core's log (a dead peer's GOAWAY, chttp2_transport.cc) is off: no I/W/E lines.
+    assert not re.search(r"^[IWE]\d{4} \d\d:\d\d", out, re.MULTILINE), out
+    assert "chttp2" not in out and "GOAWAY" not in out

@@ -311,13 +311,19 @@ from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.security import TlsFiles
 
-_env = {{**os.environ, **TlsFiles("{cert}", "{key}", "{ca}").env()}}
+_env = {{**os.environ, **TlsFiles("{SERVER_cert}", "{SERVER_key}", "{ca}").env()}}
 _server = ServerProcess.start(resolve_fabric("lo"), env=_env)
 os.environ["TF_CONFIG"] = json.dumps({{"cluster": {{"ps": [_server.target]}}}})
 
 def pytest_unconfigure(config):
     _server.stop()
 """
+
+
+def tls_remote_conftest(server: str = "") -> str:
+    """The conftest of a remote TLS server whose certificate is ``{server}cert``."""
+    return TLS_REMOTE_CONFTEST.replace("{SERVER_", "{" + server)
+
 
 TLS_REMOTE = """
 def test_remote(tfgrpc, tensor_server):
@@ -659,15 +665,92 @@ def test_a_bad_push_leaves_the_sum_alone(ps_cluster, bad):
         requests = iter(chunks([(0, 0, np.ones(16, np.float32).tobytes())], step=3))
     else:
         requests = iter(chunks(case))
+    mine = ps_cluster.credentials
     with pytest.raises(grpc.RpcError) as info:
-        push(requests, timeout=10)
+        push(requests, timeout=10, metadata=mine)
     details = info.value.details() or ""
     assert "step 0" not in details and "step 3" not in details, details
     gradient = (np.arange(16) % 16).astype(np.float32)
-    push(iter(chunks([(0, 0, gradient.tobytes())])), timeout=10)
-    got = b"".join(c.data for c in pull(pb.PullWeightsRequest(step=0), timeout=10))
+    push(iter(chunks([(0, 0, gradient.tobytes())])), timeout=10, metadata=mine)
+    got = b"".join(c.data for c in pull(pb.PullWeightsRequest(step=0), timeout=10, metadata=mine))
     expected = initial_weights(0, NBYTES, INIT_INDEX) - gradient
     assert np.array_equal(np.frombuffer(got, np.float32), expected)
+"""
+
+
+#: A stranger's calls to every method of a PS task, with no token, an empty, a wrong, a near
+#: miss, or another job's: refused before any work, none counted in the PS's figures, none
+#: touching the step's sum, no text naming the job's step.
+STRANGERS = """
+import grpc, numpy as np, pytest
+from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.model.placement import Topology
+from pytest_tfgrpc.roles.parameter_server import INIT_INDEX, MEASURE, PHASE_KEY, initial_weights
+from pytest_tfgrpc.roles.parameter_server import method
+from pytest_tfgrpc.wire import codec
+from pytest_tfgrpc.wire._proto import service_pb2 as pb
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.security import TOKEN_KEY, new_token
+
+@pytest.fixture(scope="module")
+def other_job():
+    with PSCluster(resolve_fabric("lo"), Topology(ps=1, workers=1)) as other:
+        yield other.credentials[0][1]
+
+def tokens(mine, other):
+    return {{"none": None, "empty": "", "wrong": new_token(), "near-miss": mine[:-1] + "A",
+             "longer": mine + "A", "other-job": other}}
+
+def calls(channel):
+    gradient = np.ones(16, np.float32).tobytes()
+    chunk = pb.WeightChunk(shard=0, offset=0, data=gradient, step=0, worker=0, measured=True)
+    return {{
+        "Throughput": (channel.unary_unary(method("Throughput", raw=True)), bytes(1024)),
+        "Throughput-protobuf": (channel.unary_unary(method("Throughput")),
+                                codec.encode_tensor(bytes(1024), "uint8", (1024,))),
+        "PushGradients": (channel.stream_unary(method("PushGradients")),
+                          iter([chunk.SerializeToString()])),
+        "PullWeights": (channel.unary_stream(method("PullWeights")),
+                        pb.PullWeightsRequest(step=-1, measured=True).SerializeToString()),
+        "JobStats": (channel.unary_unary(method("JobStats")), b""),
+        "Configure": (channel.unary_unary(method("Configure")),
+                      pb.PSJob(job_id=66, task=0, workers=1).SerializeToString()),
+    }}
+
+@pytest.mark.parametrize("who", ["none", "empty", "wrong", "near-miss", "longer", "other-job"])
+def test_a_stranger_is_refused_and_not_counted(ps_cluster, other_job, who):
+    mine = ps_cluster.credentials
+    stats = ps_cluster.channel(0).unary_unary(method("JobStats"),
+        response_deserializer=pb.PSJobStats.FromString)
+    job = pb.PSJob(job_id=7, task=0, workers=1, learning_rate=1.0, init=INIT_INDEX, steps=5,
+                   shards=[pb.ShardSpec(tensor="w", offset=0, nbytes=64)],
+                   barrier_timeout_seconds=10, max_seconds=60, warmup_seconds=1)
+    ps_cluster.channel(0).unary_unary(method("Configure"))(
+        job.SerializeToString(), timeout=10, metadata=mine)
+    token = tokens(mine[0][1], other_job)[who]
+    metadata = [(PHASE_KEY, MEASURE)] + ([] if token is None else [(TOKEN_KEY, token)])
+    for name, (call, body) in calls(ps_cluster.channel(0)).items():
+        with pytest.raises(grpc.RpcError) as info:
+            reply = call(body, timeout=10, metadata=metadata)
+            list(reply) if name == "PullWeights" else reply
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED, (name, info.value)
+        assert "step" not in info.value.details(), info.value.details()
+        print("REFUSED", who, name, info.value.details())
+    after = stats(b"", timeout=10, metadata=mine)
+    assert (after.job_id, after.rpcs, after.bytes_in, after.bytes_out, after.steps) == (
+        7, 0, 0, 0, 0), after
+    push = ps_cluster.channel(0).stream_unary(method("PushGradients"))
+    gradient = (np.arange(16) % 16).astype(np.float32)
+    push(iter([pb.WeightChunk(shard=0, offset=0, data=gradient.tobytes(), step=0,
+                              measured=True).SerializeToString()]), timeout=10, metadata=mine)
+    pull = ps_cluster.channel(0).unary_stream(method("PullWeights"),
+        response_deserializer=pb.WeightChunk.FromString)
+    got = b"".join(c.data for c in pull(pb.PullWeightsRequest(step=0).SerializeToString(),
+                                        timeout=10, metadata=mine))
+    expected = initial_weights(0, 64, INIT_INDEX) - gradient
+    assert np.array_equal(np.frombuffer(got, np.float32), expected)
+    after = stats(b"", timeout=10, metadata=mine)
+    assert (after.rpcs, after.bytes_in, after.steps) == (1, 64, 1), after
 """
 
 
@@ -1092,7 +1175,7 @@ def test_accepted():
         "tls-remote-server-in-cluster-spec",
         "I13.tls",
         TLS_REMOTE,
-        files={"conftest.py": TLS_REMOTE_CONFTEST},
+        files={"conftest.py": tls_remote_conftest()},
         args=(*QUICK, "--tfgrpc-tls-cert={cert}", "--tfgrpc-tls-key={key}", "--tfgrpc-tls-ca={ca}"),
         outcomes={"passed": 1},
     ),
@@ -1100,7 +1183,7 @@ def test_accepted():
         "tls-remote-server-plaintext-client",
         "I13.tls",
         TLS_REMOTE,
-        files={"conftest.py": TLS_REMOTE_CONFTEST},
+        files={"conftest.py": tls_remote_conftest()},
         args=QUICK,
         ret=1,
         lines=("*remote tensor server*TLS handshake not attempted*",),
@@ -1125,6 +1208,34 @@ def test_accepted():
         ),
         ret=1,
         lines=("*TLS handshake with 127.0.0.1:* failed*CERTIFICATE_VERIFY_FAILED*",),
+    ),
+    *(
+        Case(
+            f"tls-{kind}-server-cert{where}",
+            "I25.tls",
+            TLS_REMOTE if where else LATENCY,
+            files={"conftest.py": tls_remote_conftest(kind + "_")} if where else {},
+            args=(
+                *QUICK,
+                f"--tfgrpc-tls-cert={{{'' if where else kind + '_'}cert}}",
+                f"--tfgrpc-tls-key={{{'' if where else kind + '_'}key}}",
+                "--tfgrpc-tls-ca={ca}",
+            ),
+            ret=1,
+            lines=(f"*TLS handshake with 127.0.0.1:* failed*{cause}*",),
+            absent=(
+                "*INTERNALERROR*",
+                "*Traceback (most recent call last)*",
+                "*is tfgrpc-server running there*",
+                "*no connection to*",
+            ),
+        )
+        for kind, cause in (
+            ("misnamed", "certificate 127.0.0.1 presented does not name 127.0.0.1*--tfgrpc-tls-ca"),
+            ("expired", "certificate 127.0.0.1 presented has expired*--tfgrpc-tls-ca"),
+            ("other", "127.0.0.1 presented is not signed by the CA of --tfgrpc-tls-ca {ca}"),
+        )
+        for where in ("", "-remote")
     ),
     Case(
         "tls-client-cert-from-stranger",
@@ -1641,6 +1752,27 @@ def test_no_client_cert():
         seconds=180,
     ),
     Case(
+        "strangers-refused-and-not-counted",
+        "I25.data-plane",
+        STRANGERS,
+        args=(*QUICK, "-s"),
+        outcomes={"passed": 6},
+        seconds=120,
+        lines=(
+            "*REFUSED none PushGradients the PS service needs the token*carried none*",
+            "*REFUSED other-job Throughput the PS service needs the token*a wrong one*",
+        ),
+    ),
+    Case(
+        "native-strangers-refused-and-not-counted",
+        "I25.native",
+        STRANGERS,
+        args=(*QUICK, "--tfgrpc-engines=native"),
+        needs=("native",),
+        outcomes={"passed": 6},
+        seconds=120,
+    ),
+    Case(
         "compressed-calls-refused-unread",
         "I25.exhaustion",
         COMPRESSED,
@@ -1656,8 +1788,8 @@ def test_no_client_cert():
         args=(*QUICK, "-s"),
         outcomes={"passed": 1},
         lines=(
-            "*REFUSED job control needs the token of the driver*none*",
-            "*REFUSED job control needs the token of the driver*wrong one*",
+            "*REFUSED the PS service needs the token of the driver*none*",
+            "*REFUSED the PS service needs the token of the driver*wrong one*",
         ),
     ),
     Case("ps-limit-fits-profile-and-fit", "I13.security", PROFILE_SGD, outcomes={"passed": 1}),
@@ -1742,7 +1874,7 @@ class World:
         return re.sub(r"\{[A-Za-z_]\w*\}", lambda found: self.fill(found.group(0)), text)
 
     def _make(self, name: str) -> dict[str, str]:
-        if name in ("ca", "cert", "key", "other_ca", "other_cert", "other_key"):
+        if name in _CERTIFICATES:
             return _certificates(self.tmp)
         if name == "held_lock":
             return {name: self._held_lock()}
@@ -1849,10 +1981,22 @@ def _placeholders(text: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(text) if f]
 
 
+#: The TLS placeholders: a CA and a leaf (``ca``, ``cert``, ``key``), another CA and its leaf
+#: (``other_*``), and leaves of the first CA that fail a client's checks: one naming another
+#: host (``misnamed_*``), one expired yesterday (``expired_*``).
+_CERTIFICATES = tuple(
+    f"{prefix}{kind}"
+    for prefix in ("", "other_", "misnamed_", "expired_")
+    for kind in ("ca", "cert", "key")
+    if prefix in ("", "other_") or kind != "ca"
+)
+
+
 def _certificates(tmp: Path) -> dict[str, str]:
     trustme = pytest.importorskip("trustme")
     out = {}
-    for prefix, ca in (("", trustme.CA()), ("other_", trustme.CA())):
+    first = trustme.CA()
+    for prefix, ca in (("", first), ("other_", trustme.CA())):
         leaf = ca.issue_cert("127.0.0.1", "::1", "localhost")
         paths = {k: tmp / f"{prefix}{k}.pem" for k in ("ca", "cert", "key")}
         ca.cert_pem.write_to_path(str(paths["ca"]))
@@ -1860,7 +2004,60 @@ def _certificates(tmp: Path) -> dict[str, str]:
         for i, pem in enumerate(leaf.cert_chain_pems):
             pem.write_to_path(str(paths["cert"]), append=i > 0)
         out.update({f"{prefix}{k}": str(v) for k, v in paths.items()})
+    day = 86400
+    for prefix, names, valid in (
+        ("misnamed_", ("node9.example.invalid", "198.18.9.9"), (-3600, day)),
+        ("expired_", ("127.0.0.1", "::1", "localhost"), (-30 * day, -day)),
+    ):
+        cert, key = _leaf(first.private_key_pem.bytes(), first.cert_pem.bytes(), names, valid)
+        for kind, pem in (("cert", cert), ("key", key)):
+            (tmp / f"{prefix}{kind}.pem").write_bytes(pem)
+            out[f"{prefix}{kind}"] = str(tmp / f"{prefix}{kind}.pem")
     return out
+
+
+def _leaf(
+    ca_key_pem: bytes, ca_pem: bytes, names: tuple[str, ...], valid: tuple[int, int]
+) -> tuple[bytes, bytes]:
+    """A certificate (PEM) and its key, signed by the CA, for ``names`` (DNS names or IP
+    addresses), valid from ``valid[0]`` to ``valid[1]`` seconds from now."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key(ca_key_pem, None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)  # trustme's
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def alt(name: str) -> x509.GeneralName:
+        try:
+            return x509.IPAddress(ipaddress.ip_address(name))
+        except ValueError:
+            return x509.DNSName(name)
+
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now + datetime.timedelta(seconds=valid[0]))
+        .not_valid_after(now + datetime.timedelta(seconds=valid[1]))
+        .add_extension(x509.SubjectAlternativeName([alt(n) for n in names]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), private
 
 
 # --- running a row ----------------------------------------------------------------------------

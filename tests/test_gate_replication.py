@@ -526,3 +526,14 @@ def test_unstable_rounds_are_warned_as_pyperf_does() -> None:
         line
         == "unstable: t.py::test_b p2p_bandwidth.1MiB: p50 44%, throughput 43% between rounds (CV)"
     )
+
+
+def test_unstable_lines_are_one_counted_line_unless_verbose() -> None:
+    from pytest_tfgrpc.plugin.summary import UNSTABLE_LEGEND, unstable_summary
+
+    lines = [f"unstable: t.py::test_{i} p2p_latency.1KiB: p50 30% between rounds" for i in "ab"]
+    assert unstable_summary([], verbose=False) == unstable_summary([], verbose=True) == []
+    assert unstable_summary(lines, verbose=True) == [*lines, UNSTABLE_LEGEND]
+    (short,) = unstable_summary(lines, verbose=False)
+    assert short.startswith("unstable: 2 measured point(s) whose rounds vary more than pyperf")
+    assert short.endswith("(-v lists them)")

@@ -115,7 +115,7 @@ class _Alive:
     ("code", "details", "expected"),
     [
         (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", "the deadline was 12 s"),
-        (grpc.StatusCode.UNAVAILABLE, "Tls handshake failed (TSI)", "TLS handshake failed"),
+        (grpc.StatusCode.UNAVAILABLE, "Tls handshake failed (TSI)", "TLS handshake with 127"),
         (grpc.StatusCode.UNAVAILABLE, "Socket closed\n  more", "UNAVAILABLE: Socket closed more"),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "1 B refused", "RESOURCE_EXHAUSTED: 1 B refused"),
     ],

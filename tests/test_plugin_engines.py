@@ -12,7 +12,14 @@ import pytest
 from junitparser.xunit2 import JUnitXml
 
 EXAMPLE = Path(__file__).parent.parent / "example_suites" / "custom_ps"
-FAST = ("-p", "no:cacheprovider", "--tfgrpc-iterations=20", "--tfgrpc-warmup=2")
+#: The count bounds each size (the time limit is far away: a busy machine once cut one at 19).
+FAST = (
+    "-p",
+    "no:cacheprovider",
+    "--tfgrpc-iterations=20",
+    "--tfgrpc-warmup=2",
+    "--tfgrpc-max-seconds=60",
+)
 
 RESULT_HOOK = """
 
@@ -299,20 +306,15 @@ def test_engines_that_cannot_measure_fail_or_skip_with_the_reason(
         @pytest.mark.tfgrpc_engines("missing")
         def test_missing(tfgrpc, tensor_server):
             pass
-
-        @pytest.mark.tfgrpc_engines("nosuch")
-        def test_unknown(tfgrpc, tensor_server):
-            pass
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
-    result.assert_outcomes(failed=3, skipped=1, errors=1)
+    result.assert_outcomes(failed=3, skipped=1)
     for line in (
         "*engine 'negative': p2p_latency of 1KiB returned a negative sample*",
         "*engine 'negative' does not measure push bandwidth (push)*",
         "*engine 'negative' does not measure PS exchanges (ps_exchange)*",
         "*engine 'missing' unavailable: libmissing is not installed*",
-        "*unknown engine 'nosuch'; registered engines: *grpcio, native, tensorflow*",
     ):
         result.stdout.fnmatch_lines([line])
     assert "another exception occurred" not in result.stdout.str()

@@ -331,3 +331,42 @@ def test_a_native_result_has_no_rounds_and_is_gated_on_its_samples(
         # Significant digits only: no binary-float noise like 0.30000000000000004.
         assert len(text.lstrip("-0.").replace(".", "")) <= 6, text
     assert suite_properties(pytester.path / "new.xml")["tfgrpc.gate.compared"] != ["0"]
+
+
+#: Each run records the runner it ran on, as a CI's metadata hook does.
+RUNNER_CONFTEST = """
+import os
+
+def pytest_tfgrpc_run_metadata(config):
+    return {"runner": os.environ["RUNNER"]}
+"""
+
+
+def test_the_gate_never_pools_runs_of_different_setups(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: 3 runs on runner A and 2 on runner B (3x slower), interleaved; a 3.8x
+    slower run on A is a regression against A's runs, not inconclusive against all five."""
+    pytester.makeconftest(RUNNER_CONFTEST)
+    for i, runner in enumerate("ABABA"):
+        monkeypatch.setenv("RUNNER", runner)
+        delay = "10ms" if runner == "A" else "30ms"  # long enough to dominate load noise
+        pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", delay))
+        run = pytester.runpytest(*STEADY, f"--junitxml=history/run-{i:04d}.xml")
+        run.assert_outcomes(passed=1)
+    monkeypatch.setenv("RUNNER", "A")
+    pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "38ms"))
+    slowed = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
+    slowed.assert_outcomes(failed=1)
+    slowed.stdout.fnmatch_lines(
+        [
+            "*baseline history split by setup: comparing with the 3 of 5 runs of this run's "
+            "setup, not pooling the 2 of another (extra.runner: baseline B, current A)*",
+            "*regression: test_perf.py::test_echo?lo? p2p_latency.1KiB.p50*",
+        ]
+    )
+    monkeypatch.setenv("RUNNER", "C")  # a setup no run has: the latest run's, said so
+    steady = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
+    steady.stdout.fnmatch_lines(
+        ["*split by setup: comparing with the 3 of 5 runs of the most recent baseline run's*"]
+    )

@@ -7,10 +7,10 @@ known-good node (the baseline) and once against the new node, gated:
     tfgrpc-node --fabric ib0 --token-file ~/.tfgrpc-token
     # on the peer
     pytest example_suites/node_acceptance --fabric=ib0 \
-        --tfgrpc-agents=good-node:7461,peer:7461 --tfgrpc-agent-token-file=~/.tfgrpc-token \
+        --tfgrpc-agents=good-node:7461,peer:7461 --tfgrpc-agent-token-file ~/.tfgrpc-token \
         --junitxml=good.xml
     pytest example_suites/node_acceptance --fabric=ib0 \
-        --tfgrpc-agents=new-node:7461,peer:7461 --tfgrpc-agent-token-file=~/.tfgrpc-token \
+        --tfgrpc-agents=new-node:7461,peer:7461 --tfgrpc-agent-token-file ~/.tfgrpc-token \
         --junitxml=new.xml --tfgrpc-baseline=good.xml --tfgrpc-max-regression=10%
 
 The tensor server runs on the first agent (the node under test); the PS runs there too and

@@ -34,6 +34,7 @@ from pytest_tfgrpc.bench.partial import keeping_partial
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, server_cores
 from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
+from pytest_tfgrpc.metrics import P2P_BANDWIDTH, P2P_LATENCY
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import codec, grpc_settings
@@ -122,7 +123,7 @@ class LatencyCall(Transfer):
     """The options of :func:`p2p_latency`: one echo per sample, one call per tensor unless
     ``rpc="stream"``."""
 
-    benchmark: ClassVar[str] = "p2p_latency"
+    benchmark: ClassVar[str] = P2P_LATENCY
     rpc: str = "unary"
     run: RunSpec = LATENCY_RUN
 
@@ -137,7 +138,7 @@ class BandwidthCall(Transfer):
     or ``pull``) and a stream's slice size in bytes (``chunk_bytes``, at least 64), one
     long-lived stream unless ``rpc="unary"``."""
 
-    benchmark: ClassVar[str] = "p2p_bandwidth"
+    benchmark: ClassVar[str] = P2P_BANDWIDTH
     rpc: str = "stream"
     run: RunSpec = BANDWIDTH_RUN
     direction: str = "push"

@@ -30,6 +30,7 @@ from pytest_tfgrpc.bench.partial import keeping_partial
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.telemetry import ClusterProbe, explained
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.metrics import PS_THROUGHPUT, SYNC_SGD_STEP
 from pytest_tfgrpc.model.analytic import StepPrediction, predict_step, prediction_figures
 from pytest_tfgrpc.model.placement import DEFAULT_PARTITION_BYTES, Placement, Topology, placed_on
 from pytest_tfgrpc.model.profiles import Profile
@@ -258,7 +259,7 @@ def throughput_result(
     topology = cluster.topology
     placement = payload if isinstance(payload, Placement) else None
     return PSResult(
-        benchmark="ps_throughput",
+        benchmark=PS_THROUGHPUT,
         label=label or "ps_throughput",
         fabric=cluster.fabric.name,
         target=",".join(cluster.targets),
@@ -391,7 +392,7 @@ def sync_sgd_step(
     )
     point = _explained(point, watch)
     result = PSResult(
-        benchmark="sync_sgd_step",
+        benchmark=SYNC_SGD_STEP,
         label=label or "sync_sgd_step",
         fabric=cluster.fabric.name,
         target=",".join(cluster.targets),

@@ -16,6 +16,7 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.profiles import Profile, list_profiles, load_profile
 from pytest_tfgrpc.report.budget import Budget, BudgetError, parse_budget
+from pytest_tfgrpc.suggest import did_you_mean
 from pytest_tfgrpc.units import UnitError, parse_seconds, parse_sizes
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.schemes import Payload, generate, payload_spec
@@ -47,6 +48,14 @@ class MessageSpec:
 
 _PAYLOAD_ARGS = ("buffers", "classes", "bias", "seed", "size_range")
 _MESSAGE_ARGS = ("name", "sizes", "scheme", "scale", "max_tensors", "name_filter", *_PAYLOAD_ARGS)
+
+
+def _unknown_argument(where: str, name: str, known: Sequence[str]) -> SpecError:
+    """The error of a marker given an argument it does not take, suggesting the one meant."""
+    return SpecError(
+        f"{where}: unknown argument {name!r}; it takes {', '.join(known)}"
+        + did_you_mean(name, known)
+    )
 
 
 def _payload_spec(kwargs: Mapping[str, Any], where: str) -> MessageSpec:
@@ -114,8 +123,7 @@ def message_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> MessageSpec:
     where = "@pytest.mark.message_profile"
     unknown = sorted(set(kwargs) - set(_MESSAGE_ARGS))
     if unknown:
-        known = ", ".join(_MESSAGE_ARGS)
-        raise SpecError(f"{where}: unknown argument {unknown[0]!r}; it takes {known}")
+        raise _unknown_argument(where, unknown[0], _MESSAGE_ARGS)
     if len(args) > 1:
         raise SpecError(f"{where} takes one positional argument (sizes), not {len(args)}")
     positional = args[0] if args else kwargs.get("name")
@@ -196,7 +204,7 @@ def run_layer(source: str, given: Mapping[str, object]) -> RunLayer:
         if name not in RUN_SETTINGS:
             raise SpecError(
                 f"unknown run setting {name!r} from {where}; the settings are "
-                f"{', '.join(RUN_SETTINGS)}"
+                f"{', '.join(RUN_SETTINGS)}{did_you_mean(name, RUN_SETTINGS)}"
             )
         if name in _LEAST:
             least = _LEAST[name]
@@ -264,10 +272,7 @@ def topology_spec(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Topology:
     """
     unknown = sorted(set(kwargs) - set(_TOPOLOGY_ARGUMENTS))
     if unknown:
-        raise SpecError(
-            f"{_TOPOLOGY_MARKER}: unknown argument {unknown[0]!r}; "
-            f"it takes {', '.join(_TOPOLOGY_ARGUMENTS)}"
-        )
+        raise _unknown_argument(_TOPOLOGY_MARKER, unknown[0], _TOPOLOGY_ARGUMENTS)
     if len(args) > len(_TOPOLOGY_ARGUMENTS):
         raise SpecError(
             f"{_TOPOLOGY_MARKER} takes at most {len(_TOPOLOGY_ARGUMENTS)} positional arguments "

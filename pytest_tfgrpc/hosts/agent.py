@@ -333,16 +333,19 @@ def role_argv(
 def read_token(path: str | None, environ: Mapping[str, str], option: str = "--token-file") -> str:
     """The shared token: the first line of ``path`` if given, else ``TFGRPC_AGENT_TOKEN``.
     ``option`` is how the caller's user gives the file (the agent's ``--token-file``, pytest's
-    ``--tfgrpc-agent-token-file``), named in the error.
+    ``--tfgrpc-agent-token-file``), named in the errors. A leading ``~`` is expanded, as
+    pytest's ``--junitxml`` does: the shell leaves it alone in ``--option=~/file`` and in an
+    ini file.
 
     ValueError when there is none or it is shorter than 16 characters;
     :class:`~pytest_tfgrpc.wire.security.SecretFileError` (a ValueError) when others could
     read or change the file (with the ``chmod`` to run).
     """
     if path:
-        token = read_secret_file(path, "token file").strip().splitlines()[0:1]
+        path = os.path.expanduser(path)
+        token = read_secret_file(path, f"token file ({option})").strip().splitlines()[0:1]
         text = token[0].strip() if token else ""
-        where = f"token file {path}"
+        where = f"token file ({option}) {path}"
     else:
         text = environ.get(TOKEN_ENV, "").strip()
         where = TOKEN_ENV
@@ -711,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tls-ca", help="require client certificates signed by this CA (PEM): mutual TLS"
     )
     args = parser.parse_args(argv)
+    grpc_settings.quiet_core_log(os.environ)  # before its server starts; its roles inherit it
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: a port is a number from 0 to 65535")
     try:

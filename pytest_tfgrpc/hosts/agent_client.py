@@ -36,6 +36,7 @@ from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
+from pytest_tfgrpc.wire.security import tls_failure
 from pytest_tfgrpc.wire.telemetry import Reading, TelemetryError
 
 __all__ = [
@@ -111,6 +112,10 @@ class AgentTLS:
         )
 
 
+#: How long the driver waits for an agent (its name to resolve, it to listen) and for each call.
+AGENT_TIMEOUT_S = 10.0
+
+
 class AgentClient:
     """A connection to the agent at ``target`` (``host:port``), authenticated with ``token``.
 
@@ -126,7 +131,7 @@ class AgentClient:
         token: str,
         *,
         lease_s: float = 10.0,
-        timeout: float = 10.0,
+        timeout: float = AGENT_TIMEOUT_S,
         tls: AgentTLS | None = None,
     ) -> None:
         self.target = target
@@ -134,6 +139,7 @@ class AgentClient:
         self.timeout = timeout
         self.driver = driver_id()
         self._metadata = (("authorization", f"Bearer {token}"),)
+        self._tls_mode = "off" if tls is None else "mtls" if tls.cert else "tls"
         self._channel = (
             grpc.insecure_channel(target)
             if tls is None
@@ -185,7 +191,11 @@ class AgentClient:
                 wait_for_ready=wait_for_ready,
             )
         except grpc.RpcError as exc:
-            raise AgentError(f"agent at {self.target}: {_status(exc)}") from None
+            details = str(exc.details()) if isinstance(exc, grpc.Call) else ""
+            why = tls_failure(
+                self.target, details, flag_prefix="--tfgrpc-agent-tls-", mode=self._tls_mode
+            )
+            raise AgentError(f"agent at {self.target}: {why or _status(exc)}") from None
 
     def _heartbeat(self) -> None:
         request = agent_pb2.LeaseRequest(driver=self.driver, lease_s=self.lease_s)
@@ -378,7 +388,9 @@ class RemoteProcess:
             self._call.cancel()
             self._done.wait(client.timeout)
             why = self._refusal or f"no answer within {client.timeout:g} s"
-            raise AgentError(f"{name} on {client.name}: {why}")
+            # "PS 1 on host ps1", not "PS 1 on host ps1 on agent ps1 at ...".
+            agent = f"agent at {client.target}" if self.host in name else client.name
+            raise AgentError(f"{name}: {agent}: {why}")
 
     def _requests(self) -> Iterator[Any]:
         while True:
@@ -444,5 +456,9 @@ class RemoteProcess:
 
 def _status(exc: grpc.RpcError) -> str:
     if isinstance(exc, grpc.Call):
-        return f"{exc.code().name}: {exc.details()}"
+        details = exc.details() or ""
+        if exc.code() is grpc.StatusCode.UNAVAILABLE and "connection refused" in details.lower():
+            # gRPC's own text repeats the address twice around "last error: UNKNOWN".
+            return "connection refused: no agent is running there (start tfgrpc-node again)"
+        return f"{exc.code().name}: {details}"
     return str(exc)

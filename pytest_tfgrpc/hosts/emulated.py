@@ -11,7 +11,9 @@ kernel needs no ``netem``. Bytes a host sends and receives are read from its lin
 
 Everything made is named with one unique prefix (``tfgf<k>``, ``k`` the subnet index, chosen
 under a file lock that :mod:`tests.netns`-style single links share) and recorded in a state
-file under ``/run/tfgrpc-fabric``, with the pid of the process that owns it. A fabric is
+file under ``/run/tfgrpc-fabric``, with the pid of the process that owns it and the user who
+built it (:func:`caller_uid`: the one behind ``sudo``), so that ``tfgrpc-fabric down --all``
+removes only that user's fabrics on a shared machine. A fabric is
 removed when its ``with`` block ends, whatever ends it (Ctrl-C is held back until teardown is
 done), by an ``atexit`` hook if the block never ends, and otherwise by :func:`remove_leftovers`
 (``tfgrpc-fabric down``), which removes what dead owners left. Removing a host first kills
@@ -38,12 +40,13 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 __all__ = [
+    "AGENT_MODULE",
     "IPV4_BENCHMARK_NET",
     "EmulatedFabric",
     "EmulatedHost",
@@ -51,18 +54,22 @@ __all__ = [
     "HostAgent",
     "HostSpec",
     "add_veth_namespace",
+    "agent_pids",
     "allocation_lock",
     "build_fabric",
+    "caller_uid",
     "can_build",
     "cap_rate",
     "emulated_fabric",
     "free_subnet_index",
+    "ipv4_routes",
     "list_fabrics",
     "parse_hosts",
     "pid_alive",
     "rate_bits_per_s",
     "remove_fabric",
     "remove_leftovers",
+    "routed_subnets",
     "run_command",
     "sigint_deferred",
     "tbf_burst_bytes",
@@ -126,7 +133,10 @@ class EmulatedHost:
 @dataclass(frozen=True)
 class EmulatedFabric:
     """N hosts joined by a bridge; the driver (this namespace) is ``driver_address`` on
-    ``bridge``. ``owner_pid`` is the process whose exit removes it (0: kept until ``down``)."""
+    ``bridge``. ``owner_pid`` is the process whose exit removes it (0: kept until ``down``),
+    ``owner_uid`` the user who built it (-1: not recorded). ``agent_token_file``: the token file
+    of the node agents ``tfgrpc-fabric up --agents`` started in every host (absolute; "" when
+    it started none), which ``tfgrpc-fabric agent`` starts again."""
 
     name: str
     bridge: str
@@ -134,6 +144,8 @@ class EmulatedFabric:
     prefixlen: int
     hosts: tuple[EmulatedHost, ...]
     owner_pid: int = 0
+    owner_uid: int = -1
+    agent_token_file: str = ""
     timeout: float = field(default=10.0, compare=False)
 
     def host(self, name: str) -> EmulatedHost:
@@ -159,6 +171,8 @@ class EmulatedFabric:
             "driver_address": self.driver_address,
             "prefixlen": self.prefixlen,
             "owner_pid": self.owner_pid,
+            "owner_uid": self.owner_uid,
+            "agent_token_file": self.agent_token_file,
             "hosts": [vars(h) for h in self.hosts],
         }
 
@@ -173,6 +187,8 @@ class EmulatedFabric:
             prefixlen=int(str(data["prefixlen"])),
             hosts=tuple(EmulatedHost(**h) for h in hosts),
             owner_pid=int(str(data.get("owner_pid", 0))),
+            owner_uid=int(str(data.get("owner_uid", -1))),
+            agent_token_file=str(data.get("agent_token_file", "")),
         )
 
 
@@ -221,6 +237,13 @@ def tbf_burst_bytes(rate: str, burst: str | None = None) -> int:
             raise ValueError(f"burst {burst!r} must be a positive number of bytes")
         return int(burst)
     return max(bits // 8 // 100, 32 * 1024)
+
+
+def caller_uid() -> int:
+    """The user a fabric is built for: the one who ran ``sudo`` (``$SUDO_UID``) when this
+    process is root through it, else this process's real uid."""
+    sudo = os.environ.get("SUDO_UID", "")
+    return int(sudo) if os.getuid() == 0 and sudo.isdigit() else os.getuid()
 
 
 def can_build() -> tuple[bool, str]:
@@ -295,9 +318,52 @@ def allocation_lock(timeout: float) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def free_subnet_index() -> int:
+#: Route types ``ip route`` prints before a route's destination.
+_ROUTE_TYPES = frozenset(
+    {"unicast", "local", "broadcast", "multicast", "blackhole", "unreachable", "prohibit"}
+    | {"throw", "nat", "anycast"}
+)
+
+
+def ipv4_routes() -> list[ipaddress.IPv4Network]:
+    """The destinations of every IPv4 route of this namespace, in every routing table
+    (``ip -4 route show table all``), the default routes left out."""
+    listing = run_command(["ip", "-o", "-4", "route", "show", "table", "all"], timeout=10.0)
+    out = []
+    for line in listing.stdout.splitlines():
+        words = line.split()
+        if words and words[0] in _ROUTE_TYPES:
+            words = words[1:]
+        if not words or words[0] == "default":
+            continue
+        try:
+            out.append(ipaddress.IPv4Network(words[0], strict=False))
+        except ValueError:
+            continue
+    return out
+
+
+def routed_subnets(routes: Iterable[ipaddress.IPv4Network]) -> set[int]:
+    """The /24 indices of 198.18.0.0/15 that ``routes`` send somewhere already: a fabric
+    there would take another host's traffic, or lose its own."""
+    base = int(IPV4_BENCHMARK_NET.network_address)
+    taken: set[int] = set()
+    for route in routes:
+        if not route.overlaps(IPV4_BENCHMARK_NET):
+            continue
+        first = max(int(route.network_address), base)
+        last = min(int(route.broadcast_address), int(IPV4_BENCHMARK_NET.broadcast_address))
+        taken.update(range((first - base) >> 8, ((last - base) >> 8) + 1))
+    return taken
+
+
+def free_subnet_index(
+    routes: Callable[[], Iterable[ipaddress.IPv4Network]] = ipv4_routes,
+) -> int:
     """The lowest /24 index of 198.18.0.0/15 that no interface, namespace or root-namespace
-    address made by this project uses. Call it under :func:`allocation_lock`."""
+    address made by this project uses and no route of this namespace covers (``routes``:
+    the route table's destinations; tests inject one). Call it under
+    :func:`allocation_lock`."""
     used: set[int] = set()
     names = list(os.listdir(_SYS_NET))
     if _NETNS_DIR.is_dir():
@@ -312,10 +378,13 @@ def free_subnet_index() -> int:
         address = ipaddress.IPv4Address(token)
         if address in IPV4_BENCHMARK_NET:
             used.add((int(address) - int(IPV4_BENCHMARK_NET.network_address)) >> 8)
+    used |= routed_subnets(routes())
     for k in range(MAX_SUBNETS):
         if k not in used:
             return k
-    raise FabricBuildError(f"all {MAX_SUBNETS} test subnets of {IPV4_BENCHMARK_NET} are in use")
+    raise FabricBuildError(
+        f"all {MAX_SUBNETS} test subnets of {IPV4_BENCHMARK_NET} are in use or routed elsewhere"
+    )
 
 
 def add_veth_namespace(netns: str, root_if: str, ns_if: str, *, timeout: float) -> list[str]:
@@ -364,12 +433,15 @@ def build_fabric(
     iface: str = DEFAULT_IFACE,
     owner_pid: int | None = None,
     timeout: float = 10.0,
+    agent_token_file: str = "",
 ) -> EmulatedFabric:
     """Build a fabric of ``hosts`` and return it; remove it with :func:`remove_fabric`.
 
     ``owner_pid`` (default: this process) is the process whose death makes the fabric a
-    leftover for :func:`remove_leftovers`; 0 keeps it until removed by name. Anything half
-    built is removed before the error propagates. Prefer :func:`emulated_fabric`.
+    leftover for :func:`remove_leftovers`; 0 keeps it until removed by name. Its owner user
+    is :func:`caller_uid`. ``agent_token_file`` records the token of the agents the caller
+    starts in its hosts. Anything half built is removed before the error propagates. Prefer
+    :func:`emulated_fabric`.
     """
     _check_specs(hosts)
     if not 1 <= len(iface) <= 15 or not re.match(r"^[a-z][a-z0-9]*$", iface):
@@ -397,6 +469,8 @@ def build_fabric(
                 for i, spec in enumerate(hosts)
             ),
             owner_pid=owner,
+            owner_uid=caller_uid(),
+            agent_token_file=agent_token_file,
             timeout=timeout,
         )
         _write_state(fabric)
@@ -472,15 +546,15 @@ def list_fabrics() -> tuple[EmulatedFabric, ...]:
     return tuple(found)
 
 
-def remove_leftovers(*, everything: bool = False) -> list[str]:
-    """Remove fabrics whose owner process is gone (``everything``: all fabrics), and any
-    namespace, link or bridge named with the fabric prefix that no live fabric accounts for.
-    Returns what was removed."""
+def remove_leftovers(*, everything: bool = False, uid: int | None = None) -> list[str]:
+    """Remove fabrics whose owner process is gone (``everything``: all fabrics of user
+    ``uid``, or of every user when ``uid`` is None), and any namespace, link or bridge named
+    with the fabric prefix that no fabric accounts for. Returns what was removed."""
     removed: list[str] = []
     kept: set[str] = set()
     for fabric in list_fabrics():
         owner_gone = fabric.owner_pid != 0 and not pid_alive(fabric.owner_pid)
-        if everything or owner_gone:
+        if (everything and uid in (None, fabric.owner_uid)) or owner_gone:
             remove_fabric(fabric, quiet=True)
             removed.append(fabric.name)
         else:
@@ -572,6 +646,24 @@ def _kill_namespace_processes(netns: str, timeout: float) -> None:
             time.sleep(0.1)
 
 
+#: How an agent process names itself on its command line (``python -m`` its module).
+AGENT_MODULE = "pytest_tfgrpc.hosts.agent"
+
+
+def agent_pids(host: EmulatedHost, timeout: float = 10.0) -> list[int]:
+    """The node agents (``tfgrpc-node``) running in ``host``'s namespace."""
+    listing = run_command(["ip", "netns", "pids", host.netns], timeout=timeout, check=False)
+    found = []
+    for pid in (int(p) for p in listing.stdout.split() if p.isdigit()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if AGENT_MODULE.encode() in argv or any(a.endswith(b"/tfgrpc-node") for a in argv):
+            found.append(pid)
+    return found
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (one of another user counts)."""
     try:
@@ -603,7 +695,7 @@ class HostAgent:
         from pytest_tfgrpc.roles.processes import ChildProcess
 
         argv = host.command(
-            [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", host.iface,
+            [sys.executable, "-m", AGENT_MODULE, "--fabric", host.iface,
              "--port", "0", "--token-file", token_file, "--host-name", host.name,
              "--exit-on-stdin-eof", *extra_args]
         )  # fmt: skip

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_tfgrpc.plugin.engines import engines_of
+from pytest_tfgrpc.plugin.engines import check_engines, engines_of
 from pytest_tfgrpc.plugin.options import MARKERS, configured
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ def activate(config: pytest.Config) -> RunState:
     call. Bad settings are a :class:`pytest.UsageError` naming the option."""
     state = config.stash.get(state_key, None)
     if state is None:
+        from pytest_tfgrpc.wire.grpc_settings import quiet_core_log
+
+        quiet_core_log(os.environ)  # before gRPC starts here; the run's processes inherit it
         from pytest_tfgrpc.plugin.session import start
 
         state = start(config)
@@ -260,17 +263,34 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(ENGINE_FIXTURE, names, ids=names, indirect=True)
 
 
+_usage_key = pytest.StashKey[str]()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if state_key not in config.stash and any(
-        uses_tfgrpc(getattr(item, "fixturenames", ()), item) for item in items
-    ):
+    tfgrpc_items = [i for i in items if uses_tfgrpc(getattr(i, "fixturenames", ()), i)]
+    if state_key not in config.stash and tfgrpc_items:
         _activate_in_collection(config)
-    error = config.stash.get(_error_key, None)
-    if error is not None:
-        raise error
-    state = config.stash.get(state_key, None)
-    if state is not None:  # every conftest is loaded now: their engines too
-        state.registry(config)
+    try:
+        error = config.stash.get(_error_key, None)
+        if error is not None:
+            raise error
+        state = config.stash.get(state_key, None)
+        if state is not None:  # every conftest is loaded now: their engines too
+            check_engines(config, state.registry(config), tfgrpc_items)
+    except pytest.UsageError as exc:
+        if not hasattr(config, "workerinput"):
+            raise
+        # pytest-xdist's controller takes a worker's usage error for a crash (INTERNALERROR,
+        # nothing said): under it, each tfgrpc test fails at setup with the one line instead.
+        for item in tfgrpc_items:
+            item.stash[_usage_key] = str(exc)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    problem = item.stash.get(_usage_key, None)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)

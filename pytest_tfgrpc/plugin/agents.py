@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, TypedDict
 import pytest
 
 from pytest_tfgrpc.hosts.agent import engine_missing, read_token, tls_mismatch
-from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError, AgentLauncher, AgentTLS
+from pytest_tfgrpc.hosts.agent_client import (
+    AGENT_TIMEOUT_S,
+    AgentClient,
+    AgentError,
+    AgentLauncher,
+    AgentTLS,
+)
 from pytest_tfgrpc.hosts.cluster_spec import (
     ClusterLoad,
     ClusterSpecError,
@@ -35,6 +41,7 @@ from pytest_tfgrpc.hosts.cluster_spec import (
     split_address,
     task_device,
 )
+from pytest_tfgrpc.hosts.names import HostNotReached, Resolver, listening_address, system_addresses
 from pytest_tfgrpc.hosts.slurm import SlurmError, agent_addresses
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.options import TLS_HELP, option
@@ -77,6 +84,8 @@ class _Agents:
     tls_files: tuple[str | None, str | None, str | None] = (None, None, None)
     clients: dict[str, AgentClient] = field(default_factory=dict)
     routes: dict[str, str | None] = field(default_factory=dict)
+    #: How agents' names become addresses (tests inject one).
+    resolver: Resolver = system_addresses
 
     def client(self, address: str) -> AgentClient:
         client = self.clients.get(address)
@@ -87,15 +96,23 @@ class _Agents:
         where = f"agent {address} (from {self.source})"
         try:
             host, zone, port = split_address(address, where)
-            ip = str(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
-        except (ClusterSpecError, OSError) as exc:
+        except ClusterSpecError as exc:
             raise AgentError(f"{where}: {exc}") from None
-        target = f"[{ip}{'%' + zone if zone else ''}]:{port}" if ":" in ip else f"{ip}:{port}"
         token = read_token(self.token_file, os.environ, "--tfgrpc-agent-token-file")
         ca, cert, key = self.tls_files
         tls = AgentTLS.from_files(ca, cert, key) if ca else None
         if tls is None and cert:
             raise ValueError("--tfgrpc-agent-tls-cert needs --tfgrpc-agent-tls-ca")
+        try:
+            # Every address of the name, waiting (as AgentClient waits for an agent that does
+            # not listen yet) for a name that does not resolve yet.
+            scoped = listening_address(
+                f"{host}%{zone}" if zone else host, port, AGENT_TIMEOUT_S, resolver=self.resolver
+            )
+        except HostNotReached as exc:
+            raise AgentError(f"{where}: {exc}; is tfgrpc-node running there?") from None
+        ip = scoped.partition("%")[0]
+        target = f"[{ip}{'%' + zone if zone else ''}]:{port}" if ":" in ip else f"{ip}:{port}"
         client = AgentClient(target, token, tls=tls)
         self.clients[address] = client
         self.routes[address] = zone or route_device(ip)
@@ -173,6 +190,13 @@ def _agents_of(config: pytest.Config) -> _Agents | None:
         agents.tls_files = agent_tls_files(config)
     config.stash[_agents_key] = agents
     return agents
+
+
+def agents_source(config: pytest.Config) -> str | None:
+    """Where the run's agents come from, as the user named them (``--tfgrpc-agents``, a
+    cluster spec, ``SLURM``), or None when the run uses none."""
+    agents = _agents_of(config)
+    return agents.source if agents is not None else None
 
 
 def agent_tls_files(config: pytest.Config) -> tuple[str | None, str | None, str | None]:

@@ -2,16 +2,18 @@
 through them, and which engines a test runs with (``tfgrpc_engines`` marker,
 ``--tfgrpc-engines``) and which one its server is
 (``tfgrpc_engines(..., server=...)``). Cheap to import: engines are built when a test first
-uses one."""
+uses one, or at collection when the command line or ini file names them (see
+:func:`check_engines`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_tfgrpc.plugin.options import option
+from pytest_tfgrpc.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.bench.engines import Engine, EngineRegistry
@@ -48,7 +50,7 @@ def _marker_kwargs(mark: pytest.Mark, item: pytest.Item, allowed: set[str]) -> d
     if unknown:
         raise pytest.UsageError(
             f"{item.nodeid}: {mark.name}() takes {' and '.join(sorted(allowed))}=..., "
-            f"got {', '.join(unknown)}"
+            f"got {', '.join(unknown)}{did_you_mean(unknown[0], allowed)}"
         )
     return dict(mark.kwargs)
 
@@ -117,3 +119,71 @@ def engine_for(registry: EngineRegistry, name: str, test: str) -> Engine:
     if reason:
         pytest.skip(f"engine {name!r} unavailable: {reason}")
     return engine
+
+
+def _marker_text(mark: pytest.Mark) -> str:
+    """The marker as written: ``tfgrpc_engines('grpcio', 'nativ', server='native')``."""
+    arguments = [repr(a) for a in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()]
+    return f"{mark.name}({', '.join(arguments)})"
+
+
+def _option_engines(config: pytest.Config) -> tuple[str, tuple[str, ...]] | None:
+    """The engines the command line (``--tfgrpc-engines``), else the ini file, names, and
+    where they come from as the user wrote it (``--tfgrpc-engines=nativ``); None when
+    neither does."""
+    given = config.getoption("tfgrpc_engines")
+    where = "--tfgrpc-engines"
+    if not given:
+        given, where = config.getini("tfgrpc_engines"), "ini tfgrpc_engines"
+    if not given:
+        return None
+    items = [given] if isinstance(given, str) else [str(g) for g in given]
+    joined = ",".join(items) if where.startswith("--") else " ".join(items)
+    source = f"{where}={joined}" if where.startswith("--") else f"{where} = {joined}"
+    return source, _names(given, source)
+
+
+def check_engines(
+    config: pytest.Config, registry: EngineRegistry, items: Iterable[pytest.Item]
+) -> None:
+    """Usage errors, once every conftest has registered its engines (after collection), for
+    engines the run's tfgrpc tests (``items``) cannot measure with: an engine that the command
+    line or the
+    ini file names and that is unknown or unavailable here (not built, its library not
+    installed), rather than every test failing or skipping at setup; an unknown engine that a
+    test's ``tfgrpc_engines`` marker (or a ``pytest_tfgrpc_engines`` hook) names, naming the
+    test. An available engine a marker names but cannot run here still skips its tests: the
+    marker says where a test applies, as ``skipif`` does."""
+    named = _option_engines(config)
+    if named is not None:
+        source, names = named
+        for name in names:
+            if name not in registry:
+                raise pytest.UsageError(f"{source}: {registry.unknown(name)}")
+        for name in names:
+            reason = _unavailable(registry, name)
+            if reason:
+                raise pytest.UsageError(f"{source}: engine {name!r} unavailable: {reason}")
+    for item in items:
+        test = item.nodeid.split("[", 1)[0]  # the test, not one of its fabrics or engines
+        mark = item.get_closest_marker(MARKER)
+        if mark is not None:
+            where = f"{test}: {_marker_text(mark)}"
+            marked = [*(_names(mark.args, where) if mark.args else ()), mark.kwargs.get("server")]
+            for marked_name in marked:
+                if isinstance(marked_name, str) and marked_name not in registry:
+                    raise pytest.UsageError(f"{where}: {registry.unknown(marked_name)}")
+        for name in engines_of(config, item):
+            if name not in registry:
+                raise pytest.UsageError(
+                    f"{test}: pytest_tfgrpc_engines answered {name!r}: {registry.unknown(name)}"
+                )
+
+
+def _unavailable(registry: EngineRegistry, name: str) -> str | None:
+    from pytest_tfgrpc.bench.engines import EngineError
+
+    try:
+        return registry.get(name).unavailable()
+    except EngineError as exc:  # a factory that fails to build its engine
+        return str(exc)

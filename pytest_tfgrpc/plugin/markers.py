@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -19,9 +18,18 @@ from pytest_tfgrpc.bench.specs import (
     run_marker_spec,
     topology_spec,
 )
+from pytest_tfgrpc.metrics import (
+    ALLREDUCE,
+    P2P_BANDWIDTH,
+    P2P_LATENCY,
+    PS_THROUGHPUT,
+    SYNC_SGD_STEP,
+    budget_metrics_of,
+)
 from pytest_tfgrpc.model.placement import Placement, Topology, placed_on
 from pytest_tfgrpc.plugin.options import MARKERS
 from pytest_tfgrpc.report.budget import Budget
+from pytest_tfgrpc.suggest import closest, did_you_mean
 
 
 class Watched(Protocol):
@@ -104,26 +112,62 @@ def misspelled_marker(item: pytest.Item) -> str:
     for mark in item.iter_markers():
         if mark.name in registered:
             continue
-        close = difflib.get_close_matches(mark.name, _SUGGESTED, n=1, cutoff=0.75)
+        close = closest(mark.name, _SUGGESTED, cutoff=0.75)
         if close:
             return (
                 f"unknown marker @pytest.mark.{mark.name}: did you mean "
-                f"@pytest.mark.{close[0]}? (pytest ignores an unknown marker, so what it "
+                f"@pytest.mark.{close}? (pytest ignores an unknown marker, so what it "
                 "declares would not apply)"
             )
     return ""
 
 
-def check_markers(item: pytest.Item) -> None:
-    """Fail ``item`` at setup when one of its markers is malformed or a misspelled tfgrpc
-    marker. The message leads with the cause (the marker, the argument, the value): pytest's
+#: The benchmarks a test can run, by the one server fixture it uses: P2P calls take a tensor
+#: server, PS calls a cluster. A test with both, or neither (a remote target, a cluster of
+#: its own), may run any.
+_BENCHMARKS_BY_FIXTURE = {
+    "tensor_server": (P2P_LATENCY, P2P_BANDWIDTH),
+    "ps_cluster": (PS_THROUGHPUT, SYNC_SGD_STEP, ALLREDUCE),
+}
+
+
+def unrecorded_budget(item: pytest.Item, budget: Budget | None) -> str:
+    """Why ``item``'s budget names a metric its benchmarks never record ("" when it names
+    none): ``budget(step_p50="5ms")`` on a test that only has a ``tensor_server`` would
+    otherwise fail after measuring. Suggests the metric those benchmarks record that it
+    looks like."""
+    fixtures = set(getattr(item, "fixturenames", ())) & set(_BENCHMARKS_BY_FIXTURE)
+    if budget is None or len(fixtures) != 1:
+        return ""
+    (fixture,) = fixtures
+    benchmarks = _BENCHMARKS_BY_FIXTURE[fixture]
+    recorded = budget_metrics_of(benchmarks)
+    for limit in budget.limits:
+        if limit.metric not in recorded:
+            return (
+                f"@pytest.mark.budget {limit.metric}={limit.text!r}: no benchmark of this test "
+                f"records {limit.metric!r} (it uses {fixture}: {', '.join(benchmarks)} record "
+                f"{', '.join(recorded)}){did_you_mean(limit.metric, recorded)}"
+            )
+    return ""
+
+
+def marker_problem(item: pytest.Item) -> str:
+    """Why ``item`` cannot run as its markers say ("" when it can): one of them is malformed
+    or a misspelled tfgrpc marker, or its budget names a metric its benchmarks never record.
+    The message leads with the cause (the marker, the argument, the value): pytest's
     one-line summary already names the test, and would cut a cause after the test's id."""
     problem = misspelled_marker(item)
     if not problem:
         try:
-            item_specs(item)
+            problem = unrecorded_budget(item, item_specs(item).budget)
         except SpecError as exc:
             problem = str(exc)
-        else:
-            return
-    pytest.fail(problem, pytrace=False)
+    return problem
+
+
+def check_markers(item: pytest.Item) -> None:
+    """Fail ``item`` at setup with :func:`marker_problem`'s answer, if any."""
+    problem = marker_problem(item)
+    if problem:
+        pytest.fail(problem, pytrace=False)

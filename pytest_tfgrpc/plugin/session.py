@@ -20,17 +20,19 @@ from _pytest.junitxml import xml_key
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
 from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_layer
+from pytest_tfgrpc.hosts.agent_client import AgentError
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
 from pytest_tfgrpc.plugin import agents
 from pytest_tfgrpc.plugin.engines import build_registry
-from pytest_tfgrpc.plugin.markers import check_markers, watched_key
-from pytest_tfgrpc.plugin.options import TLS_OPTIONS, option
+from pytest_tfgrpc.plugin.markers import check_markers, marker_problem, watched_key
+from pytest_tfgrpc.plugin.options import GATE_POLICIES, TLS_OPTIONS, option
 from pytest_tfgrpc.plugin.summary import REPORTER_NAME, SummaryReporter
 from pytest_tfgrpc.report.gate import BaselineGate, GateSetupError, settings_from_options
 from pytest_tfgrpc.report.metadata import META_PREFIX, extra_metadata, run_metadata
 from pytest_tfgrpc.report.plot import plot_available
 from pytest_tfgrpc.report.record import has_figures, junit_test_id, read_record
 from pytest_tfgrpc.report.results_file import ResultLog
+from pytest_tfgrpc.report.tolerance import ToleranceError, parse_tolerances
 from pytest_tfgrpc.roles.processes import ServerError
 from pytest_tfgrpc.tuning.allocator import apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
@@ -158,18 +160,55 @@ def junit_name(config: pytest.Config, nodeid: str) -> str:
     return junit_test_id(nodeid, getattr(config.option, "junitprefix", None) or "")
 
 
+#: The gate's options besides the baseline (dest, flag): given on the command line without a
+#: baseline, they would gate nothing.
+_GATE_OPTIONS = (
+    ("tfgrpc_max_regression", "--tfgrpc-max-regression"),
+    ("tfgrpc_alpha", "--tfgrpc-alpha"),
+    *((f"tfgrpc_{name.replace('-', '_')}", f"--tfgrpc-{name}") for name in GATE_POLICIES),
+)
+
+
+def _tolerances(config: pytest.Config) -> list[str]:
+    """``--tfgrpc-max-regression`` (else its ini twin) as given, read once here so that a
+    malformed tolerance is a usage error whether or not the run has a baseline."""
+    given, where = config.getoption("tfgrpc_max_regression"), "--tfgrpc-max-regression"
+    if not given:
+        given, where = config.getini("tfgrpc_max_regression"), "ini tfgrpc_max_regression"
+    tolerances = [str(t) for t in given or []]
+    try:
+        parse_tolerances(tolerances)
+    except ToleranceError as exc:
+        raise pytest.UsageError(f"{where}: {exc}") from None
+    return tolerances
+
+
+def _gate_options_without_baseline(config: pytest.Config) -> None:
+    for dest, flag in _GATE_OPTIONS:
+        value = config.getoption(dest)
+        if value not in (None, []):
+            shown = ",".join(map(str, value)) if isinstance(value, list) else value
+            raise pytest.UsageError(
+                f"{flag}={shown}: no baseline to gate against; give --tfgrpc-baseline PATH "
+                "(a JUnit XML, a directory of them or a --tfgrpc-results file) or drop "
+                f"{flag}"
+            )
+
+
 def _baseline_gate(
     config: pytest.Config, meta: dict[str, str], fabrics: tuple[Fabric, ...]
 ) -> BaselineGate | None:
+    tolerances = _tolerances(config)
     given = option(config, "tfgrpc_baseline")
     if not given:
+        _gate_options_without_baseline(config)
         return None
     paths = [given] if isinstance(given, str) else [str(p) for p in given]
     try:
         alpha = option(config, "tfgrpc_alpha")
         settings = settings_from_options(
             paths,
-            option(config, "tfgrpc_max_regression") or [],
+            tolerances,
             alpha=float(alpha) if alpha is not None else None,
             inconclusive=option(config, "tfgrpc_inconclusive"),
             bad_baseline=option(config, "tfgrpc_bad_baseline"),
@@ -367,7 +406,7 @@ class TfgrpcSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
         uses = _MEASURING_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if not uses:
+        if not uses or marker_problem(item):  # one that fails at setup measures nothing
             return (yield)
         # Set up, measure and tear down one test at a time on this host: across pytest-xdist
         # workers and across concurrent runs.
@@ -425,8 +464,11 @@ class TfgrpcSession:
         # A server that died, a call that failed, a deadline: the process, host and cause
         # in the first line, not at the end of a traceback through gRPC's internals.
         error = call.excinfo.value if call.excinfo is not None else None
-        if report.failed and isinstance(error, (ServerError, BenchmarkError)):
+        if report.failed and isinstance(error, (ServerError, BenchmarkError, AgentError)):
             report.longrepr = f"{type(error).__name__}: {error}"
+            source = agents.agents_source(item.config)
+            if isinstance(error, AgentError) and source:
+                report.longrepr += f" (agents from {source})"
         return report
 
     def pytest_sessionfinish(self) -> None:

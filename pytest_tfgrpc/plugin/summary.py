@@ -71,6 +71,20 @@ UNSTABLE_LEGEND = (
 )
 
 
+def unstable_summary(lines: list[str], verbose: bool) -> list[str]:
+    """What the summary says of the ``unstable:`` lines: each, then the legend, with ``-v``;
+    else one line with their count (a short run on a busy machine has several)."""
+    if not lines:
+        return []
+    if verbose:
+        return [*lines, UNSTABLE_LEGEND]
+    return [
+        f"unstable: {len(lines)} measured point(s) whose rounds vary more than pyperf allows "
+        f"(standard deviation / mean above {UNSTABLE_CV:.0%}): the machine was busy or the "
+        "figures are noisy, and the gate can see less of a change in them (-v lists them)"
+    ]
+
+
 def unstable_rounds(record: TestRecord) -> list[str]:
     """One warning per point whose rounds' p50 or throughput varies more than pyperf allows
     (standard deviation above :data:`UNSTABLE_CV` of the mean), naming each figure that
@@ -251,10 +265,9 @@ class SummaryReporter:
                 terminalreporter.write_line(line)
             for line in format_ps_loads(self.rows):
                 terminalreporter.write_line(line)
-            for line in self.unstable:
+            verbose = terminalreporter.config.get_verbosity() > 0
+            for line in unstable_summary(self.unstable, verbose):
                 terminalreporter.write_line(line, yellow=True)
-            if self.unstable:
-                terminalreporter.write_line(UNSTABLE_LEGEND, yellow=True)
         for line in self.misses:
             terminalreporter.write_line(line, yellow=True)
         paths = [record for record in self.records.values() if record.path]

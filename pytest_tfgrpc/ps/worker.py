@@ -80,7 +80,7 @@ from pytest_tfgrpc.wire.security import (
     add_port,
     files_from_env,
     load_tls,
-    looks_like_tls_failure,
+    tls_failure,
     use_tls,
 )
 from pytest_tfgrpc.wire.tensors import make_content
@@ -131,8 +131,10 @@ async def _next_message(lines: queue.Queue[bytes], timeout: float, expect: type[
 def _describe(error: grpc.RpcError, target: str, what: str, timeout: float | None = None) -> str:
     code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
     details = " ".join(str(error.details() if code is not None else error).split())
-    if code is not None and looks_like_tls_failure(details):
-        return f"{what} to {target} failed: TLS handshake failed: {details}"
+    # The files are the driver's (--tfgrpc-tls-*), handed down in the environment.
+    why = tls_failure(target, details, flag_prefix="--tfgrpc-tls-") if code is not None else None
+    if why is not None:
+        return f"{what} to {target} failed: {why}"
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout is not None:
         return (
             f"{what} to {target} failed: DEADLINE_EXCEEDED: the deadline was {timeout:.3g} s "

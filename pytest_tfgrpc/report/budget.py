@@ -10,7 +10,6 @@ fabric.
 
 from __future__ import annotations
 
-import difflib
 import math
 import operator
 import re
@@ -29,6 +28,7 @@ from pytest_tfgrpc.metrics import (
 )
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.stats.summary import min_samples_for
+from pytest_tfgrpc.suggest import did_you_mean
 from pytest_tfgrpc.units import UnitError, align_columns
 
 __all__ = [
@@ -113,11 +113,10 @@ class Limit:
 
 
 def _unknown_metric(name: str, metrics: Mapping[str, Metric]) -> BudgetError:
-    message = f"unknown budget metric {name!r}: known metrics are {', '.join(metrics)}"
-    close = difflib.get_close_matches(name, list(metrics), n=1)
-    if close:
-        message += f"; did you mean {close[0]!r}?"
-    return BudgetError(message)
+    return BudgetError(
+        f"unknown budget metric {name!r}: known metrics are {', '.join(metrics)}"
+        + did_you_mean(name, metrics)
+    )
 
 
 def parse_limit(metric: str, value: object, metrics: Mapping[str, Metric] = METRICS) -> Limit:

@@ -49,7 +49,7 @@ from pytest_tfgrpc.report.record import (
     Verdict,
     sketch_property,
 )
-from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
+from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata, split_by_setup
 from pytest_tfgrpc.report.telemetry_text import gate_context
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
 from pytest_tfgrpc.stats import significance
@@ -310,7 +310,9 @@ def compare_figure(
         method, p_value = "mann-whitney-u", test.p_value
         direction = (1 if test.x_larger else -1) if test.p_value < alpha else 0
         evidence = f"Mann-Whitney U p={test.p_value:.2g}"
-        detectable = _sample_detectable(baseline.sketch, current.sketch, alpha)
+        detectable = _sample_detectable(
+            baseline.sketch, current.sketch, alpha, rate=gated.higher_is_better
+        )
     else:
         assert gated.quantile is not None  # the registry bootstraps quantiles only
         low, high = bootstrap_quantile_ratio(
@@ -357,10 +359,15 @@ def invalid_figure(measurement: Measurement, metric: str) -> str:
     return f"{metric} per round: {why}" if why else ""
 
 
-def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float:
+def _sample_detectable(
+    baseline: Sketch, current: Sketch, alpha: float, *, rate: bool = False
+) -> float:
     """The smallest median shift the U test would call significant on samples this spread,
     were they independent (they are not quite: consecutive samples correlate): the normal
-    approximation of the median's standard error from the inter-quartile range of the logs."""
+    approximation of the median's standard error from the inter-quartile range of the logs.
+    On the figure's own scale, as its change is: the samples are durations, so for a ``rate``
+    (work over those durations) the rate's drop that such a longer duration means
+    (+39.2% in time is -28.2% in rate), not the time's growth."""
     spreads = []
     for sketch in (baseline, current):
         q1, q3 = sketch.quantile(0.25), sketch.quantile(0.75)
@@ -370,7 +377,8 @@ def _sample_detectable(baseline: Sketch, current: Sketch, alpha: float) -> float
     se = 1.2533 * math.sqrt(
         spreads[0] ** 2 / max(baseline.count, 1) + spreads[1] ** 2 / max(current.count, 1)
     )
-    return math.expm1(NormalDist().inv_cdf(1.0 - alpha / 2.0) * se)
+    shift = NormalDist().inv_cdf(1.0 - alpha / 2.0) * se  # on the log of the durations
+    return -math.expm1(-shift) if rate else math.expm1(shift)
 
 
 def _across_runs(history: Sequence[float | None]) -> bool:
@@ -435,12 +443,14 @@ def _percent(fraction: float) -> str:
 class Comparison:
     """A whole run against its baseline: a verdict per test, fabric, label, size and metric;
     the measurements only the baseline has (``missing``) or only the current run (``new``);
-    and how the two setups differ (``mismatches``)."""
+    and how the two setups differ (``mismatches``); ``notes``: how the baseline history was
+    used (split by setup)."""
 
     verdicts: tuple[Verdict, ...]
     missing: tuple[Key, ...] = ()
     new: tuple[Key, ...] = ()
     mismatches: tuple[Mismatch, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def with_outcome(self, outcome: Outcome) -> tuple[Verdict, ...]:
         return tuple(v for v in self.verdicts if v.outcome is outcome)
@@ -575,10 +585,13 @@ def compare_runs(
     """Compare every figure of every measurement the current run and a baseline run have (see
     :func:`compare_figure`; the metrics are :func:`gated_metrics`), and list what only one run
     has and how the setups differ (:func:`check_metadata`, and a label measured with another
-    rpc or mode). ``baseline`` may be a history of runs, oldest first: each point is compared
-    with every run that measured it, ``missing`` is what the most recent run has and the
-    current run lacks, and the setup is checked against the most recent run."""
-    runs = _history(baseline)
+    rpc or mode). ``baseline`` may be a history of runs, oldest first, split by setup first
+    (:func:`split_by_setup`: only the runs of the current run's setup, or of the most recent
+    run's, said in ``notes``): each point is compared with every run of it that measured it,
+    ``missing`` is what the most recent of them has and the current run lacks, and the setup
+    is checked against the most recent of them."""
+    split = split_by_setup(_history(baseline), current.setup(), current.fabrics)
+    runs = split.runs
     verdicts, mismatches = _compare_measurements(
         [run.measurements for run in runs],
         current.measurements,
@@ -596,6 +609,7 @@ def compare_runs(
         tuple(sorted(latest.measurements.keys() - current.measurements.keys(), key=Key.order)),
         tuple(sorted(current.measurements.keys() - known, key=Key.order)),
         (*setup, *mismatches),
+        (split.note,) if split.note else (),
     )
 
 
@@ -679,4 +693,5 @@ def format_comparison(comparison: Comparison, *, reasons: bool = True) -> list[s
         lines.append(f"new: {key.describe()} has no baseline")
     for mismatch in comparison.mismatches:
         lines.append(f"setup mismatch: {mismatch.describe()}")
+    lines += comparison.notes
     return lines

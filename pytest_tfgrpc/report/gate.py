@@ -22,7 +22,7 @@ from pytest_tfgrpc.report.record import (
     unusable_baseline_properties,
     verdict_properties,
 )
-from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
+from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata, split_by_setup
 from pytest_tfgrpc.report.tolerance import parse_tolerances
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
@@ -107,8 +107,12 @@ class BaselineGate:
         self._spread_floor: float | None = None
         try:
             duplicates: list[str] = []
-            self.history = load_history(settings.baseline_paths, skipped=duplicates)
+            loaded = load_history(settings.baseline_paths, skipped=duplicates)
             self.warnings += [f"baseline: {note}: counted once" for note in duplicates]
+            split = split_by_setup(loaded, meta, fabrics)
+            self.history = split.runs
+            if split.note:
+                self.warnings.append(split.note)
             self.baseline = self.history[-1]
             short = short_history_warning(len(self.history))
             if short:

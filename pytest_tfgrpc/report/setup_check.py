@@ -6,13 +6,13 @@ the gate and ``tfgrpc-compare`` report what differs, and their policy decides wh
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_tfgrpc.report.junit import Baseline
 from pytest_tfgrpc.report.metadata import EXTRA
 
-__all__ = ["META_CHECKED", "Mismatch", "check_metadata"]
+__all__ = ["META_CHECKED", "Mismatch", "SetupSplit", "check_metadata", "split_by_setup"]
 
 #: Run metadata (``tfgrpc.meta.<key>``) that must agree between baseline and current run;
 #: ``fabric.<name>.<attribute>`` keys are checked too for every fabric both runs used.
@@ -72,3 +72,54 @@ def check_metadata(
         if old != new:
             out.append(Mismatch(key, old or _NOT_RECORDED, new or _NOT_RECORDED))
     return tuple(out)
+
+
+#: Mismatches that do not make a run's setup another one: a fabric a run did not measure, and
+#: no metadata at all (then only the host can tell).
+_NOT_A_SETUP = ("fabric", "run metadata")
+
+
+def _differences(run: Baseline, meta: Mapping[str, str], fabrics: Iterable[str]) -> list[str]:
+    return [m.describe() for m in check_metadata(run, meta, fabrics) if m.what not in _NOT_A_SETUP]
+
+
+@dataclass(frozen=True)
+class SetupSplit:
+    """A history split by setup: ``runs`` (oldest first) share one setup, this run's when
+    any does, else the most recent run's; ``note`` says what was left out and why ("" when
+    nothing was)."""
+
+    runs: tuple[Baseline, ...]
+    note: str
+
+
+def split_by_setup(
+    history: Sequence[Baseline], meta: Mapping[str, str], fabrics: Iterable[str]
+) -> SetupSplit:
+    """The runs of ``history`` to compare the current run (its ``meta`` and ``fabrics``, as
+    for :func:`check_metadata`) with: those whose setup (every key :func:`check_metadata`
+    checks, ``extra.*`` from ``pytest_tfgrpc_run_metadata`` hooks included) is the current
+    run's, never pooled with runs of another setup, whose spread would hide a regression.
+    When no run shares the current setup, the runs of the most recent run's setup (the caller
+    reports the mismatch). Raises ValueError for an empty history."""
+    if not history:
+        raise ValueError("no baseline run to split by setup")
+    fabrics = frozenset(fabrics)
+    own = tuple(run for run in history if not _differences(run, meta, fabrics))
+    whose = "this run's"
+    reference: tuple[Mapping[str, str], frozenset[str]] = (meta, fabrics)
+    if not own:
+        latest = history[-1]
+        reference = (latest.setup(), latest.fabrics)
+        own = tuple(run for run in history if not _differences(run, *reference))
+        whose = "the most recent baseline run's"
+    if len(own) == len(history):
+        return SetupSplit(tuple(history), "")
+    left = [run for run in history if all(run is not kept for kept in own)]
+    why = sorted({d for run in left for d in _differences(run, *reference)})
+    shown = "; ".join(why[:4]) + (f"; {len(why) - 4} more" if len(why) > 4 else "")
+    return SetupSplit(
+        own,
+        f"baseline history split by setup: comparing with the {len(own)} of {len(history)} "
+        f"runs of {whose} setup, not pooling the {len(left)} of another ({shown})",
+    )

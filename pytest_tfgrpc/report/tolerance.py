@@ -6,13 +6,13 @@ any figure the registry (:mod:`pytest_tfgrpc.metrics`) says the gate tests.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from pytest_tfgrpc.metrics import GATED, METRICS
+from pytest_tfgrpc.suggest import did_you_mean
 
 __all__ = [
     "ANY_METRIC",
@@ -73,9 +73,8 @@ def _parse_tolerance_item(item: str, out: dict[str, float]) -> None:
         known = METRICS.get(metric)
         why = f"{metric} is {known.not_gated}" if known else f"unknown metric {metric!r}"
         message = f"cannot read tolerance {item!r}: {why}; gated metrics are {', '.join(GATED)}"
-        close = difflib.get_close_matches(metric, list(GATED), n=1)
-        if close and known is None:
-            message += f"; did you mean {close[0]!r}?"
+        if known is None:
+            message += did_you_mean(metric, GATED)
         raise ToleranceError(message)
     if not text.endswith("%"):
         raise ToleranceError(

@@ -2,8 +2,9 @@
 
 A PS process (the tensor server, :mod:`pytest_tfgrpc.roles.tensor_server`) also serves
 ``tfgrpc.ParameterServer`` (see ``protos/tfgrpc/service.proto``) and its raw twin
-``tfgrpc.RawParameterServer``. The parent configures a job on every PS; then worker processes
-drive it:
+``tfgrpc.RawParameterServer``. Every call carries the run's job token (the driver's and its
+workers'), checked before the request is read: a stranger's call changes and counts nothing.
+The parent configures a job on every PS; then worker processes drive it:
 
 * ``Throughput``: the PS acknowledges a payload (TF-gRPC-PS-Throughput). Calls carry
   ``x-tfgrpc-phase: measure`` metadata in the measured phase, so only those are counted.
@@ -153,13 +154,15 @@ class ParameterServer:
         self._token = token
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
-        """Job control (Configure, JobStats) belongs to the driver that started this PS: it
-        must carry the run's token (:data:`~pytest_tfgrpc.wire.security.TOKEN_KEY`)."""
+        """Every call to this PS (job control, throughput, pushes, pulls) belongs to the driver
+        that started it and its workers: it must carry the run's token
+        (:data:`~pytest_tfgrpc.wire.security.TOKEN_KEY`), checked in constant time before the
+        request is read or anything is counted. The refusal names nothing of the job."""
         token = self._token
         if token is None:
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"job control is off: this server was started without a job token "
+                f"the PS service is off: this server was started without a job token "
                 f"({TOKEN_ENV}); only a PS started by a pytest-tfgrpc driver takes jobs",
             )
             raise AssertionError("unreachable")  # abort raises
@@ -167,7 +170,7 @@ class ParameterServer:
         if not hmac.compare_digest(str(given).encode(), token.encode()):
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
-                "job control needs the token of the driver that started this PS "
+                "the PS service needs the token of the driver that started this PS "
                 f"(metadata {TOKEN_KEY!r}); the call carried "
                 + ("a wrong one" if given else "none"),
             )
@@ -227,6 +230,7 @@ class ParameterServer:
 
     # --- PS throughput ---------------------------------------------------------------------
     def _throughput(self, request: bytes, context: grpc.ServicerContext, protobuf: bool) -> bytes:
+        self._authorize(context)
         size = len(codec.decode_tensor(request).content) if protobuf else len(request)
         job = self._job
         if job is not None and (PHASE_KEY, MEASURE) in context.invocation_metadata():
@@ -244,6 +248,7 @@ class ParameterServer:
         every slice inside this PS's shards, exactly their size) and staged before any of it
         touches the step's sum: a refused push, or a stream that breaks midway, leaves the
         aggregate as it was. Refusals name nothing of the job (its step, its workers)."""
+        self._authorize(context)
         job = self._current(context)
         first = next(requests, None)
         if first is None:
@@ -307,6 +312,7 @@ class ParameterServer:
     def pull_weights(
         self, request: service_pb2.PullWeightsRequest, context: grpc.ServicerContext
     ) -> Iterator[service_pb2.WeightChunk]:
+        self._authorize(context)
         job = self._current(context)
         step = request.step
         timeout = job.spec.barrier_timeout_seconds

@@ -32,6 +32,7 @@ import grpc
 
 from pytest_tfgrpc.native import ENGINES, NativeNotBuilt, binaries
 from pytest_tfgrpc.results import process_cpu_ns
+from pytest_tfgrpc.roles.idle import IDLE_STREAM_S, IdleWatch
 from pytest_tfgrpc.roles.parameter_server import ParameterServer
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, parse_cpu_list, pin_process, require_allowed
@@ -145,6 +146,7 @@ class TensorService:
         delay_s: float = 0.0,
         max_tensor_bytes: int = grpc_settings.MAX_TENSOR_BYTES,
         environment: dict[str, str] | None = None,
+        idle: IdleWatch | None = None,
     ) -> None:
         self.delay_s = delay_s
         self.max_tensor_bytes = max_tensor_bytes
@@ -156,6 +158,8 @@ class TensorService:
         self.counters = counters
         self._pull_cache: dict[tuple[int, str], bytes] = {}
         self._pull_lock = threading.Lock()
+        #: Times out calls whose request does not come (a stranger's idle stream).
+        self.idle = idle or IdleWatch()
 
     # --- latency -------------------------------------------------------------------------
     def _check_message(self, context: grpc.ServicerContext, request: bytes, what: str) -> None:
@@ -295,10 +299,31 @@ class TensorService:
             "Pull": self.pull,
             "Status": self.status,
         }
-        handlers = {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in unary.items()}
-        handlers["EchoStream"] = grpc.stream_stream_rpc_method_handler(self.echo_stream)
-        handlers["PushStream"] = grpc.stream_stream_rpc_method_handler(self.push_stream)
-        handlers["PullStream"] = grpc.unary_stream_rpc_method_handler(self.pull_stream)
+        # Every method reads its requests as a stream (the wire is the same for a unary
+        # client) so that the idle bound applies while a call waits for its message.
+        watch = self.idle
+
+        def first(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+            def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+                request = watch.next(requests, context)
+                if request is None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a call without a request")
+                return fn(request, context)
+
+            return handle
+
+        def each(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+            def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+                return fn(watch.iterate(requests, context), context)
+
+            return handle
+
+        handlers = {
+            name: grpc.stream_unary_rpc_method_handler(first(fn)) for name, fn in unary.items()
+        }
+        handlers["EchoStream"] = grpc.stream_stream_rpc_method_handler(each(self.echo_stream))
+        handlers["PushStream"] = grpc.stream_stream_rpc_method_handler(each(self.push_stream))
+        handlers["PullStream"] = grpc.stream_stream_rpc_method_handler(first(self.pull_stream))
         return grpc.method_handlers_generic_handler(service, handlers)
 
 
@@ -312,6 +337,7 @@ def build_server(
     max_tensor_bytes: int = grpc_settings.MAX_TENSOR_BYTES,
     job_token: str | None = None,
     environment: dict[str, str] | None = None,
+    idle_s: float = IDLE_STREAM_S,
 ) -> tuple[grpc.Server, str]:
     """A started-to-be server bound to ``host:port`` only (TLS under the process's setting,
     :mod:`pytest_tfgrpc.wire.security`); returns it and its target.
@@ -319,22 +345,27 @@ def build_server(
     ``delay_s`` holds every tensor-service reply back that long: an injected slowdown, for
     checking that performance gates catch one. ``max_tensor_bytes`` is the largest tensor a
     request may make it receive or allocate (larger: RESOURCE_EXHAUSTED); ``job_token`` the
-    token PS job control must carry (None: job control refused). ``environment`` is what
-    its Status call reports (allocator, TLS, limits).
+    token PS calls must carry (None: PS calls refused). ``environment`` is what its Status
+    call reports (allocator, TLS, limits). The server takes
+    :func:`~pytest_tfgrpc.wire.grpc_settings.max_concurrent_rpcs` calls at once over all
+    connections (beyond: RESOURCE_EXHAUSTED), and a tensor-service call whose request message
+    does not come within ``idle_s`` seconds is cancelled (:mod:`pytest_tfgrpc.roles.idle`).
     """
     # gRPC's receive limit stays at its maximum: a message over it is refused by the core as
     # "Internal error from Core" mid-stream; the handlers refuse with a message instead.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfgrpc"),
         options=grpc_settings.SERVER_OPTIONS,
+        maximum_concurrent_rpcs=grpc_settings.max_concurrent_rpcs(workers),
     )
     bound = add_port(server, f"{host}:{port}")
     target = f"{host}:{bound}"
     counters = _Counters()
+    idle = IdleWatch(idle_s)
     server.add_generic_rpc_handlers(
         [
             TensorService(
-                mode, target, fabric, counters, delay_s, max_tensor_bytes, environment
+                mode, target, fabric, counters, delay_s, max_tensor_bytes, environment, idle
             ).handler()
             for mode in grpc_settings.MODES
         ]

@@ -22,6 +22,7 @@ from pytest_tfgrpc.wire.security import (
     looks_like_tls_failure,
     open_aio_channel,
     open_channel,
+    tls_failure,
     tls_mode,
 )
 
@@ -129,10 +130,8 @@ def _probe_details(channel: grpc.Channel) -> str:
 def unreachable(target: str, timeout: float, details: str) -> BenchmarkError:
     """The error for a server not reached within ``timeout`` s: a TLS handshake failure,
     a refused connection, or silence, told apart by gRPC's ``details``."""
-    if looks_like_tls_failure(details):
-        return BenchmarkError(
-            f"TLS handshake with {target} failed ({tls_mode()} on this side): {details}"
-        )
+    if (why := tls_failure(target, details)) is not None:
+        return BenchmarkError(why)
     closed = "closed" in details.lower() or "reset" in details.lower()
     if closed and tls_mode() == "off":
         return BenchmarkError(
@@ -274,8 +273,8 @@ def explain(
             + RAISE_HINT
             + (f" (transport: {seen})" if seen else "")
         )
-    if code is grpc.StatusCode.UNAVAILABLE and looks_like_tls_failure(details):
-        return BenchmarkError(f"{where} failed: TLS handshake failed: {details}")
+    if code is grpc.StatusCode.UNAVAILABLE and (why := tls_failure(server.target, details)):
+        return BenchmarkError(f"{where} failed: {why}")
     if code is grpc.StatusCode.INTERNAL and details == _CORE_TRANSPORT_ERROR:
         # gRPC's core gives this when the connection breaks in the middle of a message (a
         # server killed mid-push): say what happened, not the generic text.

@@ -6,6 +6,7 @@ message limits or flow control.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Final
 
 #: TensorFlow sets both message limits to INT32_MAX on channels and servers
@@ -19,6 +20,21 @@ MAX_MESSAGE_BYTES: Final = 2**31 - 1
 FRAMING_BYTES: Final = 64
 #: The largest tensor, in bytes, a benchmark accepts: one gRPC message, less the framing.
 MAX_TENSOR_BYTES: Final = MAX_MESSAGE_BYTES - FRAMING_BYTES
+
+
+#: gRPC core's own log (the C core's lines, through absl): its level, read when gRPC starts.
+CORE_LOG_ENV: Final = "GRPC_VERBOSITY"
+#: Off in the processes the plugin runs, unless the environment says otherwise
+#: (``GRPC_VERBOSITY=ERROR``, ``INFO``, ``DEBUG`` show it). Left unset, grpcio writes lines
+#: such as ``I1202 ... chttp2_transport.cc] ... Got goaway`` when a peer dies, into the
+#: captured output of a test whose failure already says, in one line, what died.
+CORE_LOG_DEFAULT: Final = "NONE"
+
+
+def quiet_core_log(environ: MutableMapping[str, str]) -> None:
+    """Turn gRPC core's log off in ``environ`` (a process's, before gRPC starts, so the
+    processes it starts inherit it too) unless it sets :data:`CORE_LOG_ENV` itself."""
+    environ.setdefault(CORE_LOG_ENV, CORE_LOG_DEFAULT)
 
 
 def too_large(nbytes: int) -> str:
@@ -48,9 +64,28 @@ COMMON_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
 #: before a tensor limit could refuse it. A compressed call is refused (UNIMPLEMENTED) unread.
 NO_COMPRESSION: Final = (("grpc.compression_enabled_algorithms_bitset", 1),)
 
+#: A connection without a call for this long is closed (the client reconnects when it needs
+#: to): idle connections do not pile up on a long-running server.
+MAX_CONNECTION_IDLE_MS: Final = 300_000
+
 #: ``so_reuseport`` off: with gRPC's default a second server "binds" a port already in use
 #: and clients are silently balanced across two unrelated servers.
-SERVER_OPTIONS: Final = (*COMMON_OPTIONS, *NO_COMPRESSION, ("grpc.so_reuseport", 0))
+SERVER_OPTIONS: Final = (
+    *COMMON_OPTIONS,
+    *NO_COMPRESSION,
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
+)
+
+
+def max_concurrent_rpcs(threads: int) -> int:
+    """Calls a server with ``threads`` handler threads takes at once, over all connections;
+    beyond, a call is refused at once (RESOURCE_EXHAUSTED) instead of queueing without bound.
+    Four times the threads: a PS's workers each push and pull at once (its threads are sized
+    for that), and the queue absorbs bursts, and a stranger's idle streams until they are
+    cancelled (:mod:`pytest_tfgrpc.roles.idle`)."""
+    return 4 * threads
+
 
 CHANNEL_OPTIONS: Final = (
     *COMMON_OPTIONS,

@@ -130,6 +130,8 @@ class TlsMaterial:
     cert: bytes | None
     key: bytes | None
     ca: bytes | None
+    #: How the options that set it are spelled (``--tfgrpc-tls-``, ``--tls-``): errors name them.
+    flag_prefix: str = "--tfgrpc-tls-"
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(
@@ -173,6 +175,7 @@ def load_tls(files: TlsFiles, flag_prefix: str = "--tfgrpc-tls-") -> TlsMaterial
         _read("cert", files.cert, flag_prefix),
         _read("key", files.key, flag_prefix),
         _read("ca", files.ca, flag_prefix),
+        flag_prefix,
     )
 
 
@@ -243,4 +246,48 @@ def looks_like_tls_failure(details: str) -> bool:
     """Whether gRPC's failure text is about the TLS handshake (not a refusal or a dead
     server): gRPC gives all of them the same status code, UNAVAILABLE."""
     text = details.lower()
-    return any(word in text for word in ("ssl", "tls", "handshake", "certificate"))
+    words = ("ssl", "tls", "handshake", "certificate", "hostname verification")
+    return any(word in text for word in words)
+
+
+#: gRPC's (BoringSSL's) words for each way a server's certificate fails verification.
+_NAME_MISMATCH = ("hostname verification", "peer name", "not in peer certificate")
+_EXPIRED = ("certificate has expired", "certificate is not yet valid")
+_UNKNOWN_CA = ("unable to get local issuer", "self signed", "self-signed", "unknown ca")
+
+
+def tls_failure(
+    target: str, details: str, *, flag_prefix: str | None = None, mode: str | None = None
+) -> str | None:
+    """The one-line error of a failed TLS handshake with ``target`` (``host:port``) from
+    gRPC's ``details``, or None when they are not about TLS. It leads with what was wrong
+    when gRPC says it (the certificate the host presented does not name it, has expired or
+    is not yet valid, or is signed by a CA this side does not trust), names the option that
+    sets what this side verifies with (``flag_prefix`` + ``ca``; default: the process's
+    setting's, :func:`load_tls`) and the host, and keeps gRPC's words at the end. ``mode``:
+    this side's TLS (default: :func:`tls_mode`)."""
+    if not looks_like_tls_failure(details):
+        return None
+    flags = flag_prefix or (_current.flag_prefix if _current else "--tfgrpc-tls-")
+    ca_file = _current.files.ca if flag_prefix is None and _current is not None else None
+    ca = f"{flags}ca" + (f" {ca_file}" if ca_file else "")
+    host = target.rsplit(":", 1)[0].strip("[]") if ":" in target else target
+    text = details.lower()
+    if any(word in text for word in _NAME_MISMATCH):
+        cause = (
+            f"the certificate {host} presented does not name {host}: the host or address "
+            f"dialled must be one of its subject alternative names (checked against {ca})"
+        )
+    elif any(word in text for word in _EXPIRED):
+        cause = (
+            f"the certificate {host} presented has expired or is not yet valid (its dates, "
+            f"or either host's clock; checked against {ca})"
+        )
+    elif any(word in text for word in _UNKNOWN_CA):
+        cause = f"the certificate {host} presented is not signed by the CA of {ca}"
+    else:
+        cause = f"checked against {ca}"
+    return (
+        f"TLS handshake with {target} failed ({mode or tls_mode()} on this side): {cause}. "
+        f"gRPC: {details}"
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pytest_tfgrpc.bench.engines.base import Engine, EngineError
+from pytest_tfgrpc.suggest import did_you_mean
 
 __all__ = ["EngineFactory", "EngineRegistry"]
 
@@ -47,6 +48,13 @@ class EngineRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
+    def unknown(self, name: str) -> str:
+        """Why ``name`` is no engine: the message of :meth:`get`'s error, suggesting the
+        registered name it looks like and naming them all."""
+        known = ", ".join(self._entries) or "none"
+        suggestion = did_you_mean(name, self._entries)
+        return f"unknown engine {name!r}; registered engines: {known}{suggestion}"
+
     def get(self, name: str) -> Engine:
         """The engine called ``name``; :class:`EngineError` naming the known ones if none is."""
         built = self._built.get(name)
@@ -54,8 +62,7 @@ class EngineRegistry:
             return built
         entry = self._entries.get(name)
         if entry is None:
-            known = ", ".join(self._entries) or "none"
-            raise EngineError(f"unknown engine {name!r}; registered engines: {known}")
+            raise EngineError(self.unknown(name))
         engine = entry if isinstance(entry, Engine) else entry()
         if not isinstance(engine, Engine):
             raise EngineError(f"the factory of engine {name!r} returned {engine!r}, not an Engine")

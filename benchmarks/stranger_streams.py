@@ -1,0 +1,141 @@
+"""A tensor server's 1 KiB echo latency while a stranger attacks it over HTTP/2.
+
+A Python tensor server (``tfgrpc-server --fabric lo``, as the plugin starts it) is measured by a
+gRPC client doing 1 KiB raw echoes, one at a time, each with a 2 s deadline, in three phases:
+
+* ``quiet``: nobody else;
+Each phase warms its channel up with 50 echoes before the stranger starts.
+
+* ``idle-streams``: a stranger (no token, no TLS needed: the tensor service is open) opens
+  ``--idle`` streams of ``Echo`` over ``--connections`` connections, sends their headers and
+  nothing more, and holds them open through the phase (which lasts the server's idle bound
+  longer: echoes fail until the server cancels the idle streams);
+* ``rapid-reset``: a stranger opens streams and resets each at once (HTTP/2 RST_STREAM,
+  CVE-2023-44487), as fast as one thread can, on one connection.
+
+Every phase is bounded in count (``--calls`` echoes, ``--resets`` streams) and in time
+(``--seconds``); traffic goes to loopback only. The stranger (``tests/stranger.py``) speaks
+raw HTTP/2 with the ``h2`` library (``pip install h2``). Each phase reports the echoes' count,
+failures (deadline or refusal), p50, p99 and max, and what the stranger did.
+
+    python benchmarks/stranger_streams.py --out benchmarks/results/stranger_streams.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from pytest_tfgrpc.roles.idle import IDLE_STREAM_S
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire import grpc_settings
+from pytest_tfgrpc.wire.fabric import resolve_fabric
+
+ECHO = grpc_settings.method("raw", "Echo")
+ROOT = Path(__file__).resolve().parent.parent
+#: tfgrpc-server's default handler threads.
+THREADS = 16
+
+
+def _stranger():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("stranger", ROOT / "tests" / "stranger.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def warm_up(channel: grpc.Channel) -> None:
+    """50 echoes on ``channel`` before the stranger starts (its connection made)."""
+    for _ in range(50):
+        channel.unary_unary(ECHO)(bytes(1024), timeout=2)
+
+
+def measure(channel: grpc.Channel, calls: int, seconds: float) -> dict[str, float]:
+    """``calls`` 1 KiB echoes within ``seconds``, every one counted: latency figures."""
+    payload = bytes(1024)
+    samples: list[int] = []
+    failures = 0
+    echo = channel.unary_unary(ECHO)
+    deadline = time.monotonic() + seconds
+    while len(samples) + failures < calls and time.monotonic() < deadline:
+        start = time.perf_counter_ns()
+        try:
+            echo(payload, timeout=2)
+        except grpc.RpcError:
+            failures += 1
+            continue
+        samples.append(time.perf_counter_ns() - start)
+    ns = np.array(samples or [0], dtype=np.float64)
+    return {
+        "echoes": len(samples),
+        "failures": failures,
+        "p50_us": float(np.percentile(ns, 50)) / 1e3,
+        "p99_us": float(np.percentile(ns, 99)) / 1e3,
+        "max_us": float(ns.max()) / 1e3,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--idle", type=int, default=32, help="idle streams the stranger holds")
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--resets", type=int, default=200_000, help="reset streams at most")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    lines = [
+        f"# {Path(__file__).name}: Python tensor server on lo, 1 KiB raw echo, one at a time, "
+        f"2 s deadline; {args.calls} echoes or {args.seconds:g} s per phase",
+        f"# load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min); "
+        f"{os.cpu_count()} CPUs; grpcio {grpc.__version__}; "
+        f"server: {grpc_settings.max_concurrent_rpcs(THREADS)} calls at once, {THREADS} threads, "
+        f"idle calls cancelled after {IDLE_STREAM_S:g} s (the idle phase lasts that longer per "
+        f"{THREADS} idle streams)",
+    ]
+    with ServerProcess.start(resolve_fabric("lo")) as server:
+        host, _, port_text = server.target.rpartition(":")
+        port = int(port_text)
+        stranger = _stranger()
+        phases = [
+            ("quiet", contextlib.nullcontext({})),
+            ("idle-streams", stranger.idle_streams(host, port, ECHO, args.idle, args.connections)),
+            ("rapid-reset", stranger.rapid_reset(host, port, ECHO, args.resets, args.seconds)),
+        ]
+        for name, attack in phases:
+            # Idle streams hold the 16 threads an idle bound each, in rounds of 16: the phase
+            # outlasts them.
+            rounds = -(-args.idle // THREADS) if name == "idle-streams" else 0
+            seconds = args.seconds + IDLE_STREAM_S * rounds
+            with grpc.insecure_channel(
+                server.target, options=grpc_settings.CHANNEL_OPTIONS
+            ) as channel:
+                warm_up(channel)
+                with attack as attacking:
+                    figures = measure(channel, args.calls, seconds)
+                    did = dict(attacking)
+            alive = server.poll() is None
+            lines.append(
+                f"{name:13s} echoes {figures['echoes']:5.0f} failures {figures['failures']:4.0f} "
+                f"p50 {figures['p50_us']:9.1f} us  p99 {figures['p99_us']:9.1f} us  "
+                f"max {figures['max_us']:9.1f} us  stranger {did or '-'}  "
+                f"server {'alive' if alive else 'DEAD'}"
+            )
+            print(lines[-1], flush=True)
+    lines.append(f"# load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
