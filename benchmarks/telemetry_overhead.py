@@ -1,6 +1,7 @@
 """The cost of transport telemetry per size: reads between timed loops, against the figures.
 
     python benchmarks/telemetry_overhead.py [--rounds 5] [--engines grpcio,native] [--json out.json]
+        [--compare REV]
 
 Per engine (``grpcio``, and ``native`` where it is built: its own server and its C++ client,
 which pauses with its connections open while telemetry is read), a local tensor server on
@@ -17,6 +18,11 @@ engine and size it reports:
   happen outside the timed loops, so the figures should not move beyond the round-to-round
   spread, which is printed beside them.
 
+``--compare REV`` measures, in the same run and rounds, a third arm with the telemetry reader
+(:mod:`pytest_tfgrpc.wire.telemetry`) as it was at git revision ``REV`` (e.g. ``main``), and
+prints its read time beside this tree's: a before/after whose ratio the machine's load touches
+alike.
+
 It prints whether the machine looked loaded (the 1-minute load average against the CPUs this
 process may use) and labels the figures "under load" when it did: such figures are no evidence
 for the target. Nothing here asserts.
@@ -28,11 +34,14 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest_tfgrpc.bench.native_p2p as native_p2p
@@ -54,6 +63,8 @@ class Arm:
     engine: str
     size: str
     telemetry: bool
+    #: Whose telemetry reader: ``now`` (this tree's), a git revision (``--compare``), or "".
+    reader: str
     figure: str
     value: float
     measured_s: float
@@ -83,6 +94,37 @@ class _NoProbe(telemetry.TransportProbe):
 
 #: The measuring loops of each engine: each looks its probe up as ``probe_for`` at run time.
 LOOPS = {"grpcio": p2p, "native": native_p2p}
+
+
+def reader_at(rev: str) -> types.ModuleType:
+    """``pytest_tfgrpc/wire/telemetry.py`` as it was at git revision ``rev``, as a module."""
+    root = Path(__file__).resolve().parent.parent
+    path = "pytest_tfgrpc/wire/telemetry.py"
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True, check=False
+    )
+    if shown.returncode:
+        raise SystemExit(f"--compare {rev}: git show failed: {shown.stderr.strip()}")
+    module = types.ModuleType(f"telemetry_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
+    return module
+
+
+@contextmanager
+def with_reader(reader: types.ModuleType | None) -> Iterator[None]:
+    """The probe reads through ``reader``'s TelemetryReader and run-queue waits (None: this
+    tree's)."""
+    names = ("TelemetryReader", "run_queue_wait_ns")
+    saved = {name: getattr(telemetry, name) for name in names}
+    if reader is not None:
+        for name in names:
+            setattr(telemetry, name, getattr(reader, name))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(telemetry, name, value)
 
 
 @contextmanager
@@ -116,9 +158,18 @@ def timed_reads(engine: str, enabled: bool) -> Iterator[list[float]]:
         loops.probe_for = original
 
 
-def one(engine: str, server: ServerProcess, size: str, enabled: bool) -> Arm:
+def one(
+    engine: str,
+    server: ServerProcess,
+    size: str,
+    reader: str,
+    legacy: types.ModuleType | None = None,
+) -> Arm:
+    """``size`` measured once: without telemetry (``reader`` empty), with this tree's reader
+    (``now``) or with ``legacy`` (named ``reader``)."""
     loops = LOOPS[engine]
-    with timed_reads(engine, enabled) as spent:
+    enabled = bool(reader)
+    with with_reader(legacy), timed_reads(engine, enabled) as spent:
         if size == "1KiB":
             result = loops.p2p_latency(server, [1024], LatencyCall())
             figure, value = "p50_us", result.sizes[0].summary.p50_ns / 1e3
@@ -127,7 +178,7 @@ def one(engine: str, server: ServerProcess, size: str, enabled: bool) -> Arm:
             figure, value = "throughput_MBps", result.sizes[0].throughput_Bps / 1e6
     point = result.sizes[0]
     measured = point.elapsed_ns / 1e9
-    return Arm(engine, size, enabled, figure, value, measured, sum(spent), len(spent))
+    return Arm(engine, size, enabled, reader, figure, value, measured, sum(spent), len(spent))
 
 
 def loaded() -> tuple[bool, str]:
@@ -146,7 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         "note, where it is not built)",
     )
     parser.add_argument("--json", help="write every arm's figures here")
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="also measure the telemetry reader as it was at git revision REV (e.g. main)",
+    )
     args = parser.parse_args(argv)
+    legacy = reader_at(args.compare) if args.compare else None
+    readers = ["now", ""] + ([args.compare] if args.compare else [])
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     unknown = sorted(set(engines) - set(LOOPS))
     if unknown:
@@ -160,15 +218,17 @@ def main(argv: list[str] | None = None) -> int:
         with start_tensor_server(resolve_fabric("lo"), engine=engine) as server:
             for r in range(args.rounds):
                 for size in ("1KiB", "64MiB"):
-                    order = (True, False) if r % 2 == 0 else (False, True)
-                    for enabled in order:
-                        arms.append(one(engine, server, size, enabled))
+                    # The arms' order turns each round: none is always first after a change.
+                    turn = r % len(readers)
+                    for reader in readers[turn:] + readers[:turn]:
+                        old = legacy if reader == args.compare else None
+                        arms.append(one(engine, server, size, reader, old))
                         print(f"round {r + 1}: {arms[-1]}", file=sys.stderr)
     busy = busy or loaded()[0]
     label = f" (UNDER LOAD: {load_text})" if busy else f" ({load_text})"
     print(f"telemetry overhead per size, median of {args.rounds} rounds{label}")
     for engine, size in ((e, s) for e in engines for s in ("1KiB", "64MiB")):
-        on = [a for a in arms if (a.engine, a.size) == (engine, size) and a.telemetry]
+        on = [a for a in arms if (a.engine, a.size, a.reader) == (engine, size, "now")]
         off = [a for a in arms if (a.engine, a.size) == (engine, size) and not a.telemetry]
         share = statistics.median(a.read_s / a.measured_s for a in on)
         read_ms = statistics.median(a.read_s for a in on) * 1e3
@@ -182,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{with_:.4g}, without {without:.4g} ({with_ / without - 1:+.1%}; rounds spread "
             f"{spread:.1%})"
         )
+        was = [a for a in arms if (a.engine, a.size, a.reader) == (engine, size, args.compare)]
+        if was:
+            was_ms = statistics.median(a.read_s for a in was) * 1e3
+            was_share = statistics.median(a.read_s / a.measured_s for a in was)
+            print(
+                f"  reader at {args.compare}: {was[0].reads} reads, {was_ms:.2f} ms per size = "
+                f"{was_share:.3%}; this tree's reads take {read_ms / was_ms:.2f}x its time"
+            )
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"load": load_text, "under_load": busy, "arms": [asdict(a) for a in arms]},

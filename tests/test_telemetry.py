@@ -3,8 +3,10 @@ and the plugin end to end on loopback (the grpcio engine; the gate quoting the t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
+import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from pytest_tfgrpc.bench.telemetry import TransportProbe, Window, summarize_wind
 from pytest_tfgrpc.report.limits import CPU_SHARE, LINK_SHARE, name_limit
 from pytest_tfgrpc.report.telemetry_text import gate_context, summary_cell
 from pytest_tfgrpc.results import CpuTime, SizeResult, Transport
-from pytest_tfgrpc.wire.telemetry import LinkState, Reading, TcpState, TelemetryReader
+from pytest_tfgrpc.wire.telemetry import LinkState, Reading, TcpState, TelemetryReader, _tcp_state
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux")
 
@@ -53,6 +55,63 @@ def test_the_reader_finds_both_ends_of_a_connection_by_its_endpoint(
     assert after.link is not None and after.link.interface == "lo"
     assert after.link.rx_bytes > before.link.rx_bytes if before.link else True
     assert after.link.speed_bps is None  # lo reports no speed: no nominal rate
+
+
+@pytest.mark.parametrize("one_walk", [True, False], ids=["both-families", "per-family"])
+def test_the_kernel_sends_only_the_endpoints_sockets_and_lookups_find_them_again(
+    monkeypatch: pytest.MonkeyPatch, one_walk: bool
+) -> None:
+    """Among many connections to another port, the discovery's filtered dump (both families
+    in one request, or one request a family) answers with the endpoint's sockets only, and the
+    lookups at a window's end read those and nothing else."""
+    from pyroute2.netlink.diag import inet_diag_msg
+
+    answered: list[bytes] = []
+    dump = TelemetryReader._dump
+
+    def recording(self: TelemetryReader, sock: socket.socket, request: bytes) -> list[bytes]:
+        out = dump(self, sock, request)
+        if sock is self._diag:
+            answered.extend(out)
+        return out
+
+    monkeypatch.setattr(TelemetryReader, "_dump", recording)
+    with contextlib.ExitStack() as stack:
+        other = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+        for _ in range(20):
+            stack.enter_context(socket.create_connection(other.getsockname()))
+            stack.enter_context(other.accept()[0])
+        listener = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+        port = listener.getsockname()[1]
+        client = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+        accepted = stack.enter_context(listener.accept()[0])
+        client_port = client.getsockname()[1]
+        with TelemetryReader("lo") as reader:
+            reader._any = one_walk
+            found = reader.sockets("127.0.0.1", port)
+            client.sendall(b"y" * 5000)
+            assert len(accepted.recv(1 << 16)) > 0
+            again = reader.sockets("127.0.0.1", port, discover=False)
+            # A connection opened since is found by the next discovery (the namespace's open
+            # count moved), though the sockets found before are still open.
+            late = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+            stack.enter_context(listener.accept()[0])
+            late_port = late.getsockname()[1]
+            more = reader.sockets("127.0.0.1", port)
+    ends = {(f"127.0.0.1:{client_port}", False), (f"127.0.0.1:{port}", True)}
+    assert {(s.local, s.server_side) for s in found} == ends
+    assert {s.key for s in again} == {s.key for s in found}
+    assert {s.local for s in more} - {s.local for s in found} == {f"127.0.0.1:{late_port}"}
+    assert sum(s.bytes_sent for s in again if not s.server_side) == 5000
+    assert answered and all(port in struct.unpack_from(">HH", a, 20) for a in answered)
+    # The one-unpack decoding agrees with pyroute2's decoder of the same answer.
+    message = inet_diag_msg(answered[0])
+    message.decode()
+    info = message.get_attr("INET_DIAG_INFO")
+    state = _tcp_state(answered[0], server_side=True)
+    assert state is not None and state.local.endswith(f":{message['idiag_sport']}")
+    assert state.cwnd == info["tcpi_snd_cwnd"] and state.rtt_us == info["tcpi_rtt"]
+    assert state.bytes_received == info["tcpi_bytes_received"]
 
 
 def _sent(reading: Reading, *, server_side: bool) -> int:
