@@ -36,6 +36,7 @@ from pytest_tfgrpc.hosts.emulated import (
     remove_leftovers,
     run_command,
 )
+from pytest_tfgrpc.units import format_size
 
 PROG = "tfgrpc-fabric"
 
@@ -143,7 +144,8 @@ def _status(args: argparse.Namespace) -> int:
             rx, tx = fabric.counters(host.name) if host.link else (0, 0)
             print(
                 f"  {host.name}: {host.address} {host.rate or 'uncapped'},"
-                f" {count} processes, received {rx} B, sent {tx} B{_agent_state(fabric, host)}"
+                f" {count} process{'' if count == 1 else 'es'}, received {format_size(rx)},"
+                f" sent {format_size(tx)}{_agent_state(fabric, host)}"
             )
     return 0
 

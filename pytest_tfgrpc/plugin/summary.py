@@ -302,7 +302,7 @@ class SummaryReporter:
         for warning in self.gate.warnings:
             terminalreporter.write_line(f"WARNING {warning}", yellow=True, bold=True)
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.verdicts.items()))
-        terminalreporter.write_line(f"figures compared: {counts or 'none'}")
+        terminalreporter.write_line(f"verdicts: {counts or 'none'}")
         for note in self.notes:
             terminalreporter.write_line(note, red=note.startswith(("regression", "invalid")))
         for line in self.coverage:
