@@ -135,7 +135,7 @@ def test_tfgrpc_fabric_up_status_down(tmp_path: Path) -> None:
     try:
         assert "n2: 198.18." in up.stdout and "200mbit" in up.stdout and ":7461" in up.stdout
         status = subprocess.run([*FABRIC, "status"], capture_output=True, text=True)
-        assert f"fabric {name}" in status.stdout and "1 processes" in status.stdout
+        assert f"fabric {name}" in status.stdout and "1 process, received " in status.stdout
     finally:
         down = subprocess.run([*FABRIC, "down", name], capture_output=True, text=True)
     assert down.returncode == 0 and f"removed: {name}" in down.stdout
