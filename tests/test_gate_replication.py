@@ -388,8 +388,8 @@ def test_every_unmatched_baseline_figure_says_why(tmp_path: Path) -> None:
     assert ("t.test_kept[lo]", "lo") not in why
 
 
-#: Why the change-point tests skip in the dev environment; .ci/run runs them with the extra.
-NEEDS_OTAVA = "needs the history extra (Apache Otava); .ci/run runs these in .venv-history"
+#: Why the change-point tests skip without the history extra (it is in dev).
+NEEDS_RUPTURES = "needs the history extra (ruptures; in dev)"
 
 
 def write_levels(directory: Path, levels: list[float]) -> list[Path]:
@@ -401,19 +401,20 @@ def write_levels(directory: Path, levels: list[float]) -> list[Path]:
     ]
 
 
-def test_trends_find_a_change_point_with_otava(tmp_path: Path) -> None:
-    pytest.importorskip("otava", reason=NEEDS_OTAVA)
+def test_trends_find_a_change_point(tmp_path: Path) -> None:
+    pytest.importorskip("ruptures", reason=NEEDS_RUPTURES)
     runs = [load_baseline(path) for path in write_levels(tmp_path, [3e5] * 8 + [4.5e5] * 6)]
     (trend,) = trends(runs, ["p50"])
     assert [p.index for p in trend.change_points] == [8]
     assert trend.change_points[0].change == pytest.approx(0.5, abs=0.05)
-    assert "change point at run 9" in "\n".join(format_trends([trend]))
+    assert "change point at run 9 (" in "\n".join(format_trends([trend]))
+    assert re.search(r": \+(49|50)\.\d% \(300us -> 450us\)$", format_trends([trend])[1])
     with pytest.raises(ValueError, match="not gated"):
         trends(runs, ["max"])
 
 
 def test_the_history_command_shows_trends_and_plots_them(tmp_path: Path) -> None:
-    pytest.importorskip("otava", reason=NEEDS_OTAVA)
+    pytest.importorskip("ruptures", reason=NEEDS_RUPTURES)
     write_levels(tmp_path / "runs", [3e5] * 8 + [4.5e5] * 6)
     plots, out = tmp_path / "plots", io.StringIO()
     assert history_cli.main([str(tmp_path / "runs"), "--plot", str(plots)], out) == 0
@@ -436,7 +437,7 @@ def test_the_history_command_shows_trends_and_plots_them(tmp_path: Path) -> None
 def test_the_history_command_fails_on_change_only_when_the_last_run_starts_a_worse_level(
     tmp_path: Path, levels: list[float], status: int, changes: int
 ) -> None:
-    pytest.importorskip("otava", reason=NEEDS_OTAVA)
+    pytest.importorskip("ruptures", reason=NEEDS_RUPTURES)
     write_levels(tmp_path, levels)
     out = io.StringIO()
     assert history_cli.main([str(tmp_path), "--fail-on-change"], out) == status, out.getvalue()
@@ -449,8 +450,8 @@ def test_the_history_command_fails_on_change_only_when_the_last_run_starts_a_wor
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["{runs}"], "change points need Apache Otava: pip install 'pytest-tfgrpc[history]'"),
-        (["{runs}", "--max-pvalue", "1.5"], "max p-value 1.5: between 0 and 1"),
+        (["{runs}"], "change points need ruptures: pip install -e '.[history]' in the checkout"),
+        (["{runs}", "--alpha", "1.5"], "alpha 1.5: between 0 and 1"),
         (["{tmp}/nowhere"], "nowhere"),
     ],
 )
@@ -458,8 +459,7 @@ def test_the_history_command_refuses_in_one_line_what_it_cannot_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
 ) -> None:
     # As without the history extra, whether or not this environment has it.
-    monkeypatch.setitem(sys.modules, "otava", None)
-    monkeypatch.setitem(sys.modules, "otava.analysis", None)
+    monkeypatch.setitem(sys.modules, "ruptures", None)
     runs = tmp_path / "runs"
     write_levels(runs, [3e5] * 4)
     out = io.StringIO()

@@ -241,7 +241,7 @@ def _runnable(line: str) -> bool:
     return line.startswith("tfgrpc-model ")
 
 
-#: A program run from a virtual environment of the checkout (``.venv``, ``.venv-history``).
+#: A program run from a virtual environment of the checkout (``.venv``, ``.venv-tf``).
 _VENV = re.compile(r"^\.venv[\w-]*/bin/")
 
 

@@ -1,9 +1,10 @@
 """``tfgrpc-history RUN...``: each figure's trend over a series of runs, with change points.
 
 The runs are JUnit files, directories of them (sorted by name) or ``--tfgrpc-results`` files,
-oldest first. Change points come from Apache Otava (the ``history`` extra); ``--plot DIR``
-writes a PNG per figure (the ``plot`` extra). Exits 0, or 1 when ``--fail-on-change`` is given
-and the last run starts a new level for the worse, or 2 on bad input.
+oldest first. Change points come from :mod:`pytest_tfgrpc.stats.changepoints` (ruptures, the
+``history`` extra); ``--plot DIR`` writes a PNG per figure (the ``plot`` extra). Exits 0, or 1
+when ``--fail-on-change`` is given and the last run starts a new level for the worse, or 2 on
+bad input.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import TextIO
 
 from pytest_tfgrpc.metrics import GATED
 from pytest_tfgrpc.report.history import (
-    DEFAULT_MAX_PVALUE,
-    DEFAULT_WINDOW,
+    DEFAULT_ALPHA,
     MIN_RUNS,
     HistoryUnavailableError,
     format_trends,
@@ -24,7 +24,13 @@ from pytest_tfgrpc.report.history import (
     trends,
 )
 from pytest_tfgrpc.report.junit import BaselineError, load_history
-from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS
+from pytest_tfgrpc.report.tolerance import (
+    DEFAULT_METRICS,
+    DEFAULT_TOLERANCE,
+    ToleranceError,
+    parse_tolerances,
+)
+from pytest_tfgrpc.stats.changepoints import ChangePointsUnavailableError
 
 PROG = "tfgrpc-history"
 
@@ -42,12 +48,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         help=f"a figure to follow (repeatable; default {', '.join(DEFAULT_METRICS)})",
     )
     parser.add_argument(
-        "--max-pvalue",
+        "--alpha",
         type=float,
-        default=DEFAULT_MAX_PVALUE,
-        help=f"change point significance (default {DEFAULT_MAX_PVALUE}, Otava's)",
+        default=DEFAULT_ALPHA,
+        help="the chance that unchanged runs show a change point (default "
+        f"{DEFAULT_ALPHA}, Otava's p-value)",
     )
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="detector window")
+    parser.add_argument(
+        "--min-change",
+        action="append",
+        metavar="TOLERANCE",
+        help="the smallest change that is a change point, either way, as --tfgrpc-max-regression "
+        f"reads it ('5%%', 'p99:20%%'; default {DEFAULT_TOLERANCE * 100:g}%%)",
+    )
     parser.add_argument("--plot", metavar="DIR", help="write a PNG per figure into DIR")
     parser.add_argument(
         "--fail-on-change",
@@ -55,19 +68,26 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         help="exit 1 when the last run starts a new level for the worse",
     )
     args = parser.parse_args(argv)
-    if args.window < 3:
-        parser.error(f"--window {args.window}: at least 3 runs")
+    try:
+        min_changes = parse_tolerances(args.min_change or [])
+    except ToleranceError as error:
+        parser.error(f"--min-change: {error}")
     try:
         runs = load_history(args.runs)
         found = trends(
-            runs, args.metric or DEFAULT_METRICS, max_pvalue=args.max_pvalue, window=args.window
+            runs, args.metric or DEFAULT_METRICS, alpha=args.alpha, min_changes=min_changes
         )
         for line in format_trends(found):
             print(line, file=stdout)
         if args.plot:
             for path in plot_trends(found, args.plot):
                 print(f"plot {path}", file=stdout)
-    except (BaselineError, HistoryUnavailableError, ValueError) as error:
+    except (
+        BaselineError,
+        ChangePointsUnavailableError,
+        HistoryUnavailableError,
+        ValueError,
+    ) as error:
         print(f"{PROG}: error: {error}", file=stderr)
         return 2
     last = len(runs) - 1

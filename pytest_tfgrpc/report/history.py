@@ -2,9 +2,10 @@
 
 A series is one figure (test, fabric, benchmark label, size, metric) over runs in order; a
 run's value is the median of its rounds when it measured in rounds, else its recorded
-figure. Change points are found by Apache Otava (the Hunter / E-divisive means detector that
-MongoDB and DataStax gate on; the ``history`` extra), not by home-made code: a change point is
-the first run of a new level, with the change of the mean and its p-value.
+figure. Change points are found by :mod:`pytest_tfgrpc.stats.changepoints` (PELT from
+ruptures, the ``history`` extra, on log values, with a significance level and a minimum
+relative change): a change point is the first run of a new level, with the levels on either
+side.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_tfgrpc.metrics import GATED
 from pytest_tfgrpc.report.junit import Baseline
 from pytest_tfgrpc.report.record import Key
-from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS
+from pytest_tfgrpc.report.tolerance import DEFAULT_METRICS, tolerance_for
+from pytest_tfgrpc.stats.changepoints import MIN_RUNS, Shift, change_points
 
 __all__ = [
-    "ChangePoint",
+    "DEFAULT_ALPHA",
+    "MIN_RUNS",
     "HistoryUnavailableError",
     "Trend",
     "format_trends",
@@ -30,35 +33,24 @@ __all__ = [
     "trends",
 ]
 
-#: Otava's defaults for its significance test and window.
-DEFAULT_MAX_PVALUE = 0.001
-DEFAULT_WINDOW = 30
+#: The chance that unchanged runs show a change point, Otava's default p-value.
+DEFAULT_ALPHA = 0.001
 
 
 class HistoryUnavailableError(RuntimeError):
-    """The change-point library (the ``history`` extra) is not installed."""
-
-
-@dataclass(frozen=True)
-class ChangePoint:
-    """A run at which a figure's level changed: its index in the series (from 0), the
-    relative change of the mean (``0.2`` = +20 %), and the detector's p-value."""
-
-    index: int
-    change: float
-    p_value: float
+    """The plotting library (the ``plot`` extra) is not installed."""
 
 
 @dataclass(frozen=True)
 class Trend:
     """One figure over the runs: ``values`` per run (NaN where a run lacks it), in the
-    metric's base unit, and its change points."""
+    metric's base unit, and its change points (``Shift.index`` counts all runs)."""
 
     key: Key
     metric: str
     sources: tuple[str, ...]
     values: tuple[float, ...]
-    change_points: tuple[ChangePoint, ...]
+    change_points: tuple[Shift, ...]
 
     def describe(self) -> str:
         return f"{self.key.describe()} {self.metric}"
@@ -74,48 +66,28 @@ def _value(run: Baseline, key: Key, metric: str) -> float:
     return float(measurement.figures.get(metric, math.nan))
 
 
-#: The fewest runs in which a figure can show a change point.
-MIN_RUNS = 3
-
-
-def _detect(values: Sequence[float], max_pvalue: float, window: int) -> tuple[ChangePoint, ...]:
-    try:
-        from otava.analysis import compute_change_points
-    except ImportError:
-        raise HistoryUnavailableError(
-            "change points need Apache Otava: pip install 'pytest-tfgrpc[history]'"
-        ) from None
-    present = [(i, v) for i, v in enumerate(values) if math.isfinite(v)]
-    if len(present) < MIN_RUNS:
-        return ()
-    found, _ = compute_change_points(
-        [v for _, v in present], window_len=window, max_pvalue=max_pvalue
-    )
-    return tuple(
-        ChangePoint(
-            present[point.index][0],
-            point.stats.forward_change_percent() / 100.0,
-            float(point.stats.pvalue),
-        )
-        for point in found
-    )
+def _detect(values: Sequence[float], alpha: float, min_change: float) -> tuple[Shift, ...]:
+    present = [(i, v) for i, v in enumerate(values) if math.isfinite(v) and v > 0.0]
+    found = change_points([v for _, v in present], alpha=alpha, min_change=min_change)
+    return tuple(Shift(present[s.index][0], s.before, s.after) for s in found)
 
 
 def trends(
     runs: Sequence[Baseline],
     metrics: Sequence[str] = DEFAULT_METRICS,
     *,
-    max_pvalue: float = DEFAULT_MAX_PVALUE,
-    window: int = DEFAULT_WINDOW,
+    alpha: float = DEFAULT_ALPHA,
+    min_changes: Mapping[str, float] | None = None,
 ) -> list[Trend]:
-    """The trend of every ``metrics`` figure any of ``runs`` (oldest first) recorded. Raises
-    :class:`HistoryUnavailableError` without the ``history`` extra, ValueError for an unknown
-    metric or a p-value outside (0, 1)."""
+    """The trend of every ``metrics`` figure any of ``runs`` (oldest first) recorded. A change
+    point is one of :func:`~pytest_tfgrpc.stats.changepoints.change_points` at ``alpha``,
+    at least the metric's tolerance in ``min_changes`` (parsed as ``--tfgrpc-max-regression``;
+    10 % by default) either way. Raises
+    :class:`~pytest_tfgrpc.stats.changepoints.ChangePointsUnavailableError` without the
+    ``history`` extra, ValueError for an unknown metric or an ``alpha`` outside (0, 1)."""
     unknown = [m for m in metrics if m not in GATED]
     if unknown:
         raise ValueError(f"metric {unknown[0]!r} is not gated; gated are {', '.join(GATED)}")
-    if not 0.0 < max_pvalue < 1.0:
-        raise ValueError(f"max p-value {max_pvalue!r}: between 0 and 1 (exclusive)")
     keys = sorted(set().union(*(run.measurements for run in runs)), key=Key.order)
     out = []
     sources = tuple(run.source for run in runs)
@@ -124,8 +96,8 @@ def trends(
             values = tuple(_value(run, key, metric) for run in runs)
             if not any(math.isfinite(v) for v in values):
                 continue
-            found = _detect(values, max_pvalue, window)
-            out.append(Trend(key, metric, sources, values, found))
+            least = tolerance_for(min_changes or {}, metric)
+            out.append(Trend(key, metric, sources, values, _detect(values, alpha, least)))
     return out
 
 
@@ -147,7 +119,7 @@ def format_trends(found: Sequence[Trend]) -> list[str]:
         for point in trend.change_points:
             lines.append(
                 f"  change point at run {point.index + 1} ({trend.sources[point.index]}): "
-                f"{point.change:+.1%} (p={point.p_value:.2g})"
+                f"{point.change:+.1%} ({unit.format(point.before)} -> {unit.format(point.after)})"
             )
     return lines
 
@@ -160,9 +132,10 @@ def plot_trends(found: Sequence[Trend], directory: str | Path) -> list[Path]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise HistoryUnavailableError(
-            "plots need matplotlib: pip install 'pytest-tfgrpc[plot]'"
+            "plots need matplotlib: pip install -e '.[plot]' in the checkout"
         ) from None
     out_dir = Path(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,11 +154,13 @@ def plot_trends(found: Sequence[Trend], directory: str | Path) -> list[Path]:
                     color="red",
                 )
             axes.set_xlabel("run")
-            axes.set_ylabel(f"{trend.metric} ({unit.base})")
+            # Ticks in the figure's unit (us, MB/s), not its base unit with an offset.
+            axes.yaxis.set_major_formatter(FuncFormatter(lambda v, _, u=unit: u.format(v)))
+            axes.set_ylabel(trend.metric)
             axes.set_title(trend.describe(), fontsize=8)
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{trend.describe()}")[:150] + ".png"
             path = out_dir / name
-            figure.savefig(path, dpi=80)
+            figure.savefig(path, dpi=80, bbox_inches="tight")  # labels never clipped
             written.append(path)
         finally:
             plt.close(figure)
