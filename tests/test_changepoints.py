@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from pytest_tfgrpc.stats.changepoints import MIN_RUNS, change_points
@@ -21,7 +22,7 @@ ALPHA, MIN_CHANGE = 0.001, 0.10
 SIZES = {"64B": (45e3, 0.04), "1KiB": (60e3, 0.03), "1MiB": (2.1e6, 0.02), "64MiB": (150e6, 0.04)}
 
 
-def history(level: float, noise: float, runs: int, seed: int) -> np.ndarray:
+def history(level: float, noise: float, runs: int, seed: int) -> npt.NDArray[np.float64]:
     """``runs`` values around ``level`` with log-normal noise of ``noise``, seeded."""
     return level * np.exp(np.random.default_rng(seed).normal(0.0, noise, runs))
 

@@ -28,6 +28,8 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     assert "--tfgrpc-max-regression" in options and "tfgrpc_baseline" in options
     assert "tfgrpc-node" in commands and "tfgrpc-fabric" in commands
     assert (site / "search/search_index.json").exists()  # the search box's index
+    for html_file in site.rglob("*.html"):  # theme.font: false: no third-party font is loaded
+        assert "fonts.googleapis.com" not in html_file.read_text(), html_file
     # The README's parts the pages include (--8<--), there and whole: no marker left behind.
     shown = {
         "index.html": ("Two commands, on a machine", "runs the plugin's own tests"),

@@ -102,7 +102,9 @@ def _segment(logs: npt.NDArray[np.float64], alpha: float) -> list[int]:
     return starts
 
 
-def change_points(values: Sequence[float], *, alpha: float, min_change: float) -> tuple[Shift, ...]:
+def change_points(
+    values: Sequence[float] | npt.NDArray[np.float64], *, alpha: float, min_change: float
+) -> tuple[Shift, ...]:
     """The level shifts of ``values`` (one positive figure per run, oldest first), by the rule
     of this module. Fewer than :data:`MIN_RUNS` values have none. Raises
     :class:`ChangePointsUnavailableError` without ruptures, ValueError for a value that is not
