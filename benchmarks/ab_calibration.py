@@ -37,12 +37,14 @@ So a trial's A/A and A/B verdicts share their A runs (they are not independent w
 trial; each rate is still one verdict per trial), and the order within a pair is random, not
 tfgrpc-ab's default A-then-B: a pair's runs lie up to 3 runs apart, which if anything widens
 the pairs' spread against tfgrpc-ab's back-to-back pairs. The full run's 6 long trials are
-what fits its ~25 minutes; ``--long-trials 20`` runs the moonshot in full (~15 min more).
+what fits its ~25 minutes (402 runs, ~3 s each, estimated, on a quiet machine beside the
+neighbour; the script prints its own projection after sizing);
+``--long-trials 20`` runs the moonshot in full (210 runs more, ~11 min).
 
-Each run measures ~0.7 s of echoes (``RUN_OPTIONS``): with 300 iterations (~0.1 s), a run saw
-one scheduler mode of the neighbour's and the pairs' log ratios spread by ~31 % under load,
-with 3000 by ~14 % (``benchmarks/experiments/ab_noise.py``); pytest's start-up (~2 s) costs
-more than the echoes anyway.
+Each run measures ~0.7 s of echoes (``RUN_OPTIONS``): under load, A/A pairs of 300-iteration
+runs (~0.1 s of echoes) spread by ~28 % (log ratios), of 2000-3000 by ~21 %
+(``benchmarks/experiments/ab_noise.py``, ``results/ab_noise_under_load_*.txt``); most of the
+spread is the run's, not its rounds', and pytest's start-up (~2 s) costs more than the echoes.
 
 Every comparison is also judged by the history gate (``tfgrpc-compare``'s verdicts), with the
 trial's first 5 ``A`` runs as the history and the compared side's last run as the current
@@ -108,7 +110,7 @@ HISTORY = 5
 SIZING_RUNS = 4
 SIZING_PAIRS = 4
 #: Trials that also run the 1.1x moonshot (10 pairs): 6 fit the full run in ~25 min; each one
-#: more costs 15 runs (~45 s).
+#: more costs 15 runs (~45 s at 3 s a run).
 LONG_TRIALS = 6
 STEM = "tfgrpc.p2p_latency.1KiB.p50"
 
