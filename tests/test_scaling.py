@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,3 +145,20 @@ def test_calibration_does_not_stop_where_it_started() -> None:
     ]
     assert fits[0].rms == pytest.approx(fits[1].rms, abs=1e-4)
     assert fits[0].rms < 0.0150
+
+
+def test_the_docs_table_is_the_committed_validation_output() -> None:
+    # docs/tasks/model.md quotes benchmarks/results/model_validation.txt: each of its rows'
+    # published, calibrated, + core and a-priori figures is that file's row for W and PS.
+    root = Path(__file__).resolve().parent.parent
+    output = (root / "benchmarks/results/model_validation.txt").read_text(encoding="utf-8")
+    docs = (root / "docs/tasks/model.md").read_text(encoding="utf-8")
+    curves = {"Piz Daint": "## Piz Daint", "p2.xlarge": "## AWS p2.xlarge"}
+    rows = re.findall(r"^\| (Piz Daint|p2\.xlarge), (\d+) / (\d+) \| (.+) \|$", docs, re.M)
+    assert len(rows) == 4
+    for curve, workers, ps, cells in rows:
+        block = output.split(curves[curve], 1)[1].split("\n## ", 1)[0]
+        line = re.search(rf"^\s*{workers}\s+{ps}\s+(.+)$", block, re.M)
+        assert line is not None, (curve, workers, ps)
+        figures = re.findall(r"[-+]?\d+\.\d%?", cells.replace("\u2212", "-"))
+        assert figures == line.group(1).split()[: len(figures)], (curve, workers, ps)
