@@ -323,13 +323,24 @@ def test_a_mistyped_engines_marker_argument_is_a_usage_error_with_the_one_meant(
     )
 
 
-def test_under_xdist_a_usage_error_fails_each_test_with_the_line(pytester: pytest.Pytester) -> None:
+def test_under_xdist_a_usage_error_fails_each_test_with_the_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # pytest-xdist's controller takes a worker's usage error for a crash (INTERNALERROR): the
-    # workers fail each tfgrpc test at setup with the same one line instead.
+    # workers fail each tfgrpc test at setup with the same one line instead, without waiting
+    # for the host's measurement lock, which another measurement holds here all along.
+    import fcntl
+
+    lock = pytester.path / "held" / "host.lock"
+    lock.parent.mkdir(mode=0o700)
+    monkeypatch.setenv("TFGRPC_HOST_LOCK", str(lock))
+    monkeypatch.setenv("TFGRPC_HOST_LOCK_WAIT", "300")
     pytester.makepyfile(P2P_TEST + "\n\ndef test_y(tfgrpc, tensor_server):\n    pass\n")
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", "--tfgrpc-engines=nativ"
-    )
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "-n", "2", "--tfgrpc-engines=nativ", timeout=120
+        )
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["--tfgrpc-engines=nativ: unknown engine 'nativ'; *"])

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_tfgrpc.plugin.engines import check_engines, engines_of
+from pytest_tfgrpc.plugin.markers import usage_error_key
 from pytest_tfgrpc.plugin.options import MARKERS, configured
 
 if TYPE_CHECKING:
@@ -263,9 +264,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(ENGINE_FIXTURE, names, ids=names, indirect=True)
 
 
-_usage_key = pytest.StashKey[str]()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tfgrpc_items = [i for i in items if uses_tfgrpc(getattr(i, "fixturenames", ()), i)]
     if state_key not in config.stash and tfgrpc_items:
@@ -283,12 +281,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # pytest-xdist's controller takes a worker's usage error for a crash (INTERNALERROR,
         # nothing said): under it, each tfgrpc test fails at setup with the one line instead.
         for item in tfgrpc_items:
-            item.stash[_usage_key] = str(exc)
+            item.stash[usage_error_key] = str(exc)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    problem = item.stash.get(_usage_key, None)
+    problem = item.stash.get(usage_error_key, None)
     if problem is not None:
         pytest.fail(problem, pytrace=False)
 

@@ -152,12 +152,19 @@ def unrecorded_budget(item: pytest.Item, budget: Budget | None) -> str:
     return ""
 
 
+#: The run's usage error that a pytest-xdist worker holds per test instead of raising it
+#: (activation.py stores it at collection): the test fails with it at setup.
+usage_error_key = pytest.StashKey[str]()
+
+
 def marker_problem(item: pytest.Item) -> str:
-    """Why ``item`` cannot run as its markers say ("" when it can): one of them is malformed
-    or a misspelled tfgrpc marker, or its budget names a metric its benchmarks never record.
-    The message leads with the cause (the marker, the argument, the value): pytest's
-    one-line summary already names the test, and would cut a cause after the test's id."""
-    problem = misspelled_marker(item)
+    """Why ``item`` cannot run as its markers say ("" when it can): the run's usage error
+    under pytest-xdist, one of them is malformed or a misspelled tfgrpc marker, or its budget
+    names a metric its benchmarks never record. Such a test measures nothing, so it fails at
+    setup without waiting for the host's measurement lock. The message leads with the cause
+    (the marker, the argument, the value): pytest's one-line summary already names the test,
+    and would cut a cause after the test's id."""
+    problem = item.stash.get(usage_error_key, "") or misspelled_marker(item)
     if not problem:
         try:
             problem = unrecorded_budget(item, item_specs(item).budget)
