@@ -254,9 +254,10 @@ class TransportProbe:
 
     def _read(self, discover: bool = True) -> dict[str, Reading]:
         """Both sides now. At a window's end (not ``discover``) the connections found at its
-        start are looked up; at its start they are too, and found anew (a dump of every
-        socket) only when none that carried the last window's traffic is still open (a
-        stream's round opens a connection of its own; unary calls keep theirs)."""
+        start are looked up (one opened since carried none of the timed loop's traffic: its
+        connections were warm before it started); at its start they are too, and found anew
+        (by the clients' ends, else a dump of every socket) only when none that carried the
+        last window's traffic is still open (a connection closed between rounds)."""
         out: dict[str, Reading] = {}
         if self._reader is None or not self._port:
             return out
@@ -282,6 +283,8 @@ class TransportProbe:
         return out
 
     def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
+        if not discover:
+            return read(self._address, self._port, discover=False)
         if not self._carried:
             return read(self._address, self._port, discover=True)
         reading = read(self._address, self._port, discover=False)

@@ -63,6 +63,8 @@ _COUNTERS = ("rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "t
 #: ``struct tcp_info`` as pyroute2 lays it out (its ``inet_diag_msg.tcp_info`` fields), one
 #: unpack per socket instead of pyroute2's decoder (150 us a message on a loaded machine).
 _TCP_INFO_NAMES = tuple(name for name, _ in inet_diag_msg.tcp_info.fields)
+#: Where each field a :class:`TcpState` keeps is in that unpack.
+_AT = {name: index for index, name in enumerate(_TCP_INFO_NAMES)}
 _TCP_INFO = struct.Struct("=" + "".join(kind for _, kind in inet_diag_msg.tcp_info.fields))
 #: Offsets in a raw ``inet_diag_msg`` answer: after the 16-byte netlink header, the family
 #: byte, the socket id (ports, addresses, cookie: what a lookup request takes back) and,
@@ -275,12 +277,13 @@ class _OpenFiles:
                 os.close(fd)
                 raise
 
-    def forget(self, prefix: str, keep: Iterable[str]) -> None:
-        """Close the files under ``prefix`` other than ``keep`` (threads that ended)."""
-        kept = set(keep)
+    def forget(self, paths: Iterable[str]) -> None:
+        """Close ``paths`` (threads that ended)."""
         with self._lock:
-            for path in [p for p in self._fds if p.startswith(prefix) and p not in kept]:
-                os.close(self._fds.pop(path))
+            for path in paths:
+                fd = self._fds.pop(path, None)
+                if fd is not None:
+                    os.close(fd)
 
     def close(self) -> None:
         with self._lock:
@@ -393,7 +396,6 @@ def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
     if payload is None:
         return None
     values = _TCP_INFO.unpack(payload[: _TCP_INFO.size].ljust(_TCP_INFO.size, b"\0"))
-    info = dict(zip(_TCP_INFO_NAMES, values, strict=True))
 
     def end(address: str, port: int) -> str:
         return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
@@ -402,17 +404,17 @@ def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
         local=end(src, sport),
         remote=end(dst, dport),
         server_side=server_side,
-        retransmits=info["tcpi_total_retrans"],
-        data_segs_out=info["tcpi_data_segs_out"],
-        bytes_sent=info["tcpi_bytes_sent"],
-        bytes_acked=info["tcpi_bytes_acked"],
-        bytes_retrans=info["tcpi_bytes_retrans"],
-        bytes_received=info["tcpi_bytes_received"],
-        rtt_us=info["tcpi_rtt"],
-        rttvar_us=info["tcpi_rttvar"],
-        cwnd=info["tcpi_snd_cwnd"],
-        delivery_rate_Bps=info["tcpi_delivery_rate"],
-        dsack_dups=info["tcpi_dsack_dups"],
+        retransmits=values[_AT["tcpi_total_retrans"]],
+        data_segs_out=values[_AT["tcpi_data_segs_out"]],
+        bytes_sent=values[_AT["tcpi_bytes_sent"]],
+        bytes_acked=values[_AT["tcpi_bytes_acked"]],
+        bytes_retrans=values[_AT["tcpi_bytes_retrans"]],
+        bytes_received=values[_AT["tcpi_bytes_received"]],
+        rtt_us=values[_AT["tcpi_rtt"]],
+        rttvar_us=values[_AT["tcpi_rttvar"]],
+        cwnd=values[_AT["tcpi_snd_cwnd"]],
+        delivery_rate_Bps=values[_AT["tcpi_delivery_rate"]],
+        dsack_dups=values[_AT["tcpi_dsack_dups"]],
     )
 
 
@@ -448,6 +450,8 @@ class TelemetryReader:
         #: Whether the kernel takes the one-walk discovery of both families.
         self._any = True
         self._files = _OpenFiles()
+        #: Per process read, the ``schedstat`` files of its threads last read.
+        self._threads: dict[int, list[str]] = {}
 
     def _send(self, sock: socket.socket, requests: list[bytes]) -> list[int]:
         """Send encoded requests in one datagram, each with a sequence number of its own
@@ -670,7 +674,10 @@ class TelemetryReader:
     def run_queue_wait_ns(self, pid: int) -> int | None:
         """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads."""
         paths = _schedstats(pid)
-        self._files.forget(f"/proc/{pid}/task/", paths or ())
+        with self._lock:
+            before = self._threads.get(pid, ())
+            self._threads[pid] = paths or []
+        self._files.forget(set(before) - set(paths or ()))
         return None if paths is None else _waited(paths, self._files.read)
 
     def close(self) -> None:
