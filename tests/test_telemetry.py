@@ -390,7 +390,7 @@ def test_grpcio_on_loopback_retransmits_nothing_and_names_a_cpu_side(
 def test_the_gate_quotes_the_transport_beside_a_regression(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
     pytester.runpytest(*STEADY, "-k", "echo", "--junitxml=base.xml").assert_outcomes(passed=1)
-    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "3ms"))
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "15ms"))
     slowed = pytester.runpytest(*STEADY, "-k", "echo", "--tfgrpc-baseline=base.xml")
     slowed.assert_outcomes(failed=1)
     slowed.stdout.re_match_lines(
