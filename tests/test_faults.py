@@ -783,9 +783,29 @@ def test_compressed(tfgrpc, tensor_server, mode, algorithm, nbytes):
 """
 
 
+#: A node agent on loopback for the suite's module: its host, port and token file.
+AGENT_FIXTURE = """
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    token = tmp_path_factory.mktemp("agent") / "token"
+    token.write_text("agent-token-0123456789abcdef\\n")
+    token.chmod(0o600)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", "lo", "--port", "0",
+         "--token-file", str(token), "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        host, _, port = json.loads(proc.stdout.readline())["target"].rpartition(":")
+        yield host, int(port), str(token)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+"""
+
 #: Agents by name (an injected resolver, a real agent): every resolved address tried, a name
 #: that resolves late waited for within the agents' bound, one that never does fails in it.
-AGENT_NAMES = """
+AGENT_NAMES = (
+    """
 import json, socket, subprocess, sys, time
 import pytest
 from pytest_tfgrpc.hosts.names import HostNotReached, listening_address
@@ -834,25 +854,13 @@ def test_no_address_listening_names_each_one():
     assert f"no address of localhost accepted a connection on port {{port}}" in text
     assert "::1: " in text and "127.0.0.1: " in text
 
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    token = tmp_path_factory.mktemp("agent") / "token"
-    token.write_text("names-token-0123456789abcdef\\n")
-    token.chmod(0o600)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", "lo", "--port", "0",
-         "--token-file", str(token), "--exit-on-stdin-eof"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        target = json.loads(proc.stdout.readline())["target"]
-        yield int(target.rsplit(":", 1)[1]), str(token)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+"""
+    + AGENT_FIXTURE
+    + """
 
 @pytest.mark.parametrize("after_s", [0.0, 2.0], ids=["resolved", "resolved-later"])
 def test_the_driver_reaches_an_agent_by_a_name_listing_ipv6_first(agent, after_s):
-    port, token_file = agent
+    _, port, token_file = agent
     address = f"agent-0.tfjob.svc:{{port}}"
     agents = _Agents("--tfgrpc-agents", (address,), (address,), token_file)
     agents.resolver = late(after_s, BOTH)
@@ -863,6 +871,7 @@ def test_the_driver_reaches_an_agent_by_a_name_listing_ipv6_first(agent, after_s
     finally:
         agents.close()
 """
+)
 
 #: Emulated fabrics skip test subnets an existing route covers, in any table.
 FABRIC_ROUTES = """
@@ -1052,26 +1061,14 @@ def test_streams_beyond_the_bound_are_refused(server, path, streams):
     assert got.get("status 1", 0) == BOUND, got  # CANCELLED by the idle bound
     assert echo(host, port, timeout=5) < 2
 
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    token = tmp_path_factory.mktemp("agent") / "token"
-    token.write_text("bound-token-0123456789abcdef\\n")
-    token.chmod(0o600)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", "lo", "--port", "0",
-         "--token-file", str(token), "--exit-on-stdin-eof"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        host, _, port = json.loads(proc.stdout.readline())["target"].rpartition(":")
-        yield host, int(port)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+"""
+    + AGENT_FIXTURE
+    + """
 
 @pytest.mark.parametrize("streams", [STREAMS_PER_DRIVER + 1, 2 * STREAMS_PER_DRIVER])
 @pytest.mark.parametrize("name", ["Heartbeat", "Run"])
 def test_an_agent_bounds_each_connection_too(agent, name, streams):
-    host, port = agent
+    host, port, _ = agent
     got = stranger.open_streams(host, port, f"/tfgrpc.NodeAgent/{{name}}", streams, 5.0)
     assert got["announced"] == STREAMS_PER_DRIVER, got
     assert got["refused"] == streams - STREAMS_PER_DRIVER, got
@@ -2261,21 +2258,12 @@ def test_no_client_cert():
         seconds=120,
         lines=("*'reset_streams': *echoes answered in the attack*",),
     ),
-    Case(
-        "streams-bounded-per-connection",
-        "I25.exhaustion",
-        STREAM_BOUND,
-        needs=("h2",),
-        outcomes={"passed": 16},
-        seconds=180,
-    ),
-    Case(
-        "ps-frees-the-streams-of-ended-calls",
-        "I25.exhaustion",
-        PS_STREAMS,
-        needs=("h2",),
-        outcomes={"passed": 21},
-        seconds=180,
+    *(
+        Case(name, "I25.exhaustion", suite, needs=("h2",), outcomes={"passed": n}, seconds=180)
+        for name, suite, n in (
+            ("streams-bounded-per-connection", STREAM_BOUND, 16),
+            ("ps-frees-the-streams-of-ended-calls", PS_STREAMS, 21),
+        )
     ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(

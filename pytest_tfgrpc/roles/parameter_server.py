@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 import numpy.typing as npt
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.idle import IdleWatch
@@ -60,7 +60,7 @@ WEIGHT_SEED = 20171226
 DEFAULT_PULL_CHUNK = 1 << 20
 
 Floats = npt.NDArray[np.float32]
-M = TypeVar("M")
+M = TypeVar("M", bound=Message)
 
 #: Refusals of a push: they say what was wrong with it, nothing of the job's state.
 _OUT_OF_TURN = "a gradient push out of turn (not the open step, or this worker pushed it)"
@@ -423,7 +423,8 @@ class ParameterServer:
 def _parse(message: type[M], data: bytes, context: grpc.ServicerContext) -> M:
     """``data`` as a ``message``; a malformed one is refused (INVALID_ARGUMENT)."""
     try:
-        return message.FromString(data)  # type: ignore[no-any-return]
+        parsed: M = message.FromString(data)
+        return parsed
     except DecodeError:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a malformed {message.__name__}")
         raise AssertionError("unreachable") from None  # abort raises
