@@ -2,30 +2,65 @@
 
 A CPU-bound neighbour process (one Python busy loop, started here, stopped at the end; it
 runs the whole time) shares this machine with every run, as another CI job shares a runner.
-Each trial runs ``tfgrpc-ab`` on the one-test suite ``benchmarks/ab_suite`` (1 KiB echo, p50
-gated at the default 10 % tolerance):
+Every run is one of ``benchmarks/ab_suite`` (one test: the 1 KiB echo, p50 gated at the default
+10 % tolerance), made by ``tfgrpc-ab``'s own run function
+(:func:`pytest_tfgrpc.cli.ab.run_side`) and judged by its own comparison
+(:func:`~pytest_tfgrpc.report.paired.compare_pairs`, and
+:func:`~pytest_tfgrpc.cli.compare.gate_failures` at its default policies): a comparison
+"fails" where ``tfgrpc-ab`` would exit 1.
 
-1. ``--trials`` (20) A/A trials of ``--pairs`` (5) pairs: both sides unchanged. A failing trial
-   is a false failure (target: at most 1 of 20).
-2. ``--trials`` trials with side B's server slowed (``--tfgrpc-server-delay``) so that the 1 KiB
-   p50 is 1.2x A's (the delay: 0.2x the median p50 of the A/A phase's A runs). A failing trial
-   is a detection (target: at least 16 of 20).
-3. ``--trials`` trials of ``--long-pairs`` (10) pairs at 1.1x (moonshot: at least 16 of 20).
+**The comparisons of a trial share its runs.** Each pair of a trial runs, in an order a
+seeded coin shuffles, the sides it needs out of:
 
-Every trial is also judged by the history gate (``tfgrpc-compare``'s verdicts), with the
-trial's first 5 A runs as the history and its last B run as the current run. Those histories
-were made minutes before, interleaved with B: a real history is older and has drifted more,
-so this favours the history gate.
+- ``A`` and ``A'``: the suite unchanged, twice;
+- ``x1.2``: the suite with its server slowed (``--tfgrpc-server-delay``) so that the 1 KiB
+  p50 is 1.2x A's: first by 0.2x A's p50 (the median of ``SIZING_RUNS`` unchanged runs made
+  first), then, as the spinning delay may cost a busy machine more than itself (in a quick run
+  under load a 0.2x delay measured 1.45x over 6 pairs), shrunk once where ``SIZING_PAIRS``
+  pairs of A and that delay measured clearly more; the trials' own pairs report the ratio
+  they got;
+- ``x1.1``: slowed by half that (only in the first ``--long-trials`` trials).
 
-Last, the total time of one ``--pairs``-pair ``tfgrpc-ab`` of ``example_suites/test_p2p.py``.
+and the trial's comparisons, over the same runs, are:
 
-``--quick`` is a smoke run for CI (2 trials of 3 pairs per phase, 1 of 4 at 1.1x, the example
-with 3 pairs and few iterations); its figures say nothing about the targets. Writes
-``--out`` (default ``benchmarks/results/ab_calibration.txt``, ``..._quick.txt`` with
+1. A/A: ``A'`` against ``A`` over ``--pairs`` (5) pairs; a failure is a false failure
+   (target: at most 1 of 20 trials);
+2. 1.2x: ``x1.2`` against ``A`` over the same pairs; a failure is a detection (target: at
+   least 16 of 20);
+3. in the first ``--long-trials`` trials, 1.1x: ``x1.1`` against ``A`` over ``--long-pairs``
+   (10) pairs, the pairs after the 5th running only ``A`` and ``x1.1`` (moonshot: at least 16
+   of 20). A change of 1.1x is not *beyond* a 10 % tolerance about half the time however
+   precisely it is measured, so 1.1x is also judged at ``--max-regression 5%``, and A/A at 5 %
+   beside it (in every trial, over the ``--pairs`` pairs that run ``A'``).
+
+So a trial's A/A and A/B verdicts share their A runs (they are not independent within a
+trial; each rate is still one verdict per trial), and the order within a pair is random, not
+tfgrpc-ab's default A-then-B: a pair's runs lie up to 3 runs apart, which if anything widens
+the pairs' spread against tfgrpc-ab's back-to-back pairs. The full run's 6 long trials are
+what fits its ~25 minutes (402 runs, ~3 s each, estimated, on a quiet machine beside the
+neighbour; the script prints its own projection after sizing);
+``--long-trials 20`` runs the moonshot in full (210 runs more, ~11 min).
+
+Each run measures ~0.7 s of echoes (``RUN_OPTIONS``): under load, A/A pairs of 300-iteration
+runs (~0.1 s of echoes) spread by ~28 % (log ratios), of 2000-3000 by ~21 %
+(``benchmarks/experiments/ab_noise.py``, ``results/ab_noise_under_load_*.txt``); most of the
+spread is the run's, not its rounds', and pytest's start-up (~2 s) costs more than the echoes.
+
+Every comparison is also judged by the history gate (``tfgrpc-compare``'s verdicts), with the
+trial's first 5 ``A`` runs as the history and the compared side's last run as the current
+run. Those histories were made minutes before, interleaved with the other sides: a real
+history is older and has drifted more, so this favours the history gate.
+
+Last, the total time of one ``--pairs``-pair ``tfgrpc-ab`` of ``example_suites/test_p2p.py``
+(its default options).
+
+``--quick`` is a smoke run for CI (2 trials of 3 pairs, one of them at 1.1x over 4 pairs,
+the example with 3 pairs and few iterations); its figures say nothing about the targets.
+Writes ``--out`` (default ``benchmarks/results/ab_calibration.txt``, ``..._quick.txt`` with
 ``--quick``) as it goes, with the load (``uptime``) before and after. Every run is bounded in
 time; the neighbour and every run are stopped whatever happens.
 
-    .venv/bin/python benchmarks/ab_calibration.py            # the full run (~30 min)
+    .venv/bin/python benchmarks/ab_calibration.py            # the full run (~25 min)
     .venv/bin/python benchmarks/ab_calibration.py --quick    # the smoke run (~3 min)
 """
 
@@ -34,26 +69,50 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
+
+from pytest_tfgrpc.cli.ab import run_side
+from pytest_tfgrpc.cli.compare import gate_failures
+from pytest_tfgrpc.report.compare import Comparison as Verdicts
+from pytest_tfgrpc.report.compare import compare_runs
+from pytest_tfgrpc.report.junit import Baseline
+from pytest_tfgrpc.report.paired import Pair, compare_pairs, pair_value
+from pytest_tfgrpc.stats.paired import MIN_PAIRS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SUITE = HERE / "ab_suite"
 BIN = Path(sys.executable).parent
-#: A run of the one-test suite; its figures stay real, with 10 rounds of ~30 echoes.
-RUN_OPTIONS = ("--tfgrpc-iterations=300", "--tfgrpc-warmup=30", "--tfgrpc-max-time=3")
+#: A run of the one-test suite: 10 rounds of 200 echoes (~0.7 s of echoes beside the
+#: neighbour); the run's start-up (~2 s) costs more than that.
+RUN_OPTIONS = ("--tfgrpc-iterations=2000", "--tfgrpc-warmup=100", "--tfgrpc-max-seconds=10")
+#: Only the tfgrpc plugin: the environment's other pytest plugins (xdist, benchmark, ...)
+#: cost start-up time in every run and measure nothing here.
+PLUGINS = tuple(
+    word
+    for name in ("cacheprovider", "xdist", "benchmark", "rerunfailures")
+    for word in ("-p", f"no:{name}")
+)
 RUN_TIMEOUT_S = 120.0
 #: The neighbour stops itself after this long, should this script be killed outright.
 NEIGHBOUR_LIMIT_S = 3 * 3600
 HISTORY = 5
+SIZING_RUNS = 4
+SIZING_PAIRS = 4
+#: Trials that also run the 1.1x moonshot (10 pairs): 6 fit the full run in ~25 min; each one
+#: more costs 15 runs (~45 s at 3 s a run).
+LONG_TRIALS = 6
+STEM = "tfgrpc.p2p_latency.1KiB.p50"
 
 
 def uptime() -> str:
@@ -83,218 +142,312 @@ class Neighbour:
 
 def side(
     extra: Sequence[str] = (), suite: Path = SUITE, options: Sequence[str] = RUN_OPTIONS
-) -> str:
-    words = [str(BIN / "pytest"), "-p", "no:cacheprovider", "-q", str(suite), *options, *extra]
-    return " ".join(words)
+) -> list[str]:
+    return [str(BIN / "pytest"), *PLUGINS, "-q", str(suite), *options, *extra]
 
 
 @dataclass(frozen=True)
-class Trial:
-    """One tfgrpc-ab trial and the history gate's verdict on the same runs."""
+class Comparison:
+    """One comparison of a trial: what it compares, and how."""
 
-    phase: str
-    index: int
-    ab_exit: int
+    name: str
+    side: str
+    pairs: int
+    tolerance: float
+    expect_fail: bool
+
+
+def comparisons(pairs: int, long_pairs: int) -> tuple[Comparison, ...]:
+    """A trial's comparisons; with ``long_pairs`` (else 0) also those at 1.1x."""
+    short = (
+        Comparison(f"A/A/{pairs} pairs", "A'", pairs, 0.10, False),
+        Comparison(f"1.2x/{pairs} pairs", "x1.2", pairs, 0.10, True),
+        Comparison(f"A/A/{pairs} pairs at 5%", "A'", pairs, 0.05, False),
+    )
+    if not long_pairs:
+        return short
+    return (
+        *short,
+        Comparison(f"1.1x/{long_pairs} pairs", "x1.1", long_pairs, 0.10, True),
+        Comparison(f"1.1x/{long_pairs} pairs at 5%", "x1.1", long_pairs, 0.05, True),
+    )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One comparison of one trial: tfgrpc-ab's verdict and the history gate's."""
+
+    comparison: str
+    trial: int
+    pairs: int
+    ab_failed: bool
+    ab_verdict: str
     ab_change: float
     ab_detectable: float
-    ab_verdict: str
     history_failed: bool
+    history_verdict: str
     history_change: float
     history_detectable: float
-    history_verdict: str
-    seconds: float
 
     def line(self) -> str:
         def pct(x: float) -> str:
             return f"{x:+.1%}" if math.isfinite(x) else "n/a"
 
         return (
-            f"{self.phase} trial {self.index:2d}: tfgrpc-ab exit {self.ab_exit} "
-            f"{self.ab_verdict:<12} change {pct(self.ab_change):>7} detectable "
-            f">={pct(self.ab_detectable):>7} | history gate "
+            f"trial {self.trial:2d} {self.comparison:<22} {self.pairs:2d} pairs: tfgrpc-ab "
+            f"{'FAIL' if self.ab_failed else 'pass'} {self.ab_verdict:<12} change "
+            f"{pct(self.ab_change):>7} detectable >={pct(self.ab_detectable):>7} | history gate "
             f"{'FAIL' if self.history_failed else 'pass'} {self.history_verdict:<12} change "
-            f"{pct(self.history_change):>7} detectable >={pct(self.history_detectable):>7} "
-            f"| {self.seconds:.0f} s"
+            f"{pct(self.history_change):>7} detectable >={pct(self.history_detectable):>7}"
         )
 
 
-def _verdict(xml: Path) -> tuple[str, float, float]:
-    """The p50 verdict, change and detectable change tfgrpc-ab recorded."""
-    from pytest_tfgrpc.report.junit import read_junit
-
-    if not xml.exists():
-        return "no output", math.nan, math.nan
-    props = {n: v for case in read_junit(xml).cases for n, v in case.properties}
-    stem = "tfgrpc.p2p_latency.1KiB.p50"
-    return (
-        props.get(f"{stem}.verdict", "none"),
-        float(props.get(f"{stem}.change", "nan")),
-        float(props.get(f"{stem}.detectable", "nan")),
-    )
+Runs = dict[str, list[Baseline | None]]
+#: A verdict as this script reports it: failed (tfgrpc-ab would exit 1, the gate fail the
+#: run), the p50's outcome, change and detectable change.
+Found = tuple[bool, str, float, float]
 
 
-def _history_gate(runs: Path, pairs: int) -> tuple[bool, str, float, float]:
-    """The history gate on the trial's runs: the first 5 A runs, against the last B run."""
-    from pytest_tfgrpc.cli.compare import gate_failures
-    from pytest_tfgrpc.report.compare import compare_runs
-    from pytest_tfgrpc.report.junit import BaselineError, load_baseline, load_history
-    from pytest_tfgrpc.report.tolerance import parse_tolerances
-
-    try:
-        history = load_history([runs / f"a-{i:02d}.xml" for i in range(1, min(HISTORY, pairs) + 1)])
-        current = load_baseline(runs / f"b-{pairs:02d}.xml")
-    except BaselineError as error:
-        return True, f"unusable: {error}", math.nan, math.nan
-    comparison = compare_runs(history, current, parse_tolerances([]))
-    failed = bool(gate_failures(comparison, missing="fail", inconclusive="pass", mismatch="warn"))
-    p50 = [v for v in comparison.verdicts if v.metric == "p50"]
-    if not p50:
-        return failed, "none", math.nan, math.nan
-    return failed, p50[0].outcome.value, p50[0].change, p50[0].threshold
+def _p50(verdicts: Verdicts) -> Found:
+    failures = gate_failures(verdicts, missing="fail", inconclusive="pass", mismatch="warn")
+    failed = bool(verdicts.regressions or failures)
+    for v in verdicts.verdicts:
+        if v.metric == "p50":
+            return failed, v.outcome.value, v.change, v.threshold
+    return failed, "none", math.nan, math.nan
 
 
-def trial(phase: str, index: int, pairs: int, b_extra: Sequence[str], work: Path) -> Trial:
-    runs = work / f"{phase}-{index:02d}"
-    xml = runs / "ab.xml"
-    started = time.monotonic()
-    argv = [
-        str(BIN / "tfgrpc-ab"),
-        *("--pairs", str(pairs), "--a", side(), "--b", side(b_extra)),
-        *("--dir", str(runs), "--junitxml", str(xml), "--timeout", str(RUN_TIMEOUT_S)),
+def judge(comparison: Comparison, trial: int, runs: Runs, history: Sequence[Baseline]) -> Judged:
+    """``comparison`` over a trial's ``runs`` (per side, per pair; None where the run broke)
+    and its ``history`` (the first 5 A runs): tfgrpc-ab's verdict, as its ``main`` reaches
+    it, and the history gate's on the compared side's last run."""
+    tolerances = {"*": comparison.tolerance}
+    compared = runs[comparison.side][: comparison.pairs]
+    both = [
+        Pair(a, b)
+        for a, b in zip(runs["A"], compared, strict=False)
+        if a is not None and b is not None
     ]
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=pairs * 2 * (RUN_TIMEOUT_S + 30)
-        )
-        code = done.returncode
-    except subprocess.TimeoutExpired:
-        code = -1
-    seconds = time.monotonic() - started
-    verdict, change, detectable = _verdict(xml)
-    failed, h_verdict, h_change, h_detectable = _history_gate(runs, pairs)
-    return Trial(
-        phase, index, code, change, detectable, verdict, failed, h_change, h_detectable,
-        h_verdict, seconds,
-    )  # fmt: skip
+    ab: Found = (False, "too few pairs", math.nan, math.nan)
+    if len(both) >= MIN_PAIRS:
+        ab = _p50(compare_pairs(both, tolerances))
+    current = [r for r in compared if r is not None]
+    gate: Found = (False, "no history", math.nan, math.nan)
+    if len(history) >= 2 and current:
+        gate = _p50(compare_runs(list(history), current[-1], tolerances))
+    return Judged(comparison.name, trial, len(both), *ab, *gate)
 
 
-def a_p50s(work: Path, phase: str) -> list[float]:
-    """The 1 KiB p50 (ns) of every A run of a phase."""
-    from pytest_tfgrpc.report.junit import BaselineError, load_baseline
-
-    out = []
-    for xml in sorted(work.glob(f"{phase}-*/a-*.xml")):
-        try:
-            run = load_baseline(xml)
-        except BaselineError:
-            continue
-        out += [m.figures["p50"] for m in run.measurements.values() if "p50" in m.figures]
-    return out
+def run_value(run: Baseline | None) -> float | None:
+    """A run's 1 KiB p50 (ns) as tfgrpc-ab takes it (the median of its rounds)."""
+    for m in run.measurements.values() if run is not None else ():
+        return pair_value(m, "p50")
+    return None
 
 
-def phase_summary(phase: str, trials: Sequence[Trial], expect_fail: bool) -> str:
-    ab = sum(t.ab_exit == 1 for t in trials)
-    broken = sum(t.ab_exit not in (0, 1) for t in trials)
-    history = sum(t.history_failed for t in trials)
-    word = "caught" if expect_fail else "failed (false failures)"
-    changes = [t.ab_change for t in trials if math.isfinite(t.ab_change)]
-    seen = [t.ab_detectable for t in trials if math.isfinite(t.ab_detectable)]
-    seen_h = [t.history_detectable for t in trials if math.isfinite(t.history_detectable)]
+def summary(comparison: Comparison, found: Sequence[Judged]) -> str:
+    word = "caught" if comparison.expect_fail else "failed (false failures)"
+    ab = sum(j.ab_failed for j in found)
+    history = sum(j.history_failed for j in found)
     median = statistics.median
 
-    def pct(xs: list[float]) -> str:
+    def pct(get: Callable[[Judged], float]) -> str:
+        xs = [get(j) for j in found if math.isfinite(get(j))]
         return f"{median(xs):+.1%}" if xs else "n/a"
 
+    short = sum(j.pairs < comparison.pairs for j in found)
     return (
-        f"{phase}: tfgrpc-ab {word} {ab} of {len(trials)} ({broken} trials without a verdict); "
-        f"history gate {word} {history} of {len(trials)}; median measured change {pct(changes)}, "
-        f"median detectable: tfgrpc-ab >={pct(seen)}, history >={pct(seen_h)}"
+        f"{comparison.name} (tolerance {comparison.tolerance:.0%}): tfgrpc-ab {word} {ab} of "
+        f"{len(found)} ({short} trials with broken pairs); history gate {word} {history} of "
+        f"{len(found)}; median measured change {pct(lambda j: j.ab_change)}, median detectable: "
+        f"tfgrpc-ab >={pct(lambda j: j.ab_detectable)}, "
+        f"history >={pct(lambda j: j.history_detectable)}"
     )
+
+
+class Calibration:
+    """The runs of one calibration and what it says, in ``work``; every line said goes to
+    ``out`` and stdout."""
+
+    def __init__(self, work: Path, out: TextIO, seed: int) -> None:
+        self.work, self.out = work, out
+        self.coin = random.Random(seed)
+        self.walls: list[float] = []
+        self.commands: dict[str, list[str]] = {"A": side(), "A'": side()}
+        #: Per side: the log ratio to A of every pair that has both.
+        self.ratios: dict[str, list[float]] = {}
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+        print(line, flush=True)
+
+    def run(self, label: str, stem: str) -> Baseline | None:
+        started = time.monotonic()
+        xml, log = self.work / f"{stem}.xml", self.work / f"{stem}.log"
+        got, why = run_side(self.commands[label], xml, log, RUN_TIMEOUT_S)
+        self.walls.append(time.monotonic() - started)
+        if got is None:
+            self.say(f"# run {stem} ({label}) broke: {why}")
+        return got
+
+    def size(self, ratios: Sequence[float], pairs: int) -> bool:
+        """Give each slowed side (``x1.2``, ...) its server delay: first ``ratio - 1`` times
+        the median p50 of ``SIZING_RUNS`` unchanged runs; then, as a spinning server may cost
+        a busy machine more than its delay, that delay shrunk once where ``pairs`` pairs of A
+        and the first side measured clearly more than its ratio (the trials' own pairs say the
+        ratio they got)."""
+        sized = [self.run("A", f"sizing-{i}") for i in range(SIZING_RUNS)]
+        values = [v for v in map(run_value, sized) if v is not None]
+        if not values:
+            self.say("# no sizing run measured a p50: cannot size the slowdowns")
+            return False
+        p50 = statistics.median(values)
+        first = ratios[0]
+        delay_ns = (first - 1.0) * p50
+        self.commands["probe"] = side((f"--tfgrpc-server-delay={delay_ns / 1e3:.0f}us",))
+        logs = []
+        for i in range(pairs):
+            a, b = self.run("A", f"probe-{i}-A"), self.run("probe", f"probe-{i}-B")
+            va, vb = run_value(a), run_value(b)
+            if va and vb:
+                logs.append(math.log(vb / va))
+        del self.commands["probe"]
+        # A spinning delay adds at least itself to every echo: only a ratio clearly above the
+        # target (by 2 standard errors) shrinks the delays, by at most half.
+        got = math.exp(statistics.mean(logs)) if logs else math.nan
+        se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 2 else math.inf
+        scale = 1.0
+        if math.log(got) - 2.0 * se > math.log(first):
+            scale = max(0.5, (first - 1.0) / (got - 1.0))
+        delays = {
+            f"x{r}": f"{(r - 1.0) / (first - 1.0) * delay_ns * scale / 1e3:.0f}us" for r in ratios
+        }
+        for label, delay in delays.items():
+            self.commands[label] = side((f"--tfgrpc-server-delay={delay}",))
+        self.say(
+            f"# sizing: median 1 KiB p50 of {len(values)} unchanged runs {p50 / 1e3:.1f} us; a "
+            f"server delayed {delay_ns / 1e3:.0f}us measured {got:.3f}x over {len(logs)} pairs "
+            f"(geometric mean, standard error {se:.1%}), so delays scaled by {scale:.2f}: "
+            + ", ".join(f"{label}'s server delayed {d}" for label, d in delays.items())
+            + " (--tfgrpc-server-delay)"
+        )
+        return True
+
+    def trial(self, index: int, plan: Sequence[Comparison]) -> list[Judged]:
+        """One trial: as many pairs as ``plan`` needs, each pair's sides in a shuffled order,
+        then every comparison of ``plan`` over them."""
+        runs: Runs = {label: [] for label in self.commands}
+        for pair in range(1, max(c.pairs for c in plan) + 1):
+            sides = ["A", *dict.fromkeys(c.side for c in plan if pair <= c.pairs)]
+            self.coin.shuffle(sides)
+            got = {s: self.run(s, f"t{index}-p{pair}-{s}".replace("'", "2")) for s in sides}
+            for label, made in runs.items():
+                made.append(got.get(label))
+        for label, made in runs.items():
+            for a, b in zip(runs["A"], made, strict=True):
+                va, vb = run_value(a), run_value(b)
+                if label != "A" and va and vb:
+                    self.ratios.setdefault(label, []).append(math.log(vb / va))
+        history = [r for r in runs["A"][:HISTORY] if r is not None]
+        return [judge(c, index, runs, history) for c in plan]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run for CI")
-    parser.add_argument("--trials", type=int, default=None, help="trials per phase (20)")
-    parser.add_argument("--pairs", type=int, default=None, help="pairs per trial (5)")
+    parser.add_argument("--trials", type=int, default=None, help="trials (20)")
+    parser.add_argument("--pairs", type=int, default=None, help="pairs of A/A and 1.2x (5)")
+    parser.add_argument("--long-trials", type=int, default=None, help="trials at 1.1x (6)")
     parser.add_argument("--long-pairs", type=int, default=None, help="pairs at 1.1x (10)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the order within pairs")
+    parser.add_argument("--no-example", action="store_true", help="skip the example's timing")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     trials = args.trials or (2 if args.quick else 20)
     pairs = args.pairs or (3 if args.quick else 5)
-    long_pairs = args.long_pairs or (4 if args.quick else 10)
-    long_trials = 1 if args.quick else trials
+    long_trials = min(trials, LONG_TRIALS if args.long_trials is None else args.long_trials)
+    long_pairs = max(pairs, args.long_pairs or (4 if args.quick else 10))
+    if args.quick and args.long_trials is None:
+        long_trials = 1
     name = "ab_calibration_quick.txt" if args.quick else "ab_calibration.txt"
     out_path = args.out or HERE / "results" / name
     out_path.parent.mkdir(parents=True, exist_ok=True)
     neighbour = Neighbour()
     with open(out_path, "w") as out, tempfile.TemporaryDirectory(prefix="tfgrpc-ab-cal-") as tmp:
-        work = Path(tmp)
-
-        def say(line: str, stream: TextIO = out) -> None:
-            print(line, file=stream, flush=True)
-            print(line, flush=True)
-
+        cal = Calibration(Path(tmp), out, args.seed)
+        say = cal.say
         try:
-            say(f"# benchmarks/ab_calibration.py{' --quick' if args.quick else ''}")
+            say(f"# benchmarks/ab_calibration.py {' '.join(argv or sys.argv[1:])}".rstrip())
             say(f"# load before (neighbour just started): {uptime()}")
             say(f"# neighbour: one CPU-bound Python loop, pid {neighbour.proc.pid}, all along")
-            say(f"# suite: {SUITE.relative_to(ROOT)} with {' '.join(RUN_OPTIONS)}")
-            results: dict[str, list[Trial]] = {}
+            say(f"# suite: {SUITE.relative_to(ROOT)} with {' '.join((*PLUGINS, *RUN_OPTIONS))}")
+            say(
+                f"# {trials} trials of {pairs} pairs (A, A', x1.2); the first {long_trials} "
+                f"also run x1.1, over {long_pairs} pairs (A, x1.1 in pairs {pairs + 1}-"
+                f"{long_pairs}); the A/A and A/B comparisons of a trial share its A runs, and "
+                "each pair's sides run in a seeded random order"
+            )
             started = time.monotonic()
-            aa = results.setdefault("A/A", [])
-            for i in range(1, trials + 1):
-                aa.append(trial("aa", i, pairs, (), work))
-                say(aa[-1].line())
-            base = a_p50s(work, "aa")
-            p50 = statistics.median(base) if base else math.nan
-            say(f"# A/A: median 1 KiB p50 of the A runs {p50 / 1e3:.1f} us ({len(base)} runs)")
-            if not math.isfinite(p50):
-                say("# no A run measured a p50: cannot size the slowdowns")
+            if not cal.size(
+                (1.2, 1.1) if long_trials else (1.2,), SIZING_PAIRS if not args.quick else 3
+            ):
                 return 2
-            for ratio, count, n_pairs in ((1.2, trials, pairs), (1.1, long_trials, long_pairs)):
-                delay = f"{(ratio - 1.0) * p50 / 1e3:.0f}us"
-                phase = f"{ratio}x/{n_pairs} pairs"
-                say(f"# {phase}: side B's servers delayed {delay} (--tfgrpc-server-delay)")
-                found = results.setdefault(phase, [])
-                for i in range(1, count + 1):
-                    found.append(
-                        trial(f"x{ratio}", i, n_pairs, (f"--tfgrpc-server-delay={delay}",), work)
+            planned = trials * pairs * 3 + long_trials * (pairs + 2 * (long_pairs - pairs))
+            wall = statistics.median(cal.walls)
+            say(
+                f"# planned: {planned} runs; at the sizing runs' median {wall:.1f} s a run, "
+                f"~{planned * wall / 60:.0f} min"
+            )
+            found: dict[str, tuple[Comparison, list[Judged]]] = {}
+            for index in range(1, trials + 1):
+                plan = comparisons(pairs, long_pairs if index <= long_trials else 0)
+                for comparison, judged in zip(plan, cal.trial(index, plan), strict=True):
+                    found.setdefault(comparison.name, (comparison, []))[1].append(judged)
+                    say(judged.line())
+                say(f"# {index} trials done, {time.monotonic() - started:.0f} s")
+            say(
+                f"# trials took {time.monotonic() - started:.0f} s, {len(cal.walls)} runs, "
+                f"median run {statistics.median(cal.walls):.1f} s (start-up included)"
+            )
+            for label, logs in cal.ratios.items():
+                if len(logs) > 1:
+                    say(
+                        f"# {label} against A, all pairs of all trials: median ratio "
+                        f"{math.exp(statistics.median(logs)):.3f}, sd of the pairs' log ratios "
+                        f"{statistics.stdev(logs):.1%} ({len(logs)} pairs)"
                     )
-                    say(found[-1].line())
-            say(f"# trials took {time.monotonic() - started:.0f} s")
-            for phase, found in results.items():
-                say(phase_summary(phase, found, expect_fail=phase != "A/A"))
-            example = ROOT / "example_suites" / "test_p2p.py"
-            options = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3") if args.quick else ()
-            ex_started = time.monotonic()
-            done = subprocess.run(
-                [
-                    str(BIN / "tfgrpc-ab"),
-                    *("--pairs", str(pairs), "--dir", str(work / "example")),
-                    *("--a", side((), example, options), "--b", side((), example, options)),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=pairs * 2 * 900,
-            )
-            quick = " (quick options)" if args.quick else ""
-            say(
-                f"example_suites/test_p2p.py, {pairs} pairs{quick}: "
-                f"{time.monotonic() - ex_started:.0f} s in all, tfgrpc-ab exit {done.returncode}; "
-                f"{done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr}"
-            )
-            say(
-                "# json "
-                + json.dumps(
-                    {phase: [t.__dict__ for t in found] for phase, found in results.items()},
-                    default=str,
-                )
-            )
+            for comparison, verdicts in found.values():
+                say(summary(comparison, verdicts))
+            if not args.no_example:
+                say(example(args.quick, pairs, cal.work))
+            say("# json " + json.dumps({k: [asdict(j) for j in v] for k, (_, v) in found.items()}))
         finally:
             neighbour.stop()
             say(f"# load after (neighbour stopped): {uptime()}")
     return 0
+
+
+def example(quick: bool, pairs: int, work: Path) -> str:
+    """One ``pairs``-pair tfgrpc-ab of example_suites/test_p2p.py, timed."""
+    suite = ROOT / "example_suites" / "test_p2p.py"
+    options = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=3") if quick else ()
+    command = shlex.join(side((), suite, options))
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            *(str(BIN / "tfgrpc-ab"), "--pairs", str(pairs), "--dir", str(work / "example")),
+            *("--a", command, "--b", command),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=pairs * 2 * 900,
+    )
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    quick_note = " (quick options)" if quick else ""
+    return (
+        f"example_suites/test_p2p.py, {pairs} pairs{quick_note}: "
+        f"{time.monotonic() - started:.0f} s in all, tfgrpc-ab exit {done.returncode}; {last}"
+    )
 
 
 if __name__ == "__main__":

@@ -234,8 +234,12 @@ def test_b(tfgrpc, tensor_server):
 """
 
 
+#: The environment's other pytest plugins only cost each side's run its start-up.
+NO_PLUGINS = "-p no:cacheprovider -p no:xdist -p no:benchmark -p no:rerunfailures"
+
+
 def pytest_command(path: Path, *extra: str) -> str:
-    words = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(path), *QUICK]
+    words = [sys.executable, "-m", "pytest", NO_PLUGINS, "-q", str(path), *QUICK]
     return " ".join([*words, *extra])
 
 
@@ -285,34 +289,45 @@ def test_ab_fails_a_delay_with_the_table_and_names_what_one_side_lacks(
     assert "FAILED: 1 regressed; 1 missing (--missing fail)" in out
 
 
-WRAPPER = """
-import os, subprocess, sys, time
-count = int(open("calls").read()) if os.path.exists("calls") else 0
-open("calls", "w").write(str(count + 1))
-if count == 1:
-    time.sleep(600)  # past --timeout
-if count == 2:
-    sys.exit(3)  # pytest's internal error
-sys.exit(subprocess.call(sys.argv[1:]))
+#: A stand-in for a pytest side, for tests of tfgrpc-ab's bookkeeping (not of measuring): it
+#: counts its calls in the file its first argument names, copies run.xml (a JUnit run written by
+#: the test) to the --junitxml path it is given, and misbehaves on the calls the test says.
+FAKE_SIDE = """
+n=$(cat "$1" 2>/dev/null || echo 0); echo $((n + 1)) > "$1"; shift
+case " $MISBEHAVE " in
+  *" hang:$n "*) exec sleep 600 ;;
+  *" crash:$n "*) exit 3 ;;
+  *" wait:$n "*) : > waiting; exec sleep 600 ;;
+esac
+for word; do case $word in --junitxml=*) cp run.xml "${word#--junitxml=}" ;; esac; done
 """
 
 
-def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
-    suite = pytester.makepyfile(test_perf=BLIND_SUITE)
-    wrapper = pytester.makepyfile(wrapper=WRAPPER)
+def fake_sides(pytester: pytest.Pytester, **misbehave: str) -> tuple[str, str]:
+    """The --a and --b commands of two canned sides (the same 1 KiB run, recorded once); each
+    side's calls (from 0) in ``misbehave``: ``hang:1``, ``crash:2``, ``wait:3``."""
+    from test_compare import write_junit
+
+    rounds = "p50=" + ",".join(["300000"] * 5)
+    props = [
+        ("tfgrpc.fabric", "lo"),
+        ("tfgrpc.p2p_latency.1KiB.p50_us", "300"),
+        ("tfgrpc.p2p_latency.1KiB.rounds", rounds),
+    ]
+    write_junit(pytester.path / "run.xml", {"test_perf.test_a[lo]": props})
+    (pytester.path / "side.sh").write_text(FAKE_SIDE)
     pytester.chdir()
-    code, out = ab(
-        pytester.path,
-        # Both sides run the same suite; the wide tolerance keeps a busy runner's noise (seen:
-        # +58% over 3 pairs) from turning this test of broken-pair bookkeeping into a verdict test.
-        # A run takes ~2 s, and up to 21 s on a machine loaded 4x over: 45 s stops only the
-        # wrapper's sleeping run.
-        *("--pairs", "5", "--timeout", "45", "--max-regression", "500%"),
-        *("--a", pytest_command(suite)),
-        *("--b", f"{sys.executable} {wrapper} " + pytest_command(suite)),
+    return tuple(  # type: ignore[return-value]
+        f"env MISBEHAVE='{misbehave.get(name, '')}' sh side.sh calls-{name} pytest -q"
+        for name in ("a", "b")
     )
+
+
+def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
+    a, b = fake_sides(pytester, b="hang:1 crash:2")
+    code, out = ab(pytester.path, "--pairs", "5", "--timeout", "3", "--a", a, "--b", b)
     assert "tfgrpc-ab: 3 of 5 pairs usable, 2 broken" in out, out
-    assert "broken: pair 2: side B ran past --timeout 45 s and was stopped" in out
+    assert "broken: pair 2: side B ran past --timeout 3 s and was stopped" in out
     assert "broken: pair 3: side B exited 3 (pytest: not a run of tests" in out
     assert code == 0, out
 
@@ -375,17 +390,6 @@ def test_two_servers_interleaved_in_one_test_gate_b_against_a(pytester: pytest.P
     )
 
 
-SLOW_FOURTH = """
-import os, subprocess, sys, time
-count = int(open("calls").read()) if os.path.exists("calls") else 0
-open("calls", "w").write(str(count + 1))
-if count == 3:
-    open("waiting", "w").close()
-    time.sleep(600)  # until Ctrl-C
-sys.exit(subprocess.call(sys.argv[1:]))
-"""
-
-
 def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
     pytester: pytest.Pytester,
 ) -> None:
@@ -393,25 +397,18 @@ def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
     import subprocess
     import time
 
-    suite = pytester.makepyfile(test_perf=BLIND_SUITE)
-    wrapper = pytester.makepyfile(slow=SLOW_FOURTH)
+    a, b = fake_sides(pytester, b="wait:3")
     argv = [
         sys.executable,
         "-m",
         "pytest_tfgrpc.cli.ab",
-        *("--pairs", "4", "--max-regression", "50%", "--dir", "runs"),
-        *(
-            "--a",
-            pytest_command(suite),
-            "--b",
-            f"{sys.executable} {wrapper} {pytest_command(suite)}",
-        ),
+        *("--pairs", "4", "--dir", "runs", "--a", a, "--b", b),
     ]
     proc = subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 60
     while not (pytester.path / "waiting").exists() and time.monotonic() < deadline:
         assert proc.poll() is None
-        time.sleep(0.2)
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, out

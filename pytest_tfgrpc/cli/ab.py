@@ -45,7 +45,7 @@ from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
 from pytest_tfgrpc.report.paired import Pair, compare_pairs
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
 
-__all__ = ["Broken", "main"]
+__all__ = ["Broken", "main", "run_side"]
 
 PROG = "tfgrpc-ab"
 #: pytest's exit codes that still leave a usable JUnit file: all passed, some failed.
@@ -149,11 +149,15 @@ def _stop(process: subprocess.Popen[bytes], first: int) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def _run_side(side: _Side, junit: Path, log: Path, timeout: float) -> tuple[Baseline | None, str]:
-    """Run one side once; its run, or None and why it is unusable (with a run: a note, or
-    ""). Ctrl-C stops the side and propagates."""
+def run_side(
+    command: Sequence[str], junit: Path, log: Path, timeout: float
+) -> tuple[Baseline | None, str]:
+    """Run one side's pytest ``command`` once, in a session of its own, with
+    ``--junitxml=junit`` added and its output in ``log``, stopped past ``timeout`` seconds.
+    Returns its run, or None and why it is unusable (with a run: a note, or ""). Ctrl-C
+    stops the side and propagates."""
     junit.unlink(missing_ok=True)
-    argv = [*side.argv, f"--junitxml={junit}"]
+    argv = [*command, f"--junitxml={junit}"]
     with open(log, "wb") as output:
         try:
             process = subprocess.Popen(
@@ -204,8 +208,8 @@ def _run_pairs(
             for name in first_second:
                 stem = f"{name.lower()}-{index:02d}"
                 started = time.monotonic()
-                run, why = _run_side(
-                    sides[name], directory / f"{stem}.xml", directory / f"{stem}.log", timeout
+                run, why = run_side(
+                    sides[name].argv, directory / f"{stem}.xml", directory / f"{stem}.log", timeout
                 )
                 took.append(f"{name} {time.monotonic() - started:.1f} s")
                 if run is None:
