@@ -933,6 +933,66 @@ def test_a_route_in_the_namespace_moves_the_fabric_on(kind, extra):
         subprocess.run(["ip", "netns", "delete", name], check=False, timeout=10)
 """
 
+#: ``tfgrpc-fabric down`` on state files that name what their fabric never made (a path
+#: outside /etc/netns, an interface, another fabric's namespace): nothing is run or removed.
+#: The state directory is the suite's own and every command is recorded, not run.
+FABRIC_STATE = """
+import json
+import pytest
+from pytest_tfgrpc.cli import fabric as cli
+from pytest_tfgrpc.hosts import emulated
+
+def state(**bad):
+    host = {{"name": "h0", "netns": "tfgf7-h0", "iface": "eth0", "address": "198.18.7.2",
+             "link": "tfgf7h0", "rate": None}}
+    host.update(bad.pop("host", {{}}))
+    return {{"name": "tfgf7", "bridge": "tfgf7br", "driver_address": "198.18.7.1",
+             "prefixlen": 24, "hosts": [host], "owner_pid": 0, "owner_uid": 0, **bad}}
+
+@pytest.fixture
+def ran(tmp_path, monkeypatch):
+    # Everything the removal reads or touches is the suite's own: the host's real fabrics
+    # (another user's included) are never seen, nor their processes signalled.
+    commands = []
+    for name, sub in (("STATE_DIR", "state"), ("_NETNS_ETC", "etc-netns"),
+                      ("_NETNS_DIR", "netns"), ("_SYS_NET", "sys-net")):
+        (tmp_path / sub).mkdir()
+        monkeypatch.setattr(emulated, name, tmp_path / sub)
+    monkeypatch.setattr(emulated, "run_command", lambda args, **kw: commands.append(args))
+    monkeypatch.setattr(emulated, "_kill_namespace_processes",
+                        lambda *args: commands.append(["kill", *args]))
+    return commands
+
+@pytest.mark.parametrize("bad", [
+    {{"host": {{"netns": "../../victim"}}}},
+    {{"host": {{"netns": "tfgf8-h0"}}}},
+    {{"host": {{"link": "lo"}}}},
+    {{"host": {{"link": "eth0"}}}},
+    {{"bridge": "docker0"}},
+    {{"name": "tfgf7/../x"}},
+], ids=["netns-outside", "netns-of-another", "link-lo", "link-eth0", "bridge", "name"])
+@pytest.mark.parametrize("how", [["tfgf7"], ["--all"], ["--all-owners"]])
+def test_a_state_naming_what_it_never_made_is_not_followed(ran, tmp_path, capsys, bad, how):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (emulated.STATE_DIR / "tfgf7.json").write_text(json.dumps(state(**bad)))
+    with pytest.raises(ValueError, match="not its own"):
+        emulated.EmulatedFabric.from_json(state(**bad))
+    code = cli.main(["down", *how])
+    assert ran == [], ran
+    assert victim.is_dir()
+    assert (code, capsys.readouterr().out.strip().splitlines()[-1]) in (
+        (2, "tfgrpc-fabric: no fabric 'tfgf7' (see `tfgrpc-fabric status`)"),
+        (0, "removed: nothing"),
+    )
+
+def test_its_own_state_is_removed(ran):
+    (emulated.STATE_DIR / "tfgf7.json").write_text(json.dumps(state()))
+    assert cli.main(["down", "tfgf7"]) == 0
+    assert ["ip", "link", "del", "dev", "tfgf7h0"] in ran
+    assert not (emulated.STATE_DIR / "tfgf7.json").exists()
+"""
+
 #: A server of the tensor and PS services in the suite's own process (its idle bound 1 s),
 #: and a stranger speaking raw HTTP/2 (``tests/stranger.py``, with h2).
 STREAMS_HEAD = """
@@ -2196,6 +2256,13 @@ def test_no_client_cert():
         outcomes={"passed": 10},
         needs=("root",),
         seconds=120,
+    ),
+    Case(
+        "fabric-down-follows-only-its-own-state",
+        "I25.shared-paths",
+        FABRIC_STATE,
+        outcomes={"passed": 19},
+        seconds=60,
     ),
     # --- I25.gate-setups: a history of two runners is never pooled -------------------------
     *(

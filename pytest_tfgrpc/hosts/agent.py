@@ -109,8 +109,9 @@ MIN_LEASE_S = 1.0
 MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
-#: Streams one connection (a driver's) may hold at once: a ``Run`` stream for each of its
-#: processes, and its control calls (heartbeats, counters, telemetry) beside them.
+#: Streams one connection (a driver's) may hold at once, and the agent's handler threads: a
+#: ``Run`` stream (a thread for its life) for each process it may run, and 16 beside them for
+#: control calls (heartbeats, counters, telemetry), so leases are renewed at 64 roles too.
 STREAMS_PER_DRIVER = MAX_PROCESSES + 16
 
 _TENSOR_SERVER = "pytest_tfgrpc.roles.tensor_server"
@@ -628,7 +629,9 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         """Start serving on the fabric's address (with TLS ``credentials`` if given); return
         the target (``host:port``)."""
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
+            futures.ThreadPoolExecutor(
+                max_workers=STREAMS_PER_DRIVER, thread_name_prefix="tfgrpc-agent"
+            ),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
             options=(
