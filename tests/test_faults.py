@@ -698,7 +698,9 @@ def other_job():
         yield other.credentials[0][1]
 
 def tokens(mine, other):
-    return {{"none": None, "empty": "", "wrong": new_token(), "near-miss": mine[:-1] + "A",
+    # a near miss differs in its last character only (a token ending in "A" is 1 in 64)
+    near = mine[:-1] + ("B" if mine.endswith("A") else "A")
+    return {{"none": None, "empty": "", "wrong": new_token(), "near-miss": near,
              "longer": mine + "A", "other-job": other}}
 
 def calls(channel):
