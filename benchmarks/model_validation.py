@@ -79,7 +79,7 @@ SHARDING = "greedy"
 _TFGRPC_IPOIB = 2.6e9  # Cluster A, IPoIB EDR, uniform payload
 _TFGRPC_10GBE = 1.1e9  # Cluster B, 10 GbE, uniform payload
 
-CURVES: tuple[Curve, ...] = (
+_CSCS_AND_CORI: tuple[Curve, ...] = (
     Curve(
         name="Piz Daint, InceptionV3 (1 P100 per node)",
         source=_CSCS + ", table tab:peak-perf-daint",
@@ -174,7 +174,64 @@ CURVES: tuple[Curve, ...] = (
     ),
 )
 
+_TF_PAGE = (
+    "TensorFlow's benchmarks page, 'Details for Amazon EC2 Distributed (NVIDIA Tesla K80)' "
+    "(tensorflow/docs, site/en/r1/guide/performance/benchmarks.md; tensorflow.org/performance/"
+    "benchmarks, May 2017)"
+)
+_TF_READ = (
+    "images/s with synthetic data at 8, 16, 32 and 64 GPUs = 1, 2, 4 and 8 p2.8xlarge "
+    "instances of 8 K80s; distributed_replicated mode aggregates an instance's 8 GPUs "
+    "locally, so a worker here is an instance (W = 1-8) and efficiency = images/s / (W x the "
+    "one-instance rate); 'instances running worker servers also ran parameter servers', "
+    "equal numbers of PS and workers except where the page says otherwise; no point above "
+    "W = 32, so a priori only"
+)
+
+
+def _tf_page_curve(
+    model: str, profile: str, batch: int, rows: Sequence[float], ps: Sequence[int]
+) -> Curve:
+    """A curve of the TensorFlow benchmarks page's EC2 distributed table (a priori only)."""
+    one = rows[0]
+    return Curve(
+        name=f"AWS p2.8xlarge, {model} batch {batch} (TensorFlow benchmarks page)",
+        source=_TF_PAGE,
+        read=_TF_READ + f"; PS counts {', '.join(map(str, ps))}",
+        profile=profile,
+        points=_from_throughput(
+            [(w, p, x) for w, p, x in zip((1, 2, 4, 8), ps, rows, strict=True)]
+        ),
+        apriori=ClusterTerms(
+            compute_s=8 * batch / one,
+            bandwidth_Bps=_TFGRPC_10GBE,
+            alpha_s=50e-6,
+            overlap=0.5,
+            colocated=True,
+        ),
+        apriori_inputs=(
+            f"compute 8 x {batch}/{one:g} s (the page's one-instance rate: 8 GPUs' step, "
+            "their local aggregation included); bandwidth 1.1 GB/s (gRPC P2P over 10 GbE in "
+            "TF-gRPC-Bench; AWS gives p2.8xlarge 10 Gigabit); alpha 50 us; overlap 0.5; PS "
+            "colocated (the page); PS copies placed greedy (distributed_replicated places "
+            "them round robin: an approximation)"
+        ),
+    )
+
+
+CURVES: tuple[Curve, ...] = (
+    *_CSCS_AND_CORI,
+    _tf_page_curve("InceptionV3", "inception3_tf_cnn", 64, (229, 459, 902, 1783), (1, 2, 4, 6)),
+    _tf_page_curve("ResNet-50", "resnet50_tf_cnn", 64, (378, 751, 1388, 2744), (1, 2, 4, 8)),
+    _tf_page_curve("InceptionV3", "inception3_tf_cnn", 32, (219, 427, 820, 1608), (1, 2, 4, 8)),
+    _tf_page_curve("ResNet-50", "resnet50_tf_cnn", 32, (333, 667, 1180, 2315), (1, 2, 4, 4)),
+)
+
 NOT_USED = (
+    (
+        _TF_PAGE + ", ResNet-152",
+        "no ResNet-152 profile in tf_cnn_benchmarks' variable order yet",
+    ),
     (
         "Sergeev and Del Balso, Horovod (arXiv:1802.05799), Figs. 1 and 6",
         "the text says standard distributed TensorFlow 'left about half of 128 GPUs idle' "
@@ -296,13 +353,39 @@ def _format(result: dict[str, object]) -> str:
         every = [r[f"{key}_error"] for r in points]
         within = sum(1 for e in big if abs(e) <= 10)
         mean_big, mean_all = _mean_abs(big), _mean_abs(every)
-        text = f"{title}: W > {CALIBRATE_UP_TO} within 10 points: {within} of {len(big)}"
+        text = f"{title}: no point at W > {CALIBRATE_UP_TO}"
         if mean_big is not None:
+            text = f"{title}: W > {CALIBRATE_UP_TO} within 10 points: {within} of {len(big)}"
             text += f", mean |error| there {mean_big:.1f}"
         if mean_all is not None:
             text += f"; mean |error| over all points {mean_all:.1f}"
         summary.append(text)
     lines += ["", *summary]
+    return "\n".join(lines)
+
+
+def _overall(results: Sequence[dict[str, object]]) -> str:
+    """Every curve's larger-W points and a-priori errors, counted together."""
+    big: dict[str, list[float]] = {}
+    apriori: list[float] = []
+    for result in results:
+        points = result["points"]
+        assert isinstance(points, list)
+        for row in points:
+            for key in ("calibrated", "calibrated+core"):
+                if f"{key}_error" in row and int(row["workers"]) > CALIBRATE_UP_TO:
+                    big.setdefault(key, []).append(float(row[f"{key}_error"]))
+            if "apriori_error" in row:
+                apriori.append(float(row["apriori_error"]))
+    lines = ["## All curves"]
+    for key, errors in big.items():
+        within = sum(1 for e in errors if abs(e) <= 10)
+        lines.append(
+            f"{key}: {within} of {len(errors)} points at W > {CALIBRATE_UP_TO} within 10 points"
+        )
+    mean = _mean_abs(apriori)
+    if mean is not None:
+        lines.append(f"a priori: mean |error| {mean:.1f} points over {len(apriori)} points")
     return "\n".join(lines)
 
 
@@ -312,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = [_evaluate(curve) for curve in CURVES]
     blocks = [_format(result) for result in results]
+    blocks.append(_overall(results))
     blocks.append(
         "## Curves found but not used\n"
         + "\n".join(f"- {source}: {reason}" for source, reason in NOT_USED)

@@ -2,6 +2,7 @@
 through node agents on emulated hosts.
 
     python benchmarks/native_hosts.py [--quick] [--rounds N] [--parts ps,mtls] [--json out.json]
+                                      [--allocator tuned|default]
 
 Needs root (network namespaces), the native engine built (``tfgrpc-build-native``) and the
 ``dev`` extra (trustme: each host gets its own certificate). It builds one emulated fabric
@@ -25,6 +26,10 @@ the driver on the bridge, measures:
    the same agent serving both, with the CPU each end spent per GB (and its kernel part), the
    suite negotiated, its cipher's CPU per GB (``openssl speed``) and ``ratio_bound_by_cipher``:
    the most mTLS could reach if TLS cost its cipher alone. Target: >= 0.5x.
+
+Every role runs under the plugin's allocator policy (``--allocator``, default ``tuned``, as
+``--tfgrpc-allocator``): its variables reach every role on every host. Glibc's defaults map and
+unmap each 4 MiB message, which adds ~0.1-0.2 kernel CPU s per GB to the PS part's roles.
 
 Every round measures every contender of a part in alternating order; a figure is the median
 over rounds, and each ratio is taken inside the run. A part that cannot run here is reported as
@@ -61,6 +66,7 @@ from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.tuning import allocator as tuning
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
 
@@ -180,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(name for name, _, _ in PARTS),
         help="comma-separated parts to run (default: all: %(default)s)",
     )
+    parser.add_argument(
+        "--allocator",
+        choices=tuning.ALLOCATOR_POLICIES,
+        default="tuned",
+        help="glibc allocator policy of this process and of every role, as the plugin's "
+        "--tfgrpc-allocator (default tuned)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
@@ -198,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         print(f"skipped: {reason}")
         return 0
+    # Every role's environment starts from this process's (agents pass the variables on).
+    os.environ.update(tuning.apply_policy(args.allocator) or {})
     bench = Bench(args.quick, args.rounds)
     print(f"load before: {uptime()}", flush=True)
+    print(f"allocator: {args.allocator} {tuning.allocator_settings()}", flush=True)
     with contextlib.ExitStack() as stack:
         driver, agents, driver_tls = hosts_with_agents(stack, HOSTS)
         run_parts(bench, driver, agents, driver_tls, parts)
@@ -392,8 +408,9 @@ _SUITE_CIPHERS = {
 
 
 def negotiated_suite(target: str, tls: TlsFiles) -> str | None:
-    """The TLS suite an OpenSSL client with default settings (as the system's gRPC, which sets
-    no TLS 1.3 suites) negotiates with ``target`` (``openssl s_client``); None if unknown."""
+    """The TLS suite an OpenSSL client with default settings negotiates with ``target``
+    (``openssl s_client``); None if unknown. A native server's own order decides (native/src/
+    tls.h), so this is the suite native clients get too."""
     if tls.ca is None:
         return None
     argv = ["openssl", "s_client", "-connect", target, "-brief", "-alpn", "h2",

@@ -848,14 +848,17 @@ def test_plugin_refuses_a_bad_placement_naming_where_it_came_from(
     pytester: pytest.Pytester, value: str, fault: str, source: str
 ) -> None:
     pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
+    # In this process: a refused placement pins nothing (a process of its own costs a second).
+    before = os.sched_getaffinity(0)
     if source.startswith("--"):
-        result = pytester.runpytest_subprocess(f"--tfgrpc-cpus={value}")
+        result = pytester.runpytest(f"--tfgrpc-cpus={value}")
     else:
         pytester.makeini(f"[pytest]\ntfgrpc_cpus = {value}\n")
-        result = pytester.runpytest_subprocess()
+        result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {source}: *{fault}*"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert os.sched_getaffinity(0) == before
 
 
 def _header_of(value: str) -> str:
@@ -881,9 +884,11 @@ def test_an_empty_placement_is_no_placement_given(
     pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
     if ini is not None:
         pytester.makeini(f"[pytest]\n{ini}\n")
-    result = pytester.runpytest_subprocess(*args)
+    before = os.sched_getaffinity(0)
+    result = pytester.runpytest(*args)  # in this process: a test that measures nothing pins nothing
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([_header_of(expected)])
+    assert os.sched_getaffinity(0) == before
 
 
 @pytest.mark.parametrize(

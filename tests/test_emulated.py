@@ -347,9 +347,10 @@ def test_the_srun_recipe_runs_on_emulated_nodes(
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHON": sys.executable,
     }
+    # The agents never end by themselves: after the driver's task, all of --wait is waited.
     done = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "srun_standin.py"),
-         f"/run/tfgrpc-fabric/{hosts.fabric.name}.json", "--wait", "5", str(recipe), "fab0",
+         f"/run/tfgrpc-fabric/{hosts.fabric.name}.json", "--wait", "1", str(recipe), "fab0",
          hosts.token_file, *FAST, "-p", "no:cacheprovider", f"--junitxml={xml}", str(tmp_path)],
         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
     )  # fmt: skip
@@ -511,8 +512,10 @@ def test_an_agent_with_mutual_tls_refuses_clients_without_its_ca_or_a_certificat
             (None, "UNAVAILABLE|TLS handshake"),
         )
         for tls, why in refusals:
+            # Each refusal waits its whole timeout for the agent, then asks once more and is
+            # told why at once: a second is time enough for the one handshake it waits on.
             with pytest.raises(AgentError, match=why):
-                AgentClient(agent.target, hosts.token, tls=tls, timeout=3)
+                AgentClient(agent.target, hosts.token, tls=tls, timeout=1)
         with pytest.raises(AgentError, match="UNAUTHENTICATED"):  # TLS does not replace it
             AgentClient(agent.target, "x" * 32, tls=good)
     finally:

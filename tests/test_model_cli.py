@@ -161,6 +161,48 @@ def test_engine_is_chosen_not_mixed(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 1 and "(it has: grpcio, native)" in err
 
 
+def test_allreduce_cpu_read_from_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An allreduce test records its model's inputs beside each point (model.cpu_step_us,
+    # model.cpu_MBps); --from-junit projects the all-reduce with them, as with them typed.
+    reduced = {
+        "tfgrpc.fabric": "eth0",
+        "tfgrpc.allreduce.4MiB.p50_us": "40000.0",
+        "tfgrpc.allreduce.4MiB.model.cpu_step_us": "1000.0",
+        "tfgrpc.allreduce.4MiB.model.cpu_MBps": "800.0",
+    }
+    path = tmp_path / "perf.xml"
+    path.write_text(
+        _junit({"p2p[eth0]": _p2p("grpcio", "eth0", 1 / 1e9), "allreduce[eth0]": reduced}),
+        encoding="utf-8",
+    )
+    argv = ["--profile", "resnet50", "--compute", "200ms", "--pairs", "8:8,512:64", "--json"]
+
+    def allreduce_rows(*extra: str) -> tuple[list[dict[str, object]], object]:
+        code, out, err = _run([*argv, "--from-junit", str(path), *extra], capsys)
+        assert code == 0, err
+        document = json.loads(out)
+        return [p["allreduce"] for p in document["points"]], document["fit"]["allreduce_cpu"]
+
+    read, source = allreduce_rows()
+    typed, typed_source = allreduce_rows("--allreduce-cpu", "1ms,800MB/s")
+    assert read == typed
+    assert [r["limit"] for r in read] == ["worker cpu", "worker cpu"]
+    assert source == {
+        "step_s": pytest.approx(1e-3),
+        "byte_s": pytest.approx(1 / 8e8),
+        "from": "file",
+    }
+    assert isinstance(typed_source, dict) and typed_source["from"] == "--allreduce-cpu"
+    # typed inputs win over the recorded ones
+    other, _ = allreduce_rows("--allreduce-cpu", "5ms")
+    assert other[1]["comm_s"] != read[1]["comm_s"]
+    code, out, _ = _run(["--profile", "resnet50", "--from-junit", str(path)], capsys)
+    assert code == 0 and "a worker's CPU 1000 us per all-reduce step" in out
+    assert "recorded by the file's allreduce test" in out
+
+
 def test_warnings_for_loopback_and_few_points(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -108,7 +108,12 @@ def test_native_workers_send_each_ps_the_bytes_its_placement_owns(cluster: PSClu
 def test_native_workers_sync_sgd_weights_are_the_numpy_sum_of_all_gradients(
     cluster: PSCluster, chunk_bytes: int
 ) -> None:
-    profile = Profile("tiny", (TensorSpec("w", (10, 7)), TensorSpec("b", (3,))))
+    tensors: tuple[TensorSpec, ...] = (TensorSpec("w", (10, 7)), TensorSpec("b", (3,)))
+    if chunk_bytes == 1 << 20:
+        # 1 MiB chunks of a 1.2 MB tensor arrive in several slices: the native PS parses them
+        # where they lie.
+        tensors += (TensorSpec("big", (300_000,)),)
+    profile = Profile("tiny", tensors)
     result = sync_sgd_step(
         cluster, profile, run=STEPS, learning_rate=0.25, check=True, chunk_bytes=chunk_bytes
     )

@@ -225,7 +225,7 @@ def test_bad_run_metadata_is_a_usage_error(
 ) -> None:
     pytester.makeconftest(f"def pytest_tfgrpc_run_metadata(config):\n    return {answer}\n")
     pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider")  # refused before any test: in here
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*pytest_tfgrpc_run_metadata: {message}*"])
     assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
@@ -240,7 +240,7 @@ def test_metadata_given_by_two_hooks_under_one_key_is_a_usage_error(
         "def pytest_tfgrpc_run_metadata(config):\n    return {'k': 'b'}\n"
     )
     (sub / "test_x.py").write_text("def test_x(tfgrpc):\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "sub")
+    result = pytester.runpytest("-p", "no:cacheprovider", "sub")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*key 'k' is given twice*"])
 
@@ -345,7 +345,7 @@ def test_bad_engine_registrations_are_usage_errors(
 ) -> None:
     pytester.makeconftest(conftest)
     pytester.makepyfile("def test_x(tfgrpc):\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*pytest_tfgrpc_add_engines: {message}*"])
 
@@ -362,7 +362,7 @@ def test_bad_engine_markers_are_usage_errors(
     pytester: pytest.Pytester, marker: str, message: str
 ) -> None:
     pytester.makepyfile(f"import pytest\n\n@pytest.mark.{marker}\ndef test_x(tfgrpc):\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
 

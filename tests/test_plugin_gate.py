@@ -23,17 +23,31 @@ STEADY = ("--tfgrpc-iterations=100", "--tfgrpc-warmup=5", "--tfgrpc-max-seconds=
 #: Where a test is about which figures are compared, not their noise (3 samples a round).
 WIDE = ("--tfgrpc-max-regression=1000%",)
 
-SUITE = """
+#: One server for a run's tests (a server start is most of a quick test's time): these runs
+#: are about which figures the gate compares, not about the server fixtures.
+SHARED_SERVER = """
 import pytest
+from pytest_tfgrpc import ServerProcess
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 
-@pytest.mark.message_profile(["1KiB"])
-def test_a(tfgrpc, tensor_server):
-    tfgrpc.p2p_latency(tensor_server)
-
-@pytest.mark.message_profile(["1KiB"])
-def test_b(tfgrpc, tensor_server):
-    tfgrpc.p2p_latency(tensor_server)
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess.start(resolve_fabric("lo")) as started:
+        yield started
 """
+
+SUITE = (
+    SHARED_SERVER
+    + """
+@pytest.mark.message_profile(["1KiB"])
+def test_a(tfgrpc, fabric, server):
+    tfgrpc.p2p_latency(server)
+
+@pytest.mark.message_profile(["1KiB"])
+def test_b(tfgrpc, fabric, server):
+    tfgrpc.p2p_latency(server)
+"""
+)
 
 
 def cases_properties(xml: Path) -> dict[str, str]:
@@ -105,16 +119,17 @@ def test_a_baseline_that_matches_nothing_fails(pytester: pytest.Pytester, baseli
     warned.stdout.fnmatch_lines(["*WARNING baseline * matched no figure*"])
 
 
-NAMES = """
-import pytest
-
+NAMES = (
+    SHARED_SERVER
+    + """
 class TestOuter:
     class TestInner:
         @pytest.mark.parametrize("how", ["a.b", "x::y", "\\x01odd", "sp ace"])
         @pytest.mark.message_profile(["1KiB"])
-        def test_odd(self, tfgrpc, tensor_server, how):
-            tfgrpc.p2p_latency(tensor_server)
+        def test_odd(self, tfgrpc, fabric, server, how):
+            tfgrpc.p2p_latency(server)
 """
+)
 
 
 @pytest.mark.parametrize(
@@ -350,13 +365,14 @@ def test_the_gate_never_pools_runs_of_different_setups(
     pytester.makeconftest(RUNNER_CONFTEST)
     for i, runner in enumerate("ABABA"):
         monkeypatch.setenv("RUNNER", runner)
-        delay = "10ms" if runner == "A" else "30ms"  # long enough to dominate load noise
+        # Long enough to dominate load noise, so 3 samples a round (QUICK) give its p50.
+        delay = "10ms" if runner == "A" else "30ms"
         pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", delay))
-        run = pytester.runpytest(*STEADY, f"--junitxml=history/run-{i:04d}.xml")
+        run = pytester.runpytest(*QUICK, f"--junitxml=history/run-{i:04d}.xml")
         run.assert_outcomes(passed=1)
     monkeypatch.setenv("RUNNER", "A")
     pytester.makepyfile(test_perf=CI_SUITE.replace("{delay}", "38ms"))
-    slowed = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
+    slowed = pytester.runpytest(*QUICK, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
     slowed.assert_outcomes(failed=1)
     slowed.stdout.fnmatch_lines(
         [
@@ -366,7 +382,7 @@ def test_the_gate_never_pools_runs_of_different_setups(
         ]
     )
     monkeypatch.setenv("RUNNER", "C")  # a setup no run has: the latest run's, said so
-    steady = pytester.runpytest(*STEADY, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
+    steady = pytester.runpytest(*QUICK, "--junitxml=pr.xml", "--tfgrpc-baseline=history")
     steady.stdout.fnmatch_lines(
         ["*split by setup: comparing with the 3 of 5 runs of the most recent baseline run's*"]
     )

@@ -134,7 +134,7 @@ def test_bad_settings_found_on_waking_are_usage_errors(
 ) -> None:
     pytester.makeini(f"[pytest]\n{value}\n")
     pytester.makepyfile(test_uses="def test_uses(fabric):\n    pass\n")
-    result = pytester.runpytest_subprocess()
+    result = pytester.runpytest()  # what is imported is not in question: in this process
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
@@ -147,7 +147,7 @@ def test_a_bad_tf_config_found_on_waking_is_a_header_note(
     # Training containers set TF_CONFIG for TensorFlow, not for this plugin (issue 12).
     monkeypatch.setenv("TF_CONFIG", "{not json")
     pytester.makepyfile(test_uses="def test_uses(fabric):\n    pass\n")
-    result = pytester.runpytest_subprocess()
+    result = pytester.runpytest()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
         ["tfgrpc: TF_CONFIG ignored, servers run here: TF_CONFIG: not JSON*"]

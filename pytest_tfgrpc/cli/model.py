@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,20 +84,40 @@ class _Points:
 
     points: dict[tuple[str, str], list[tuple[int, float]]] = field(default_factory=dict)
     loopback: set[tuple[str, str]] = field(default_factory=set)
+    #: A worker's CPU per all-reduce step, by fabric, from each ``allreduce`` point's
+    #: ``model.cpu_step_us`` and ``model.cpu_MBps`` (grpcio workers only: no engine to choose).
+    allreduce_cpu: dict[str, list[CpuCost]] = field(default_factory=dict)
 
     def engines(self) -> list[str]:
         return sorted({engine for engine, _ in self.points})
 
 
+def _recorded_allreduce_cpu(model: Mapping[str, str]) -> CpuCost | None:
+    """The all-reduce CPU inputs an ``allreduce`` point records beside it, or None."""
+    step, rate = model.get("cpu_step_us"), model.get("cpu_MBps")
+    if step is None or rate is None:
+        return None
+    try:
+        per_step, per_second = float(step) / 1e6, float(rate) * 1e6
+    except ValueError:
+        return None
+    if not (math.isfinite(per_step) and per_step >= 0 and per_second > 0):
+        return None
+    return CpuCost(per_step, 0.0, 1 / per_second if math.isfinite(per_second) else 0.0)
+
+
 def _add_points(properties: Mapping[str, object], found: _Points) -> None:
     """Add one test's P2P medians to ``found``, under its engine (``engine=`` in the label's
-    settings) and its fabric. A transport floor's rows (``<label>_floor``, raw TCP) are not
-    the gRPC link and are left out."""
+    settings) and its fabric, and its all-reduces' CPU inputs under its fabric. A transport
+    floor's rows (``<label>_floor``, raw TCP) are not the gRPC link and are left out."""
     record = read_record("", properties.items())
     fabric = record.fabric or _NO_FABRIC
     over_loopback = fabric == "lo" or record.loopback
     for measurement in record.measurements:
         at = measurement.key
+        cpu = _recorded_allreduce_cpu(measurement.model)
+        if cpu is not None:
+            found.allreduce_cpu.setdefault(fabric, []).append(cpu)
         median = measurement.figures.get(_MEDIAN)
         label = record.label(at.label)
         if median is None or label.floor:
@@ -194,10 +216,29 @@ def link_points_from_results(
     return _by_fabric(found, _one_engine(found, engine, f"results file '{path}'"))
 
 
+@dataclass(frozen=True)
+class _Link:
+    """A fitted or given link, and the all-reduce CPU inputs recorded on its fabric (None:
+    none recorded)."""
+
+    link: LinkFit
+    allreduce_cpu: CpuCost | None = None
+
+
+def _median_cpu(costs: Sequence[CpuCost]) -> CpuCost:
+    """The median of each input over an ``allreduce`` test's points (one measurement each)."""
+    return CpuCost(
+        statistics.median(c.rpc_s for c in costs),
+        0.0,
+        statistics.median(c.byte_s for c in costs),
+    )
+
+
 def _fits_from(
     path: Path, fabric: str | None, engine: str | None, results: bool
-) -> tuple[list[LinkFit], list[str]]:
-    """The link fits and the warnings they deserve (a loopback, fewer than four points)."""
+) -> tuple[list[_Link], list[str]]:
+    """The link fits, each with the all-reduce CPU inputs recorded on its fabric, and the
+    warnings they deserve (a loopback, fewer than four points)."""
     kind = "results file" if results else "JUnit file"
     found = _results_points(path) if results else _junit_points(path)
     if not found.points:
@@ -220,7 +261,8 @@ def _fits_from(
             link = fit(points[name], name)
         except ValueError as exc:
             raise ModelInputError(f"{kind} '{path}', fabric {name!r}: {exc}") from exc
-        fits.append(link)
+        costs = found.allreduce_cpu.get(name)
+        fits.append(_Link(link, _median_cpu(costs) if costs else None))
         if (chosen_engine, name) in found.loopback:
             warnings.append(
                 f"the link of fabric {name!r} was measured over a loopback: its alpha and "
@@ -565,7 +607,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_allreduce_cpu,
         metavar="PER_STEP[,RATE]",
         help="a worker's CPU per all-reduce step and the bytes it moves per CPU second, e.g. "
-        "'1ms,800 MB/s' (the model.cpu_step_us and model.cpu_MBps an allreduce test records)",
+        "'1ms,800 MB/s' (default with --from-junit or --from-results: the model.cpu_step_us "
+        "and model.cpu_MBps an allreduce test recorded on the fabric, if any)",
     )
     parser.add_argument(
         "--pairs",
@@ -606,7 +649,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _links(
     parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[list[LinkFit], list[str]]:
+) -> tuple[list[_Link], list[str]]:
     given = args.alpha is not None or args.bandwidth is not None
     files = [f for f in (args.from_junit, args.from_results) if f is not None]
     if len(files) + given > 1:
@@ -625,7 +668,7 @@ def _links(
         parser.error(
             "give the link: --alpha and --bandwidth together, --from-junit or --from-results"
         )
-    return [LinkFit.given(args.alpha, args.bandwidth)], []
+    return [_Link(LinkFit.given(args.alpha, args.bandwidth))], []
 
 
 def _link_json(link: LinkFit) -> dict[str, object]:
@@ -641,12 +684,15 @@ def _link_json(link: LinkFit) -> dict[str, object]:
 
 def _link_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, list[str]]:
     """The PS projection from a link (the analytic model of one step)."""
-    links, warnings = _links(parser, args)
-    if args.json and len(links) > 1:
+    found, warnings = _links(parser, args)
+    if args.json and len(found) > 1:
         raise ModelInputError(
-            f"--json prints one fit; the file holds {len(links)} fabrics "
-            f"({', '.join(link.fabric for link in links)}): choose one with --fabric"
+            f"--json prints one fit; the file holds {len(found)} fabrics "
+            f"({', '.join(each.link.fabric for each in found)}): choose one with --fabric"
         )
+    # A typed --allreduce-cpu wins over the inputs an allreduce test recorded in the file.
+    cpus = {each.link.fabric: args.allreduce_cpu or each.allreduce_cpu for each in found}
+    links = [each.link for each in found]
     compute = args.compute if args.compute is not None else 0.0
     options = {
         "sharding": args.sharding,
@@ -676,9 +722,15 @@ def _link_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
         chosen = projections[0]
         wanted = args.pairs or [(w, p) for w in workers for p in ps]
         rows = [chosen.row(w, p) for w, p in wanted]
-        reduced = {w: _link_allreduce(args, chosen.link, w, compute) for w in workers}
+        cpu = cpus[chosen.link.fabric]
+        reduced = {w: _link_allreduce(args, chosen.link, cpu, w, compute) for w in workers}
         document = {
-            "fit": {"link": _link_json(chosen.link), "profile": chosen.profile, **options},
+            "fit": {
+                "link": _link_json(chosen.link),
+                "profile": chosen.profile,
+                **options,
+                "allreduce_cpu": _cpu_json(cpu, args),
+            },
             "points": [
                 {
                     "workers": r.topology.workers,
@@ -707,12 +759,24 @@ def _link_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tup
                 if (row.topology.workers, row.topology.ps) in wanted_rows
             ]
             table = "\n".join(keep)
-        blocks.append(f"{p.describe()}\n\n{table}\n\n{_allreduce_table(args, p.link, workers)}")
+        reduced_table = _allreduce_table(args, p.link, cpus[p.link.fabric], workers)
+        blocks.append(f"{p.describe()}\n\n{table}\n\n{reduced_table}")
     return "\n\n".join(blocks), warnings
 
 
+def _cpu_json(cpu: CpuCost | None, args: argparse.Namespace) -> dict[str, object] | None:
+    """The all-reduce CPU inputs the projection used, and where they came from."""
+    if cpu is None:
+        return None
+    return {
+        "step_s": cpu.rpc_s,
+        "byte_s": cpu.byte_s,
+        "from": "--allreduce-cpu" if args.allreduce_cpu is not None else "file",
+    }
+
+
 def _link_allreduce(
-    args: argparse.Namespace, link: LinkFit, workers: int, compute: float
+    args: argparse.Namespace, link: LinkFit, cpu: CpuCost | None, workers: int, compute: float
 ) -> dict[str, object]:
     """The all-reduce of the profile among ``workers`` workers over ``link`` (each worker a
     host of its own), as the link projection's JSON shows it beside PS."""
@@ -725,7 +789,7 @@ def _link_allreduce(
             args.allreduce,
             alpha_s=link.alpha,
             link_Bps=link.bandwidth_Bps,
-            cpu=args.allreduce_cpu,
+            cpu=cpu,
         )
     out: dict[str, object] = {"algorithm": args.allreduce, "comm_s": comm}
     if compute > 0:
@@ -735,25 +799,26 @@ def _link_allreduce(
             alpha_s=link.alpha,
             overlap=args.overlap,
             backward_share=args.backward_share,
-            worker_cpu=args.allreduce_cpu,
+            worker_cpu=cpu,
         )
         point = allreduce_step(model, workers, terms, algorithm=args.allreduce)
         out.update(efficiency=point.efficiency, step_s=point.step_s, limit=point.limit)
     return out
 
 
-def _allreduce_table(args: argparse.Namespace, link: LinkFit, workers: Sequence[int]) -> str:
+def _allreduce_table(
+    args: argparse.Namespace, link: LinkFit, cpu: CpuCost | None, workers: Sequence[int]
+) -> str:
     """The all-reduce beside the PS table: per worker count, its time and efficiency."""
     compute = args.compute if args.compute is not None else 0.0
+    origin = "" if args.allreduce_cpu is not None else " (recorded by the file's allreduce test)"
     lines = [
         f"{args.allreduce} all-reduce of the profile over the same link, no PS (each worker "
-        "a host of its own"
-        + (", " + describe_allreduce_cpu(args.allreduce_cpu) if args.allreduce_cpu else "")
-        + "):",
+        "a host of its own" + (", " + describe_allreduce_cpu(cpu) + origin if cpu else "") + "):",
         "workers  comm time" + ("  efficiency  limit" if compute > 0 else ""),
     ]
     for count in workers:
-        row = _link_allreduce(args, link, count, compute)
+        row = _link_allreduce(args, link, cpu, count, compute)
         line = f"{count:>7}  {float(str(row['comm_s'])) * 1e3:>7.4g}ms"
         if "efficiency" in row:
             line += f"  {float(str(row['efficiency'])):>10.1%}  {row['limit']}"

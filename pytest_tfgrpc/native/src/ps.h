@@ -157,6 +157,42 @@ inline bool parse_chunk(const uint8_t* p, size_t n, WeightChunk* chunk) {
   return r.ok;
 }
 
+// A WeightChunk in `slices` (a message of `total` bytes), its data left where it is: the fields
+// before the data come from `head` (its first bytes), those after it are copied into `tail`.
+// On success chunk->data is null and the data is `chunk->length` bytes at `*data_at` of the
+// message, unless a later data field in the tail overrides it (then chunk->data points into
+// `tail`; or into `head` when it is the whole message). False if the data field does not
+// start within `head` or the bytes are malformed.
+inline bool parse_chunk_in_place(const std::vector<grpc::Slice>& slices, size_t total,
+                                 const std::string& head, std::string* tail, WeightChunk* chunk,
+                                 size_t* data_at) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(head.data());
+  if (head.size() == total) return parse_chunk(bytes, total, chunk);
+  Reader r{bytes, head.size()};
+  while (!r.done()) {
+    size_t tag_at = r.pos;
+    uint64_t key = r.varint();
+    if (key != (3 << 3 | kLen)) {
+      r.skip(static_cast<int>(key & 7));
+      continue;
+    }
+    uint64_t length = r.varint();
+    // By subtraction: a length near 2^64 must not wrap into a match.
+    if (!r.ok || r.pos > total || length > total - r.pos) return false;
+    if (!parse_chunk(r.p, tag_at, chunk)) return false;
+    *data_at = r.pos;
+    size_t after = r.pos + static_cast<size_t>(length);
+    tail->resize(total - after);
+    if (!copy_range(slices, after, tail->size(), reinterpret_cast<uint8_t*>(tail->data()))) {
+      return false;
+    }
+    chunk->data = nullptr;
+    chunk->length = length;
+    return parse_chunk(reinterpret_cast<const uint8_t*>(tail->data()), tail->size(), chunk);
+  }
+  return false;
+}
+
 inline std::string weight_chunk_head(int64_t shard, int64_t offset, int64_t step,
                                      uint64_t data_bytes) {
   std::string out;
@@ -214,6 +250,16 @@ struct Job {
   int64_t bytes_out = 0;
   int64_t rpcs = 0;
   std::optional<std::pair<int64_t, int64_t>> cpu_start;
+  // Staging buffers of total_bytes each, kept for the next push (under the PS lock): a push
+  // reuses memory already faulted in instead of allocating and zeroing its own.
+  std::vector<std::unique_ptr<float[]>> spare;
+
+  std::unique_ptr<float[]> take_staging() {
+    if (spare.empty()) return std::unique_ptr<float[]>(new float[total_bytes / 4]);
+    std::unique_ptr<float[]> out = std::move(spare.back());
+    spare.pop_back();
+    return out;
+  }
 
   explicit Job(PSJob job) : spec(std::move(job)) {
     for (const ShardSpec& shard : spec.shards) {

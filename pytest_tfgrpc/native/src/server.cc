@@ -164,15 +164,6 @@ Status check_tensor(const ByteBuffer& message) {
   return Status::OK;
 }
 
-// The bytes of a ByteBuffer, contiguous: in place when it is one slice, else copied into
-// `scratch`. Returns (pointer, length).
-std::pair<const uint8_t*, size_t> contiguous(const ByteBuffer& buffer, grpc::Slice* single,
-                                            std::string* scratch) {
-  if (buffer.TrySingleSlice(single).ok()) return {single->begin(), single->size()};
-  *scratch = to_string(buffer);
-  return {reinterpret_cast<const uint8_t*>(scratch->data()), scratch->size()};
-}
-
 // One call, from its arrival to its end. Every completion comes back as proceed(ok).
 class Call {
  public:
@@ -521,14 +512,27 @@ class Call {
 
   // PushGradients: the first chunk names step, worker and phase; every chunk after it must
   // continue the push in order (shard by shard, offset by offset), and is staged in the call.
+  // A chunk in several slices is parsed where it lies and its data copied once, into the
+  // staging buffer (not first into one contiguous copy).
   void on_gradient() {
     grpc::Slice single;
-    std::string scratch;
-    auto [p, n] = contiguous(request_, &single, &scratch);
+    std::vector<grpc::Slice> slices;
+    std::string head, tail;
+    size_t data_at = 0;
     WeightChunk chunk;
-    if (!parse_chunk(p, n, &chunk)) {
-      return finish(Status(StatusCode::INVALID_ARGUMENT, "not a WeightChunk"));
+    bool parsed = false;
+    if (request_.TrySingleSlice(&single).ok()) {
+      parsed = parse_chunk(single.begin(), single.size(), &chunk);
+    } else if (request_.Dump(&slices).ok()) {
+      head = peek(request_, kPeekBytes);
+      parsed = parse_chunk_in_place(slices, request_.Length(), head, &tail, &chunk, &data_at);
+      if (!parsed) {  // an unusual layout (the data field late): parsed whole, as one copy
+        chunk = WeightChunk();
+        head = to_string(request_);
+        parsed = parse_chunk(reinterpret_cast<const uint8_t*>(head.data()), head.size(), &chunk);
+      }
     }
+    if (!parsed) return finish(Status(StatusCode::INVALID_ARGUMENT, "not a WeightChunk"));
     if (!job_) {
       job_ = shared_->ps.current();
       if (!job_) return finish(no_job());
@@ -538,7 +542,7 @@ class Call {
       push_worker_ = chunk.worker;
       push_measured_ = chunk.measured;
       if (!accepts_push()) return finish(out_of_turn());
-      staged_.assign(static_cast<size_t>(job_->total_bytes / 4), 0.0f);
+      staged_ = job_->take_staging();  // every byte is written before the commit reads it
     }
     if (chunk.length == 0) return read();
     const std::vector<int64_t>& sizes = job_->sizes;
@@ -556,7 +560,12 @@ class Call {
               ") does not continue the push: slices must cover this PS's shards in order, "
               "float32-aligned"));
     }
-    std::memcpy(staged_.data() + job_->bases[shard_] + cursor_ / 4, chunk.data, chunk.length);
+    auto* to = reinterpret_cast<uint8_t*>(staged_.get() + job_->bases[shard_] + cursor_ / 4);
+    if (chunk.data != nullptr) {
+      std::memcpy(to, chunk.data, chunk.length);
+    } else if (!copy_range(slices, data_at, chunk.length, to)) {
+      return finish(Status(StatusCode::INVALID_ARGUMENT, "not a WeightChunk"));
+    }
     cursor_ += static_cast<int64_t>(chunk.length);
     pushed_ += static_cast<int64_t>(chunk.length);
     read();
@@ -596,7 +605,7 @@ class Call {
       Job& job = *job_;
       for (size_t s = 0; s < job.accumulators.size(); ++s) {
         std::vector<float>& sum = job.accumulators[s];
-        const float* add = staged_.data() + job.bases[s];
+        const float* add = staged_.get() + job.bases[s];
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += add[i];
       }
       job.pushed.insert(push_worker_);
@@ -610,8 +619,8 @@ class Call {
         job.apply();
         ps.wake();
       }
+      job.spare.push_back(std::move(staged_));
     }
-    staged_ = std::vector<float>();
     reply_and_finish(to_buffer(encode_ack(pushed_, 1)));
   }
 
@@ -755,7 +764,7 @@ class Call {
   size_t shard_ = 0;
   int64_t cursor_ = 0;
   int64_t pushed_ = 0;
-  std::vector<float> staged_;
+  std::unique_ptr<float[]> staged_;
   int64_t pull_step_ = 0;
   bool pull_measured_ = false;
   std::chrono::system_clock::time_point deadline_;

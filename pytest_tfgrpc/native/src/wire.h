@@ -238,6 +238,25 @@ inline std::string peek(const grpc::ByteBuffer& buffer, size_t limit) {
 // Header bytes a TensorProto or a TensorChunk can carry before its data: generous.
 constexpr size_t kPeekBytes = 256;
 
+// Copy `length` bytes from `from` on of the message made of `slices` into `out`; false if the
+// message is shorter.
+inline bool copy_range(const std::vector<grpc::Slice>& slices, size_t from, size_t length,
+                       uint8_t* out) {
+  for (const grpc::Slice& slice : slices) {
+    if (length == 0) break;
+    if (from >= slice.size()) {
+      from -= slice.size();
+      continue;
+    }
+    size_t take = std::min(slice.size() - from, length);
+    std::memcpy(out, slice.begin() + from, take);
+    out += take;
+    length -= take;
+    from = 0;
+  }
+  return length == 0;
+}
+
 // A TensorChunk's data field: (prefix length, data length) of an encoded chunk.
 struct ChunkSpan {
   bool ok = false;
