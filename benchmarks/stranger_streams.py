@@ -19,6 +19,7 @@ raw HTTP/2 with the ``h2`` library (``pip install h2``). Each phase reports the 
 failures (deadline or refusal), p50, p99 and max, and what the stranger did.
 
     python benchmarks/stranger_streams.py --out benchmarks/results/stranger_streams.txt
+    python benchmarks/stranger_streams.py --phases quiet,rapid-reset   # without the 60 s idle phase
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ ECHO = grpc_settings.method("raw", "Echo")
 ROOT = Path(__file__).resolve().parent.parent
 #: tfgrpc-server's default handler threads.
 THREADS = 16
+PHASES = ("quiet", "idle-streams", "rapid-reset")
 
 
 def _stranger():  # type: ignore[no-untyped-def]
@@ -51,6 +53,12 @@ def _stranger():  # type: ignore[no-untyped-def]
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _stream_options() -> str:
+    """The server options that bound streams, as this tree sets them."""
+    bounds = [f"{k}={v}" for k, v in grpc_settings.SERVER_OPTIONS if "stream" in k]
+    return ", ".join(bounds) or "no stream bound"
 
 
 def warm_up(channel: grpc.Channel) -> None:
@@ -91,8 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, default=32, help="idle streams the stranger holds")
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--resets", type=int, default=200_000, help="reset streams at most")
+    parser.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}"
+    )
+    parser.add_argument("--label", default="", help="what the run measured (e.g. a tree)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    chosen = args.phases.split(",")
+    if unknown := sorted(set(chosen) - set(PHASES)):
+        parser.error(f"--phases: unknown {', '.join(unknown)}; choose from {', '.join(PHASES)}")
     lines = [
         f"# {Path(__file__).name}: Python tensor server on lo, 1 KiB raw echo, one at a time, "
         f"2 s deadline; {args.calls} echoes or {args.seconds:g} s per phase",
@@ -100,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs; grpcio {grpc.__version__}; "
         f"server: {grpc_settings.max_concurrent_rpcs(THREADS)} calls at once, {THREADS} threads, "
         f"idle calls cancelled after {IDLE_STREAM_S:g} s (the idle phase lasts that longer per "
-        f"{THREADS} idle streams)",
+        f"{THREADS} idle streams); server options {_stream_options()}"
+        + (f"; {args.label}" if args.label else ""),
     ]
     with ServerProcess.start(resolve_fabric("lo")) as server:
         host, _, port_text = server.target.rpartition(":")
@@ -112,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             ("rapid-reset", stranger.rapid_reset(host, port, ECHO, args.resets, args.seconds)),
         ]
         for name, attack in phases:
+            if name not in chosen:
+                continue
             # Idle streams hold the 16 threads an idle bound each, in rounds of 16: the phase
             # outlasts them.
             rounds = -(-args.idle // THREADS) if name == "idle-streams" else 0

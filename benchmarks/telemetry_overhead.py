@@ -11,17 +11,19 @@ each of 10 interleaved rounds for grpcio, one client run for native) and the 64 
 it is) and without (a probe that reads nothing), the order alternating per round. For each
 engine and size it reports:
 
-- the wall time telemetry reads took (two readings per window: one ``sock_diag`` dump per
-  address family, the fabric's link and qdisc, ``/proc`` files), per size, against the size's
-  measured time (the sum of its timed loops' wall time): the target is under 1%;
+- the wall time telemetry took per size: the probe's making (its netlink sockets and first
+  reading) and closing, and the two readings of each window (the measured connections'
+  ``tcp_info``, looked up by their ends, the fabric's link and qdisc, ``/proc`` files),
+  against the size's measured time (the sum of its timed loops' wall time, the figure's own
+  denominator): the target is under 1%;
 - the p50 (echo) and throughput (push) with and without telemetry, median over rounds: reads
   happen outside the timed loops, so the figures should not move beyond the round-to-round
   spread, which is printed beside them.
 
 ``--compare REV`` measures, in the same run and rounds, a third arm with the telemetry reader
-(:mod:`pytest_tfgrpc.wire.telemetry`) as it was at git revision ``REV`` (e.g. ``main``), and
-prints its read time beside this tree's: a before/after whose ratio the machine's load touches
-alike.
+(:mod:`pytest_tfgrpc.wire.telemetry`) as it was at git revision ``REV`` (e.g. ``main``; it
+finds connections as it did then, whatever ends it is told), and prints its read time beside
+this tree's: a before/after whose ratio the machine's load touches alike.
 
 It prints whether the machine looked loaded (the 1-minute load average against the CPUs this
 process may use) and labels the figures "under load" when it did: such figures are no evidence
@@ -80,7 +82,7 @@ class _NoProbe(telemetry.TransportProbe):
         self.errors = []
         self.cpu_wait = {}
 
-    def watch(self, side: str, pid: int) -> None: ...
+    def watch(self, side: str, pid: int, connections: Any = None) -> None: ...
 
     def start(self) -> None: ...
 
@@ -96,8 +98,9 @@ class _NoProbe(telemetry.TransportProbe):
 LOOPS = {"grpcio": p2p, "native": native_p2p}
 
 
-def reader_at(rev: str) -> types.ModuleType:
-    """``pytest_tfgrpc/wire/telemetry.py`` as it was at git revision ``rev``, as a module."""
+def reader_at(rev: str) -> type[telemetry.TelemetryReader]:
+    """The ``TelemetryReader`` of ``pytest_tfgrpc/wire/telemetry.py`` as it was at git
+    revision ``rev``, taking this tree's calls (client ends it may not know are dropped)."""
     root = Path(__file__).resolve().parent.parent
     path = "pytest_tfgrpc/wire/telemetry.py"
     shown = subprocess.run(
@@ -108,30 +111,38 @@ def reader_at(rev: str) -> types.ModuleType:
     module = types.ModuleType(f"telemetry_at_{rev}")
     sys.modules[module.__name__] = module  # dataclasses look their module up
     exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
-    return module
+    old: Any = module.TelemetryReader
+
+    class Legacy(old):  # type: ignore[misc, valid-type]
+        def read(self, address: str, port: int, *, discover: bool = True, **_: Any) -> Any:
+            return old.read(self, address, port, discover=discover)
+
+        def run_queue_wait_ns(self, pid: int) -> int | None:
+            waited: int | None = module.run_queue_wait_ns(pid)
+            return waited
+
+    return Legacy
 
 
 @contextmanager
-def with_reader(reader: types.ModuleType | None) -> Iterator[None]:
-    """The probe reads through ``reader``'s TelemetryReader and run-queue waits (None: this
-    tree's)."""
-    names = ("TelemetryReader", "run_queue_wait_ns")
-    saved = {name: getattr(telemetry, name) for name in names}
+def with_reader(reader: type[telemetry.TelemetryReader] | None) -> Iterator[None]:
+    """The probe reads through ``reader`` (None: this tree's TelemetryReader)."""
+    saved = telemetry.TelemetryReader
     if reader is not None:
-        for name in names:
-            setattr(telemetry, name, getattr(reader, name))
+        telemetry.TelemetryReader = reader  # type: ignore[misc]
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(telemetry, name, value)
+        telemetry.TelemetryReader = saved  # type: ignore[misc]
 
 
 @contextmanager
-def timed_reads(engine: str, enabled: bool) -> Iterator[list[float]]:
-    """Patch ``engine``'s P2P loop's probe: timed (enabled) or a no-op one; yields each read's
-    time."""
+def timed_reads(engine: str, enabled: bool) -> Iterator[tuple[list[float], list[float]]]:
+    """Patch ``engine``'s P2P loop's probe: timed (enabled) or a no-op one; yields each
+    reading's time (the probe's making, which reads once, and each window's start and stop)
+    and each probe's closing time."""
     spent: list[float] = []
+    closing: list[float] = []
     loops = LOOPS[engine]
     original = loops.probe_for
     if not enabled:
@@ -139,21 +150,23 @@ def timed_reads(engine: str, enabled: bool) -> Iterator[list[float]]:
     else:
 
         def made(*args: Any, **kwargs: Any) -> telemetry.TransportProbe:
+            began = time.perf_counter()
             probe = original(*args, **kwargs)
-            for name in ("start", "stop"):
+            spent.append(time.perf_counter() - began)
+            for name, into in (("start", spent), ("stop", spent), ("close", closing)):
                 inner = getattr(probe, name)
 
-                def wrapped(inner: Any = inner) -> None:
+                def wrapped(inner: Any = inner, into: list[float] = into) -> None:
                     began = time.perf_counter()
                     inner()
-                    spent.append(time.perf_counter() - began)
+                    into.append(time.perf_counter() - began)
 
                 setattr(probe, name, wrapped)
             return probe
 
         loops.probe_for = made  # type: ignore[assignment]
     try:
-        yield spent
+        yield spent, closing
     finally:
         loops.probe_for = original
 
@@ -163,13 +176,13 @@ def one(
     server: ServerProcess,
     size: str,
     reader: str,
-    legacy: types.ModuleType | None = None,
+    legacy: type[telemetry.TelemetryReader] | None = None,
 ) -> Arm:
     """``size`` measured once: without telemetry (``reader`` empty), with this tree's reader
     (``now``) or with ``legacy`` (named ``reader``)."""
     loops = LOOPS[engine]
     enabled = bool(reader)
-    with with_reader(legacy), timed_reads(engine, enabled) as spent:
+    with with_reader(legacy), timed_reads(engine, enabled) as (spent, closing):
         if size == "1KiB":
             result = loops.p2p_latency(server, [1024], LatencyCall())
             figure, value = "p50_us", result.sizes[0].summary.p50_ns / 1e3
@@ -178,7 +191,8 @@ def one(
             figure, value = "throughput_MBps", result.sizes[0].throughput_Bps / 1e6
     point = result.sizes[0]
     measured = point.elapsed_ns / 1e9
-    return Arm(engine, size, enabled, reader, figure, value, measured, sum(spent), len(spent))
+    read_s = sum(spent) + sum(closing)
+    return Arm(engine, size, enabled, reader, figure, value, measured, read_s, len(spent))
 
 
 def loaded() -> tuple[bool, str]:

@@ -1,6 +1,7 @@
 """A stranger on HTTP/2: idle streams and rapid reset (CVE-2023-44487) against a gRPC server,
 with the ``h2`` library (imported when used). Loopback only; every loop bounded in count and
-time. Used by ``tests/test_idle_streams.py`` and ``benchmarks/stranger_streams.py``.
+time. Used by the fault table's stream rows (``tests/test_faults.py``) and
+``benchmarks/stranger_streams.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["connect", "idle_streams", "rapid_reset"]
+__all__ = ["connect", "idle_streams", "open_streams", "rapid_reset"]
 
 
 def connect(host: str, port: int) -> tuple[socket.socket, Any]:
@@ -27,7 +28,9 @@ def connect(host: str, port: int) -> tuple[socket.socket, Any]:
     return sock, conn
 
 
-def _headers(host: str, port: int, path: str) -> list[tuple[str, str]]:
+def _headers(
+    host: str, port: int, path: str, extra: tuple[tuple[str, str], ...] = ()
+) -> list[tuple[str, str]]:
     return [
         (":method", "POST"),
         (":scheme", "http"),
@@ -35,7 +38,70 @@ def _headers(host: str, port: int, path: str) -> list[tuple[str, str]]:
         (":path", path),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
+        *extra,
     ]
+
+
+def open_streams(
+    host: str,
+    port: int,
+    path: str,
+    streams: int,
+    seconds: float,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> dict[str, int]:
+    """Open ``streams`` streams of ``path`` at once on one connection (headers with ``extra``
+    metadata, no message, no end; sent before the server's SETTINGS are read, as a stranger
+    who ignores them would), then read the server's frames for ``seconds``: the stream bound
+    its SETTINGS announce (-1: none), how many streams it refused (RST_STREAM
+    REFUSED_STREAM or ENHANCE_YOUR_CALM), how many it ended with each grpc-status (the idle
+    bound's CANCELLED), and how many stay open: ``{"announced": 16, "refused": 24,
+    "status 1": 16, "open": 0}`` (grpc-status 1 is CANCELLED)."""
+    import h2.errors
+    import h2.events
+    import h2.settings
+
+    sock, conn = connect(host, port)
+    out = {"announced": -1, "refused": 0, "open": streams}
+    ended: dict[int, str] = {}
+    refusals = (h2.errors.ErrorCodes.REFUSED_STREAM, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+    try:
+        for _ in range(streams):
+            conn.send_headers(
+                conn.get_next_available_stream_id(), _headers(host, port, path, extra)
+            )
+        sock.sendall(conn.data_to_send())
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and len(ended) < streams:
+            sock.settimeout(left)
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RemoteSettingsChanged):
+                    bound = event.changed_settings.get(
+                        h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
+                    )
+                    if bound is not None:
+                        out["announced"] = bound.new_value
+                elif isinstance(event, h2.events.StreamReset):
+                    refused = event.error_code in refusals
+                    ended.setdefault(event.stream_id, "refused" if refused else "reset")
+                elif isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    status = dict(event.headers).get(b"grpc-status")
+                    if status is not None:
+                        ended.setdefault(event.stream_id, f"status {status.decode()}")
+            with contextlib.suppress(OSError):
+                sock.sendall(conn.data_to_send())
+    finally:
+        sock.close()
+    for how in ended.values():
+        out[how] = out.get(how, 0) + 1
+    out["open"] = streams - len(ended)
+    return out
 
 
 @contextlib.contextmanager

@@ -6,12 +6,18 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 import numpy as np
 import pytest
 
-from pytest_tfgrpc.bench.allreduce import allreduce
+from pytest_tfgrpc.bench.allreduce import (
+    AllReduceCosts,
+    allreduce,
+    measure_whole_buffer,
+    predict_allreduce,
+)
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost
 from pytest_tfgrpc.model.placement import Topology
@@ -106,6 +112,40 @@ def test_the_model_counts_each_algorithms_pieces() -> None:
     assert total == pytest.approx(host) and link < host
     with pytest.raises(ValueError, match="known all-reduce algorithms: ring, halving_doubling"):
         allreduce_pieces(1024, 4, "tree")
+
+
+def test_the_whole_buffer_cost_is_paid_once_per_allreduce_at_the_ranks_share() -> None:
+    def time(whole_s: float) -> tuple[float, float, float]:
+        cpu = CpuCost(1e-3, 0.0, 1e-9)
+        return allreduce_time(
+            1e6, 4, "ring", alpha_s=1e-5, link_Bps=1e10, cpu=cpu, rate=0.5, whole_s=whole_s
+        )
+
+    total0, link0, host0 = time(0.0)
+    total, link, host = time(2e-3)
+    # once per all-reduce (not per step), at the rank's share of a core, never on the link
+    assert total - total0 == pytest.approx(2e-3 / 0.5)
+    assert host - host0 == pytest.approx(2e-3 / 0.5) and link == link0
+    for bad in (-1e-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="whole_s="):
+            time(bad)
+
+
+def test_the_whole_buffer_probe_times_the_workers_copy_and_verification() -> None:
+    copy = measure_whole_buffer(4 << 20, check=False, repeats=5)
+    checked = measure_whole_buffer(4 << 20, check=True, repeats=5)
+    # a copy of 4 MiB costs something, and verifying it as well costs more than the copy
+    assert 0 < copy < checked < 1e-6  # seconds per byte: above 1 MB/s of CPU
+    assert measure_whole_buffer(3, check=True) == 0.0  # no whole float32 element
+    with pytest.raises(ValueError, match="repeats=0"):
+        measure_whole_buffer(1024, check=True, repeats=0)
+    costs = AllReduceCosts(1e-4, 1e9, CpuCost(1e-3, 0.0, 1e-9), 2.0, 1.0, whole_byte_s=1e-9)
+    plain = replace(costs, whole_byte_s=0.0)
+    with_whole = predict_allreduce(costs, 1 << 20, 4, "ring")
+    without = predict_allreduce(plain, 1 << 20, 4, "ring")
+    rate = 2.0 / (4 + 1.0)
+    assert with_whole.step_s - without.step_s == pytest.approx(1e-9 * (1 << 20) / rate)
+    assert float(dict(with_whole.figures(0.01))["whole_MBps"]) == pytest.approx(1e3)
 
 
 SUITE = """

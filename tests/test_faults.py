@@ -698,7 +698,9 @@ def other_job():
         yield other.credentials[0][1]
 
 def tokens(mine, other):
-    return {{"none": None, "empty": "", "wrong": new_token(), "near-miss": mine[:-1] + "A",
+    # a near miss differs in its last character only (a token ending in "A" is 1 in 64)
+    near = mine[:-1] + ("B" if mine.endswith("A") else "A")
+    return {{"none": None, "empty": "", "wrong": new_token(), "near-miss": near,
              "longer": mine + "A", "other-job": other}}
 
 def calls(channel):
@@ -783,6 +785,464 @@ def test_compressed(tfgrpc, tensor_server, mode, algorithm, nbytes):
 """
 
 
+#: A node agent on loopback for the suite's module: its host, port and token file.
+AGENT_FIXTURE = """
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    token = tmp_path_factory.mktemp("agent") / "token"
+    token.write_text("agent-token-0123456789abcdef\\n")
+    token.chmod(0o600)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_tfgrpc.hosts.agent", "--fabric", "lo", "--port", "0",
+         "--token-file", str(token), "--exit-on-stdin-eof"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        host, _, port = json.loads(proc.stdout.readline())["target"].rpartition(":")
+        yield host, int(port), str(token)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+"""
+
+#: Agents by name (an injected resolver, a real agent): every resolved address tried, a name
+#: that resolves late waited for within the agents' bound, one that never does fails in it.
+AGENT_NAMES = (
+    """
+import json, socket, subprocess, sys, time
+import pytest
+from pytest_tfgrpc.hosts.names import HostNotReached, listening_address
+from pytest_tfgrpc.plugin.agents import _Agents
+
+BOTH = ("::1", "127.0.0.1")  # localhost where the hosts file lists ::1 first
+
+def late(after_s, addresses):
+    start = time.monotonic()
+    def resolve(host, port):
+        if time.monotonic() - start < after_s:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return addresses
+    return resolve
+
+@pytest.fixture(scope="module")
+def ipv4_only():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+@pytest.mark.parametrize("addresses", [BOTH, ("::1", "::1", "127.0.0.1"),
+                                       ("127.0.0.2", "::1", "127.0.0.1")])
+def test_every_resolved_address_is_tried(ipv4_only, addresses):
+    found = listening_address("localhost", ipv4_only, 5, resolver=lambda h, p: addresses)
+    assert found == "127.0.0.1"
+
+@pytest.mark.parametrize("after_s", [0.5, 1.5])
+def test_a_name_that_resolves_later_is_waited_for(ipv4_only, after_s):
+    start = time.monotonic()
+    found = listening_address("agent-0.svc", ipv4_only, 5, resolver=late(after_s, BOTH))
+    assert found == "127.0.0.1"
+    assert after_s <= time.monotonic() - start < 5
+
+def test_a_name_that_never_resolves_fails_within_the_bound():
+    start = time.monotonic()
+    with pytest.raises(HostNotReached, match=r"'agent-9.svc' does not resolve.*waited 1 s"):
+        listening_address("agent-9.svc", 9, 1, resolver=late(60, BOTH))
+    assert time.monotonic() - start < 2
+
+def test_no_address_listening_names_each_one():
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+    with pytest.raises(HostNotReached) as info:
+        listening_address("localhost", port, 0.5, resolver=lambda h, p: BOTH)
+    text = str(info.value)
+    assert f"no address of localhost accepted a connection on port {{port}}" in text
+    assert "::1: " in text and "127.0.0.1: " in text
+
+"""
+    + AGENT_FIXTURE
+    + """
+
+@pytest.mark.parametrize("after_s", [0.0, 2.0], ids=["resolved", "resolved-later"])
+def test_the_driver_reaches_an_agent_by_a_name_listing_ipv6_first(agent, after_s):
+    _, port, token_file = agent
+    address = f"agent-0.tfjob.svc:{{port}}"
+    agents = _Agents("--tfgrpc-agents", (address,), (address,), token_file)
+    agents.resolver = late(after_s, BOTH)
+    try:
+        client = agents.client(address)
+        assert client.target == f"127.0.0.1:{{port}}"
+        assert client.info.fabric == "lo"
+    finally:
+        agents.close()
+"""
+)
+
+#: Emulated fabrics skip test subnets an existing route covers, in any table.
+FABRIC_ROUTES = """
+import ipaddress, os, shutil, subprocess, sys
+import pytest
+from pytest_tfgrpc.hosts.emulated import (IPV4_BENCHMARK_NET, MAX_SUBNETS, allocation_lock,
+                                          free_subnet_index, routed_subnets)
+Net = ipaddress.IPv4Network
+
+def subnet(k):
+    return Net((int(IPV4_BENCHMARK_NET.network_address) + (k << 8), 24))
+
+@pytest.mark.parametrize(("routes", "taken"), [
+    (["198.18.0.0/24"], {{0}}),
+    (["198.18.2.0/23"], {{2, 3}}),
+    (["198.18.5.7/32", "198.19.255.255/32"], {{5, 511}}),
+    (["198.18.0.0/15"], set(range(MAX_SUBNETS))),
+    (["198.16.0.0/12"], set(range(MAX_SUBNETS))),
+    (["10.0.0.0/8", "127.0.0.0/8", "198.20.0.0/24", "198.17.255.0/24"], set()),
+])
+def test_routed_subnets_are_the_indices_a_route_covers(routes, taken):
+    assert routed_subnets(Net(r) for r in routes) == taken
+
+def test_a_routed_subnet_is_skipped():
+    if shutil.which("ip") is None:
+        pytest.skip("needs iproute2's ip")
+    with allocation_lock(30):
+        free = free_subnet_index(lambda: [])
+        assert free_subnet_index(lambda: [subnet(free)]) != free
+        three = range(free, free + 3)
+        assert free_subnet_index(lambda: [subnet(k) for k in three]) not in three
+
+IN_NAMESPACE = '''
+import subprocess
+from pytest_tfgrpc.hosts.emulated import free_subnet_index, ipv4_routes
+first = free_subnet_index()
+net = f"198.{{18 + (first >> 8)}}.{{first & 255}}.0/24"
+subprocess.run(["ip", "route", "add", "{{kind}}", net, *{{extra}}], check=True)
+assert any(str(route) == net for route in ipv4_routes()), ipv4_routes()
+second = free_subnet_index()
+assert second != first, (first, second)
+print("SKIPPED", net, "FOR", second)
+'''
+
+@pytest.mark.parametrize(("kind", "extra"), [("blackhole", []), ("unreachable", []),
+                                             ("blackhole", ["table", "100"])])
+def test_a_route_in_the_namespace_moves_the_fabric_on(kind, extra):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (a namespace of its own)")
+    name = f"faults2-routes-{{os.getpid()}}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        code = IN_NAMESPACE.replace("{{kind}}", kind).replace("{{extra}}", repr(extra))
+        run = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert "SKIPPED 198.1" in run.stdout
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False, timeout=10)
+"""
+
+#: ``tfgrpc-fabric down`` on state files that name what their fabric never made (a path
+#: outside /etc/netns, an interface, another fabric's namespace): nothing is run or removed.
+#: The state directory is the suite's own and every command is recorded, not run.
+FABRIC_STATE = """
+import json
+import pytest
+from pytest_tfgrpc.cli import fabric as cli
+from pytest_tfgrpc.hosts import emulated
+
+def state(**bad):
+    host = {{"name": "h0", "netns": "tfgf7-h0", "iface": "eth0", "address": "198.18.7.2",
+             "link": "tfgf7h0", "rate": None}}
+    host.update(bad.pop("host", {{}}))
+    return {{"name": "tfgf7", "bridge": "tfgf7br", "driver_address": "198.18.7.1",
+             "prefixlen": 24, "hosts": [host], "owner_pid": 0, "owner_uid": 0, **bad}}
+
+@pytest.fixture
+def ran(tmp_path, monkeypatch):
+    # Everything the removal reads or touches is the suite's own: the host's real fabrics
+    # (another user's included) are never seen, nor their processes signalled.
+    commands = []
+    for name, sub in (("STATE_DIR", "state"), ("_NETNS_ETC", "etc-netns"),
+                      ("_NETNS_DIR", "netns"), ("_SYS_NET", "sys-net")):
+        (tmp_path / sub).mkdir()
+        monkeypatch.setattr(emulated, name, tmp_path / sub)
+    monkeypatch.setattr(emulated, "run_command", lambda args, **kw: commands.append(args))
+    monkeypatch.setattr(emulated, "_kill_namespace_processes",
+                        lambda *args: commands.append(["kill", *args]))
+    return commands
+
+@pytest.mark.parametrize("bad", [
+    {{"host": {{"netns": "../../victim"}}}},
+    {{"host": {{"netns": "tfgf8-h0"}}}},
+    {{"host": {{"link": "lo"}}}},
+    {{"host": {{"link": "eth0"}}}},
+    {{"bridge": "docker0"}},
+    {{"name": "tfgf7/../x"}},
+], ids=["netns-outside", "netns-of-another", "link-lo", "link-eth0", "bridge", "name"])
+@pytest.mark.parametrize("how", [["tfgf7"], ["--all"], ["--all-owners"]])
+def test_a_state_naming_what_it_never_made_is_not_followed(ran, tmp_path, capsys, bad, how):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (emulated.STATE_DIR / "tfgf7.json").write_text(json.dumps(state(**bad)))
+    with pytest.raises(ValueError, match="not its own"):
+        emulated.EmulatedFabric.from_json(state(**bad))
+    code = cli.main(["down", *how])
+    assert ran == [], ran
+    assert victim.is_dir()
+    assert (code, capsys.readouterr().out.strip().splitlines()[-1]) in (
+        (2, "tfgrpc-fabric: no fabric 'tfgf7' (see `tfgrpc-fabric status`)"),
+        (0, "removed: nothing"),
+    )
+
+def test_its_own_state_is_removed(ran):
+    (emulated.STATE_DIR / "tfgf7.json").write_text(json.dumps(state()))
+    assert cli.main(["down", "tfgf7"]) == 0
+    assert ["ip", "link", "del", "dev", "tfgf7h0"] in ran
+    assert not (emulated.STATE_DIR / "tfgf7.json").exists()
+"""
+
+#: A server of the tensor and PS services in the suite's own process (its idle bound 1 s),
+#: and a stranger speaking raw HTTP/2 (``tests/stranger.py``, with h2).
+STREAMS_HEAD = """
+import sys, time
+import grpc, pytest
+sys.path.insert(0, "{tests_dir}")
+pytest.importorskip("h2")
+import stranger
+from pytest_tfgrpc.roles.idle import IDLE_STREAM_S
+from pytest_tfgrpc.roles.tensor_server import build_server
+from pytest_tfgrpc.wire import grpc_settings
+from pytest_tfgrpc.wire.security import TOKEN_KEY
+
+ECHO = grpc_settings.method("raw", "Echo")
+STATUS = grpc_settings.method("raw", "Status")
+THREADS = 16
+TOKEN = "streams-token"
+AUTH = ((TOKEN_KEY, TOKEN),)
+
+def serve(idle_s):
+    started, target = build_server("127.0.0.1", 0, "lo", workers=THREADS, idle_s=idle_s,
+                                   job_token=TOKEN)
+    started.start()
+    host, _, port = target.rpartition(":")
+    return started, host, int(port)
+
+@pytest.fixture(scope="module")
+def server():
+    started, host, port = serve(1.0)
+    yield host, port
+    started.stop(0).wait(5)
+
+def echo(host, port, timeout):
+    with grpc.insecure_channel(f"{{host}}:{{port}}") as channel:
+        start = time.monotonic()
+        assert channel.unary_unary(ECHO)(bytes(1024), timeout=timeout) == bytes(1024)
+        return time.monotonic() - start
+"""
+
+#: A stranger's idle streams and rapid reset against a tensor server: the calls it takes at
+#: once are bounded, idle streams are cancelled and free their handler threads, and a rapid
+#: reset leaves the server answering.
+IDLE_STREAMS = (
+    STREAMS_HEAD
+    + """
+@pytest.mark.parametrize(("streams", "connections"), [(16, 1), (24, 2), (40, 4)])
+def test_idle_streams_are_cancelled_and_free_the_handler_threads(server, streams, connections):
+    host, port = server
+    with stranger.idle_streams(host, port, ECHO, streams, connections) as held:
+        assert held["idle_streams"] == streams
+        time.sleep(0.2)  # the stranger's streams hold every handler thread now
+        took = echo(host, port, timeout=8)
+    # It waited for the idle streams that held every thread (1 s each), not for ever.
+    assert 0.5 < took < 5, f"an echo took {{took:.1f}} s behind {{streams}} idle streams"
+
+def test_calls_beyond_the_bound_are_refused_at_once_until_idle_ones_are_cancelled(server):
+    host, port = server
+    bound = grpc_settings.max_concurrent_rpcs(THREADS)
+    with stranger.idle_streams(host, port, ECHO, bound, 4):
+        time.sleep(0.2)
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            echo(host, port, timeout=5)
+        assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.monotonic() - start < 0.5
+        # Each idle call is cancelled 1 s after it got a thread: 4 rounds of 16; then the
+        # server takes calls again, the stranger's streams still open.
+        while True:
+            try:
+                echo(host, port, timeout=5)
+                break
+            except grpc.RpcError as error:
+                assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() - start < 8, "the idle calls were never cancelled"
+                time.sleep(0.25)
+
+@pytest.mark.parametrize("resets", [2_000, 20_000])
+def test_a_rapid_reset_leaves_the_server_answering(resets):
+    started, host, port = serve(IDLE_STREAM_S)  # the default idle bound
+    outcomes = []
+    try:
+        with stranger.rapid_reset(host, port, ECHO, limit=resets, seconds=5) as counts:
+            for _ in range(20):
+                start = time.monotonic()
+                try:
+                    echo(host, port, timeout=5)
+                    outcomes.append("OK")
+                except grpc.RpcError as error:
+                    # refused while the resets fill the bound, or cancelled by gRPC's core
+                    # under the flood: each in bounded time, never a hang or a dead server
+                    assert error.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            grpc.StatusCode.CANCELLED), error
+                    outcomes.append(error.code().name)
+                assert time.monotonic() - start < 5
+        assert counts["reset_streams"] > 0
+        print(counts, outcomes.count("OK"), "of", len(outcomes), "echoes answered in the attack")
+        assert echo(host, port, timeout=5) < 1  # after it, at once
+        with grpc.insecure_channel(f"{{host}}:{{port}}") as channel:
+            channel.unary_unary(STATUS)(b"", timeout=5)
+    finally:
+        started.stop(0).wait(5)
+"""
+)
+
+#: Each connection holds a bounded number of streams on every Python server (tensor server and
+#: PS task: 16; agent: its processes and control calls): a stranger who ignores the server's
+#: SETTINGS has the streams beyond refused, and the ones taken are ended by the idle bound (or,
+#: at the agent, refused for the token at once, before a request message: a stranger's silent
+#: streams hold none of its threads, so heartbeats are answered).
+STREAM_BOUND = (
+    STREAMS_HEAD
+    + """
+import json, subprocess
+from pytest_tfgrpc.hosts.agent import STREAMS_PER_DRIVER
+from pytest_tfgrpc.roles.parameter_server import method
+
+BOUND = grpc_settings.MAX_STREAMS_PER_CONNECTION
+
+@pytest.mark.parametrize("streams", [BOUND + 1, 24, 64, 200])
+@pytest.mark.parametrize("path", [ECHO, method("JobStats"), method("PullWeights")])
+def test_streams_beyond_the_bound_are_refused(server, path, streams):
+    host, port = server
+    got = stranger.open_streams(host, port, path, streams, 5.0, AUTH)
+    assert got["announced"] == BOUND, got
+    assert got["refused"] == streams - BOUND, got
+    assert got.get("status 1", 0) == BOUND, got  # CANCELLED by the idle bound
+    assert echo(host, port, timeout=5) < 2
+
+"""
+    + AGENT_FIXTURE
+    + """
+
+@pytest.mark.parametrize("streams", [STREAMS_PER_DRIVER + 1, 2 * STREAMS_PER_DRIVER])
+@pytest.mark.parametrize("name", ["Heartbeat", "Run"])
+def test_an_agent_bounds_each_connection_too(agent, name, streams):
+    host, port, _ = agent
+    got = stranger.open_streams(host, port, f"/tfgrpc.NodeAgent/{{name}}", streams, 5.0)
+    assert got["announced"] == STREAMS_PER_DRIVER, got
+    assert got["refused"] == streams - STREAMS_PER_DRIVER, got
+    assert got.get("status 16", 0) == STREAMS_PER_DRIVER, got  # UNAUTHENTICATED: no token
+"""
+)
+
+#: A PS task frees the streams of calls that end: pulls parked at the barrier whose client
+#: cancels or whose deadline passes, requests it cannot parse, and calls that send no request
+#: (the idle bound, the tensor service's, on every PS method). Then the same connection, past
+#: its stream bound in such calls, still gets answers.
+PS_STREAMS = (
+    STREAMS_HEAD
+    + """
+from pytest_tfgrpc.roles.parameter_server import method
+from pytest_tfgrpc.wire._proto import service_pb2 as pb
+
+CALLS = 2 * grpc_settings.MAX_STREAMS_PER_CONNECTION + 8
+
+@pytest.fixture
+def channel(server):
+    host, port = server
+    with grpc.insecure_channel(f"{{host}}:{{port}}", options=grpc_settings.CHANNEL_OPTIONS) as ch:
+        job = pb.PSJob(job_id=7, task=0, workers=2, steps=5, barrier_timeout_seconds=60,
+                       shards=[pb.ShardSpec(tensor="w", offset=0, nbytes=64)],
+                       max_seconds=60, warmup_seconds=1)
+        ch.unary_unary(method("Configure"))(job.SerializeToString(), timeout=5, metadata=AUTH)
+        yield ch
+
+def answers(channel):
+    start = time.monotonic()
+    channel.unary_unary(method("JobStats"))(b"", timeout=5, metadata=AUTH)
+    channel.unary_unary(STATUS)(b"", timeout=5)
+    return time.monotonic() - start
+
+@pytest.mark.parametrize(("how", "at_once"), [("deadline", 1), ("cancel", 1), ("deadline", 8),
+                                              ("cancel", 8)])
+def test_parked_pulls_give_their_streams_up(channel, how, at_once):
+    # Rounds of pulls of step 0, which 1 of 2 workers never pushes: each round's pulls end by
+    # their deadline or a cancel; parked until the barrier's 60 s they would hold their
+    # streams, and past the connection's bound (16) the next ones would be refused.
+    pull = channel.unary_stream(method("PullWeights"))
+    request = pb.PullWeightsRequest(step=0).SerializeToString()
+    start = time.monotonic()
+    for _ in range(CALLS // at_once):
+        timeout = 0.2 if how == "deadline" else 60
+        calls = [pull(request, timeout=timeout, metadata=AUTH) for _ in range(at_once)]
+        if how == "cancel":
+            time.sleep(0.1)
+            for call in calls:
+                call.cancel()
+        ended = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+        assert all(call.code() in ended for call in calls), [c.code() for c in calls]
+    assert time.monotonic() - start < 30
+    assert answers(channel) < 2
+
+@pytest.mark.parametrize("name", ["Configure", "JobStats", "PullWeights", "PushGradients"])
+@pytest.mark.parametrize("body", [b"\\x80\\x144[[\\x80\\x80\\x80\\x80", b"\\xff", b"\\x0a\\x05ab"])
+def test_a_request_it_cannot_parse_is_refused_and_its_stream_freed(channel, name, body):
+    if name == "PushGradients":
+        call = lambda: channel.stream_unary(method(name))(iter([body]), timeout=5, metadata=AUTH)
+    elif name == "PullWeights":
+        call = lambda: list(channel.unary_stream(method(name))(body, timeout=5, metadata=AUTH))
+    else:
+        call = lambda: channel.unary_unary(method(name))(body, timeout=5, metadata=AUTH)
+    for _ in range(CALLS):
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT, info.value
+        assert "malformed" in info.value.details()
+    assert answers(channel) < 2
+
+@pytest.mark.parametrize("name", ["Configure", "JobStats", "Throughput", "PushGradients",
+                                  "PullWeights"])
+def test_a_ps_call_without_a_request_is_cancelled_in_the_idle_bound(server, name):
+    host, port = server
+    start = time.monotonic()
+    got = stranger.open_streams(host, port, method(name), 8, 5.0, AUTH)
+    assert got.get("status 1", 0) == 8, got  # CANCELLED
+    assert time.monotonic() - start < 4
+"""
+)
+
+#: A CI history of runs on two runners (recorded by a metadata hook as ``runner``), each run's
+#: server slowed by ``DELAY``: the gate compares a run with the runs of its own setup only.
+RUNNER_CONFTEST = """
+import os
+
+def pytest_tfgrpc_run_metadata(config):
+    return {{"runner": os.environ["RUNNER"]}}
+"""
+
+DELAYED_RUNNER = """
+import os
+import pytest
+from pytest_tfgrpc.roles.processes import ServerProcess
+
+@pytest.fixture
+def server(fabric):
+    with ServerProcess.start(fabric, extra_args=["--delay", os.environ["DELAY"]]) as started:
+        yield started
+
+@pytest.mark.message_profile(["1KiB"])
+def test_echo(tfgrpc, server):
+    tfgrpc.p2p_latency(server)
+"""
+
+#: Runner A's runs at 10 ms, B's (3x slower) at 30 ms: long enough to dominate load noise.
+AB_HISTORY = tuple({"RUNNER": r, "DELAY": "10ms" if r == "A" else "30ms"} for r in "ABABA")
+STEADY = ("--tfgrpc-iterations=100", "--tfgrpc-warmup=5", "--tfgrpc-max-seconds=2")
+
+
 # --- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -817,6 +1277,9 @@ class Case:
     baseline_edit: tuple[tuple[str, str], ...] = ()
     #: How many baseline runs: ``base.xml``, then ``base1.xml``, ... (a history).
     baseline_runs: int = 1
+    #: A history instead: one baseline run per environment (added to ``env``), written to
+    #: ``{tmp}/history/run-NNNN.xml``; made once per module for rows that share it.
+    history: tuple[Mapping[str, str], ...] = ()
     #: What a stranger left at ``{tmp}/planted.lock`` first: ``link`` (to ``victim``),
     #: ``dangling`` (a link to nothing yet), ``fifo``, ``dir``, ``chown`` (a file of uid 12345).
     plant: str = ""
@@ -1780,6 +2243,97 @@ def test_no_client_cert():
         outcomes={"passed": 8},
         seconds=240,
     ),
+    # --- I25.names: agents and hosts by name, subnets a route covers ------------------------
+    Case(
+        "agent-names-every-address-and-late-names",
+        "I25.names",
+        AGENT_NAMES,
+        outcomes={"passed": 9},
+        seconds=120,
+    ),
+    Case(
+        "fabric-subnets-a-route-covers-skipped",
+        "I25.names",
+        FABRIC_ROUTES,
+        outcomes={"passed": 10},
+        needs=("root",),
+        seconds=120,
+    ),
+    Case(
+        "fabric-down-follows-only-its-own-state",
+        "I25.shared-paths",
+        FABRIC_STATE,
+        outcomes={"passed": 19},
+        seconds=60,
+    ),
+    # --- I25.gate-setups: a history of two runners is never pooled -------------------------
+    *(
+        Case(
+            f"gate-setups-{name}",
+            "I25.gate-setups",
+            DELAYED_RUNNER,
+            files={"conftest.py": RUNNER_CONFTEST},
+            baseline_args=STEADY,
+            history=AB_HISTORY,
+            env={"RUNNER": runner, "DELAY": delay},
+            args=(*STEADY, "--tfgrpc-baseline={tmp}/history"),
+            ret=ret,
+            lines=lines,
+            seconds=120,
+        )
+        for name, runner, delay, ret, lines in (
+            (
+                "a-regression-on-A-caught",
+                "A",
+                "38ms",
+                1,
+                (
+                    "*baseline history split by setup: comparing with the 3 of 5 runs of this "
+                    "run's setup, not pooling the 2 of another (extra.runner: baseline B, "
+                    "current A)*",
+                    "*regression: test_case.py::test_echo?lo? p2p_latency.1KiB.p50*",
+                ),
+            ),
+            (
+                "a-regression-on-B-caught",
+                "B",
+                "110ms",
+                1,
+                (
+                    "*split by setup: comparing with the 2 of 5 runs of this run's setup*",
+                    "*regression: test_case.py::test_echo?lo? p2p_latency.1KiB.p50*",
+                ),
+            ),
+            (
+                "a-setup-no-run-has",
+                "C",
+                "10ms",
+                None,
+                (
+                    "*split by setup: comparing with the 3 of 5 runs of the most recent "
+                    "baseline run's*",
+                ),
+            ),
+        )
+    ),
+    # --- I25.streams: idle streams, rapid reset, streams bounded per connection -------------
+    Case(
+        "idle-streams-and-rapid-reset",
+        "I25.exhaustion",
+        IDLE_STREAMS,
+        args=("-s",),
+        needs=("h2",),
+        outcomes={"passed": 6},
+        seconds=120,
+        lines=("*'reset_streams': *echoes answered in the attack*",),
+    ),
+    *(
+        Case(name, "I25.exhaustion", suite, needs=("h2",), outcomes={"passed": n}, seconds=180)
+        for name, suite, n in (
+            ("streams-bounded-per-connection", STREAM_BOUND, 16),
+            ("ps-frees-the-streams-of-ended-calls", PS_STREAMS, 21),
+        )
+    ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
     Case(
         "oversize-and-unauthenticated-refused",
@@ -1880,6 +2434,8 @@ class World:
             return {name: self._held_lock()}
         if name == "full_dir":
             return {name: self._full_dir()}
+        if name == "tests_dir":
+            return {name: str(Path(__file__).parent)}
         if name == "closed_port":
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
@@ -2099,19 +2655,7 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:
-        (tmp / "test_case.py").write_text(world.fill(case.suite))
-        for run in range(case.baseline_runs):
-            base = tmp / f"base{run or ''}.xml"
-            subprocess.run(
-                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
-                 *case.baseline_args, str(tmp / "test_case.py")],
-                cwd=tmp, env=env, capture_output=True, timeout=120, check=False,
-            )  # fmt: skip
-            text = base.read_text()
-            for old, new in case.baseline_edit:
-                assert old in text, f"{old!r} not in the baseline"
-                text = text.replace(old, new)
-            base.write_text(text)
+        _baselines(case, world, tmp, env)
     if case.command and case.cli:
         argv = [sys.executable, "-m", case.cli, *(world.fill(a) for a in case.command)]
     elif case.command:
@@ -2145,6 +2689,44 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     seconds = time.monotonic() - start
     _no_process_left(tag, case.id)
     return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
+
+
+#: Baseline runs made, by what made them: rows that share a history copy it.
+_BASELINES: dict[tuple[object, ...], list[Path]] = {}
+
+
+def _baselines(case: Case, world: World, tmp: Path, env: Mapping[str, str]) -> None:
+    """The row's baseline runs (``base.xml``, ``base1.xml``, ...) or history
+    (``history/run-NNNN.xml``), made once per module for the rows that share them."""
+    assert case.baseline_args is not None
+    suite = world.fill(case.suite)
+    history = tuple(tuple(sorted(run.items())) for run in case.history)
+    key = (suite, case.baseline_args, case.baseline_runs, case.baseline_edit, history,
+           tuple(sorted((k, world.fill(v)) for k, v in case.files.items())))  # fmt: skip
+    if case.history:
+        (tmp / "history").mkdir()
+        names = [f"history/run-{run:04d}.xml" for run in range(len(case.history))]
+    else:
+        names = [f"base{run or ''}.xml" for run in range(case.baseline_runs)]
+    if key in _BASELINES:
+        for name, made in zip(names, _BASELINES[key], strict=True):
+            (tmp / name).write_bytes(made.read_bytes())
+        return
+    (tmp / "test_case.py").write_text(suite)
+    for run, name in enumerate(names):
+        base = tmp / name
+        extra = case.history[run] if case.history else {}
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={base}",
+             *case.baseline_args, str(tmp / "test_case.py")],
+            cwd=tmp, env={**env, **extra}, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        text = base.read_text()
+        for old, new in case.baseline_edit:
+            assert old in text, f"{old!r} not in the baseline"
+            text = text.replace(old, new)
+        base.write_text(text)
+    _BASELINES[key] = [tmp / name for name in names]
 
 
 def _plant(kind: str, tmp: Path) -> None:

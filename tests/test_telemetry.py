@@ -19,7 +19,14 @@ from pytest_tfgrpc.bench.telemetry import TransportProbe, Window, summarize_wind
 from pytest_tfgrpc.report.limits import CPU_SHARE, LINK_SHARE, name_limit
 from pytest_tfgrpc.report.telemetry_text import gate_context, summary_cell
 from pytest_tfgrpc.results import CpuTime, SizeResult, Transport
-from pytest_tfgrpc.wire.telemetry import LinkState, Reading, TcpState, TelemetryReader, _tcp_state
+from pytest_tfgrpc.wire.telemetry import (
+    LinkState,
+    Reading,
+    TcpState,
+    TelemetryReader,
+    _tcp_state,
+    own_connections,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux")
 
@@ -112,6 +119,52 @@ def test_the_kernel_sends_only_the_endpoints_sockets_and_lookups_find_them_again
     assert state is not None and state.local.endswith(f":{message['idiag_sport']}")
     assert state.cwnd == info["tcpi_snd_cwnd"] and state.rtt_us == info["tcpi_rtt"]
     assert state.bytes_received == info["tcpi_bytes_received"]
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv4-mapped"])
+def test_own_connections_are_looked_up_by_their_ends_without_a_walk(
+    monkeypatch: pytest.MonkeyPatch, family: str
+) -> None:
+    """This process's client end of a connection is found from its descriptors (a dual-stack
+    socket's mapped address as it is), and both ends are looked up by their addresses: no
+    dump walks the connection table. An end that is gone finds nothing, not the listening
+    socket a lookup by addresses falls back to."""
+
+    def no_walk(self: TelemetryReader, address: str, port: int) -> tuple[TcpState, ...]:
+        raise AssertionError("a dump walked the connection table")
+
+    monkeypatch.setattr(TelemetryReader, "_discover", no_walk)
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+        port = listener.getsockname()[1]
+        if family == "ipv4":
+            client = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+            near, far = f"127.0.0.1:{client.getsockname()[1]}", f"127.0.0.1:{port}"
+        else:
+            client = stack.enter_context(socket.socket(socket.AF_INET6))
+            client.connect(("::ffff:127.0.0.1", port))
+            near = f"[::ffff:127.0.0.1]:{client.getsockname()[1]}"
+            far = f"[::ffff:127.0.0.1]:{port}"
+        accepted = stack.enter_context(listener.accept()[0])
+        assert own_connections(port) == ((near, far),)
+        with TelemetryReader("lo") as reader:
+            found = reader.sockets("127.0.0.1", port, clients=own_connections)
+            client.sendall(b"q" * 5000)
+            assert len(accepted.recv(1 << 16)) > 0
+            again = reader.sockets("127.0.0.1", port, discover=False)
+        with TelemetryReader("lo") as reader:
+            gone = reader.sockets(
+                "127.0.0.1", port, clients=lambda p: [("127.0.0.1:1", f"127.0.0.1:{p}")]
+            )
+    client_port = int(near.rpartition(":")[2])
+    assert {(s.local.rpartition(":")[2], s.server_side) for s in found} == {
+        (str(client_port), False),
+        (str(port), True),
+    }
+    assert {s.key for s in again} == {s.key for s in found}
+    assert sum(s.bytes_sent for s in again if not s.server_side) == 5000
+    assert sum(s.bytes_received for s in again if s.server_side) == 5000
+    assert gone == ()
 
 
 def _sent(reading: Reading, *, server_side: bool) -> int:
@@ -337,7 +390,7 @@ def test_grpcio_on_loopback_retransmits_nothing_and_names_a_cpu_side(
 def test_the_gate_quotes_the_transport_beside_a_regression(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "0s"))
     pytester.runpytest(*STEADY, "-k", "echo", "--junitxml=base.xml").assert_outcomes(passed=1)
-    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "3ms"))
+    pytester.makepyfile(test_perf=LOOPBACK_SUITE.replace("{delay}", "15ms"))
     slowed = pytester.runpytest(*STEADY, "-k", "echo", "--tfgrpc-baseline=base.xml")
     slowed.assert_outcomes(failed=1)
     slowed.stdout.re_match_lines(

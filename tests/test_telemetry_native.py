@@ -14,6 +14,7 @@ import pytest
 from pytest_tfgrpc import native
 from pytest_tfgrpc.bench import native_p2p
 from pytest_tfgrpc.bench.p2p import BandwidthCall, LatencyCall
+from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
 from pytest_tfgrpc.bench.telemetry import probe_for
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError
@@ -22,7 +23,7 @@ from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
 from pytest_tfgrpc.wire.fabric import resolve_fabric
-from pytest_tfgrpc.wire.telemetry import split_target
+from pytest_tfgrpc.wire.telemetry import TelemetryReader, split_target
 
 NOT_BUILT = native.unavailable_reason()
 pytestmark = [
@@ -52,11 +53,14 @@ def test_the_client_pauses_with_its_connection_open_at_each_end_of_its_measured_
     native_server: ServerProcess,
 ) -> None:
     """At the start the warm-up's bytes are on the connection, at the end every measured
-    push's too; the client process waits meanwhile, and an error in the hook comes back."""
+    push's too; the client process waits meanwhile, tells the ends of its connections (its
+    CPU reads' and its stream's), and an error in the hook comes back."""
     seen: list[tuple[str, int, int]] = []
+    told: list[tuple[tuple[str, str], ...]] = []
     with probe_for(native_server) as probe:
 
-        def pause(phase: str, pid: int) -> None:
+        def pause(phase: str, pid: int, ends: tuple[tuple[str, str], ...]) -> None:
+            told.append(ends)
             (probe.start if phase == "start" else probe.stop)()
             window = probe.windows[-1]
             reading = window.start["local"] if phase == "start" else window.end["local"]
@@ -70,8 +74,15 @@ def test_the_client_pauses_with_its_connection_open_at_each_end_of_its_measured_
     assert seen[1][2] - seen[0][2] >= len(measured.streams[0].samples_ns) * MiB4
     transport = probe.transport()
     assert transport is not None and transport.connections == 1 and transport.retransmits == 0
+    # The same two connections at both phases, each to the server: the ends the probe found.
+    port = split_target(native_server.target)[1]
+    assert told[0] == told[1] and len(told[0]) == 2
+    assert all(far.endswith(f":{port}") for _, far in told[0])
+    ends = probe.windows[-1].end["local"].sockets
+    clients = {s.local.rpartition(":")[2] for s in ends if not s.server_side}
+    assert clients and clients <= {near.rpartition(":")[2] for near, _ in told[0]}
 
-    def broken(phase: str, pid: int) -> None:
+    def broken(phase: str, pid: int, ends: tuple[tuple[str, str], ...]) -> None:
         raise RuntimeError(f"hook failed at {phase}")
 
     with pytest.raises(RuntimeError, match="hook failed at start"):
@@ -79,8 +90,15 @@ def test_the_client_pauses_with_its_connection_open_at_each_end_of_its_measured_
 
 
 def test_native_on_loopback_records_telemetry_per_size_and_names_a_limit(
-    native_server: ServerProcess,
+    native_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Per size, the connections the client reports are looked up by their ends: no walk of
+    the kernel's connection table."""
+
+    def no_walk(self: TelemetryReader, address: str, port: int) -> None:
+        raise AssertionError("a dump walked the connection table")
+
+    monkeypatch.setattr(TelemetryReader, "_discover", no_walk)
     result = native_p2p.p2p_bandwidth(native_server, [MiB4], BandwidthCall(run=RUN))
     point = result.sizes[0]
     tcp = point.transport
@@ -91,6 +109,21 @@ def test_native_on_loopback_records_telemetry_per_size_and_names_a_limit(
     assert point.cpu_wait.get("client") is not None  # the client process's, read by its pid
     echo = native_p2p.p2p_latency(native_server, [1024], LatencyCall(run=RUN)).sizes[0]
     assert echo.transport is not None and echo.transport.bytes_sent >= echo.count * 1024
+
+
+def test_a_native_multi_stream_run_records_one_figure_over_all_its_connections(
+    native_server: ServerProcess,
+) -> None:
+    streams = 3
+    call = BandwidthCall(run=RUN)
+    result = p2p_bandwidth_streams(native_server, [MiB4], call, streams=streams, engine="native")
+    point = result.aggregate.sizes[0]
+    tcp = point.transport
+    assert tcp is not None and tcp.sides == ("local",)
+    assert tcp.connections == streams and tcp.retransmits == 0
+    assert tcp.bytes_sent >= point.count * MiB4 and len(tcp.rtt_ns) == 1
+    assert point.limit is not None and point.cpu_wait.get("client") is not None
+    assert all(stream.sizes[0].transport is None for stream in result.streams)
 
 
 def test_native_through_an_agent_reads_the_servers_side_on_its_host(

@@ -4,15 +4,20 @@ recorded per PS task and for the point."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import sys
 
 import pytest
 
 from pytest_tfgrpc.bench.ps import ps_throughput
+from pytest_tfgrpc.bench.telemetry import ClusterProbe
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.record import read_record, result_properties
+from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux")
@@ -43,3 +48,35 @@ def test_each_ps_tasks_connections_are_read_around_every_job() -> None:
     (recorded,) = record.measurements
     assert recorded.scoped["ps0"]["retransmits"] == 0.0
     assert recorded.scoped["ps1"]["rtt_p50"] > 0
+
+
+def test_a_ps_job_that_breaks_quotes_what_each_tasks_connections_showed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PS 0 stops answering once the workers are ready (SIGSTOP: alive, silent), so a
+    worker's call runs past its deadline (10 s of slack): the failure quotes what each PS
+    task's connections showed meanwhile, as a P2P failure does."""
+    stopped: list[int] = []
+    start = ClusterProbe.start
+
+    def start_then_stop_ps0(self: ClusterProbe) -> None:
+        start(self)
+        os.kill(cluster.ps[0].pid, signal.SIGSTOP)
+        stopped.append(cluster.ps[0].pid)
+
+    monkeypatch.setattr(ClusterProbe, "start", start_then_stop_ps0)
+    run = RunSpec(iterations=1000, warmup=1, max_seconds=0.5, warmup_seconds=0.2)
+    with PSCluster(resolve_fabric("lo"), Topology(ps=2, workers=1)) as cluster:
+        try:
+            with pytest.raises(BenchmarkError) as failed:
+                ps_throughput(cluster, [SIZE], run=run)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+    assert stopped
+    message = str(failed.value)
+    assert "Throughput of 65536 B" in message and "DEADLINE_EXCEEDED" in message, message
+    # PS 0's connection stays open (its kernel still answers); the worker may have closed
+    # the one to PS 1 by the time it is read, which then says so.
+    words = r"after \S+; [\d,]+ retransmissions, RTT \S+"
+    assert re.search(rf"\(transport: ps0: {words}; ps1: after \S+; .+\)$", message), message

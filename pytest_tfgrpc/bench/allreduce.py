@@ -23,6 +23,7 @@ the measurement (``model.*`` figures, ``error_pct`` against the median).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_fa
 from pytest_tfgrpc.ps.jobs import AllReduceReply
 from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.ps.worker import check_input, verify_sum
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
 from pytest_tfgrpc.roles.processes import LOCAL
 from pytest_tfgrpc.wire.client import BenchmarkError
@@ -47,6 +49,7 @@ __all__ = [
     "AllReduceResult",
     "allreduce",
     "measure_allreduce_costs",
+    "measure_whole_buffer",
     "predict_allreduce",
 ]
 
@@ -57,20 +60,25 @@ _COST_RUN = RunSpec(iterations=12, warmup=2, max_seconds=0.4, warmup_seconds=0.2
 #: The sweep's small piece (a step's fixed cost) and its least large one (its bytes' cost).
 _SMALL_PIECE = 1024
 _LARGE_PIECE = 256 << 10
+#: Timings of :func:`measure_whole_buffer`, the median taken.
+_WHOLE_REPEATS = 7
 
 
 @dataclass(frozen=True)
 class AllReduceCosts:
     """What :func:`measure_allreduce_costs` found: a step's link (``alpha_s`` plus bytes at
     ``link_Bps``; infinite when bytes cost nothing measurable), a rank's CPU per step
-    (``cpu``: ``rpc_s`` per step, ``byte_s`` per byte sent or taken), the cores the ranks
-    share (None: each has a host of its own) and the other sessions' ``load`` on them."""
+    (``cpu``: ``rpc_s`` per step, ``byte_s`` per byte sent or taken), a rank's CPU per byte
+    of its whole buffer once per all-reduce outside the steps (``whole_byte_s``: copying its
+    input in, and verifying the sum with ``check=True``), the cores the ranks share (None:
+    each has a host of its own) and the other sessions' ``load`` on them."""
 
     alpha_s: float
     link_Bps: float
     cpu: CpuCost
     cores: float | None
     load: float
+    whole_byte_s: float = 0.0
 
     def rate(self, ranks: int) -> float:
         """The share of a core each of ``ranks`` ranks gets: ``min(1, cores / (ranks +
@@ -97,10 +105,12 @@ class AllReducePrediction:
         """``(name, value)`` pairs beside a measured all-reduce of ``measured_s`` seconds,
         recorded as ``model.<name>``: ``step_us``, ``link_us``, ``cpu_us``, ``limit``
         (``link`` or ``cpu``), ``alpha_us``, ``bandwidth_MBps``, ``cpu_step_us``,
-        ``cpu_MBps`` (a rank's bytes per CPU second), ``rate``, ``links`` (whose path the
+        ``cpu_MBps`` (a rank's bytes per CPU second), ``whole_MBps`` (a rank's whole-buffer
+        bytes per CPU second, :func:`measure_whole_buffer`), ``rate``, ``links`` (whose path the
         link terms are), with shared cores ``cores`` and ``load``, and ``error_pct``."""
         costs = self.costs
         cpu_rate = 1 / costs.cpu.byte_s / 1e6 if costs.cpu.byte_s > 0 else math.inf
+        whole_rate = 1 / costs.whole_byte_s / 1e6 if costs.whole_byte_s > 0 else math.inf
         pairs = [
             ("step_us", repr(self.step_s * 1e6)),
             ("link_us", repr(self.link_s * 1e6)),
@@ -110,6 +120,7 @@ class AllReducePrediction:
             ("bandwidth_MBps", repr(costs.link_Bps / 1e6)),
             ("cpu_step_us", repr(costs.cpu.rpc_s * 1e6)),
             ("cpu_MBps", repr(cpu_rate)),
+            ("whole_MBps", repr(whole_rate)),
             ("rate", repr(self.rate)),
             ("links", "ranks 0 and 1's two-rank ring, for every pair"),
         ]
@@ -149,18 +160,53 @@ def _per_step(replies: Sequence[AllReduceReply], steps: int) -> tuple[float, flo
     return float(np.median(walls)) / steps / 1e9, cpu / count / steps / 1e9
 
 
+def measure_whole_buffer(nbytes: int, *, check: bool, repeats: int = _WHOLE_REPEATS) -> float:
+    """A rank's CPU seconds per byte of an ``nbytes`` buffer for what it does once per
+    all-reduce outside the steps (``pytest_tfgrpc.ps.worker``'s loop): copy its input into
+    the buffer and, with ``check``, :func:`~pytest_tfgrpc.ps.worker.verify_sum` the result.
+    Timed here with the workers' own functions, on this thread's CPU clock, the median of
+    ``repeats``; 0.0 for a buffer of no whole float32 element.
+
+    :raises ValueError: ``repeats`` below 1.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: at least one timing")
+    elements = nbytes // 4
+    if elements == 0:
+        return 0.0
+    start = check_input(elements, 0)
+    expected = start.copy()
+    timings = []
+    for _ in range(repeats):
+        t0 = time.thread_time_ns()
+        buffer = start.copy()
+        if check:
+            verify_sum(buffer, expected, 0, 0)
+        timings.append(time.thread_time_ns() - t0)
+    return float(np.median(timings)) / 1e9 / (4 * elements)
+
+
 def measure_allreduce_costs(
-    cluster: PSCluster, nbytes: int, ranks: int, algorithm: str, *, load: float | None = None
+    cluster: PSCluster,
+    nbytes: int,
+    ranks: int,
+    algorithm: str,
+    *,
+    check: bool = False,
+    load: float | None = None,
 ) -> AllReduceCosts:
     """The inputs of the all-reduce model for ``nbytes`` among ``ranks`` ranks: a two-rank
     ring on workers 0 and 1 at a small piece and at the run's largest piece (at least 256
     KiB), each a few all-reduces within 0.4 s. Each size's median step gives the link
     (``alpha + n / B``, fitted through the two), the workers' CPU times a rank's CPU per step
-    (``rpc_s + 2 n byte_s``); neither is negative. The ranks share this machine's CPUs when
+    (``rpc_s + 2 n byte_s``, less the copy of its input that the sweep's workers also paid
+    per all-reduce); neither is negative. :func:`measure_whole_buffer` gives the whole-buffer
+    cost per byte, with the verification when ``check``. The ranks share this machine's CPUs when
     they all run here, with ``load`` other runnable sessions (None: probed now with
     ``ranks`` busy processes); through agents each is taken to have a host of its own."""
     largest = max(allreduce_pieces(nbytes, ranks, algorithm))
     pieces = (_SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4))
+    copy_byte_s = measure_whole_buffer(max(pieces) * 2, check=False)
     link_rows, cpu_rows = [], []
     for piece in pieces:
         replies = cluster.allreduce(
@@ -174,7 +220,8 @@ def measure_allreduce_costs(
         )
         wall, cpu = _per_step(replies, steps=2)
         link_rows.append(((1.0, float(piece)), wall))
-        cpu_rows.append(((1.0, 2.0 * piece), cpu))
+        # each of the sweep's all-reduces (two steps) copied its 2-piece input in once
+        cpu_rows.append(((1.0, 2.0 * piece), max(0.0, cpu - copy_byte_s * piece)))
     alpha, beta = nonnegative_fit(link_rows)
     rpc_s, byte_s = nonnegative_fit(cpu_rows)
     shared = _ranks_on_this_host(cluster, ranks)
@@ -186,6 +233,7 @@ def measure_allreduce_costs(
         cpu=CpuCost(rpc_s, 0.0, byte_s),
         cores=float(available_cpus()) if shared else None,
         load=load or 0.0,
+        whole_byte_s=measure_whole_buffer(nbytes, check=check),
     )
 
 
@@ -232,7 +280,7 @@ def allreduce(
         checked.append(min(r.checked for r in replies))
     predictions: tuple[AllReducePrediction | None, ...] = (None,) * len(points)
     if model:  # measured after the run: a bad request fails before anything is measured
-        costs = measure_allreduce_costs(cluster, max(sizes), ranks, algorithm)
+        costs = measure_allreduce_costs(cluster, max(sizes), ranks, algorithm, check=check)
         predictions = tuple(predict_allreduce(costs, n, ranks, algorithm) for n in sizes)
     topology = cluster.topology
     return AllReduceResult(
@@ -302,5 +350,6 @@ def predict_allreduce(
         link_Bps=costs.link_Bps,
         cpu=costs.cpu,
         rate=rate,
+        whole_s=costs.whole_byte_s * nbytes,
     )
     return AllReducePrediction(costs, ranks, total, link, host, rate)

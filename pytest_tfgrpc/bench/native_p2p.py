@@ -119,16 +119,26 @@ def run_native(
 
 def _reading(probe: TransportProbe) -> Pause:
     """The client's pause hook: ``probe``'s window opens when the measured phase starts
-    (watching the client's process from then) and closes when it ends."""
+    (watching the client's process and the connections it reports from then) and closes
+    when it ends."""
 
-    def pause(phase: str, pid: int) -> None:
+    def pause(phase: str, pid: int, connections: tuple[tuple[str, str], ...]) -> None:
         if phase == "start":
-            probe.watch("client", pid)
+            probe.watch("client", pid, connections)
             probe.start()
         else:
             probe.stop()
 
     return pause
+
+
+def run_probed(
+    server: Server, message: Message, call: Transfer, streams: int = 1
+) -> tuple[NativeRun, TransportProbe]:
+    """:func:`run_native` with a probe of the run's connections (all ``streams`` of them),
+    looked up by the ends the client reports: no connection is there before it runs."""
+    with probe_for(server, clients=lambda port: ()) as probe:
+        return run_native(server, message, call, streams, telemetry=probe), probe
 
 
 def size_result(message: Message, mode: str, measured: NativeRun, stream: int = 0) -> SizeResult:
@@ -161,8 +171,7 @@ def _measure_each(server: Server, sizes: Sequence[Message], call: Transfer) -> B
     for index, message in enumerate(checked, 1):
         if call.progress is not None:
             call.progress(index, len(checked), _name(message))
-        with probe_for(server) as probe:
-            measured = run_native(server, message, call, telemetry=probe)
+        measured, probe = run_probed(server, message, call)
         point = size_result(message, call.mode, measured)
         wire = measured.wire_bytes * (2 if isinstance(call, LatencyCall) else 1)
         results.append(

@@ -49,6 +49,7 @@ from pytest_tfgrpc.wire.client import (
     run_async,
 )
 from pytest_tfgrpc.wire.schemes import Payload, payload_message
+from pytest_tfgrpc.wire.telemetry import own_connections
 from pytest_tfgrpc.wire.tensors import Tensor
 
 _T = TypeVar("_T")
@@ -219,19 +220,17 @@ def _verify_echo(tensor: Tensor, mode: str, reply: bytes) -> None:
 
 @contextlib.asynccontextmanager
 async def _stream(
-    server: Server, method: str, timeout: float, metadata: tuple[tuple[str, str], ...] = ()
+    channel: grpc.aio.Channel,
+    method: str,
+    timeout: float,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> AsyncIterator[Any]:
-    """A bidirectional stream call on a channel of its own; on the way out (not after a
-    failure) the stream is half-closed and its end awaited, so no task of it outlives the
-    loop, then the channel closes."""
-    channel = await connect_aio(server.target, server=server)
-    try:
-        stream = channel.stream_stream(method)(timeout=timeout, metadata=metadata or None)
-        yield stream
-        await stream.done_writing()
-        await stream.code()
-    finally:
-        await channel.close()
+    """A bidirectional stream call on ``channel``; on the way out (not after a failure) the
+    stream is half-closed and its end awaited, so no task of it outlives the loop."""
+    stream = channel.stream_stream(method)(timeout=timeout, metadata=metadata or None)
+    yield stream
+    await stream.done_writing()
+    await stream.code()
 
 
 def p2p_result(
@@ -258,15 +257,25 @@ def p2p_result(
 
 class _Channels:
     """One connected channel per tensor, opened at its first round and kept for the others
-    (a reconnect per round would time connection setup into the rounds' warm-up), and one
-    event loop for the stream rounds (:meth:`run`); all closed on the way out. Channels are
-    opened by :func:`~pytest_tfgrpc.wire.client.connect`, under the process's TLS setting,
-    and report ``server``'s death while connecting."""
+    (a reconnect per round would time connection setup into the rounds' warm-up and open a
+    connection that telemetry must find anew), an asyncio one for the stream rounds
+    (:meth:`aio`), and one event loop for them (:meth:`run`); all closed on the way out.
+    Channels are opened by :func:`~pytest_tfgrpc.wire.client.connect` (``connect_aio``),
+    under the process's TLS setting, and report ``server``'s death while connecting."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self._open: dict[int, grpc.Channel] = {}
+        self._aio: dict[int, grpc.aio.Channel] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def aio(self, tensor: Tensor) -> grpc.aio.Channel:
+        """``tensor``'s asyncio channel, on the loop of :meth:`run`."""
+        channel = self._aio.get(id(tensor))
+        if channel is None:
+            channel = await connect_aio(self.server.target, server=self.server)
+            self._aio[id(tensor)] = channel
+        return channel
 
     def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         """Run a round's coroutine on the call's one event loop."""
@@ -287,6 +296,8 @@ class _Channels:
         while self._open:
             self._open.popitem()[1].close()
         if self._loop is not None:
+            while self._aio:
+                self._loop.run_until_complete(self._aio.popitem()[1].close())
             self._loop.close()
             self._loop = None
 
@@ -328,9 +339,10 @@ def _latency_unary(
 
 
 async def _latency_stream(
-    server: Server, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
+    channels: _Channels, tensor: Tensor, mode: str, run: RunSpec, probe: Phase, timeout: float
 ) -> tuple[Samples, int]:
-    async with _stream(server, grpc_settings.method(mode, "EchoStream"), timeout) as stream:
+    channel = await channels.aio(tensor)
+    async with _stream(channel, grpc_settings.method(mode, "EchoStream"), timeout) as stream:
         write, read = stream.write, stream.read
         content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
         if mode == "raw":
@@ -458,7 +470,7 @@ def _measure_each(
                 try:
                     if index not in probes:
                         probes[index] = stack.enter_context(CpuProbe(server.target))
-                        telemetry[index] = stack.enter_context(probe_for(server))
+                        telemetry[index] = stack.enter_context(probe_for(server, own_connections))
                     probe = probes[index]
                     phase = telemetry[index].around(probe)
                     samples, took = measure_one(tensor, phase, spec, limit.seconds)
@@ -484,7 +496,7 @@ def p2p_latency(server: Server, sizes: Sequence[Message], call: LatencyCall) -> 
         ) -> tuple[Samples, int]:
             if rpc == "unary":
                 return _latency_unary(channels.get(tensor), tensor, mode, spec, probe, timeout)
-            return channels.run(_latency_stream(server, tensor, mode, spec, probe, timeout))
+            return channels.run(_latency_stream(channels, tensor, mode, spec, probe, timeout))
 
         return _measure_each(server, sizes, call, f"{rpc} echo", measure_one)
 
@@ -514,7 +526,7 @@ def _push_unary(
 
 
 async def _push_stream(
-    server: Server,
+    channels: _Channels,
     tensor: Tensor,
     mode: str,
     run: RunSpec,
@@ -526,8 +538,9 @@ async def _push_stream(
     wire = tensor.wire_bytes(mode)
     content, dtype, shape = tensor.content, tensor.dtype, tensor.shape
     metadata = ((grpc_settings.MESSAGE_BYTES_KEY, str(wire)),)
+    channel = await channels.aio(tensor)
     async with _stream(
-        server, grpc_settings.method(mode, "PushStream"), timeout, metadata
+        channel, grpc_settings.method(mode, "PushStream"), timeout, metadata
     ) as stream:
         write, read = stream.write, stream.read
         # Slices of a tensor that already exists, made once outside the timed region, as
@@ -606,7 +619,7 @@ def p2p_bandwidth(server: Server, sizes: Sequence[Message], call: BandwidthCall)
                 return _pull(channel, tensor, mode, rpc, spec, chunk_bytes, probe, timeout)
             if rpc == "unary":
                 return _push_unary(channels.get(tensor), tensor, mode, spec, probe, timeout)
-            push = _push_stream(server, tensor, mode, spec, chunk_bytes, probe, timeout)
+            push = _push_stream(channels, tensor, mode, spec, chunk_bytes, probe, timeout)
             return channels.run(push)
 
         return _measure_each(server, sizes, call, f"{rpc} {direction}", measure_one)
@@ -654,7 +667,9 @@ def p2p_latency_pair(
                             )
                         else:
                             samples, took = open_channels.run(
-                                _latency_stream(server, tensor, mode, spec, probe, limit.seconds)
+                                _latency_stream(
+                                    open_channels, tensor, mode, spec, probe, limit.seconds
+                                )
                             )
                     except grpc.RpcError as error:
                         what = f"{rpc} echo of {tensor.nbytes} B"

@@ -17,7 +17,8 @@ every sample, per-PS bytes and CPU time, and the workers' CPU time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -37,7 +38,7 @@ from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.ps.jobs import SyncSGDReply, ThroughputJob, ThroughputReply
 from pytest_tfgrpc.ps.jobs import samples as jobs_samples
-from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.ps.ps_cluster import ClusterError, PSCluster
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, PSLoad, SizeResult, Transport
 from pytest_tfgrpc.roles.parameter_server import (
     INIT_INDEX,
@@ -47,6 +48,7 @@ from pytest_tfgrpc.roles.parameter_server import (
     initial_weights,
     method,
 )
+from pytest_tfgrpc.roles.processes import ServerDied
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
@@ -130,6 +132,23 @@ def _loads(
     )
 
 
+@contextmanager
+def _quoting_transport(watch: ClusterProbe) -> Iterator[None]:
+    """A job that fails (a worker's call broke or ran past its deadline, the job ran past
+    its time), its message followed by what each PS task's connections showed meanwhile, as
+    P2P failures quote theirs: ``... (transport: ps0: after 3.1 s; 528 retransmissions, RTT
+    210 ms)``. A role's death is its own cause and is left as it is."""
+    try:
+        yield
+    except ServerDied:
+        raise
+    except (BenchmarkError, ClusterError) as error:
+        seen = watch.last_seen()
+        if not seen:
+            raise
+        raise type(error)(f"{error} (transport: {seen})") from None
+
+
 def _explained(point: SizeResult, watch: ClusterProbe) -> SizeResult:
     """``point`` with its PS tasks' telemetry together and the limit the rule names."""
     return explained(point, watch.transport(), cores=watch.cores())
@@ -205,7 +224,7 @@ def ps_throughput(
                 )
                 for w in range(cluster.topology.workers)
             ]
-            with ClusterProbe(cluster.ps) as watch:
+            with ClusterProbe(cluster.ps) as watch, _quoting_transport(watch):
                 replies = cluster.run(jobs, run.job_timeout_s(), watch)
             stats = cluster.job_stats()
             samples = np.concatenate([jobs_samples(s.ns) for r in replies for s in r.samples])
@@ -340,7 +359,7 @@ def sync_sgd_step(
     machine: MachineFit | None = None
     if model:
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
-    with ClusterProbe(cluster.ps) as watch:
+    with ClusterProbe(cluster.ps) as watch, _quoting_transport(watch):
         replies, stats = cluster.sync_sgd(
             [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],
             **run.step_bounds(barrier_timeout),

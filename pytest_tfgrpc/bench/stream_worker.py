@@ -20,7 +20,7 @@ from pytest_tfgrpc.bench import p2p
 from pytest_tfgrpc.bench.timing import RunSpec, Samples
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, encode_run
 from pytest_tfgrpc.results import CpuTime, process_cpu_ns
-from pytest_tfgrpc.wire.client import BenchmarkError, connect, run_async
+from pytest_tfgrpc.wire.client import BenchmarkError, connect
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import files_from_env, load_tls, use_tls
 from pytest_tfgrpc.wire.tensors import Tensor
@@ -91,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     samples, elapsed = p2p._push_unary(channel, tensor, mode, run, phase, timeout)
         else:
-            samples, elapsed = run_async(
-                p2p._push_stream(server, tensor, mode, run, chunk_bytes, phase, timeout)
-            )
+            with p2p._Channels(server) as channels:
+                samples, elapsed = channels.run(
+                    p2p._push_stream(channels, tensor, mode, run, chunk_bytes, phase, timeout)
+                )
     except (grpc.RpcError, BenchmarkError) as exc:
         print(f"stream worker: {exc}", file=sys.stderr)
         return 3

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_tfgrpc.bench.cpu import CpuProbe
-from pytest_tfgrpc.bench.native_p2p import native_settings, run_native, size_result
+from pytest_tfgrpc.bench.native_p2p import native_settings, run_probed, size_result
 from pytest_tfgrpc.bench.p2p import BandwidthCall, Message, _check_messages, p2p_result
 from pytest_tfgrpc.bench.settings import run_settings
+from pytest_tfgrpc.bench.telemetry import explained, server_cores
 from pytest_tfgrpc.bench.timing import Samples
 from pytest_tfgrpc.metrics import stream_label
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
@@ -152,16 +153,24 @@ def p2p_bandwidth_streams(
         assert isinstance(message, int)
         if progress is not None:
             progress(index, len(checked), f"{message} B x {streams} streams")
+        probe = None
         if engine == "native":
-            measured = run_native(server, message, call, streams)
+            measured, probe = run_probed(server, message, call, streams)
         else:
             measured = _python_streams(server, message, call, streams)
         merged = aggregate_samples(measured.streams)
-        aggregate.append(
-            SizeResult.from_samples(
-                measured.size_bytes, measured.wire_bytes, merged, measured.wall_ns, cpu=measured.cpu
-            )
+        point = SizeResult.from_samples(
+            measured.size_bytes, measured.wire_bytes, merged, measured.wall_ns, cpu=measured.cpu
         )
+        if probe is not None:  # the native client's connections, all streams together
+            point = explained(
+                point,
+                probe.transport(),
+                cores=server_cores(server),
+                op_bytes=measured.wire_bytes,
+                cpu_wait=probe.cpu_wait,
+            )
+        aggregate.append(point)
         for i in range(streams):
             per_stream[i].append(size_result(message, mode, measured, i))
     extra = call.extra_settings() | {"streams": str(streams)}

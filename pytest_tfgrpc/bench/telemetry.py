@@ -23,12 +23,12 @@ from pytest_tfgrpc.results import SizeResult, Transport
 from pytest_tfgrpc.units import format_duration
 from pytest_tfgrpc.wire.client import Server
 from pytest_tfgrpc.wire.telemetry import (
+    Clients,
     LinkState,
     Reading,
     TcpState,
     TelemetryError,
     TelemetryReader,
-    run_queue_wait_ns,
     split_target,
 )
 
@@ -200,7 +200,11 @@ class TransportProbe:
     ``interface`` is this host's fabric (its link counters are read too); ``remote`` reads the
     server's host (None: the server is on this host, or nothing can read its host), with the
     run-queue wait of ``remote_pid`` there (the server's process; 0: none) as the
-    ``server`` side's. Wrap a
+    ``server`` side's. ``clients`` finds the measured connections' client ends on this host
+    (:func:`~pytest_tfgrpc.wire.telemetry.own_connections` where this process is the client;
+    :meth:`watch` sets those a client process reports): this host's ends of them are then
+    looked up by their addresses, never found by a walk of the kernel's connection table
+    (None: found that way). Wrap a
     CPU probe with :meth:`around`: the telemetry is read outside the CPU probe's window, so
     that reading it never counts in the CPU figures (the CPU probe's own small calls are told
     apart from the measured connections by the bytes they carry).
@@ -216,8 +220,10 @@ class TransportProbe:
         remote_pid: int = 0,
         named_rate_Bps: float | None = None,
         pids: Mapping[str, int] | None = None,
+        clients: Clients | None = None,
     ) -> None:
         self.windows: list[Window] = []
+        self._clients = clients
         #: Per side (``client``, a local ``server``), the run-queue wait over the windows (ns).
         self.cpu_wait: dict[str, int] = {}
         self._pids = dict(pids or {})
@@ -248,14 +254,20 @@ class TransportProbe:
 
     def _read(self, discover: bool = True) -> dict[str, Reading]:
         """Both sides now. At a window's end (not ``discover``) the connections found at its
-        start are looked up; at its start they are too, and found anew (a dump of every
-        socket) only when none that carried the last window's traffic is still open (a
-        stream's round opens a connection of its own; unary calls keep theirs)."""
+        start are looked up (one opened since carried none of the timed loop's traffic: its
+        connections were warm before it started); at its start they are too, and found anew
+        (by the clients' ends, else a dump of every socket) only when none that carried the
+        last window's traffic is still open (a connection closed between rounds)."""
         out: dict[str, Reading] = {}
         if self._reader is None or not self._port:
             return out
         try:
-            out["local"] = self._side(self._reader.read, discover)
+            reader, clients = self._reader, self._clients
+
+            def read_local(address: str, port: int, *, discover: bool) -> Reading:
+                return reader.read(address, port, discover=discover, clients=clients)
+
+            out["local"] = self._side(read_local, discover)
             if self._remote is not None:
                 remote, pid = self._remote, self._remote_pid
 
@@ -271,6 +283,8 @@ class TransportProbe:
         return out
 
     def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
+        if not discover:
+            return read(self._address, self._port, discover=False)
         if not self._carried:
             return read(self._address, self._port, discover=True)
         reading = read(self._address, self._port, discover=False)
@@ -279,13 +293,22 @@ class TransportProbe:
         return reading
 
     def _waits(self) -> dict[str, int]:
-        waits = {side: run_queue_wait_ns(pid) for side, pid in self._pids.items()}
+        if self._reader is None:
+            return {}
+        waits = {side: self._reader.run_queue_wait_ns(pid) for side, pid in self._pids.items()}
         return {side: ns for side, ns in waits.items() if ns is not None}
 
-    def watch(self, side: str, pid: int) -> None:
+    def watch(
+        self, side: str, pid: int, connections: Sequence[tuple[str, str]] | None = None
+    ) -> None:
         """Read ``side``'s run-queue wait from process ``pid`` (of this host) from the next
-        window on: a side whose process starts after the probe (the native client's)."""
+        window on: a side whose process starts after the probe (the native client's); with
+        ``connections``, the ``(local, peer)`` ends of the client's connections it reported,
+        which the next readings look up (as ``clients`` does)."""
         self._pids[side] = pid
+        if connections is not None:
+            ends = tuple(connections)
+            self._clients = lambda port: ends
 
     def start(self) -> None:
         self.windows.append(Window(start=self._read()))
@@ -324,7 +347,7 @@ class TransportProbe:
         if self._first is None or self._reader is None:
             return ""
         try:
-            now = self._reader.read(self._address, self._port)
+            now = self._reader.read(self._address, self._port, clients=self._clients)
         except (TelemetryError, OSError):
             return ""
         at_ns = time.monotonic_ns()
@@ -428,6 +451,13 @@ class ClusterProbe:
         named = min((t.fabric.link_rate_Bps or 0.0 for t in self._tasks), default=0.0)
         return summarize_windows([merge_windows(closed)], named or None)
 
+    def last_seen(self) -> str:
+        """What each PS task's connections showed since the probe was made, read now (after
+        a failure): ``ps0: after 3.1 s; 528 retransmissions, RTT 210 ms; ps1: ...``, the
+        tasks with a reading only (:meth:`TransportProbe.last_seen`); empty for none."""
+        seen = ((i, probe.last_seen()) for i, probe in enumerate(self.probes))
+        return "; ".join(f"ps{i}: {words}" for i, words in seen if words)
+
     def cores(self) -> dict[str, int | None]:
         """The CPUs each PS task may run on (``ps<i>``; None for one on another host)."""
         return {
@@ -471,10 +501,11 @@ def explained(
     return replace(with_tcp, limit=name_limit(with_tcp, cores=cores, op_bytes=op_bytes))
 
 
-def probe_for(server: Server) -> TransportProbe:
+def probe_for(server: Server, clients: Clients | None = None) -> TransportProbe:
     """A probe of ``server``'s connections: on this host's fabric, and on the server's host
     where its node agent can read them; with the rate the user named for its fabric
-    (:attr:`~pytest_tfgrpc.wire.fabric.Fabric.link_rate_Bps`)."""
+    (:attr:`~pytest_tfgrpc.wire.fabric.Fabric.link_rate_Bps`); ``clients`` as
+    :class:`TransportProbe` takes it."""
     launcher = getattr(server, "launcher", None)
     remote: RemoteRead | None = getattr(launcher, "read_telemetry", None)
     pids = {"client": os.getpid()}
@@ -490,6 +521,7 @@ def probe_for(server: Server) -> TransportProbe:
         remote_pid=int(pid or 0) if remote is not None and not local else 0,
         named_rate_Bps=server.fabric.link_rate_Bps,
         pids=pids,
+        clients=clients,
     )
 
 

@@ -109,6 +109,10 @@ MIN_LEASE_S = 1.0
 MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
+#: Streams one connection (a driver's) may hold at once, and the agent's handler threads: a
+#: ``Run`` stream (a thread for its life) for each process it may run, and 16 beside them for
+#: control calls (heartbeats, counters, telemetry), so leases are renewed at 64 roles too.
+STREAMS_PER_DRIVER = MAX_PROCESSES + 16
 
 _TENSOR_SERVER = "pytest_tfgrpc.roles.tensor_server"
 ROLES: Mapping[str, str] = {
@@ -376,13 +380,11 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
             why = "no agent token" if not given else "wrong agent token"
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{why}: send 'Bearer <token>'")
 
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(refuse)
+        # Refused as a request stream (the wire is the same for a unary client), before and
+        # without a request message: a stranger's call that sends none holds no thread.
         if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(refuse)
-        return grpc.unary_unary_rpc_method_handler(refuse)
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 @dataclass
@@ -627,10 +629,15 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         """Start serving on the fabric's address (with TLS ``credentials`` if given); return
         the target (``host:port``)."""
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tfgrpc-agent"),
+            futures.ThreadPoolExecutor(
+                max_workers=STREAMS_PER_DRIVER, thread_name_prefix="tfgrpc-agent"
+            ),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
-            options=grpc_settings.NO_COMPRESSION,
+            options=(
+                *grpc_settings.NO_COMPRESSION,
+                *grpc_settings.stream_bound(STREAMS_PER_DRIVER),
+            ),
         )
         agent_pb2_grpc.add_NodeAgentServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         address = self.fabric.target(port)

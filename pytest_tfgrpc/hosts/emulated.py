@@ -178,9 +178,12 @@ class EmulatedFabric:
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> EmulatedFabric:
+        """The fabric a state file describes. Raises ValueError (and KeyError, TypeError) if
+        it names anything a fabric of its name would not have: removing it removes what it
+        names (namespaces, their /etc/netns files, links, the bridge)."""
         hosts = data["hosts"]
         assert isinstance(hosts, list)
-        return cls(
+        fabric = cls(
             name=str(data["name"]),
             bridge=str(data["bridge"]),
             driver_address=str(data["driver_address"]),
@@ -190,6 +193,24 @@ class EmulatedFabric:
             owner_uid=int(str(data.get("owner_uid", -1))),
             agent_token_file=str(data.get("agent_token_file", "")),
         )
+        fabric.check_names()
+        return fabric
+
+    def check_names(self) -> None:
+        """Raise ValueError naming each name that is not the one this module gives a fabric
+        of this name (``tfgfK``, bridge ``tfgfKbr``, host i's link ``tfgfKhI`` and namespace
+        ``tfgfK-HOST``): a state file naming a path outside /etc/netns or an interface the
+        fabric never made is not followed."""
+        wrong = [] if re.fullmatch(rf"{PREFIX}\d+", self.name) else [f"name {self.name!r}"]
+        if self.bridge != f"{self.name}br":
+            wrong.append(f"bridge {self.bridge!r}")
+        for i, host in enumerate(self.hosts):
+            if host.link != f"{self.name}h{i}":
+                wrong.append(f"link {host.link!r}")
+            if not _HOST_NAME.match(host.name) or host.netns != f"{self.name}-{host.name}":
+                wrong.append(f"namespace {host.netns!r}")
+        if wrong:
+            raise ValueError(f"fabric state {self.name!r} names {', '.join(wrong)}: not its own")
 
 
 def parse_hosts(text: str, default_rate: str | None = None) -> tuple[HostSpec, ...]:

@@ -398,14 +398,21 @@ def allreduce_time(
     cpu: CpuCost | None = None,
     rate: float = 1.0,
     buffers: int = 1,
+    whole_s: float = 0.0,
 ) -> tuple[float, float, float]:
     """Seconds of one all-reduce (module docstring): ``(t_comm, link, host)``, ``link`` the
     sum of the steps' link times alone, ``host`` of their CPU times at ``rate`` of a core
-    (0 without ``cpu``); ``t_comm`` takes the larger of the two at each step. ``buffers``
-    all-reduces of the pieces' total run one after the other (unfused tensors)."""
+    (0 without ``cpu``) plus ``whole_s / rate``; ``t_comm`` takes the larger of the two at
+    each step, plus ``whole_s / rate``. ``whole_s``: a rank's CPU seconds per all-reduce on
+    its whole buffer outside the steps (copying its input in, verifying the sum), which the
+    ranks sharing the cores pay between steps. ``buffers`` all-reduces of the pieces' total
+    run one after the other (unfused tensors)."""
     if not 0 < rate <= 1:
         raise ValueError(f"rate={rate!r}: a share of a core, in (0, 1]")
-    total = link = host = 0.0
+    if not (math.isfinite(whole_s) and whole_s >= 0):
+        raise ValueError(f"whole_s={whole_s!r}: CPU seconds, finite and >= 0")
+    total = host = whole_s / rate
+    link = 0.0
     for piece in allreduce_pieces(nbytes, ranks, algorithm):
         on_link = buffers * alpha_s + piece / link_Bps
         on_host = cpu.time(buffers, 0, 2 * piece) / rate if cpu is not None else 0.0

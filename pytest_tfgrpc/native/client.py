@@ -29,12 +29,13 @@ MAGIC = b"TFGN"
 VERSION = 1
 _HEAD = struct.Struct("<4sII7q")
 _STREAM = struct.Struct("<3q")
-#: What the client writes on its pause socket (``--pause-fd``) at each phase.
-_PHASES = {b"s": "start", b"e": "end"}
+#: The letter that opens the client's line on its pause socket (``--pause-fd``) per phase.
+_PHASES = {"s": "start", "e": "end"}
 
 #: Called while the client waits at a phase: (``start`` or ``end`` of its measured phase, the
-#: client's process id).
-Pause = Callable[[str, int], None]
+#: client's process id, the ends of its TCP connections then: ``(local, peer)`` each, as
+#: ``address:port`` or ``[v6]:port``).
+Pause = Callable[[str, int, tuple[tuple[str, str], ...]], None]
 
 
 class NativeClientError(RuntimeError):
@@ -233,14 +234,21 @@ def run_client(
 
 
 def _answer(sock: socket.socket, pause: Pause, pid: int, failed: list[BaseException]) -> None:
-    """Call ``pause`` at each phase the client reports on ``sock`` and let it go on, until it
-    closes its end; what ``pause`` raises is kept in ``failed``."""
-    while phase := sock.recv(1):
-        try:
-            pause(_PHASES.get(phase, phase.decode("ascii", "replace")), pid)
-        except Exception as error:  # raised in the caller's thread once the client ends
-            failed.append(error)
-        try:
-            sock.sendall(b"g")
-        except OSError:
-            return  # the client is gone
+    """Call ``pause`` at each phase the client reports on ``sock`` (a line: the phase's
+    letter, then `` local>peer`` per connection) and let it go on, until it closes its end;
+    what ``pause`` raises is kept in ``failed``."""
+    pending = b""
+    while chunk := sock.recv(1 << 16):
+        pending += chunk
+        while b"\n" in pending:
+            line, _, pending = pending.partition(b"\n")
+            letter, *pairs = line.decode("ascii", "replace").split(" ")
+            ends = tuple((near, far) for near, _, far in (p.partition(">") for p in pairs) if far)
+            try:
+                pause(_PHASES.get(letter, letter), pid, ends)
+            except Exception as error:  # raised in the caller's thread once the client ends
+                failed.append(error)
+            try:
+                sock.sendall(b"g")
+            except OSError:
+                return  # the client is gone

@@ -3,9 +3,10 @@
 gRPC's synchronous Python server gives each call a handler thread before its request message
 arrives, and waits for that message there without a bound: a stranger who opens streams and
 sends only their headers holds every handler thread (16 idle streams stopped a 16-thread tensor
-server). The tensor service therefore reads its requests as streams through :class:`IdleWatch`,
-which cancels a call whose next message has not arrived within the idle bound; the thread is
-free again, and the client, if it was one, sees CANCELLED.
+server). The tensor and PS services therefore read their requests as streams (the wire is the
+same for a unary client) through :class:`IdleWatch`, which cancels a call whose next message has
+not arrived within the idle bound; the thread is free again, and the client, if it was one, sees
+CANCELLED.
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 
 __all__ = ["IDLE_STREAM_S", "IdleWatch"]
 
 T = TypeVar("T")
+
+#: A handler's own check of a call, run before its first request message is read (the PS's
+#: token check: a stranger's call is refused unread).
+Check = Callable[[grpc.ServicerContext], None]
 
 #: How long a call may wait for its next request message. Longer than one message of the
 #: largest tensor takes on the slowest link the tests use (1.5 MiB at 1 Mbit/s: 13 s).
@@ -59,6 +64,36 @@ class IdleWatch:
         """Every message of ``requests``, each under the idle bound."""
         while (request := self.next(requests, context)) is not None:
             yield request
+
+    def first(
+        self, fn: Callable[[Any, grpc.ServicerContext], T], check: Check | None = None
+    ) -> Callable[[Iterator[Any], grpc.ServicerContext], T]:
+        """A stream handler calling ``fn(request, context)`` with the call's one request
+        message, read under the idle bound after ``check(context)``; a call without a
+        message is refused (INVALID_ARGUMENT)."""
+
+        def handle(requests: Iterator[Any], context: grpc.ServicerContext) -> T:
+            if check is not None:
+                check(context)
+            request = self.next(requests, context)
+            if request is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a call without a request")
+            return fn(request, context)
+
+        return handle
+
+    def each(
+        self, fn: Callable[[Iterator[Any], grpc.ServicerContext], T], check: Check | None = None
+    ) -> Callable[[Iterator[Any], grpc.ServicerContext], T]:
+        """A stream handler calling ``fn(messages, context)`` with the call's request
+        messages, each read under the idle bound, after ``check(context)``."""
+
+        def handle(requests: Iterator[Any], context: grpc.ServicerContext) -> T:
+            if check is not None:
+                check(context)
+            return fn(self.iterate(requests, context), context)
+
+        return handle
 
     def _watch(self) -> None:
         tick = min(1.0, self.idle_s / 4)

@@ -13,8 +13,12 @@ The parent configures a job on every PS; then worker processes drive it:
   ``ConditionalAccumulator`` does), so a refused or broken push changes no sum. When all W
   workers have pushed step ``s`` the PS applies ``weights -= (learning_rate / W) * sum`` with
   numpy and the step is done.
-* ``PullWeights``: waits until step ``s`` is done (the barrier, bounded by the job's timeout),
-  then streams the updated weights.
+* ``PullWeights``: waits until step ``s`` is done (the barrier, bounded by the job's timeout,
+  and given up at once when the client cancels or its deadline passes, so a parked pull never
+  keeps its stream), then streams the updated weights.
+
+Every method reads its request messages under the idle bound of :mod:`pytest_tfgrpc.roles.idle`
+(a stranger's stream that sends no message is cancelled), after the token check.
 
 The chief (task 0) decides what the next step is (warm-up, measured, or none: the run is over)
 from the job's counts and time limits, and tells each worker in the trailing metadata of its
@@ -28,13 +32,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError, Message
 
 from pytest_tfgrpc.results import process_cpu_ns
+from pytest_tfgrpc.roles.idle import IdleWatch
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire._proto import service_pb2
 from pytest_tfgrpc.wire.security import TOKEN_ENV, TOKEN_KEY
@@ -54,6 +60,7 @@ WEIGHT_SEED = 20171226
 DEFAULT_PULL_CHUNK = 1 << 20
 
 Floats = npt.NDArray[np.float32]
+M = TypeVar("M", bound=Message)
 
 #: Refusals of a push: they say what was wrong with it, nothing of the job's state.
 _OUT_OF_TURN = "a gradient push out of turn (not the open step, or this worker pushed it)"
@@ -148,10 +155,11 @@ class _Job:
 class ParameterServer:
     """The ParameterServer handlers of one PS process; one job at a time."""
 
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None, idle: IdleWatch | None = None) -> None:
         self._cond = threading.Condition()
         self._job: _Job | None = None
         self._token = token
+        self._idle = idle or IdleWatch()
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
         """Every call to this PS (job control, throughput, pushes, pulls) belongs to the driver
@@ -186,7 +194,6 @@ class ParameterServer:
     def configure(
         self, request: service_pb2.PSJob, context: grpc.ServicerContext
     ) -> service_pb2.PSJobStats:
-        self._authorize(context)
         for shard in request.shards:
             if shard.nbytes % 4 or shard.offset % 4:
                 context.abort(
@@ -223,14 +230,12 @@ class ParameterServer:
     def job_stats(
         self, request: service_pb2.StatusRequest, context: grpc.ServicerContext
     ) -> service_pb2.PSJobStats:
-        self._authorize(context)
         job = self._current(context)
         with self._cond:
             return self._stats(job)
 
     # --- PS throughput ---------------------------------------------------------------------
     def _throughput(self, request: bytes, context: grpc.ServicerContext, protobuf: bool) -> bytes:
-        self._authorize(context)
         size = len(codec.decode_tensor(request).content) if protobuf else len(request)
         job = self._job
         if job is not None and (PHASE_KEY, MEASURE) in context.invocation_metadata():
@@ -248,7 +253,6 @@ class ParameterServer:
         every slice inside this PS's shards, exactly their size) and staged before any of it
         touches the step's sum: a refused push, or a stream that breaks midway, leaves the
         aggregate as it was. Refusals name nothing of the job (its step, its workers)."""
-        self._authorize(context)
         job = self._current(context)
         first = next(requests, None)
         if first is None:
@@ -312,7 +316,6 @@ class ParameterServer:
     def pull_weights(
         self, request: service_pb2.PullWeightsRequest, context: grpc.ServicerContext
     ) -> Iterator[service_pb2.WeightChunk]:
-        self._authorize(context)
         job = self._current(context)
         step = request.step
         timeout = job.spec.barrier_timeout_seconds
@@ -323,9 +326,16 @@ class ParameterServer:
                         grpc.StatusCode.FAILED_PRECONDITION,
                         f"pull of step {step} before it was pushed",
                     )
+                # A pull whose client cancels, or whose deadline passes, gives up at once:
+                # parked until the barrier's timeout it would keep its HTTP/2 stream, and the
+                # connection's stream bound would refuse the client's next calls.
+                context.add_callback(self._wake)
                 done = self._cond.wait_for(
-                    lambda: job.step > step or self._job is not job, timeout=timeout
+                    lambda: job.step > step or self._job is not job or not context.is_active(),
+                    timeout=timeout,
                 )
+                if not context.is_active():
+                    return
                 if self._job is not job:
                     context.abort(grpc.StatusCode.ABORTED, "the job was replaced")
                 if not done:
@@ -357,42 +367,67 @@ class ParameterServer:
                 job.bytes_out += sent
                 job.rpcs += 1
 
+    def _wake(self) -> None:
+        """A call ended (gRPC's callback): parked pulls look at their calls again."""
+        with self._cond:
+            self._cond.notify_all()
+
     # --- registration ----------------------------------------------------------------------
     def handlers(self) -> list[grpc.GenericRpcHandler]:
-        """The generic handlers of ``tfgrpc.ParameterServer`` and its raw twin."""
+        """The generic handlers of ``tfgrpc.ParameterServer`` and its raw twin. Each reads
+        its requests as a stream under the idle bound, after the token check, and parses them
+        itself: a request gRPC failed to deserialize would keep its HTTP/2 stream (grpcio
+        1.85 never closes it), and a connection's stream bound would then refuse every call."""
+        watch, check = self._idle, self._authorize
 
-        def unary(fn: Callable[[Any, Any], Any], request: Any) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(
-                fn,
-                request_deserializer=request.FromString,
-                response_serializer=_serialize,
+        def unary(fn: Callable[[Any, Any], Any], message: type[Any]) -> grpc.RpcMethodHandler:
+            def handle(request: bytes, context: grpc.ServicerContext) -> Any:
+                return fn(_parse(message, request, context), context)
+
+            return grpc.stream_unary_rpc_method_handler(
+                watch.first(handle, check), response_serializer=_serialize
             )
 
         def throughput(protobuf: bool) -> grpc.RpcMethodHandler:
             def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
                 return self._throughput(request, context, protobuf)
 
-            return grpc.unary_unary_rpc_method_handler(handle)
+            return grpc.stream_unary_rpc_method_handler(watch.first(handle, check))
+
+        def push(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+            chunks = (_parse(service_pb2.WeightChunk, data, context) for data in requests)
+            return self.push_gradients(chunks, context)
+
+        def pull(request: bytes, context: grpc.ServicerContext) -> Any:
+            return self.pull_weights(
+                _parse(service_pb2.PullWeightsRequest, request, context), context
+            )
 
         protobuf = {
             "Configure": unary(self.configure, service_pb2.PSJob),
             "JobStats": unary(self.job_stats, service_pb2.StatusRequest),
             "Throughput": throughput(True),
             "PushGradients": grpc.stream_unary_rpc_method_handler(
-                self.push_gradients,
-                request_deserializer=service_pb2.WeightChunk.FromString,
-                response_serializer=_serialize,
+                watch.each(push, check), response_serializer=_serialize
             ),
-            "PullWeights": grpc.unary_stream_rpc_method_handler(
-                self.pull_weights,
-                request_deserializer=service_pb2.PullWeightsRequest.FromString,
-                response_serializer=_serialize,
+            "PullWeights": grpc.stream_stream_rpc_method_handler(
+                watch.first(pull, check), response_serializer=_serialize
             ),
         }
         return [
             grpc.method_handlers_generic_handler(SERVICE, protobuf),
             grpc.method_handlers_generic_handler(RAW_SERVICE, {"Throughput": throughput(False)}),
         ]
+
+
+def _parse(message: type[M], data: bytes, context: grpc.ServicerContext) -> M:
+    """``data`` as a ``message``; a malformed one is refused (INVALID_ARGUMENT)."""
+    try:
+        parsed: M = message.FromString(data)
+        return parsed
+    except DecodeError:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a malformed {message.__name__}")
+        raise AssertionError("unreachable") from None  # abort raises
 
 
 def _serialize(message: Any) -> bytes:

@@ -299,31 +299,17 @@ class TensorService:
             "Pull": self.pull,
             "Status": self.status,
         }
-        # Every method reads its requests as a stream (the wire is the same for a unary
-        # client) so that the idle bound applies while a call waits for its message.
+        # Every method reads its requests as a stream under the idle bound.
         watch = self.idle
-
-        def first(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-            def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-                request = watch.next(requests, context)
-                if request is None:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a call without a request")
-                return fn(request, context)
-
-            return handle
-
-        def each(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-            def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-                return fn(watch.iterate(requests, context), context)
-
-            return handle
-
         handlers = {
-            name: grpc.stream_unary_rpc_method_handler(first(fn)) for name, fn in unary.items()
+            name: grpc.stream_unary_rpc_method_handler(watch.first(fn))
+            for name, fn in unary.items()
         }
-        handlers["EchoStream"] = grpc.stream_stream_rpc_method_handler(each(self.echo_stream))
-        handlers["PushStream"] = grpc.stream_stream_rpc_method_handler(each(self.push_stream))
-        handlers["PullStream"] = grpc.stream_stream_rpc_method_handler(first(self.pull_stream))
+        handlers["EchoStream"] = grpc.stream_stream_rpc_method_handler(watch.each(self.echo_stream))
+        handlers["PushStream"] = grpc.stream_stream_rpc_method_handler(watch.each(self.push_stream))
+        handlers["PullStream"] = grpc.stream_stream_rpc_method_handler(
+            watch.first(self.pull_stream)
+        )
         return grpc.method_handlers_generic_handler(service, handlers)
 
 
@@ -370,7 +356,7 @@ def build_server(
             for mode in grpc_settings.MODES
         ]
     )
-    server.add_generic_rpc_handlers(ParameterServer(job_token).handlers())
+    server.add_generic_rpc_handlers(ParameterServer(job_token, idle).handlers())
     return server, target
 
 

@@ -68,11 +68,26 @@ NO_COMPRESSION: Final = (("grpc.compression_enabled_algorithms_bitset", 1),)
 #: to): idle connections do not pile up on a long-running server.
 MAX_CONNECTION_IDLE_MS: Final = 300_000
 
+#: HTTP/2 streams one connection may hold at once on a tensor server (its
+#: SETTINGS_MAX_CONCURRENT_STREAMS). gRPC core counts a stream until its call is done, reset
+#: by the client or not ("overload protection", on by default), and refuses one beyond
+#: (REFUSED_STREAM): a stranger's rapid reset (CVE-2023-44487) or idle streams on one
+#: connection hold at most this many calls. A benchmark client makes one or two calls at a time
+#: on a connection (``streams=N`` opens N connections); gRPC clients queue calls beyond.
+MAX_STREAMS_PER_CONNECTION: Final = 16
+
+
+def stream_bound(streams: int) -> tuple[tuple[str, int], ...]:
+    """The server options bounding each connection to ``streams`` concurrent streams."""
+    return (("grpc.max_concurrent_streams", streams),)
+
+
 #: ``so_reuseport`` off: with gRPC's default a second server "binds" a port already in use
 #: and clients are silently balanced across two unrelated servers.
 SERVER_OPTIONS: Final = (
     *COMMON_OPTIONS,
     *NO_COMPRESSION,
+    *stream_bound(MAX_STREAMS_PER_CONNECTION),
     ("grpc.so_reuseport", 0),
     ("grpc.max_connection_idle_ms", MAX_CONNECTION_IDLE_MS),
 )

@@ -2,12 +2,15 @@
 
 Nothing here needs an engine's help. A connection is found by its endpoint (the server's
 address and port) in the kernel's socket diagnostics (netlink ``sock_diag``, the
-``INET_DIAG`` dump that ``ss -ti`` prints, read through pyroute2's ``DiagSocket``): every TCP
-socket of this network namespace whose local or remote end is that endpoint, so both ends of a
-connection to a server on this host, and the client's end of one to a server elsewhere (the
-server's end is read on its host by its node agent). An interface's counters (bytes, drops,
-errors) come from sysfs, its root qdisc's drops and ``tbf`` rate from rtnetlink; the host's
-count of retransmitted segments from ``/proc/net/snmp``, for when a connection is gone.
+``INET_DIAG`` dump that ``ss -ti`` prints): every TCP socket of this network namespace whose
+local or remote end is that endpoint, so both ends of a connection to a server on this host,
+and the client's end of one to a server elsewhere (the server's end is read on its host by its
+node agent). Where the client's ends are known (this process's own connections,
+:func:`own_connections`; those a native client reports), both ends of each are looked up by
+their exact addresses instead: a hash lookup each, where a dump walks the kernel's whole
+connection table. An interface's counters (bytes, drops, errors) come from sysfs, its root
+qdisc's drops and ``tbf`` rate from rtnetlink; the host's count of retransmitted segments from
+``/proc/net/snmp``, for when a connection is gone.
 
 Messages are pyroute2's (``inet_diag_req``/``inet_diag_msg`` with ``struct tcp_info``,
 ``tcmsg`` with the qdisc's options and statistics), encoded and decoded by it; they travel on
@@ -25,7 +28,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +41,14 @@ NETLINK_ROUTE = 0
 NETLINK_SOCK_DIAG = 4
 
 __all__ = [
+    "Clients",
     "LinkState",
     "Reading",
     "TcpState",
     "TelemetryError",
     "TelemetryReader",
     "host_retransmits",
+    "own_connections",
     "run_queue_wait_ns",
     "split_target",
 ]
@@ -58,6 +63,8 @@ _COUNTERS = ("rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "t
 #: ``struct tcp_info`` as pyroute2 lays it out (its ``inet_diag_msg.tcp_info`` fields), one
 #: unpack per socket instead of pyroute2's decoder (150 us a message on a loaded machine).
 _TCP_INFO_NAMES = tuple(name for name, _ in inet_diag_msg.tcp_info.fields)
+#: Where each field a :class:`TcpState` keeps is in that unpack.
+_AT = {name: index for index, name in enumerate(_TCP_INFO_NAMES)}
 _TCP_INFO = struct.Struct("=" + "".join(kind for _, kind in inet_diag_msg.tcp_info.fields))
 #: Offsets in a raw ``inet_diag_msg`` answer: after the 16-byte netlink header, the family
 #: byte, the socket id (ports, addresses, cookie: what a lookup request takes back) and,
@@ -65,6 +72,8 @@ _TCP_INFO = struct.Struct("=" + "".join(kind for _, kind in inet_diag_msg.tcp_in
 _FAMILY, _SOCKID, _SOCKID_END, _ATTRS = 16, 20, 68, 16 + 72
 #: Where a request (``inet_diag_req_v2``) holds the socket id.
 _REQUEST_SOCKID = 24
+#: ``INET_DIAG_NOCOOKIE``: a lookup by addresses alone, whichever socket holds them now.
+_NO_COOKIE = b"\xff" * 8
 _INET_DIAG_INFO = 2
 _INET_DIAG_REQ_BYTECODE = 1
 _BC_JMP, _BC_S_COND, _BC_D_COND = 1, 7, 8
@@ -73,6 +82,11 @@ _TCPDIAG_GETSOCK = 18
 #: ``TCA_KIND`` and ``TCA_STATS`` are its attributes 1 and 3.
 _TCMSG_ATTRS, _TCA_KIND, _TCA_STATS = 16 + 20, 1, 3
 _ROOT = 0xFFFFFFFF  # TC_H_ROOT
+
+
+#: Finds the clients' connections to a port: ``port`` -> their ``(local, peer)`` ends
+#: (:func:`own_connections`).
+Clients = Callable[[int], Sequence[tuple[str, str]]]
 
 
 class TelemetryError(RuntimeError):
@@ -201,35 +215,155 @@ def host_retransmits() -> int | None:
     return _tcp_mib()[0]
 
 
-def _tcp_mib() -> tuple[int | None, int | None]:
-    """This network namespace's ``Tcp:`` counters of ``/proc/net/snmp``: (``RetransSegs``,
-    ``ActiveOpens + PassiveOpens``, the connections ever opened here, IPv4 and IPv6 alike);
-    (None, None) where it cannot be read."""
+def _tcp_mib(read: Callable[[str], bytes] = _read_small) -> tuple[int | None, int | None]:
+    """This network namespace's ``Tcp:`` counters of ``/proc/net/snmp`` (read by ``read``):
+    (``RetransSegs``, ``ActiveOpens + PassiveOpens``, the connections ever opened here, IPv4
+    and IPv6 alike); (None, None) where it cannot be read."""
     try:
-        lines = [line.split() for line in _read_small(_SNMP).splitlines() if line[:4] == b"Tcp:"]
+        lines = [line.split() for line in read(_SNMP).splitlines() if line[:4] == b"Tcp:"]
         row = dict(zip(lines[0], lines[1], strict=True))
         return int(row[b"RetransSegs"]), int(row[b"ActiveOpens"]) + int(row[b"PassiveOpens"])
     except (OSError, IndexError, ValueError, KeyError):
         return None, None
 
 
-def run_queue_wait_ns(pid: int) -> int | None:
+def run_queue_wait_ns(pid: int, read: Callable[[str], bytes] = _read_small) -> int | None:
     """Nanoseconds the threads of process ``pid`` (of this host) have waited on a run queue
     for a CPU, summed over the threads alive now (the second field of each
-    ``/proc/<pid>/task/<tid>/schedstat``); None where it cannot be read. A side that waited
-    long wanted more CPU than it got: the machine's load, not the side, was short of CPU."""
-    total = 0
+    ``/proc/<pid>/task/<tid>/schedstat``, read by ``read``); None where it cannot be read. A
+    side that waited long wanted more CPU than it got: the machine's load, not the side, was
+    short of CPU."""
+    paths = _schedstats(pid)
+    return None if paths is None else _waited(paths, read)
+
+
+def _schedstats(pid: int) -> list[str] | None:
+    """The ``schedstat`` files of ``pid``'s threads now; None where it cannot be listed."""
     where = f"/proc/{pid}/task/"
     try:
-        tasks = os.listdir(where)
+        return [f"{where}{tid}/schedstat" for tid in os.listdir(where)]
     except OSError:
         return None
-    for tid in tasks:
+
+
+def _waited(paths: Iterable[str], read: Callable[[str], bytes]) -> int:
+    total = 0
+    for path in paths:
         try:
-            total += int(_read_small(f"{where}{tid}/schedstat").split()[1])
+            total += int(read(path).split()[1])
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile
     return total
+
+
+class _OpenFiles:
+    """Small ``/proc`` and ``/sys`` files kept open and read again with ``pread`` (the kernel
+    makes their text anew at offset 0), which saves an open and a close per read; a file
+    that fails to read is closed and forgotten (its thread or interface is gone)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()  # an agent reads from several threads
+
+    def read(self, path: str) -> bytes:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            try:
+                return os.pread(fd, 1 << 16, 0)
+            except OSError:
+                del self._fds[path]
+                os.close(fd)
+                raise
+
+    def forget(self, paths: Iterable[str]) -> None:
+        """Close ``paths`` (threads that ended)."""
+        with self._lock:
+            for path in paths:
+                fd = self._fds.pop(path, None)
+                if fd is not None:
+                    os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            while self._fds:
+                os.close(self._fds.popitem()[1])
+
+
+def own_connections(port: int) -> tuple[tuple[str, str], ...]:
+    """The ends of this process's TCP connections to port ``port`` (any address): ``(local,
+    peer)`` each, as ``address:port`` or ``[v6]:port``, read from its own descriptors
+    (``/proc/self/fd``, each socket's ``getsockname``/``getpeername`` through a duplicate:
+    gRPC's connections, which it does not show)."""
+    out = []
+    where = "/proc/self/fd/"
+    for name in os.listdir(where):
+        try:
+            if not os.readlink(where + name).startswith("socket:"):
+                continue
+            duplicate = os.dup(int(name))
+        except (OSError, ValueError):
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=duplicate)
+        except OSError:
+            os.close(duplicate)
+            continue
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            if sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                peer, local = sock.getpeername(), sock.getsockname()
+            except OSError:
+                continue  # not connected
+            if peer[1] == port:
+                out.append((_text_end(local[0], local[1]), _text_end(peer[0], peer[1])))
+    return tuple(out)
+
+
+def _text_end(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _parse_end(text: str) -> tuple[_Address, int]:
+    """The address (an IPv4-mapped one as IPv4) and port of ``address:port``/``[v6]:port``;
+    ValueError for anything else."""
+    host, _, port = text.rpartition(":")
+    address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address, int(port)
+
+
+def _exact(client: str, server: str) -> list[tuple[bytes, bool]]:
+    """Encoded lookups of both ends of the connection from ``client`` to ``server``
+    (``address:port`` each), by their addresses and ports (no cookie): the client's end
+    (False), then the server's (True). Empty for ends that do not parse or mix families."""
+    try:
+        (near, near_port), (far, far_port) = _parse_end(client), _parse_end(server)
+    except ValueError:
+        return []
+    if near.version != far.version:
+        return []
+    family = socket.AF_INET if near.version == 4 else socket.AF_INET6
+    request = _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=False)
+
+    def lookup(src: _Address, sport: int, dst: _Address, dport: int) -> bytes:
+        sockid = struct.pack(">HH", sport, dport) + src.packed.ljust(16, b"\0")
+        sockid += dst.packed.ljust(16, b"\0") + struct.pack("=I", 0) + _NO_COOKIE
+        at = _REQUEST_SOCKID
+        return request[:at] + sockid + request[at + len(sockid) :]
+
+    return [
+        (lookup(near, near_port, far, far_port), False),
+        (lookup(far, far_port, near, near_port), True),
+    ]
 
 
 def _end(family: int, raw: bytes) -> str:
@@ -262,7 +396,6 @@ def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
     if payload is None:
         return None
     values = _TCP_INFO.unpack(payload[: _TCP_INFO.size].ljust(_TCP_INFO.size, b"\0"))
-    info = dict(zip(_TCP_INFO_NAMES, values, strict=True))
 
     def end(address: str, port: int) -> str:
         return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
@@ -271,17 +404,17 @@ def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
         local=end(src, sport),
         remote=end(dst, dport),
         server_side=server_side,
-        retransmits=info["tcpi_total_retrans"],
-        data_segs_out=info["tcpi_data_segs_out"],
-        bytes_sent=info["tcpi_bytes_sent"],
-        bytes_acked=info["tcpi_bytes_acked"],
-        bytes_retrans=info["tcpi_bytes_retrans"],
-        bytes_received=info["tcpi_bytes_received"],
-        rtt_us=info["tcpi_rtt"],
-        rttvar_us=info["tcpi_rttvar"],
-        cwnd=info["tcpi_snd_cwnd"],
-        delivery_rate_Bps=info["tcpi_delivery_rate"],
-        dsack_dups=info["tcpi_dsack_dups"],
+        retransmits=values[_AT["tcpi_total_retrans"]],
+        data_segs_out=values[_AT["tcpi_data_segs_out"]],
+        bytes_sent=values[_AT["tcpi_bytes_sent"]],
+        bytes_acked=values[_AT["tcpi_bytes_acked"]],
+        bytes_retrans=values[_AT["tcpi_bytes_retrans"]],
+        bytes_received=values[_AT["tcpi_bytes_received"]],
+        rtt_us=values[_AT["tcpi_rtt"]],
+        rttvar_us=values[_AT["tcpi_rttvar"]],
+        cwnd=values[_AT["tcpi_snd_cwnd"]],
+        delivery_rate_Bps=values[_AT["tcpi_delivery_rate"]],
+        dsack_dups=values[_AT["tcpi_dsack_dups"]],
     )
 
 
@@ -316,6 +449,9 @@ class TelemetryReader:
         self._qdisc_request = _encoded(tcmsg(), RTM_GETQDISC, dump=True)
         #: Whether the kernel takes the one-walk discovery of both families.
         self._any = True
+        self._files = _OpenFiles()
+        #: Per process read, the ``schedstat`` files of its threads last read.
+        self._threads: dict[int, list[str]] = {}
 
     def _send(self, sock: socket.socket, requests: list[bytes]) -> list[int]:
         """Send encoded requests in one datagram, each with a sequence number of its own
@@ -367,47 +503,91 @@ class TelemetryReader:
             raise answer
         return list(answer)
 
-    def sockets(self, address: str, port: int, *, discover: bool = True) -> tuple[TcpState, ...]:
+    def sockets(
+        self, address: str, port: int, *, discover: bool = True, clients: Clients | None = None
+    ) -> tuple[TcpState, ...]:
         """Every TCP socket here with ``address:port`` at either end (connection states that
         carry data), with its ``tcp_info``.
 
-        ``discover`` asks the kernel for the TCP sockets of the namespace with ``port`` at
-        either end (a dump filtered in the kernel by ``INET_DIAG`` bytecode: it still walks
-        its whole connection table, 2 ms a family with 262,144 hash buckets, but sends only
-        those), unless no connection was opened in the namespace since the endpoint's last
-        discovery (``/proc/net/snmp``'s open counts unchanged); without it, or then, the
-        sockets the last discovery found are looked up by their addresses, all in one
-        datagram (a hash lookup each), and one opened since is not seen."""
-        return self._sockets(address, port, discover, _tcp_mib()[1] if discover else None)
+        ``discover`` finds the endpoint's connections anew, unless no connection was opened
+        in the namespace since its last discovery (``/proc/net/snmp``'s open counts
+        unchanged). With ``clients`` (called with ``port``: the ``(local, peer)`` ends of the
+        clients' connections to it, as :func:`own_connections` gives them), both ends of
+        each are looked up by their addresses; without, the kernel is asked for the TCP
+        sockets of the namespace with ``port`` at either end (a dump filtered in the kernel
+        by ``INET_DIAG`` bytecode: it still walks its whole connection table, 2 ms with
+        262,144 hash buckets, but sends only those). Without ``discover``, or when nothing
+        was opened, the sockets the last discovery found are looked up by their addresses,
+        all in one datagram (a hash lookup each), and one opened since is not seen."""
+        opened = _tcp_mib(self._files.read)[1] if discover else None
+        return self._sockets(address, port, discover, opened, clients)
 
     def _sockets(
-        self, address: str, port: int, discover: bool, opened: int | None
+        self,
+        address: str,
+        port: int,
+        discover: bool,
+        opened: int | None,
+        clients: Clients | None = None,
     ) -> tuple[TcpState, ...]:
         endpoint = (address, port)
         if endpoint not in self._known or (
             discover and (opened is None or self._opened.get(endpoint) != opened)
         ):
             self._opened[endpoint] = opened
+            if clients is not None:
+                return self._find(address, port, clients(port))
             return self._discover(address, port)
         known = self._known[endpoint]
         if not known:
             return ()
+        found = self._looked_up([(request, side) for _, request, side in known])
+        return tuple(state for state, _ in found)
+
+    def _looked_up(self, requests: list[tuple[bytes, bool]]) -> list[tuple[TcpState, bytes]]:
+        """The sockets that lookup ``requests`` (each with its side) found, with each one's
+        raw answer, in one datagram; one closed since (ENOENT) is left out."""
+        if not requests:
+            return []
         try:
             with self._lock:
-                seqs = self._send(self._diag, [request for _, request, _ in known])
+                seqs = self._send(self._diag, [request for request, _ in requests])
                 answers = self._answers(self._diag, seqs, dump=False)
         except OSError as exc:
             raise TelemetryError(f"socket diagnostics: {exc}") from None
-        found: list[TcpState] = []
-        for seq, (_, _, server_side) in zip(seqs, known, strict=True):
+        found: list[tuple[TcpState, bytes]] = []
+        for seq, (request, server_side) in zip(seqs, requests, strict=True):
             answer = answers[seq]
             if isinstance(answer, TelemetryError):
                 continue  # closed since (ENOENT)
             for data in answer:
+                # A lookup by addresses that finds no connection answers with the port's
+                # listening socket, whose far port is 0: only the asked-for ports count.
+                ports = _REQUEST_SOCKID, _REQUEST_SOCKID + 4
+                if data[_SOCKID : _SOCKID + 4] != request[ports[0] : ports[1]]:
+                    continue
                 state = _tcp_state(data, server_side=server_side)
                 if state is not None:
-                    found.append(state)
-        return tuple(found)
+                    found.append((state, data))
+        return found
+
+    def _find(
+        self, address: str, port: int, clients: Sequence[tuple[str, str]]
+    ) -> tuple[TcpState, ...]:
+        """Both ends of each client connection ``(local, peer)`` to ``port``, looked up by
+        their addresses; remembered (with their cookies) for the endpoint's next lookups."""
+        requests = [
+            request
+            for local, peer in clients
+            if peer.rpartition(":")[2] == str(port)
+            for request in _exact(local, peer)
+        ]
+        found = self._looked_up(requests)
+        self._known[(address, port)] = [
+            (data[_FAMILY], _lookup(data[_FAMILY], data), state.server_side)
+            for state, data in found
+        ]
+        return tuple(state for state, _ in found)
 
     def _discover(self, address: str, port: int) -> tuple[TcpState, ...]:
         # gRPC opens AF_INET6 sockets and reaches IPv4 through mapped addresses
@@ -444,9 +624,10 @@ class TelemetryReader:
     def link(self, interface: str) -> LinkState:
         """``interface``'s counters (sysfs), root qdisc (rtnetlink) and speed now."""
         where = f"/sys/class/net/{interface}/"
+        read = self._files.read
         try:
-            index = int(_read_small(where + "ifindex"))
-            counters = {name: int(_read_small(f"{where}statistics/{name}")) for name in _COUNTERS}
+            index = int(read(where + "ifindex"))
+            counters = {name: int(read(f"{where}statistics/{name}")) for name in _COUNTERS}
         except (OSError, ValueError) as exc:
             raise TelemetryError(f"interface {interface!r}: {exc}") from None
         kind, drops, rate = "", 0, None
@@ -476,21 +657,33 @@ class TelemetryReader:
             qdisc=kind,
             qdisc_drops=drops,
             tbf_rate_Bps=rate,
-            speed_bps=_speed_bps(interface),
+            speed_bps=_speed_bps(interface, read),
         )
 
-    def read(self, address: str, port: int, *, discover: bool = True) -> Reading:
+    def read(
+        self, address: str, port: int, *, discover: bool = True, clients: Clients | None = None
+    ) -> Reading:
         """One :class:`Reading` of the endpoint ``address:port`` and this reader's fabric
-        (``discover``: as for :meth:`sockets`)."""
+        (``discover`` and ``clients``: as for :meth:`sockets`)."""
         at = time.monotonic_ns()
-        retransmits, opened = _tcp_mib()
-        sockets = self._sockets(address, port, discover, opened)
+        retransmits, opened = _tcp_mib(self._files.read)
+        sockets = self._sockets(address, port, discover, opened, clients)
         link = self.link(self.interface) if self.interface else None
         return Reading(at, sockets, link, retransmits)
+
+    def run_queue_wait_ns(self, pid: int) -> int | None:
+        """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads."""
+        paths = _schedstats(pid)
+        with self._lock:
+            before = self._threads.get(pid, ())
+            self._threads[pid] = paths or []
+        self._files.forget(set(before) - set(paths or ()))
+        return None if paths is None else _waited(paths, self._files.read)
 
     def close(self) -> None:
         self._diag.close()
         self._route.close()
+        self._files.close()
 
     def __enter__(self) -> TelemetryReader:
         return self
@@ -582,10 +775,10 @@ def _tbf_rate(options: Any) -> int | None:
     return int(parms["rate"]) if parms and parms.get("rate") else None
 
 
-def _speed_bps(interface: str) -> int | None:
+def _speed_bps(interface: str, read: Callable[[str], bytes] = _read_small) -> int | None:
     """The speed the driver reports in sysfs (Mbit/s there), None where it reports none."""
     try:
-        mbps = int(_read_small(f"/sys/class/net/{interface}/speed"))
+        mbps = int(read(f"/sys/class/net/{interface}/speed"))
     except (OSError, ValueError):
         return None
     return mbps * 1_000_000 if mbps > 0 else None

@@ -10,11 +10,13 @@
 // pytest_tfgrpc/native/client.py (format below). Errors go to stderr; exit status 2 is a
 // usage error, 3 a failed or wrong RPC, 4 its parent went away (--exit-on-stdin-eof).
 //
-// --pause-fd N (a socket its parent holds the other end of): the client writes "s" there once
-// every stream is connected and warm, and "e" once every measured loop has ended (before any
-// connection closes), and each time waits for one byte back before going on, so that the
-// parent can read the connections' TCP state (sock_diag) at the measured phase's start and
-// end. Its parent gone (end of file there): exit status 4.
+// --pause-fd N (a socket its parent holds the other end of): the client writes a line there
+// once every stream is connected and warm ("s"), and once every measured loop has ended
+// ("e", before any connection closes): the phase's letter, then its TCP connections'
+// ends, " local>peer" each (address:port, [v6]:port), and each time waits for one byte back
+// before going on, so that the parent can read those connections' TCP state (sock_diag, by
+// their exact addresses: no walk of the kernel's connection table) at the measured phase's
+// start and end. Its parent gone (end of file there): exit status 4.
 //
 // Output (little-endian): "TFGN", u32 version (1), u32 streams; i64 size_bytes, wire_bytes,
 // wall_ns (first measured start to last measured end), client_user_ns, client_system_ns,
@@ -24,7 +26,11 @@
 #include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/support/sync_stream.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <barrier>
@@ -382,11 +388,63 @@ Cpu read_cpu(const std::shared_ptr<grpc::Channel>& status_channel) {
   return cpu;
 }
 
-// Tell the parent the phase `what` is reached and wait until it has looked (--pause-fd).
+// "address:port" ("[v6]:port") of an IPv4 or IPv6 socket address; empty for another family.
+std::string endpoint(const sockaddr_storage& where) {
+  char text[INET6_ADDRSTRLEN] = {0};
+  if (where.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&where);
+    if (!inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text)) return "";
+    return std::string(text) + ":" + std::to_string(ntohs(v4->sin_port));
+  }
+  if (where.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&where);
+    if (!inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text)) return "";
+    return "[" + std::string(text) + "]:" + std::to_string(ntohs(v6->sin6_port));
+  }
+  return "";
+}
+
+// " local>peer" for each connected TCP socket of this process (its gRPC connections: the
+// CPU reads' and every stream's), read from its own descriptors.
+std::string connection_ends() {
+  std::string out;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return out;
+  while (const dirent* entry = readdir(fds)) {
+    char* end = nullptr;
+    long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(fds)) continue;
+    int type = 0;
+    socklen_t size = sizeof type;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &size) != 0 ||
+        type != SOCK_STREAM) {
+      continue;
+    }
+    sockaddr_storage local{}, peer{};
+    socklen_t local_size = sizeof local, peer_size = sizeof peer;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_size) ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_size)) {
+      continue;  // not connected (or gone meanwhile)
+    }
+    std::string near = endpoint(local), far = endpoint(peer);
+    if (!near.empty() && !far.empty()) out += " " + near + ">" + far;
+  }
+  closedir(fds);
+  return out;
+}
+
+// Tell the parent the phase `what` is reached, with this process's connections, and wait
+// until it has looked (--pause-fd).
 void pause(const Settings& s, char what) {
   if (s.pause_fd < 0) return;
+  std::string line = what + connection_ends() + "\n";
   char answer = 0;
-  if (write(s.pause_fd, &what, 1) != 1 || read(s.pause_fd, &answer, 1) != 1) std::_Exit(4);
+  for (size_t sent = 0; sent < line.size();) {
+    ssize_t wrote = write(s.pause_fd, line.data() + sent, line.size() - sent);
+    if (wrote <= 0) std::_Exit(4);
+    sent += static_cast<size_t>(wrote);
+  }
+  if (read(s.pause_fd, &answer, 1) != 1) std::_Exit(4);
 }
 
 // One stream's warm-up and measured loop, in step with the others through `sync` (four
