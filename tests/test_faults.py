@@ -2095,7 +2095,7 @@ def test_no_client_cert():
             baseline_runs=runs,
             cli="pytest_tfgrpc.cli.history",
             command=command,
-            needs=("otava",),
+            needs=("ruptures",),
             lines=(f"*{count} runs are too short a history*at least 3 runs*",),
         )
         for name, runs, command, count in (
