@@ -1138,6 +1138,146 @@ def test_an_agent_bounds_each_connection_too(agent, name, streams):
 """
 )
 
+#: An agent at its process limit (:data:`~pytest_tfgrpc.hosts.agent.MAX_PROCESSES` roles, the
+#: native floor, the cheapest) split over ``{split}`` drivers, each with its own connection and
+#: a short lease renewed every quarter lease: every heartbeat is answered within the lease for
+#: longer than several leases, no lease runs out (each reply counts the driver's roles, all
+#: alive), a role beyond the limit is refused in one line naming it, and each driver's
+#: ``Release`` stops its own roles and only them.
+AGENT_AT_ITS_LIMIT = (
+    """
+import contextlib, json, subprocess, sys, threading, time
+import grpc
+import pytest
+from pytest_tfgrpc.hosts.agent import MAX_PROCESSES, MIN_LEASE_S
+from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
+
+LEASE_S = 2 * MIN_LEASE_S
+HOLD_S = 3 * LEASE_S  # all roles running this long: several leases, a dozen renewals
+SPLIT = ({split})
+
+def alive(pid):
+    try:
+        with open(f"/proc/{{pid}}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+class Driver:
+    # A driver as the agent sees one: its own id, connection and lease.
+    def __init__(self, target, token, name):
+        self.name = name
+        self.channel = grpc.insecure_channel(target)
+        self.stub = agent_pb2_grpc.NodeAgentStub(self.channel)
+        self.auth = (("authorization", "Bearer " + token),)
+        self.answered = []  # (sent, answered, the driver's running roles it reported)
+        self.missed = []  # why a heartbeat got no answer within the lease
+        self.roles = []  # (Run call, pid)
+        self.done = threading.Event()
+        self.heartbeat()
+        assert self.answered, self.missed
+        self.renewer = threading.Thread(target=self.renew, daemon=True)
+        self.renewer.start()
+
+    def heartbeat(self):
+        request = agent_pb2.LeaseRequest(driver=self.name, lease_s=LEASE_S)
+        sent = time.monotonic()
+        try:
+            reply = self.stub.Heartbeat(request, timeout=LEASE_S, metadata=self.auth)
+        except grpc.RpcError as exc:
+            self.missed.append(f"{{exc.code().name}} after {{time.monotonic() - sent:.1f}} s")
+        else:
+            self.answered.append((sent, time.monotonic(), reply.processes))
+
+    def renew(self):
+        while not self.done.wait(LEASE_S / 4):
+            self.heartbeat()
+
+    def requests(self):
+        start = agent_pb2.RoleStart(driver=self.name, role="floor_server", engine="native")
+        yield agent_pb2.RoleInput(start=start)
+        self.done.wait(60)  # the role's stdin stays open until the test ends
+
+    def start(self, timeout):
+        call = self.stub.Run(self.requests(), metadata=self.auth, timeout=timeout)
+        reply = next(call)
+        assert reply.WhichOneof("kind") == "started", reply
+        self.roles.append((call, reply.started.pid))
+
+    def release(self):
+        request = agent_pb2.LeaseRequest(driver=self.name)
+        return self.stub.Release(request, timeout=10, metadata=self.auth).processes
+
+    def close(self):
+        self.done.set()
+        self.renewer.join(LEASE_S + 1)
+        with contextlib.suppress(grpc.RpcError):
+            self.release()
+        for call, _ in self.roles:
+            call.cancel()
+        self.channel.close()
+
+"""
+    + AGENT_FIXTURE
+    + """
+
+@pytest.fixture
+def drivers(agent):
+    host, port, token_file = agent
+    with open(token_file) as f:
+        token = f.read().strip()
+    made = []
+    try:
+        for index in range(len(SPLIT)):
+            made.append(Driver(f"{{host}}:{{port}}", token, f"driver-{{index}}"))
+        yield made
+    finally:
+        for driver in made:
+            driver.close()
+
+def test_heartbeats_are_answered_while_the_agent_runs_its_limit(drivers):
+    assert sum(SPLIT) == MAX_PROCESSES
+    for driver, count in zip(drivers, SPLIT):
+        for _ in range(count):
+            driver.start(timeout=90)
+    running = time.monotonic()
+    time.sleep(HOLD_S)
+    held = time.monotonic()
+    dead = [pid for driver in drivers for _, pid in driver.roles if not alive(pid)]
+    try:  # one more, from the last driver: refused at once, naming the limit
+        drivers[-1].start(timeout=LEASE_S)
+        refused = None
+    except grpc.RpcError as exc:
+        refused = exc
+        print(f"REFUSED {{exc.code().name}}: {{exc.details()}}")
+    for driver, count in zip(drivers, SPLIT):
+        slowest = max(answered - sent for sent, answered, _ in driver.answered)
+        print(f"HEARTBEATS {{driver.name}} ({{count}} roles): {{len(driver.answered)}} answered,"
+              f" slowest {{slowest * 1000:.0f}} ms, missed {{driver.missed or 'none'}}")
+    assert not dead, f"roles {{dead}} died: their lease ran out?"
+    for driver, count in zip(drivers, SPLIT):
+        assert not driver.missed, (driver.name, driver.missed)
+        times = [running, *(when for _, when, _ in driver.answered if when >= running), held]
+        gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+        assert max(gaps) < LEASE_S, (driver.name, "a lease went unrenewed", max(gaps))
+        # sent once every role ran: the agent counted them all
+        reported = {{n for sent, _, n in driver.answered if sent >= running}}
+        assert reported == {{count}}, (driver.name, reported)
+        assert all(call.is_active() for call, _ in driver.roles), driver.name
+    assert refused is not None, "a role beyond the limit was started"
+    assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+    assert f"its limit ({{MAX_PROCESSES}})" in refused.details()
+    for driver, count in zip(drivers, SPLIT):  # each Release stops its own roles, only them
+        assert driver.release() == count
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for _, pid in driver.roles) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for _, pid in driver.roles), driver.name
+        later = [pid for other in drivers[drivers.index(driver) + 1:] for _, pid in other.roles]
+        assert all(alive(pid) for pid in later), "another driver's roles were stopped"
+"""
+)
+
 #: A PS task frees the streams of calls that end: pulls parked at the barrier whose client
 #: cancels or whose deadline passes, requests it cannot parse, and calls that send no request
 #: (the idle bound, the tensor service's, on every PS method). Then the same connection, past
@@ -2242,6 +2382,30 @@ def test_no_client_cert():
         args=QUICK,
         outcomes={"passed": 8},
         seconds=240,
+    ),
+    *(
+        Case(
+            f"agent-at-its-limit-{name}",
+            "I25.exhaustion",
+            AGENT_AT_ITS_LIMIT.replace("{split}", split),
+            args=("-s",),
+            needs=("native",),
+            outcomes={"passed": 1},
+            lines=(
+                "*REFUSED RESOURCE_EXHAUSTED: the agent runs 64 processes already, its limit (64)*",
+                *(
+                    f"*HEARTBEATS driver-{index} ({count} roles): * answered, slowest * ms, "
+                    "missed none*"
+                    for index, count in enumerate(int(n) for n in split.split(",") if n.strip())
+                ),
+            ),
+            seconds=120,
+        )
+        for name, split in (
+            ("64-roles-of-one-driver", "64,"),
+            ("32-and-32-roles-of-two-drivers", "32, 32"),
+            ("64-roles-and-an-idle-driver", "64, 0"),
+        )
     ),
     # --- I25.names: agents and hosts by name, subnets a route covers ------------------------
     Case(
