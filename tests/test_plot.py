@@ -8,7 +8,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -427,11 +427,12 @@ def test_tick_labels_never_overlap_and_legends_never_cover_the_histogram(
     histogram bar's top under the histogram's legend."""
     pytest.importorskip("matplotlib")
     for name, figure in draw(_wide_run(sizes, STEP_RANGES[steps])):
-        figure.canvas.draw()
-        renderer = figure.canvas.get_renderer()
+        canvas: Any = figure.canvas  # an Agg canvas (draw() makes one): it has a renderer
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        inner = [ax.get_legend() for ax in figure.axes]
         legends = [legend.get_window_extent(renderer) for legend in figure.legends]
-        for ax in figure.axes:
-            legends += [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() else []
+        legends += [legend.get_window_extent(renderer) for legend in inner if legend is not None]
         for ax in figure.axes:
             for axis in (ax.xaxis, ax.yaxis):
                 shown = _shown_labels(axis, renderer)
@@ -446,10 +447,10 @@ def test_tick_labels_never_overlap_and_legends_never_cover_the_histogram(
         if not name.startswith("ps_"):
             continue
         histogram = figure.axes[1]
-        legend = histogram.get_legend()
-        box = legend.get_window_extent(renderer) if legend else None
+        key = histogram.get_legend()
+        box = key.get_window_extent(renderer) if key is not None else None
         for patch in histogram.patches:
-            data = patch.get_data()
+            data = cast(Any, patch).get_data()  # a StepPatch: (values, edges, baseline)
             for count, (left, right) in zip(
                 data.values, itertools.pairwise(data.edges), strict=True
             ):
