@@ -22,9 +22,10 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_factor
+from pytest_tfgrpc.ps.checked_sum import check_input, verify_sum
 from pytest_tfgrpc.ps.jobs import AllReduceJob, MessageError, check_allreduce
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.ps.worker import Mailbox, check_input, verify_sum
+from pytest_tfgrpc.ps.worker import Mailbox
 from pytest_tfgrpc.report.record import read_record, result_properties
 from pytest_tfgrpc.wire._proto import worker_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from pytest_tfgrpc.bench.ps import PSResult
 from pytest_tfgrpc.report.plot import (
+    LABEL_SHARE,
     MIN_DECADES,
     PlotUnavailableError,
     draw,
+    log_ticks,
     measurement_rows,
     per_test_properties,
     plot_available,
@@ -357,3 +361,120 @@ def test_nothing_to_plot_writes_nothing(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     assert write_plots({"t::a": [("tfgrpc.meta.host", "x")]}, tmp_path / "plots") == []
     assert not (tmp_path / "plots").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Readable at a glance: labels that never overlap, legends that never cover the data
+
+
+def _wide_run(sizes: tuple[int, ...], step_ns: tuple[int, ...]) -> dict[str, list[tuple[str, str]]]:
+    """A run with every size of ``sizes`` and a PS test per step time of ``step_ns``."""
+    run: dict[str, list[tuple[str, str]]] = {}
+    for fabric, scale in (("lo", 1), ("eth0", 3)):
+        for benchmark in ("p2p_latency", "p2p_bandwidth"):
+            points = tuple(
+                SizeResult.from_samples(size, size + 16, _samples(scale * (1000 + size)), 10**9)
+                for size in sizes
+            )
+            result = dataclasses.replace(_p2p(benchmark, fabric, scale), sizes=points)
+            run[f"t.py::test_{benchmark}[{fabric}]"] = _properties(result)
+        for i, step in enumerate(step_ns):
+            sharding = ("round_robin", "greedy")[i % 2]
+            result = _ps(fabric, sharding, step * scale)
+            run[f"t.py::test_sgd{i}[{fabric}-{sharding}]"] = _properties(result)
+    return run
+
+
+def _shown_labels(axis: Any, renderer: Any) -> list[tuple[str, Any]]:
+    """The tick labels ``axis`` draws (text, display box): those inside the view interval."""
+    low, high = sorted(axis.get_view_interval())
+    shown = []
+    for tick in axis.get_major_ticks():
+        label = tick.label1
+        where = tick.get_loc()
+        if (
+            label.get_visible()
+            and label.get_text()
+            and low * (1 - 1e-9) <= where <= high * (1 + 1e-9)
+        ):
+            shown.append((label.get_text(), label.get_window_extent(renderer)))
+    return shown
+
+
+def _overlap(a: Any, b: Any, slack_px: float = 0.5) -> bool:
+    return bool(
+        a.x0 + slack_px < b.x1 and b.x0 + slack_px < a.x1
+        and a.y0 + slack_px < b.y1 and b.y0 + slack_px < a.y1
+    )  # fmt: skip
+
+
+WIDE_SIZES = tuple(4 << (2 * k) for k in range(14))  # 4 B .. 256 MiB, 14 sizes
+STEP_RANGES = {
+    "narrow": (4_000_000,),  # one payload: the histogram spans ~2x
+    "a decade": (1_000_000, 9_000_000),
+    "wide": (200_000, 5_000_000, 900_000_000),
+}
+
+
+@pytest.mark.parametrize("steps", sorted(STEP_RANGES))
+@pytest.mark.parametrize("sizes", [SIZES, WIDE_SIZES], ids=["3 sizes", "14 sizes"])
+def test_tick_labels_never_overlap_and_legends_never_cover_the_histogram(
+    sizes: tuple[int, ...], steps: str
+) -> None:
+    """Issue 26: the PS histogram's ticks read ``5.00ms7.50ms10.0ms`` and it had one tick, its
+    legend covered the bars. Every plot kind, rendered, has no two tick labels of an axis
+    overlapping, at least two labelled ticks per axis, no legend over a tick label, and no
+    histogram bar's top under the histogram's legend."""
+    pytest.importorskip("matplotlib")
+    for name, figure in draw(_wide_run(sizes, STEP_RANGES[steps])):
+        canvas: Any = figure.canvas  # an Agg canvas (draw() makes one): it has a renderer
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        inner = [ax.get_legend() for ax in figure.axes]
+        legends = [legend.get_window_extent(renderer) for legend in figure.legends]
+        legends += [legend.get_window_extent(renderer) for legend in inner if legend is not None]
+        for ax in figure.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                shown = _shown_labels(axis, renderer)
+                where = f"{name}, {ax.get_xlabel() or ax.get_ylabel()}, {axis.axis_name} axis"
+                if axis.get_scale() == "log" or axis is ax.yaxis:  # values, not categories
+                    assert len(shown) >= 2, f"{where}: labelled ticks {[t for t, _ in shown]}"
+                for (text_a, a), (text_b, b) in itertools.combinations(shown, 2):
+                    assert not _overlap(a, b), f"{where}: {text_a!r} overlaps {text_b!r}"
+                for text, box in shown:
+                    for legend in legends:
+                        assert not _overlap(box, legend), f"{where}: a legend covers {text!r}"
+        if not name.startswith("ps_"):
+            continue
+        histogram = figure.axes[1]
+        key = histogram.get_legend()
+        box = key.get_window_extent(renderer) if key is not None else None
+        for patch in histogram.patches:
+            data = cast(Any, patch).get_data()  # a StepPatch: (values, edges, baseline)
+            for count, (left, right) in zip(
+                data.values, itertools.pairwise(data.edges), strict=True
+            ):
+                if count <= 0 or box is None:
+                    continue
+                x, y = histogram.transData.transform((math.sqrt(left * right), count))
+                assert not box.contains(x, y), f"{name}: the legend covers a bar at {count}"
+
+
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [(1e3, 1e4), (4.0e6, 4.4e6), (4.000e6, 4.001e6), (2e5, 9e8), (1.0, 1e12), (9.9e4, 1.01e5)],
+)
+def test_log_ticks_are_ordered_inside_the_axis_and_never_closer_than_a_label(
+    low: float, high: float
+) -> None:
+    ticks = log_ticks(low, high)
+    assert len(ticks) >= 2 and ticks == sorted(set(ticks))
+    assert all(low <= t <= high for t in ticks)
+    gaps = [math.log10(b / a) for a, b in itertools.pairwise(ticks)]
+    assert min(gaps) >= LABEL_SHARE * math.log10(high / low) * 0.99
+
+
+@pytest.mark.parametrize(("low", "high"), [(0.0, 1.0), (2.0, 1.0), (1.0, math.inf), (-1.0, 1.0)])
+def test_log_ticks_refuse_an_axis_that_is_not_a_positive_range(low: float, high: float) -> None:
+    with pytest.raises(ValueError, match="a log axis needs 0 < low < high"):
+        log_ticks(low, high)

@@ -34,10 +34,10 @@ from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, relative_error
 from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_factor
+from pytest_tfgrpc.ps.checked_sum import check_input, verify_sum
 from pytest_tfgrpc.ps.jobs import AllReduceReply
 from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
-from pytest_tfgrpc.ps.worker import check_input, verify_sum
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
 from pytest_tfgrpc.roles.processes import LOCAL
 from pytest_tfgrpc.wire.client import BenchmarkError
@@ -162,8 +162,8 @@ def _per_step(replies: Sequence[AllReduceReply], steps: int) -> tuple[float, flo
 
 def measure_whole_buffer(nbytes: int, *, check: bool, repeats: int = _WHOLE_REPEATS) -> float:
     """A rank's CPU seconds per byte of an ``nbytes`` buffer for what it does once per
-    all-reduce outside the steps (``pytest_tfgrpc.ps.worker``'s loop): copy its input into
-    the buffer and, with ``check``, :func:`~pytest_tfgrpc.ps.worker.verify_sum` the result.
+    all-reduce outside the steps (the worker processes' loop): copy its input into
+    the buffer and, with ``check``, :func:`~pytest_tfgrpc.ps.checked_sum.verify_sum` the result.
     Timed here with the workers' own functions, on this thread's CPU clock, the median of
     ``repeats``; 0.0 for a buffer of no whole float32 element.
 

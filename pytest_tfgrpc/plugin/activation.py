@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_tfgrpc.plugin.engines import check_engines, engines_of
-from pytest_tfgrpc.plugin.markers import usage_error_key
-from pytest_tfgrpc.plugin.options import MARKERS, configured
+from pytest_tfgrpc.plugin.options import MARKERS, configured, usage_error_key
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.plugin.session import RunState

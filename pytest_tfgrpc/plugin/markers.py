@@ -27,7 +27,7 @@ from pytest_tfgrpc.metrics import (
     budget_metrics_of,
 )
 from pytest_tfgrpc.model.placement import Placement, Topology, placed_on
-from pytest_tfgrpc.plugin.options import MARKERS
+from pytest_tfgrpc.plugin.options import MARKERS, usage_error_key
 from pytest_tfgrpc.report.budget import Budget
 from pytest_tfgrpc.suggest import closest, did_you_mean
 
@@ -150,11 +150,6 @@ def unrecorded_budget(item: pytest.Item, budget: Budget | None) -> str:
                 f"{', '.join(recorded)}){did_you_mean(limit.metric, recorded)}"
             )
     return ""
-
-
-#: The run's usage error that a pytest-xdist worker holds per test instead of raising it
-#: (activation.py stores it at collection): the test fails with it at setup.
-usage_error_key = pytest.StashKey[str]()
 
 
 def marker_problem(item: pytest.Item) -> str:

@@ -131,6 +131,10 @@ TLS_OPTIONS = {
 }
 #: The short form of --tfgrpc-fabric, added unless the project defines its own.
 SHORT_FABRIC = "--fabric"
+#: The run's usage error that a pytest-xdist worker holds per test instead of raising it
+#: (activation.py stores it at collection; markers.py fails the test with it at setup). Kept
+#: here, not in markers.py, so that activation imports nothing heavy in a run without tfgrpc.
+usage_error_key = pytest.StashKey[str]()
 _yielded_key = pytest.StashKey[bool]()
 #: Marker names and their ``--markers`` lines: the full signatures (the docs' marker table).
 MARKERS = {

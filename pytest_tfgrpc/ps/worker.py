@@ -36,6 +36,7 @@ import grpc.aio
 import numpy as np
 import numpy.typing as npt
 
+from pytest_tfgrpc.ps.checked_sum import check_input, verify_sum
 from pytest_tfgrpc.ps.jobs import (
     AllReduceJob,
     AllReduceReply,
@@ -364,25 +365,6 @@ class Mailbox:
             ) from None
         finally:
             self._slots.pop(key, None)
-
-
-def check_input(elements: int, rank: int) -> npt.NDArray[np.float32]:
-    """Rank ``rank``'s input with ``check``: ``(rank + 1) * (j mod 7 + 1)`` at element ``j``,
-    small integers whose sums float32 holds exactly."""
-    return (np.arange(elements, dtype=np.int64) % 7 + 1).astype(np.float32) * (rank + 1)
-
-
-def verify_sum(
-    got: npt.NDArray[np.float32], expected: npt.NDArray[np.float32], rank: int, iteration: int
-) -> None:
-    """BenchmarkError naming the rank, the all-reduce and the first element where ``got`` is
-    not ``expected`` (the exact sum of every rank's :func:`check_input`)."""
-    if not np.array_equal(got, expected):
-        wrong = int(np.flatnonzero(got != expected)[0])
-        raise BenchmarkError(
-            f"rank {rank}: all-reduce {iteration} element {wrong} is {float(got[wrong])!r}, "
-            f"the sum of every rank's input is {float(expected[wrong])!r}"
-        )
 
 
 def ring_partners(rank: int, ranks: int, algorithm: str) -> list[int]:

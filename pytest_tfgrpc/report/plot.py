@@ -31,6 +31,7 @@ and drawing uses the Agg canvas directly, leaving pyplot's global backend alone.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import os
 import re
@@ -514,13 +515,55 @@ def _ps_categories(chart: _Chart) -> Callable[[Row], tuple[str, ...]]:
 #: Histogram bins of a step-time plot: log-spaced over the sketched range.
 HISTOGRAM_BINS = 40
 
+#: Tick steps within a decade, densest first; each set's closest two ticks, in decades.
+_TICK_STEPS = ((1.0, 2.0, 3.0, 5.0, 7.0), (1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
+#: The share of a histogram's axis one tick label takes ("7.00ms" at the default size, with a
+#: gap: about 60 of the 400 px the narrower of a PS plot's two panels gives its axis at least).
+LABEL_SHARE = 0.15
+
+
+def log_ticks(low: float, high: float, label_share: float = LABEL_SHARE) -> list[float]:
+    """Tick values for a log axis from ``low`` to ``high`` (> 0) whose labels cannot overlap: the
+    densest 1-2-3-5-7, 1-2-5, 1-3 or decade steps whose closest two ticks are at least
+    ``label_share`` of the axis apart (every n-th decade when even decades are too close);
+    on an axis narrower than those steps allow two ticks on, three ticks evenly spaced in log
+    and rounded to two significant digits (more where two would make them equal). Always at
+    least two values, in order.
+
+    :raises ValueError: ``low`` or ``high`` not positive and finite, or ``high <= low``.
+    """
+    if not (0 < low < high and math.isfinite(high)):
+        raise ValueError(f"a log axis needs 0 < low < high, got {low!r} and {high!r}")
+    span = math.log10(high / low)
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    for steps in _TICK_STEPS:
+        marks = [*steps, 10.0]
+        closest = min(math.log10(b / a) for a, b in itertools.pairwise(marks))
+        if closest < label_share * span:
+            continue
+        ticks = [s * 10.0**k for k in range(first, last + 1) for s in steps]
+        inside = [t for t in ticks if low <= t <= high]
+        if len(inside) >= 2:
+            return inside
+    every = max(1, math.ceil(label_share * span))
+    decades = [10.0**k for k in range(first, last + 1) if k % every == 0]
+    inside = [t for t in decades if low <= t <= high]
+    if len(inside) >= 2:
+        return inside
+    even = [low * (high / low) ** (i / 4) for i in (1, 2, 3)]
+    for digits in range(2, 17):
+        rounded = sorted({float(f"{t:.{digits}g}") for t in even})
+        if len(rounded) == len(even):
+            break
+    return rounded
+
 
 def _draw_histograms(ax: Axes, chart: _Chart, colours: Mapping[str, str], step: bool) -> None:
     """Step-time (RPC-time) histograms from the sketches the properties hold (bounded: a
     sketch keeps ~1% relative buckets, not every sample), one outline per fabric and
     category, on a log time axis."""
     import numpy as np
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     category_of = _ps_categories(chart)
     sketches: list[tuple[str, str, Sketch]] = []
@@ -543,7 +586,8 @@ def _draw_histograms(ax: Axes, chart: _Chart, colours: Mapping[str, str], step: 
         ax.stairs(counts, edges, color=colours[fabric], linestyle=styles[i % len(styles)],
                   label=f"{name} (n={sketch.count})")  # fmt: skip
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0, 7.0)))
+    ax.set_xlim(edges[0], edges[-1])
+    ax.xaxis.set_major_locator(FixedLocator(log_ticks(float(edges[0]), float(edges[-1]))))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_duration(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("step time" if step else "RPC time")
