@@ -13,10 +13,12 @@ Each phase warms its channel up with 50 echoes before the stranger starts.
 * ``rapid-reset``: a stranger opens streams and resets each at once (HTTP/2 RST_STREAM,
   CVE-2023-44487), as fast as one thread can, on one connection.
 
-Every phase is bounded in count (``--calls`` echoes, ``--resets`` streams) and in time
-(``--seconds``); traffic goes to loopback only. The stranger (``tests/stranger.py``) speaks
-raw HTTP/2 with the ``h2`` library (``pip install h2``). Each phase reports the echoes' count,
-failures (deadline or refusal), p50, p99 and max, and what the stranger did.
+Every phase is bounded in count (``--calls`` echoes and as many failures, ``--resets``
+streams) and in time (``--seconds``); after a failed echo the next waits 50 ms, so that a server
+that refuses at once cannot use a phase's calls up before the stranger is gone. Traffic goes to
+loopback only. The stranger (``tests/stranger.py``) speaks raw HTTP/2 with the ``h2`` library
+(``pip install h2``). Each phase reports the echoes' count, failures (deadline or refusal) by
+status code, p50, p99 and max, and what the stranger did.
 
     python benchmarks/stranger_streams.py --out benchmarks/results/stranger_streams.txt
     python benchmarks/stranger_streams.py --phases quiet,rapid-reset   # without the 60 s idle phase
@@ -25,12 +27,14 @@ failures (deadline or refusal), p50, p99 and max, and what the stranger did.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -67,25 +71,33 @@ def warm_up(channel: grpc.Channel) -> None:
         channel.unary_unary(ECHO)(bytes(1024), timeout=2)
 
 
-def measure(channel: grpc.Channel, calls: int, seconds: float) -> dict[str, float]:
-    """``calls`` 1 KiB echoes within ``seconds``, every one counted: latency figures."""
+#: After a failed echo, the next waits this long: a server that refuses at once would
+#: otherwise use the phase's whole budget of calls in a moment, before the stranger is gone.
+RETRY_PAUSE_S = 0.05
+
+
+def measure(channel: grpc.Channel, calls: int, seconds: float) -> dict[str, Any]:
+    """``calls`` 1 KiB echoes within ``seconds`` (at most ``calls`` failures too), every one
+    counted: latency figures of the answered ones, the failures and their status codes."""
     payload = bytes(1024)
     samples: list[int] = []
-    failures = 0
+    failures: collections.Counter[str] = collections.Counter()
     echo = channel.unary_unary(ECHO)
     deadline = time.monotonic() + seconds
-    while len(samples) + failures < calls and time.monotonic() < deadline:
+    while len(samples) < calls and failures.total() < calls and time.monotonic() < deadline:
         start = time.perf_counter_ns()
         try:
             echo(payload, timeout=2)
-        except grpc.RpcError:
-            failures += 1
+        except grpc.RpcError as error:
+            failures[error.code().name] += 1  # type: ignore[attr-defined]
+            time.sleep(RETRY_PAUSE_S)
             continue
         samples.append(time.perf_counter_ns() - start)
     ns = np.array(samples or [0], dtype=np.float64)
     return {
         "echoes": len(samples),
-        "failures": failures,
+        "failures": failures.total(),
+        "codes": dict(failures),
         "p50_us": float(np.percentile(ns, 50)) / 1e3,
         "p99_us": float(np.percentile(ns, 99)) / 1e3,
         "max_us": float(ns.max()) / 1e3,
@@ -145,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 f"{name:13s} echoes {figures['echoes']:5.0f} failures {figures['failures']:4.0f} "
                 f"p50 {figures['p50_us']:9.1f} us  p99 {figures['p99_us']:9.1f} us  "
-                f"max {figures['max_us']:9.1f} us  stranger {did or '-'}  "
+                f"max {figures['max_us']:9.1f} us  failed {figures['codes'] or '-'}  "
+                f"stranger {did or '-'}  "
                 f"server {'alive' if alive else 'DEAD'}"
             )
             print(lines[-1], flush=True)
