@@ -155,9 +155,11 @@ def test_a_baseline_from_another_setup_is_reported(
 def test_max_regression_takes_every_gated_metric(
     pytester: pytest.Pytester, baseline: Path, tolerance: str, accepted: bool
 ) -> None:
+    # Every other figure at 5000%, not GATE's 150%: the unchanged run's p50 read +182% against a
+    # one-run baseline on a busy runner; this test is about the names, not the timing.
     result = run(
         pytester, "out.xml", "0s", f"--tfgrpc-baseline={baseline}",
-        f"--tfgrpc-max-regression={tolerance}", *GATE, "-k", "steady",
+        f"--tfgrpc-max-regression={tolerance}", "--tfgrpc-max-regression=5000%", "-k", "steady",
     )  # fmt: skip
     if accepted:
         result.assert_outcomes(passed=1, deselected=1)
