@@ -382,16 +382,17 @@ class Calibration:
         """Give each slowed side (``x1.2``, ...) its server delay (``--tfgrpc-server-delay``).
 
         A delay adds more than itself to an echo (the spin shares the server's CPU with the
-        neighbour; the stop of the last full run sized 76 us for 1.2x from ``0.2 x p50`` and
-        got 1.28x), and pairs of whole runs are too noisy to size it from (a pair's log ratio
-        spreads ~21 %: 4 probe pairs have a standard error of ~10 %). So each delay is probed
-        in ``processes`` fresh processes (a run's scheduler mode is drawn per process), each
-        measuring a plain server and the delayed one side by side round by round
-        (:func:`probe_delay`), whose ratio within a round spreads little; the excess ratio
-        ``r - 1`` is fitted as a line in the delay (least squares over every delay probed),
-        first at ``0.2`` and ``0.1`` times the median p50 of ``SIZING_RUNS`` unchanged runs,
-        then once more at the fitted delay of the first ratio, and each delay read off the
-        fit over all probes. The trials' own pairs report the ratio they got."""
+        neighbour; the earlier design's full run sized 76 us for 1.2x as ``0.2 x p50`` and its
+        pairs ran at 1.28x), and pairs of whole runs are too noisy to size it from (a pair's
+        log ratio spreads ~21 %: 4 probe pairs have a standard error of ~10 %). So each delay
+        is probed in ``processes`` fresh processes, each measuring a plain server and the
+        delayed one side by side round by round (:func:`probe_delay`: both in the same
+        scheduler modes); the excess ratio ``r - 1`` is fitted as a line in the delay (least
+        squares over every delay probed), first at ``0.2`` and ``0.1`` times the median p50
+        of ``SIZING_RUNS`` unchanged runs, then once more at the fitted delay of the first
+        ratio (kept within half the shortest and 1.5x the longest delay probed), and each
+        delay read off the fit over all probes. The trials' own pairs report the ratio they
+        got."""
         sized = [self.run("A", f"sizing-{i}") for i in range(SIZING_RUNS)]
         values = [v for v in map(run_value, sized) if v is not None]
         if not values:
@@ -418,7 +419,9 @@ class Calibration:
         if fit is None:
             self.say("# the sizing probes measured nothing usable: cannot size the slowdowns")
             return False
-        probe(delay_for(fit, ratios[0]))
+        # A noisy first fit may give a delay far off (or none): the second probe stays between
+        # half the shortest and 1.5x the longest delay probed.
+        probe(min(max(delay_for(fit, ratios[0]), min(probed) / 2), max(probed) * 1.5))
         fit = excess_line(probed) or fit
         delays = {f"x{r}": f"{delay_for(fit, r):.0f}us" for r in ratios}
         for label, delay in delays.items():
