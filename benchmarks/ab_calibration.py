@@ -40,8 +40,8 @@ trial; each rate is still one verdict per trial), and the order within a pair is
 tfgrpc-ab's default A-then-B: a pair's runs lie up to 3 runs apart, which if anything widens
 the pairs' spread against tfgrpc-ab's back-to-back pairs. The full run's 2 long trials are
 what fits its ~25 minutes with the example (330 runs at ~3.9 s beside the neighbour, the
-sizing ~1.5 min, the example ~3 min: ~26 min; the script prints its own projection after sizing);
-``--long-trials 6`` runs the earlier design's 6 (~4 min more), ``--long-trials 20`` the
+sizing ~1.5 min, the example ~3 min: ~26 min; the script prints its own projection after
+sizing); ``--long-trials 6`` runs the earlier design's 6 (~4 min more), ``--long-trials 20`` the
 moonshot in full (~16 min more).
 
 Each run measures ~0.7 s of echoes (``RUN_OPTIONS``): under load, A/A pairs of 300-iteration
