@@ -7,11 +7,13 @@
 One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle). For every
 algorithm and pass, :func:`~pytest_tfgrpc.bench.allreduce.allreduce` measures every size
 (check=True: every sum verified) and then the model's inputs (a two-rank ring on workers 0
-and 1, the other sessions' load), and predicts each size. Each row: the measured p50, the
+and 1; the run's own ranks at a small size, which give a step's fixed cost where they share
+cores; the other sessions' load), and predicts each size. Each row: the measured p50, the
 prediction, its error, which term limits it, its link and CPU parts (the CPU part with the
-whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share), busbw,
-the load the probe found and the 1-minute load average. Nothing here asserts; the count
-within +-25% is printed.
+whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share, and the
+fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
+found and the 1-minute load average. Nothing here asserts; the count within +-25% is
+printed.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def main() -> None:
     run = RunSpec(iterations=args.iterations, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
     header = (
         f"{'algorithm':<17} {'size':>6} {'measured':>9} {'model':>9} {'error':>7} {'limit':>5} "
-        f"{'link':>8} {'cpu':>8} {'whole':>7} {'busbw':>10} {'load':>5} {'loadavg':>7}"
+        f"{'link':>8} {'cpu':>8} {'whole':>7} {'step':>7} {'busbw':>10} {'load':>5} {'loadavg':>7}"
     )
+    print(f"{os.uname().nodename}: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(header)
     errors = []
     with PSCluster(resolve_fabric(args.fabric), Topology(ps=1, workers=args.workers)) as cluster:
@@ -57,12 +60,14 @@ def main() -> None:
                     busbw = next(f.value for f in point.figures() if f.metric.name == "busbw")
                     error = float(model["error_pct"])
                     whole = prediction.costs.whole_byte_s * point.size_bytes / prediction.rate
+                    step = prediction.costs.step_s or 0.0
                     errors.append(error)
                     print(
                         f"{algorithm:<17} {size_label(point.size_bytes):>6} "
                         f"{point.summary.p50_ns / 1e6:>7.2f}ms {prediction.step_s * 1e3:>7.2f}ms "
                         f"{error:>+6.0f}% {model['limit']:>5} {prediction.link_s * 1e3:>6.2f}ms "
                         f"{prediction.host_s * 1e3:>6.2f}ms {whole * 1e3:>5.2f}ms "
+                        f"{step * 1e3:>5.2f}ms "
                         f"{busbw / 1e6:>6.1f}MB/s "
                         f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f}"
                     )

@@ -399,6 +399,7 @@ def allreduce_time(
     rate: float = 1.0,
     buffers: int = 1,
     whole_s: float = 0.0,
+    step_s: float | None = None,
 ) -> tuple[float, float, float]:
     """Seconds of one all-reduce (module docstring): ``(t_comm, link, host)``, ``link`` the
     sum of the steps' link times alone, ``host`` of their CPU times at ``rate`` of a core
@@ -406,16 +407,24 @@ def allreduce_time(
     each step, plus ``whole_s / rate``. ``whole_s``: a rank's CPU seconds per all-reduce on
     its whole buffer outside the steps (copying its input in, verifying the sum), which the
     ranks sharing the cores pay between steps. ``buffers`` all-reduces of the pieces' total
-    run one after the other (unfused tensors)."""
+    run one after the other (unfused tensors). ``step_s``: a step's fixed seconds measured
+    where the ranks share cores (among the run's own ranks, in their own placement, at a small
+    size), which then replaces ``cpu.rpc_s / rate`` (module docstring: ranks sharing cores);
+    None: each rank's fixed CPU per step at ``rate``."""
     if not 0 < rate <= 1:
         raise ValueError(f"rate={rate!r}: a share of a core, in (0, 1]")
     if not (math.isfinite(whole_s) and whole_s >= 0):
         raise ValueError(f"whole_s={whole_s!r}: CPU seconds, finite and >= 0")
+    if step_s is not None and not (math.isfinite(step_s) and step_s >= 0):
+        raise ValueError(f"step_s={step_s!r}: seconds per step, finite and >= 0")
     total = host = whole_s / rate
     link = 0.0
     for piece in allreduce_pieces(nbytes, ranks, algorithm):
         on_link = buffers * alpha_s + piece / link_Bps
-        on_host = cpu.time(buffers, 0, 2 * piece) / rate if cpu is not None else 0.0
+        on_host = 0.0
+        if cpu is not None:
+            fixed = buffers * step_s if step_s is not None else cpu.time(buffers, 0, 0) / rate
+            on_host = fixed + cpu.time(0, 0, 2 * piece) / rate
         total += max(on_link, on_host)
         link += on_link
         host += on_host
