@@ -12,8 +12,9 @@ cores; the other sessions' load), and predicts each size. Each row: the measured
 prediction, its error, which term limits it, its link and CPU parts (the CPU part with the
 whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share, and the
 fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
-found and the 1-minute load average. Nothing here asserts; the count within +-25% is
-printed.
+found, the 1-minute load average, and the error the same inputs give without the in-place
+step (each step's fixed part the two-rank sweep's CPU at the ranks' share, as before stop 29).
+Nothing here asserts; the counts within +-25% are printed.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from dataclasses import replace
 
-from pytest_tfgrpc.bench.allreduce import allreduce
+from pytest_tfgrpc.bench.allreduce import allreduce, predict_allreduce
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.analytic import relative_error
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.units import parse_sizes, size_label
@@ -45,11 +48,12 @@ def main() -> None:
     run = RunSpec(iterations=args.iterations, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
     header = (
         f"{'algorithm':<17} {'size':>6} {'measured':>9} {'model':>9} {'error':>7} {'limit':>5} "
-        f"{'link':>8} {'cpu':>8} {'whole':>7} {'step':>7} {'busbw':>10} {'load':>5} {'loadavg':>7}"
+        f"{'link':>8} {'cpu':>8} {'whole':>7} {'step':>7} {'busbw':>10} {'load':>5} {'loadavg':>7} "
+        f"{'w/o step':>8}"
     )
     print(f"{os.uname().nodename}: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(header)
-    errors = []
+    errors, without_step = [], []
     with PSCluster(resolve_fabric(args.fabric), Topology(ps=1, workers=args.workers)) as cluster:
         for algorithm in args.algorithms.split(","):
             for _ in range(args.repeat):
@@ -62,6 +66,14 @@ def main() -> None:
                     whole = prediction.costs.whole_byte_s * point.size_bytes / prediction.rate
                     step = prediction.costs.step_s or 0.0
                     errors.append(error)
+                    alone = predict_allreduce(
+                        replace(prediction.costs, step_s=None),
+                        point.size_bytes,
+                        result.ranks,
+                        algorithm,
+                    )
+                    measured_s = point.summary.p50_ns / 1e9
+                    without_step.append(100 * relative_error(alone.step_s, measured_s))
                     print(
                         f"{algorithm:<17} {size_label(point.size_bytes):>6} "
                         f"{point.summary.p50_ns / 1e6:>7.2f}ms {prediction.step_s * 1e3:>7.2f}ms "
@@ -69,13 +81,15 @@ def main() -> None:
                         f"{prediction.host_s * 1e3:>6.2f}ms {whole * 1e3:>5.2f}ms "
                         f"{step * 1e3:>5.2f}ms "
                         f"{busbw / 1e6:>6.1f}MB/s "
-                        f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f}"
+                        f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f} "
+                        f"{without_step[-1]:>+7.0f}%"
                     )
-    within = sum(abs(e) <= TOLERANCE for e in errors)
-    print(
-        f"\n{within} of {len(errors)} predictions within +-{TOLERANCE:g}% "
-        f"(median error {statistics.median(errors):+.0f}%)"
-    )
+    for name, found in (("", errors), ("without the in-place step: ", without_step)):
+        within = sum(abs(e) <= TOLERANCE for e in found)
+        print(
+            f"{'' if name else chr(10)}{name}{within} of {len(found)} predictions within "
+            f"+-{TOLERANCE:g}% (median error {statistics.median(found):+.0f}%)"
+        )
 
 
 if __name__ == "__main__":

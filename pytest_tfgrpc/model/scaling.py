@@ -89,6 +89,17 @@ N, ..., S / 4, S / 2`` at halving-doubling's (``N`` not a power of two: the same
 ceil(log2 N)`` equal pieces). On a cluster each rank has a host of its own (``rate`` 1); on
 one machine the CPU term is what sets the step (a loopback's link is that machine's memory).
 
+**Ranks sharing cores** (``step_s``): where several ranks share a machine's cores, a step costs
+more than each rank's CPU at its share. Every step ends with each rank blocked on a peer's
+piece; its wake-up waits in the run queue behind the ranks that run, and the context switches
+and cold caches make each rank's CPU per step larger than with a core of its own (4 ranks on 2
+cores against 2 ranks, this machine, quiet: +48% CPU per step, 1.3-1.5 of 2 cores busy;
+``benchmarks/experiments/allreduce_sharing.py``). No model of a scheduler is fitted for it: the
+run's own ranks, in their own placement, all-reduce a small buffer, and its step, less its
+pieces' bytes, is the fixed part of every step::
+
+    t_comm = sum_k max(buffers alpha + n_k / B_link, buffers step_s + 2 n_k byte_s / rate)
+
 :func:`calibrate` fits the free terms to measured ``(W, P, efficiency)`` points by
 ``scipy.optimize.least_squares``, with the uncertainty of each from the Jacobian at the
 solution (``cov = s^2 (J^T J)^-1``, ``s^2`` the residual variance) and says which terms the
