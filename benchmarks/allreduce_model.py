@@ -13,7 +13,7 @@ prediction, its error, which term limits it, its link and CPU parts (the CPU par
 whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share, and the
 fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
 found, the 1-minute load average, and the error the same inputs give without the in-place
-step (each step's fixed part the two-rank sweep's CPU at the ranks' share, as before stop 29).
+step (each step's fixed part the two-rank sweep's CPU at the ranks' share, the model without this term).
 Nothing here asserts; the counts within +-25% are printed.
 """
 
