@@ -3,8 +3,11 @@
 
     python benchmarks/allreduce_model.py [--workers 4] [--sizes 64KiB,1MiB,4MiB]
         [--algorithms ring,halving_doubling] [--iterations 20] [--repeat 3] [--fabric lo]
+        [--emulated RATE]
 
-One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle). For every
+One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle); with
+``--emulated 1gbit`` (root) each worker and the PS on an emulated host of its own instead,
+its link capped at that rate, started through a node agent there (a token, no TLS). For every
 algorithm and pass, :func:`~pytest_tfgrpc.bench.allreduce.allreduce` measures every size
 (check=True: every sum verified) and then the model's inputs (a two-rank ring on workers 0
 and 1; the run's own ranks at a small size, which give a step's fixed cost where they share
@@ -13,16 +16,20 @@ prediction, its error, which term limits it, its link and CPU parts (the CPU par
 whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share, and the
 fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
 found, the 1-minute load average, and the error the same inputs give without the in-place
-step (each step's fixed part the two-rank sweep's CPU at the ranks' share, the model without this term).
-Nothing here asserts; the counts within +-25% are printed.
+step (each step's fixed part the two-rank sweep's CPU at the ranks' share, the model without
+that term). Nothing here asserts; the counts within +-25% are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import secrets
 import statistics
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from pytest_tfgrpc.bench.allreduce import allreduce, predict_allreduce
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -43,6 +50,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--fabric", default="lo")
+    parser.add_argument("--emulated", metavar="RATE", help="emulated hosts, links at RATE")
     args = parser.parse_args()
     sizes = [int(s) for s in parse_sizes(args.sizes)]
     run = RunSpec(iterations=args.iterations, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
@@ -54,7 +62,8 @@ def main() -> None:
     print(f"{os.uname().nodename}: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(header)
     errors, without_step = [], []
-    with PSCluster(resolve_fabric(args.fabric), Topology(ps=1, workers=args.workers)) as cluster:
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(cluster_of(stack, args.workers, args.fabric, args.emulated))
         for algorithm in args.algorithms.split(","):
             for _ in range(args.repeat):
                 result = allreduce(cluster, sizes, run=run, algorithm=algorithm, check=True)
@@ -90,6 +99,41 @@ def main() -> None:
             f"{'' if name else chr(10)}{name}{within} of {len(found)} predictions within "
             f"+-{TOLERANCE:g}% (median error {statistics.median(found):+.0f}%)"
         )
+
+
+def cluster_of(
+    stack: contextlib.ExitStack, workers: int, fabric: str, emulated: str | None
+) -> PSCluster:
+    """The cluster: on ``fabric`` here, or each task on an emulated host of its own, links
+    at ``emulated``, through an agent in each (removed when ``stack`` closes)."""
+    topology = Topology(ps=1, workers=workers)
+    if emulated is None:
+        return PSCluster(resolve_fabric(fabric), topology)
+    from pytest_tfgrpc.hosts.agent_client import AgentClient
+    from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
+
+    ok, why = can_build()
+    if not ok:
+        raise SystemExit(f"--emulated {emulated}: emulated hosts cannot be built here: {why}")
+    names = ",".join(["ps0", *(f"w{i}" for i in range(workers))])
+    hosts = stack.enter_context(emulated_fabric(parse_hosts(names, emulated)))
+    token = secrets.token_hex(24)
+    token_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    launchers = []
+    for host in hosts.hosts:
+        agent = HostAgent(host, str(token_file))
+        stack.callback(agent.stop)
+        client = AgentClient(agent.target, token)
+        stack.callback(client.close)
+        launchers.append(client.launcher())
+    return PSCluster(
+        resolve_fabric(hosts.bridge),
+        topology,
+        ps_launchers=launchers[:1],
+        worker_launchers=launchers[1:],
+    )
 
 
 if __name__ == "__main__":
