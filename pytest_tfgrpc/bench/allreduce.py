@@ -15,7 +15,9 @@ verifies every measured result against the exact sum, at every rank.
 ``model=True`` then measures what the model needs (:func:`measure_allreduce_costs`): a
 two-rank ring on workers 0 and 1 at two piece sizes gives the per-step link (alpha and
 bandwidth of the workers' own path and code) and a rank's CPU per step (per step and per
-byte, from the workers' CPU times); a probe gives the other sessions' load on this machine's
+byte, from the workers' CPU times); the run's own ranks all-reduce a small buffer where they
+run, which tells the machines they share (each rank's kernel boot id) and, where they share
+one, a step's fixed cost there; a probe gives the other sessions' load on this machine's
 CPUs. :func:`~pytest_tfgrpc.model.scaling.allreduce_time` then predicts the all-reduce beside
 the measurement (``model.*`` figures, ``error_pct`` against the median).
 """
