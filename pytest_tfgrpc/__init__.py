@@ -17,9 +17,9 @@ checked by ``tests/test_layers.py``; each subpackage's docstring says what it ho
   runner; model profiles, placement and the analytic model; what travels on the wire
 - ``results``: the result types
 - ``metrics``: the metric registry: every figure's name, unit, direction and gate test
-- ``stats | units | private_files | suggest``: statistics of samples; units and their
+- ``stats | units | private_files | suggest | turns``: statistics of samples; units and their
   parsing; files kept in this user's private directory (the measurement lock); "did you
-  mean ...?" for a mistyped name
+  mean ...?" for a mistyped name; lockstep turns between two runs (tfgrpc-ab)
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, 
 from pytest_tfgrpc.bench.timing import Phase, RunSpec, Samples, measure, measure_async
 from pytest_tfgrpc.metrics import P2P_BANDWIDTH, P2P_LATENCY
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire.client import (
@@ -461,6 +462,7 @@ def _measure_each(
         order = list(range(count))
         shuffle = random.Random(count).shuffle
         for round_index in range(run.round_count):
+            take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
             spec = run.round_spec(round_index)
             for index in order:
                 tensor = sweep.tensors[index]

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -44,8 +44,9 @@ from pytest_tfgrpc.report.compare import Comparison, format_comparison
 from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
 from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pairs
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
+from pytest_tfgrpc.turns import ENV_PATH, ENV_SIDE, ENV_TIMEOUT, Turn, Turnstile
 
-__all__ = ["Broken", "main", "run_side"]
+__all__ = ["Broken", "main", "run_lockstep", "run_side", "write_turns"]
 
 PROG = "tfgrpc-ab"
 #: pytest's exit codes that still leave a usable JUnit file: all passed, some failed.
@@ -53,6 +54,7 @@ _USABLE_EXITS = (0, 1)
 #: How long a side stopped by Ctrl-C or its timeout may take to write its JUnit and exit.
 STOP_GRACE_S = 20.0
 DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_TURN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="A before B in every pair (alternate, default), or a seeded coin per pair",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --order random (default 0)")
+    parser.add_argument(
+        "--interleave",
+        choices=("runs", "rounds"),
+        default="runs",
+        help="runs: a pair's sides run one after the other (default); rounds: both start "
+        "together and their measured rounds take turns A, B, A, B (lockstep, one turn "
+        "bounded by --turn-timeout)",
+    )
+    parser.add_argument(
+        "--turn-timeout",
+        type=bounded(float, lambda s: s > 0, "a number of seconds > 0"),
+        default=DEFAULT_TURN_S,
+        metavar="S",
+        help=f"with --interleave rounds: longest a side may hold or owe its turn, in seconds "
+        f"(default {DEFAULT_TURN_S:g}); past it that side leaves lockstep and the other runs free",
+    )
     parser.add_argument(
         "--timeout",
         type=bounded(float, lambda s: s > 0, "a number of seconds > 0"),
@@ -149,30 +167,31 @@ def _stop(process: subprocess.Popen[bytes], first: int) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def run_side(
-    command: Sequence[str], junit: Path, log: Path, timeout: float
-) -> tuple[Baseline | None, str]:
-    """Run one side's pytest ``command`` once, in a session of its own, with
-    ``--junitxml=junit`` added and its output in ``log``, stopped past ``timeout`` seconds.
-    Returns its run, or None and why it is unusable (with a run: a note, or ""). Ctrl-C
-    stops the side and propagates."""
+def _start(
+    command: Sequence[str], junit: Path, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes] | str:
     junit.unlink(missing_ok=True)
     argv = [*command, f"--junitxml={junit}"]
     with open(log, "wb") as output:
         try:
-            process = subprocess.Popen(
-                argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            return subprocess.Popen(
+                argv, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=env
             )
         except OSError as error:
-            return None, f"could not start {argv[0]!r}: {error.strerror or error}"
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop(process, signal.SIGINT)
-            return None, f"ran past --timeout {timeout:g} s and was stopped (output: {log})"
-        except KeyboardInterrupt:
-            _stop(process, signal.SIGINT)
-            raise
+            return f"could not start {argv[0]!r}: {error.strerror or error}"
+
+
+def _finish(
+    process: subprocess.Popen[bytes], junit: Path, log: Path, timeout: float, limit: float
+) -> tuple[Baseline | None, str]:
+    try:
+        code = process.wait(timeout=max(timeout, 0.0))
+    except subprocess.TimeoutExpired:
+        _stop(process, signal.SIGINT)
+        return None, f"ran past --timeout {limit:g} s and was stopped (output: {log})"
+    except KeyboardInterrupt:
+        _stop(process, signal.SIGINT)
+        raise
     if code not in _USABLE_EXITS:
         return None, f"exited {code} (pytest: not a run of tests; output: {log})"
     try:
@@ -181,6 +200,69 @@ def run_side(
         return None, f"left no usable JUnit: {error} (output: {log})"
     note = f"exited {code}: some tests failed; its figures are used (output: {log})"
     return run, note if code else ""
+
+
+def run_side(
+    command: Sequence[str], junit: Path, log: Path, timeout: float
+) -> tuple[Baseline | None, str]:
+    """Run one side's pytest ``command`` once, in a session of its own, with
+    ``--junitxml=junit`` added and its output in ``log``, stopped past ``timeout`` seconds.
+    Returns its run, or None and why it is unusable (with a run: a note, or ""). Ctrl-C
+    stops the side and propagates."""
+    process = _start(command, junit, log)
+    if isinstance(process, str):
+        return None, process
+    return _finish(process, junit, log, timeout, timeout)
+
+
+def run_lockstep(
+    commands: Mapping[str, Sequence[str]],
+    stems: Mapping[str, Path],
+    timeout: float,
+    turn_s: float,
+) -> tuple[dict[str, tuple[Baseline | None, str]], list[Turn]]:
+    """Run both sides (``commands`` by side, ``A`` and ``B``) at once, their measured rounds
+    in lockstep through a :class:`~pytest_tfgrpc.turns.Turnstile` (turns bounded by
+    ``turn_s``); each side's JUnit and output go to ``stems[side]`` + ``.xml`` / ``.log``,
+    both stopped past ``timeout`` seconds. Returns each side's :func:`run_side` answer and
+    the turns granted, in order. Ctrl-C stops both sides and propagates."""
+    answers: dict[str, tuple[Baseline | None, str]] = {}
+    with Turnstile(turn_s) as turnstile:
+        processes: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            for side, command in commands.items():
+                env = dict(os.environ)
+                env.update(
+                    {ENV_PATH: turnstile.path, ENV_SIDE: side, ENV_TIMEOUT: f"{turn_s + 30:g}"}
+                )
+                stem = stems[side]
+                started = _start(command, stem.with_suffix(".xml"), stem.with_suffix(".log"), env)
+                if isinstance(started, str):
+                    answers[side] = (None, started)
+                else:
+                    processes[side] = started
+            deadline = time.monotonic() + timeout
+            for side, process in processes.items():
+                stem = stems[side]
+                answers[side] = _finish(
+                    process,
+                    stem.with_suffix(".xml"),
+                    stem.with_suffix(".log"),
+                    deadline - time.monotonic(),
+                    timeout,
+                )
+        except KeyboardInterrupt:
+            for process in processes.values():
+                if process.poll() is None:
+                    _stop(process, signal.SIGINT)
+            raise
+        turns = turnstile.turns()
+    return {side: answers[side] for side in commands}, turns
+
+
+def write_turns(turns: Sequence[Turn], path: Path) -> None:
+    """One line per turn: side, granted and released (monotonic seconds)."""
+    path.write_text("".join(f"{t.side} {t.granted:.6f} {t.released:.6f}\n" for t in turns))
 
 
 @dataclass
@@ -198,14 +280,31 @@ def _run_pairs(
     directory: Path,
     timeout: float,
     out: TextIO,
+    turn_s: float | None = None,
 ) -> _Progress:
+    """Run the pairs; with ``turn_s``, each pair's sides at once in lockstep rounds."""
     done = _Progress([], [], [])
     total = len(order)
     try:
         for index, first_second in enumerate(order, start=1):
             got: dict[str, Baseline] = {}
             took: list[str] = []
-            for name in first_second:
+            if turn_s is not None:
+                started = time.monotonic()
+                stems = {name: directory / f"{name.lower()}-{index:02d}" for name in first_second}
+                answers, turns = run_lockstep(
+                    {name: sides[name].argv for name in first_second}, stems, timeout, turn_s
+                )
+                write_turns(turns, directory / f"turns-{index:02d}.txt")
+                took.append(f"A+B {time.monotonic() - started:.1f} s, {len(turns)} turns")
+                for name, (run, why) in answers.items():
+                    if run is None:
+                        done.broken.append(Broken(index, name, why))
+                        continue
+                    if why:
+                        done.notes.append(f"pair {index}: side {name} {why}")
+                    got[name] = run
+            for name in first_second if turn_s is None else ():
                 stem = f"{name.lower()}-{index:02d}"
                 started = time.monotonic()
                 run, why = run_side(
@@ -267,14 +366,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_BAD_INPUT
     order = _order(args.pairs, args.order, args.seed)
     print(
-        f"{PROG}: {args.pairs} pairs ({args.order} order), each run bounded by "
+        f"{PROG}: {args.pairs} pairs ({args.order} order, interleaved by "
+        f"{args.interleave}), each run bounded by "
         f"{args.timeout:g} s; A is the baseline, B the current run",
         file=stdout,
     )
     print(f"{PROG}: A = {shlex.join(sides['A'].argv)}", file=stdout)
     print(f"{PROG}: B = {shlex.join(sides['B'].argv)}", file=stdout, flush=True)
     started = time.monotonic()
-    done = _run_pairs(sides, order, directory, args.timeout, stdout)
+    turn_s = args.turn_timeout if args.interleave == "rounds" else None
+    done = _run_pairs(sides, order, directory, args.timeout, stdout, turn_s)
     elapsed = time.monotonic() - started
     measured = f"{len(done.pairs)} of {args.pairs} pairs usable, {len(done.broken)} broken"
     if done.interrupted:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_tfgrpc import turns
 from pytest_tfgrpc.plugin.engines import check_engines, engines_of
 from pytest_tfgrpc.plugin.options import MARKERS, configured, usage_error_key
 
@@ -214,6 +215,8 @@ def _remove_stale_junit(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        turns.join()  # tfgrpc-ab --interleave rounds: this run's rounds take turns
     if configured(config):  # the run asks for tfgrpc: set up now, errors before collection
         activate(config)
 
@@ -238,6 +241,7 @@ def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> N
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    turns.leave()
     for signum, previous in config.stash.get(_sigterm_key, {}).items():
         if signal.getsignal(signum) is _sigterm_as_interrupt:
             signal.signal(signum, previous)
