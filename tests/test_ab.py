@@ -5,6 +5,7 @@ that says when it is blind."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import sys
@@ -445,3 +446,43 @@ def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
     assert "test_perf.test_a[lo]  p2p_latency  lo      1KiB  p50" in out
     assert "FAILED: interrupted (Ctrl-C): the pairs measured so far are reported" in out
     assert not (pytester.path / "runs" / "b-04.xml").exists()
+
+
+def _turns(path: Path) -> list[tuple[str, float, float]]:
+    lines = path.read_text().splitlines()
+    return [(s, float(g), float(r)) for s, g, r in (line.split() for line in lines)]
+
+
+def test_lockstep_rounds_alternate_a_b_and_an_unchanged_pair_passes(
+    pytester: pytest.Pytester,
+) -> None:
+    """The turnstile's turns contain each side's rounds (a side asks for the next turn only
+    after its round, and runs one only after the grant), so turns that never overlap and go
+    A, B, A, B are rounds that did."""
+    suite = pytester.makepyfile(test_perf=AB_SUITE)
+    side = pytest_command(suite)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--interleave", "rounds", "--a", side, "--b", side),
+        *("--max-regression", "50%"),
+    )
+    assert code == 0, out
+    assert "tfgrpc-ab: 3 of 3 pairs usable, 0 broken" in out
+    assert "interleaved by rounds" in out
+    for index in (1, 2, 3):
+        turns = _turns(pytester.path / "runs" / f"turns-{index:02d}.txt")
+        sides = [s for s, _, _ in turns]
+        assert sides.count("A") == sides.count("B") >= 4, sides  # two tests' rounds each
+        assert all(a[2] <= b[1] for a, b in itertools.pairwise(turns)), turns
+        assert all(a != b for a, b in itertools.pairwise(sides)), sides
+
+
+def test_lockstep_fails_a_delay(pytester: pytest.Pytester) -> None:
+    suite = pytester.makepyfile(test_perf=AB_SUITE)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--interleave", "rounds", "--a", pytest_command(suite, "-k", "test_a")),
+        *("--b", pytest_command(suite, "--tfgrpc-server-delay=5ms", "-k", "test_a")),
+    )
+    assert code == 1, out
+    assert "regression: test_perf.test_a[lo] on lo: p2p_latency 1KiB p50: +" in out

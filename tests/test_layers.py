@@ -21,7 +21,7 @@ LAYERS = (
     "tuning | native | model | wire",
     "results",
     "metrics",
-    "stats | units | private_files | suggest",
+    "stats | units | private_files | suggest | turns",
 )
 LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 

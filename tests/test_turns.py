@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import stat
 import threading
 import time
@@ -11,7 +12,7 @@ from pytest_tfgrpc.turns import Turn, TurnClient, Turnstile
 
 
 def _overlap_free(turns: list[Turn]) -> bool:
-    return all(a.released <= b.granted for a, b in zip(turns, turns[1:], strict=False))
+    return all(a.released <= b.granted for a, b in itertools.pairwise(turns))
 
 
 def test_turns_alternate_strictly_and_never_overlap() -> None:
@@ -36,7 +37,7 @@ def test_turns_alternate_strictly_and_never_overlap() -> None:
     assert all(client.joined is False for client in clients.values())
     assert len(turns) == 2 * rounds
     sides = [turn.side for turn in turns]
-    assert all(a != b for a, b in zip(sides, sides[1:], strict=False)), sides
+    assert all(a != b for a, b in itertools.pairwise(sides)), sides
     assert _overlap_free(turns)
 
 

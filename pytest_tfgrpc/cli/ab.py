@@ -235,6 +235,9 @@ def run_lockstep(
                 env.update(
                     {ENV_PATH: turnstile.path, ENV_SIDE: side, ENV_TIMEOUT: f"{turn_s + 30:g}"}
                 )
+                # The turnstile keeps the sides apart; the host's measurement lock
+                # (bench.runlock's $TFGRPC_HOST_LOCK) would let one side's whole run go first.
+                env["TFGRPC_HOST_LOCK"] = str(Path(turnstile.path).parent / f"{side}.lock")
                 stem = stems[side]
                 started = _start(command, stem.with_suffix(".xml"), stem.with_suffix(".log"), env)
                 if isinstance(started, str):
