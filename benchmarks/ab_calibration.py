@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pytest_tfgrpc.bench.timing import RunSpec
-from pytest_tfgrpc.cli.ab import run_side
+from pytest_tfgrpc.cli.ab import DEFAULT_TURN_S, run_lockstep, run_side
 from pytest_tfgrpc.cli.compare import gate_failures
 from pytest_tfgrpc.report.compare import Comparison as Verdicts
 from pytest_tfgrpc.report.compare import compare_runs
@@ -313,7 +313,7 @@ def judge(comparison: Comparison, trial: int, runs: Runs, history: Sequence[Base
     compared = runs[comparison.side][: comparison.pairs]
     both = [
         Pair(a, b)
-        for a, b in zip(runs["A"], compared, strict=False)
+        for a, b in zip(runs.get(partner(comparison.side), runs["A"]), compared, strict=False)
         if a is not None and b is not None
     ]
     ab: Found = (False, "too few pairs", math.nan, math.nan)
@@ -324,6 +324,12 @@ def judge(comparison: Comparison, trial: int, runs: Runs, history: Sequence[Base
     if len(history) >= 2 and current:
         gate = _p50(compare_runs(list(history), current[-1], tolerances))
     return Judged(comparison.name, trial, len(both), *ab, *gate)
+
+
+def partner(label: str) -> str:
+    """Under ``--interleave rounds``, the key of the A runs that ran in lockstep with
+    ``label``'s (each compared side gets its own A runs)."""
+    return f"A|{label}"
 
 
 def run_value(run: Baseline | None) -> float | None:
@@ -357,8 +363,8 @@ class Calibration:
     """The runs of one calibration and what it says, in ``work``; every line said goes to
     ``out`` and stdout."""
 
-    def __init__(self, work: Path, out: TextIO, seed: int) -> None:
-        self.work, self.out = work, out
+    def __init__(self, work: Path, out: TextIO, seed: int, interleave: str = "runs") -> None:
+        self.work, self.out, self.interleave = work, out, interleave
         self.coin = random.Random(seed)
         self.walls: list[float] = []
         self.commands: dict[str, list[str]] = {"A": side(), "A'": side()}
@@ -377,6 +383,18 @@ class Calibration:
         if got is None:
             self.say(f"# run {stem} ({label}) broke: {why}")
         return got
+
+    def lockstep(self, label: str, stem: str) -> tuple[Baseline | None, Baseline | None]:
+        """A and ``label`` at once, their rounds in lockstep (tfgrpc-ab --interleave rounds)."""
+        started = time.monotonic()
+        stems = {"A": self.work / f"{stem}-A", "B": self.work / f"{stem}-{label}".replace("'", "2")}
+        commands = {"A": self.commands["A"], "B": self.commands[label]}
+        answers, _ = run_lockstep(commands, stems, RUN_TIMEOUT_S, DEFAULT_TURN_S)
+        self.walls.append(time.monotonic() - started)
+        for side, (got, why) in answers.items():
+            if got is None:
+                self.say(f"# run {stems[side].name} ({'A' if side == 'A' else label}) broke: {why}")
+        return answers["A"][0], answers["B"][0]
 
     def size(self, ratios: Sequence[float], processes: int) -> bool:
         """Give each slowed side (``x1.2``, ...) its server delay (``--tfgrpc-server-delay``).
@@ -440,14 +458,26 @@ class Calibration:
         """One trial: as many pairs as ``plan`` needs, each pair's sides in a shuffled order,
         then every comparison of ``plan`` over them."""
         runs: Runs = {label: [] for label in self.commands}
+        if self.interleave == "rounds":
+            runs |= {partner(label): [] for label in self.commands if label != "A"}
         for pair in range(1, max(c.pairs for c in plan) + 1):
             sides = ["A", *dict.fromkeys(c.side for c in plan if pair <= c.pairs)]
             self.coin.shuffle(sides)
-            got = {s: self.run(s, f"t{index}-p{pair}-{s}".replace("'", "2")) for s in sides}
+            got: dict[str, Baseline | None] = {}
+            if self.interleave == "rounds":
+                for s in sides:
+                    if s != "A":
+                        stem = f"t{index}-p{pair}-{s}".replace("'", "2")
+                        got[partner(s)], got[s] = self.lockstep(s, stem)
+                got["A"] = got.get(partner("A'"))
+            else:
+                got = {s: self.run(s, f"t{index}-p{pair}-{s}".replace("'", "2")) for s in sides}
             for label, made in runs.items():
                 made.append(got.get(label))
         for label, made in runs.items():
-            for a, b in zip(runs["A"], made, strict=True):
+            if label.startswith("A|"):
+                continue
+            for a, b in zip(runs.get(partner(label), runs["A"]), made, strict=True):
                 va, vb = run_value(a), run_value(b)
                 if label != "A" and va and vb:
                     self.ratios.setdefault(label, []).append(math.log(vb / va))
@@ -463,6 +493,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--long-trials", type=int, default=None, help="trials at 1.1x (6)")
     parser.add_argument("--long-pairs", type=int, default=None, help="pairs at 1.1x (10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the order within pairs")
+    parser.add_argument(
+        "--interleave",
+        choices=("runs", "rounds"),
+        default="runs",
+        help="runs: a pair's sides one after the other; rounds: each compared side at once "
+        "with an A run of its own, rounds in lockstep (tfgrpc-ab --interleave rounds)",
+    )
     parser.add_argument("--no-example", action="store_true", help="skip the example's timing")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--probe-child", type=float, help=argparse.SUPPRESS)
@@ -480,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     neighbour = Neighbour()
     with open(out_path, "w") as out, tempfile.TemporaryDirectory(prefix="tfgrpc-ab-cal-") as tmp:
-        cal = Calibration(Path(tmp), out, args.seed)
+        cal = Calibration(Path(tmp), out, args.seed, args.interleave)
         say = cal.say
         try:
             say(f"# benchmarks/ab_calibration.py {' '.join(argv or sys.argv[1:])}".rstrip())
@@ -492,6 +529,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"also run x1.1, over {long_pairs} pairs (A, x1.1 in pairs {pairs + 1}-"
                 f"{long_pairs}); the A/A and A/B comparisons of a trial share its A runs, and "
                 "each pair's sides run in a seeded random order"
+                + (
+                    "; --interleave rounds: each compared side runs at once with an A run of "
+                    "its own, rounds in lockstep (the A/A pairs' A runs are the history)"
+                    if args.interleave == "rounds"
+                    else ""
+                )
             )
             started = time.monotonic()
             if not cal.size(
