@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "A": work / f"{kind}-{pair:02d}-a",
                             "B": work / f"{kind}-{pair:02d}-b",
                         }
-                        answers, turns = run_lockstep(
+                        answers, _ = run_lockstep(
                             {"A": command, "B": command}, stems, RUN_TIMEOUT_S, DEFAULT_TURN_S
                         )
                         a, b = answers["A"][0], answers["B"][0]
@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if va and vb:
                         logs[kind].append(math.log(vb / va))
                         say(
-                            f"pair {pair} {kind:6s}: A {va / 1e3:.1f} us, B {vb / 1e3:.1f} us, B/A {vb / va:.3f}; {took:.1f} s"
+                            f"pair {pair} {kind:6s}: A {va / 1e3:.1f} us, B {vb / 1e3:.1f} us, "
+                            f"B/A {vb / va:.3f}; {took:.1f} s"
                         )
                     else:
                         say(f"pair {pair} {kind:6s}: broken ({took:.1f} s)")
