@@ -1354,6 +1354,105 @@ def test_a_ps_call_without_a_request_is_cancelled_in_the_idle_bound(server, name
 """
 )
 
+#: A client that keeps ONE connection through a stranger's attack gets answers on it again once
+#: the stranger leaves: on the tensor service and on a PS task's (the PS's token on its calls).
+#: The server runs in its own process (with a 1 s idle bound), so the suite's own allocations
+#: cannot run its garbage collector: the calls that expire queued behind the stranger's idle
+#: streams (more than the connection's stream bound of them) must free their streams without it.
+ONE_CONNECTION = (
+    STREAMS_HEAD
+    + """
+import collections, subprocess
+from pytest_tfgrpc.roles.parameter_server import method
+from pytest_tfgrpc.wire._proto import service_pb2 as pb
+
+SERVE = (
+    "import sys; from pytest_tfgrpc.roles.tensor_server import build_server; "
+    "s, t = build_server('127.0.0.1', 0, 'lo', workers=16, idle_s=1.0, job_token=sys.argv[1]); "
+    "s.start(); print(t, flush=True); sys.stdin.read(); s.stop(0).wait(5)"
+)
+BOUND = grpc_settings.MAX_STREAMS_PER_CONNECTION
+
+@pytest.fixture
+def target():
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, TOKEN], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+def caller(channel, service):
+    if service == "tensor":
+        echo = channel.unary_unary(ECHO)
+        return lambda timeout: echo(bytes(1024), timeout=timeout)
+    job = pb.PSJob(job_id=7, task=0, workers=1, steps=5, barrier_timeout_seconds=60,
+                   shards=[pb.ShardSpec(tensor="w", offset=0, nbytes=64)], max_seconds=60,
+                   warmup_seconds=1)
+    channel.unary_unary(method("Configure"))(job.SerializeToString(), timeout=5, metadata=AUTH)
+    stats = channel.unary_unary(method("JobStats"))
+    return lambda timeout: stats(b"", timeout=timeout, metadata=AUTH)
+
+def answered(call, n=20):
+    got = collections.Counter()
+    for _ in range(n):
+        try:
+            call(5)
+            got["OK"] += 1
+        except grpc.RpcError as error:
+            got[error.code().name] += 1
+    return got
+
+@pytest.mark.parametrize("service", ["tensor", "ps"])
+def test_one_connection_is_answered_again_after_idle_streams(target, service):
+    host, _, port = target.rpartition(":")
+    with grpc.insecure_channel(target, options=grpc_settings.CHANNEL_OPTIONS) as channel:
+        call = caller(channel, service)
+        assert answered(call, 5)["OK"] == 5
+        during = collections.Counter()
+        # 48 idle streams hold the 16 threads for 3 idle bounds (3 s), under the 64 calls the
+        # server takes at once: this client's calls queue and expire (0.1 s deadline).
+        with stranger.idle_streams(host, int(port), ECHO, 48, 4):
+            time.sleep(0.2)
+            end = time.monotonic() + 2.5
+            while time.monotonic() < end:
+                try:
+                    call(0.1)
+                    during["OK"] += 1
+                except grpc.RpcError as error:
+                    during[error.code().name] += 1
+                    time.sleep(0.01)
+        time.sleep(2)  # the last idle streams cancelled, their threads free
+        after = answered(call)
+    print("DURING", dict(during), "AFTER", dict(after))
+    # More calls expired queued on this connection than its stream bound.
+    assert during["DEADLINE_EXCEEDED"] >= BOUND, during
+    assert after["OK"] >= 19, after
+
+@pytest.mark.parametrize("service", ["tensor", "ps"])
+def test_one_connection_is_answered_again_after_a_rapid_reset(target, service):
+    host, _, port = target.rpartition(":")
+    with grpc.insecure_channel(target, options=grpc_settings.CHANNEL_OPTIONS) as channel:
+        call = caller(channel, service)
+        assert answered(call, 5)["OK"] == 5
+        during = collections.Counter()
+        with stranger.rapid_reset(host, int(port), ECHO, limit=20_000, seconds=3) as counts:
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                try:
+                    call(0.1)
+                    during["OK"] += 1
+                except grpc.RpcError as error:
+                    during[error.code().name] += 1
+                    time.sleep(0.01)
+        after = answered(call)
+    print("DURING", dict(during), counts, "AFTER", dict(after))
+    assert counts["reset_streams"] > 0
+    assert after["OK"] >= 19, after
+"""
+)
+
 #: A CI history of runs on two runners (recorded by a metadata hook as ``runner``), each run's
 #: server slowed by ``DELAY``: the gate compares a run with the runs of its own setup only.
 RUNNER_CONFTEST = """
@@ -2496,6 +2595,7 @@ def test_no_client_cert():
         for name, suite, n in (
             ("streams-bounded-per-connection", STREAM_BOUND, 16),
             ("ps-frees-the-streams-of-ended-calls", PS_STREAMS, 21),
+            ("one-connection-answered-again-after-each-attack", ONE_CONNECTION, 4),
         )
     ),
     # --- I13.security, I13.consistency ----------------------------------------------------------
