@@ -1278,6 +1278,84 @@ def test_heartbeats_are_answered_while_the_agent_runs_its_limit(drivers):
 """
 )
 
+#: Control apart from data on an agent at its process limit: one driver runs 64 roles while
+#: another holds more data calls than the data threads left (Run streams that send their
+#: start late, readings) and makes more than 16 control calls at once (heartbeats): every
+#: heartbeat of both is answered within its lease, and no role dies.
+AGENT_CONTROL = (
+    AGENT_AT_ITS_LIMIT.replace("{split}", "64,")
+    + """
+
+LATE_RUNS = 24  # beside 64 roles: more than the 16 data threads left
+CONTROL_AT_ONCE = 24  # more than the 16 control threads
+
+def test_control_is_served_apart_from_data(drivers, agent):
+    host, port, token_file = agent
+    (driver,) = drivers
+    for _ in range(MAX_PROCESSES):
+        driver.start(timeout=90)
+    running = time.monotonic()
+    with open(token_file) as f:
+        busy = Driver(f"{{host}}:{{port}}", f.read().strip(), "busy")
+    late = threading.Event()
+    stop = threading.Event()
+    control, readings = [], []
+
+    def late_start():
+        late.wait(HOLD_S + 10)
+        start = agent_pb2.RoleStart(driver="busy", role="floor_server", engine="native")
+        yield agent_pb2.RoleInput(start=start)
+
+    def hammer(out, method, request):
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                method(request, timeout=LEASE_S, metadata=busy.auth)
+                out.append(time.monotonic() - sent)
+            except grpc.RpcError as exc:
+                out.append(exc.code().name)
+
+    lease = agent_pb2.LeaseRequest(driver="busy", lease_s=LEASE_S)
+    threads = [
+        *(threading.Thread(target=hammer, args=(control, busy.stub.Heartbeat, lease))
+          for _ in range(CONTROL_AT_ONCE)),
+        *(threading.Thread(target=hammer, args=(readings, busy.stub.Counters, lease))
+          for _ in range(8)),
+    ]
+    try:
+        pending = [busy.stub.Run(late_start(), metadata=busy.auth, timeout=HOLD_S + 30)
+                   for _ in range(LATE_RUNS)]
+        for thread in threads:
+            thread.start()
+        time.sleep(HOLD_S)
+        held = time.monotonic()
+        stop.set()
+        for thread in threads:
+            thread.join(LEASE_S + 5)
+        late.set()  # the late starts come: refused, the agent runs its limit
+        for call in pending:
+            with contextlib.suppress(grpc.RpcError):
+                list(call)
+        dead = [pid for _, pid in driver.roles if not alive(pid)]
+    finally:
+        late.set()
+        stop.set()
+        busy.close()
+    answered = [x for x in control if not isinstance(x, str)]
+    failed = [x for x in control if isinstance(x, str)]
+    read = sum(1 for x in readings if not isinstance(x, str))
+    print(f"CONTROL {{len(answered)}} heartbeats answered at once by {{CONTROL_AT_ONCE}} threads,"
+          f" slowest {{max(answered) * 1000:.0f}} ms, failed {{failed or 'none'}}; roles' driver:"
+          f" {{len(driver.answered)}} answered, missed {{driver.missed or 'none'}}; readings"
+          f" {{read}} answered of {{len(readings)}}")
+    assert not dead, f"roles {{dead}} died: their lease ran out?"
+    assert not failed and not driver.missed and not busy.missed, (failed, driver.missed)
+    assert max(answered) < LEASE_S
+    times = [running, *(when for _, when, _ in driver.answered if when >= running), held]
+    assert max(later - earlier for earlier, later in zip(times, times[1:])) < LEASE_S
+"""
+)
+
 #: A PS task frees the streams of calls that end: pulls parked at the barrier whose client
 #: cancels or whose deadline passes, requests it cannot parse, and calls that send no request
 #: (the idle bound, the tensor service's, on every PS method). Then the same connection, past
@@ -2578,6 +2656,16 @@ def test_no_client_cert():
                 ),
             ),
         )
+    ),
+    Case(
+        "agent-control-apart-from-data",
+        "I25.exhaustion",
+        AGENT_CONTROL,
+        args=("-s", "-k", "control_is_served_apart"),
+        needs=("native",),
+        outcomes={"passed": 1},
+        lines=("*CONTROL * heartbeats answered at once by 24 threads, slowest * ms, failed none*",),
+        seconds=180,
     ),
     # --- I25.streams: idle streams, rapid reset, streams bounded per connection -------------
     Case(
