@@ -394,6 +394,14 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
         return grpc.stream_unary_rpc_method_handler(refuse)
 
 
+def _drop_traceback(error: grpc.RpcError) -> None:
+    """Forget a cancelled call's error's traceback: grpcio keeps the error in the call's state,
+    which the traceback's frames hold, a cycle that keeps the call and its stream counted
+    against the connection's bound until the cyclic collector runs (as in
+    :meth:`pytest_tfgrpc.roles.idle.IdleWatch.next`)."""
+    error.__traceback__ = None
+
+
 class _Pools(futures.Executor):
     """The agent server's executor: calls to the ``control`` handlers run on a pool of
     :data:`CONTROL_THREADS`, every other call on one of :data:`DATA_THREADS`.
@@ -527,7 +535,11 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             return self._reader
 
     def Run(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        first = next(requests, None)
+        try:
+            first = next(requests, None)
+        except grpc.RpcError as error:  # cancelled before its start came
+            _drop_traceback(error)
+            return
         if first is None or first.WhichOneof("kind") != "start":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a start")
             return
@@ -590,10 +602,13 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         def feed() -> None:
             assert proc.stdin is not None
             with contextlib.suppress(Exception):  # the driver went away: close stdin below
-                for message in requests:
-                    if message.WhichOneof("kind") == "stdin":
-                        proc.stdin.write(message.stdin)
-                        proc.stdin.flush()
+                try:
+                    for message in requests:
+                        if message.WhichOneof("kind") == "stdin":
+                            proc.stdin.write(message.stdin)
+                            proc.stdin.flush()
+                except grpc.RpcError as error:
+                    _drop_traceback(error)
             with contextlib.suppress(OSError):
                 proc.stdin.close()
 
