@@ -84,6 +84,8 @@ def test_the_agent_passes_a_worker_only_the_commands_it_accepts() -> None:
     assert json.loads(gate.feed(line[10:])) == GOOD
     with pytest.raises(TaskInputError, match="not JSON"):
         gate.feed(b"import os\n")
+    with pytest.raises(TaskInputError, match="a line over 1048576 bytes"):
+        _TaskInput("worker", ps_tasks=2).feed(b" " * (1 << 20) + b"x\n")
     with pytest.raises(TaskInputError, match="PS task takes no commands"):
         _TaskInput("ps", ps_tasks=1).feed(line)
 

@@ -508,6 +508,8 @@ class _TaskInput:
         lines = []
         while b"\n" in self._buffer:
             line, _, self._buffer = self._buffer.partition(b"\n")
+            if len(line) > tf_task.MAX_LINE_BYTES:
+                raise tf_task.TaskInputError(f"a line over {tf_task.MAX_LINE_BYTES} bytes")
             if self.role != "worker":
                 raise tf_task.TaskInputError("TensorFlow's PS task takes no commands")
             try:
