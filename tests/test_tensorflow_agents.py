@@ -24,7 +24,7 @@ from test_emulated import namespace_pids, properties
 
 from pytest_tfgrpc.hosts.agent import AgentServer, RoleError, _TaskInput, role_argv
 from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError
-from pytest_tfgrpc.hosts.emulated import pid_alive
+from pytest_tfgrpc.hosts.emulated import can_build, pid_alive
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts, build_emulated_hosts
 from pytest_tfgrpc.ps.tf_cluster import TFCluster
@@ -195,6 +195,34 @@ def test_a_tensorflow_test_through_an_agent_without_tensorflow_fails_in_one_line
             for role in ("tensor server", "PS task")
         ]
     )
+
+
+def test_tfgrpc_fabric_up_gives_its_agents_a_tensorflow_python(tmp_path: Path) -> None:
+    ok, why = can_build()
+    if not ok:
+        pytest.skip(why)
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    fabric = [sys.executable, "-m", "pytest_tfgrpc.cli.fabric"]
+    up = subprocess.run(
+        [*fabric, "up", "--hosts", "n3cli", "--agents", "--token-file", str(token),
+         "--tf-python", sys.executable],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    name = up.stdout.split()[1].rstrip(":")
+    try:
+        target = re.search(r" agent (\S+)$", up.stdout.strip(), re.MULTILINE)
+        assert target is not None, up.stdout
+        with AgentClient(target.group(1), TOKEN) as client:
+            assert "tensorflow" in client.info.engines
+    finally:
+        down = subprocess.run([*fabric, "down", name], capture_output=True, text=True)
+    assert down.returncode == 0, down.stdout + down.stderr
+    alone = subprocess.run([*fabric, "up", "--hosts", "1", "--tf-python", sys.executable],
+                           capture_output=True, text=True)  # fmt: skip
+    assert alone.returncode == 2 and "--tf-python goes with --agents" in alone.stderr
 
 
 # --- with TensorFlow, on emulated hosts ---------------------------------------------------------
