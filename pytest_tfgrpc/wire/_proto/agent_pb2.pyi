@@ -73,6 +73,16 @@ class RoleStart(_message.Message):
     tls: bool
     def __init__(self, driver: _Optional[str] = ..., role: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., engine: _Optional[str] = ..., tls: _Optional[bool] = ...) -> None: ...
 
+class Reservation(_message.Message):
+    __slots__ = ("port", "address", "expires_s")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_S_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    address: str
+    expires_s: float
+    def __init__(self, port: _Optional[int] = ..., address: _Optional[str] = ..., expires_s: _Optional[float] = ...) -> None: ...
+
 class RoleInput(_message.Message):
     __slots__ = ("start", "stdin")
     START_FIELD_NUMBER: _ClassVar[int]
