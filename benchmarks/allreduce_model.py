@@ -44,7 +44,7 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.units import parse_sizes, size_label
 from pytest_tfgrpc.wire.fabric import resolve_fabric
-from pytest_tfgrpc.wire.security import TlsFiles, load_tls, use_tls
+from pytest_tfgrpc.wire.security import TlsFiles, child_env, load_tls, use_tls
 
 if TYPE_CHECKING:
     from pytest_tfgrpc.hosts.emulated import EmulatedFabric
@@ -163,6 +163,7 @@ def cluster_of(
     return PSCluster(
         resolve_fabric(hosts.bridge),
         topology,
+        env=child_env(),  # the run's TLS files: the agents start TLS roles with their own
         ps_launchers=launchers[:1],
         worker_launchers=launchers[1:],
     )
