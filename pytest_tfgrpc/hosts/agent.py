@@ -109,10 +109,17 @@ MIN_LEASE_S = 1.0
 MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
-#: Streams one connection (a driver's) may hold at once, and the agent's handler threads: a
-#: ``Run`` stream (a thread for its life) for each process it may run, and 16 beside them for
-#: control calls (heartbeats, counters, telemetry), so leases are renewed at 64 roles too.
-STREAMS_PER_DRIVER = MAX_PROCESSES + 16
+#: Handler threads for data: a ``Run`` stream (a thread for its life) for each process the
+#: agent may run, and 16 beside them for counters, telemetry and refusals.
+DATA_THREADS = MAX_PROCESSES + 16
+#: Handler threads of their own for the lease (``Hello``, ``Heartbeat``, ``Release``): no role,
+#: reading or stranger's call can make a heartbeat wait for a thread.
+CONTROL_THREADS = 16
+#: Streams one connection (a driver's) may hold at once: twice the threads. A driver's
+#: 64 roles and a burst of its calls queue in the pools (its heartbeats in their own), not
+#: refused; gRPC core counts a stream until the server has released its call, a moment after
+#: the client saw it end, so a connection run at exactly its threads had heartbeats refused.
+STREAMS_PER_DRIVER = 2 * (DATA_THREADS + CONTROL_THREADS)
 
 _TENSOR_SERVER = "pytest_tfgrpc.roles.tensor_server"
 ROLES: Mapping[str, str] = {
@@ -387,6 +394,39 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
         return grpc.stream_unary_rpc_method_handler(refuse)
 
 
+def _drop_traceback(error: grpc.RpcError) -> None:
+    """Forget a cancelled call's error's traceback: grpcio keeps the error in the call's state,
+    which the traceback's frames hold, a cycle that keeps the call and its stream counted
+    against the connection's bound until the cyclic collector runs (as in
+    :meth:`pytest_tfgrpc.roles.idle.IdleWatch.next`)."""
+    error.__traceback__ = None
+
+
+class _Pools(futures.Executor):
+    """The agent server's executor: calls to the ``control`` handlers run on a pool of
+    :data:`CONTROL_THREADS`, every other call on one of :data:`DATA_THREADS`.
+
+    grpcio's synchronous server runs every call through one executor, and a ``Run`` stream
+    holds its thread for the role's life: with one pool, 64 roles and a driver's burst of
+    readings left heartbeats queued until leases ran out. The handler a call runs is among
+    the arguments grpcio submits (the servicer's bound method, after the token check: a call
+    refused for its token runs on the data pool).
+    """
+
+    def __init__(self, control: set[Callable[..., Any]]) -> None:
+        self._control_handlers = control
+        self._control = futures.ThreadPoolExecutor(CONTROL_THREADS, "tfgrpc-agent-control")
+        self._data = futures.ThreadPoolExecutor(DATA_THREADS, "tfgrpc-agent")
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
+        control = any(callable(arg) and arg in self._control_handlers for arg in args)
+        return (self._control if control else self._data).submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._control.shutdown(wait, cancel_futures=cancel_futures)
+        self._data.shutdown(wait, cancel_futures=cancel_futures)
+
+
 @dataclass
 class _Role:
     driver: str
@@ -495,7 +535,11 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             return self._reader
 
     def Run(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        first = next(requests, None)
+        try:
+            first = next(requests, None)
+        except grpc.RpcError as error:  # cancelled before its start came
+            _drop_traceback(error)
+            return
         if first is None or first.WhichOneof("kind") != "start":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a start")
             return
@@ -558,10 +602,13 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         def feed() -> None:
             assert proc.stdin is not None
             with contextlib.suppress(Exception):  # the driver went away: close stdin below
-                for message in requests:
-                    if message.WhichOneof("kind") == "stdin":
-                        proc.stdin.write(message.stdin)
-                        proc.stdin.flush()
+                try:
+                    for message in requests:
+                        if message.WhichOneof("kind") == "stdin":
+                            proc.stdin.write(message.stdin)
+                            proc.stdin.flush()
+                except grpc.RpcError as error:
+                    _drop_traceback(error)
             with contextlib.suppress(OSError):
                 proc.stdin.close()
 
@@ -629,9 +676,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         """Start serving on the fabric's address (with TLS ``credentials`` if given); return
         the target (``host:port``)."""
         server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=STREAMS_PER_DRIVER, thread_name_prefix="tfgrpc-agent"
-            ),
+            _Pools({self.Hello, self.Heartbeat, self.Release}),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
             options=(
