@@ -83,6 +83,7 @@ from pytest_tfgrpc.wire.security import (
     files_from_env,
     load_tls,
     tls_failure,
+    tls_mode,
     use_tls,
 )
 from pytest_tfgrpc.wire.tensors import make_content
@@ -508,6 +509,7 @@ async def _allreduce(
             cpu_system_ns=system,
             machine=this_machine(),
             cpus=available_cpus(),
+            tls=tls_mode(),
         )
     finally:
         for channel in channels.values():
