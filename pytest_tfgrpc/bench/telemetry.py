@@ -45,8 +45,9 @@ __all__ = [
 ]
 
 #: Reads the server's side on its host: (address, port, discover, the server's process id
-#: there whose run-queue wait to read, or 0) -> a Reading there.
-RemoteRead = Callable[[str, int, bool, int], Reading]
+#: there whose run-queue wait to read, or 0, the clients' ``(local, peer)`` ends by which
+#: to find the connections there, none: a dump) -> a Reading there.
+RemoteRead = Callable[[str, int, bool, int, Sequence[tuple[str, str]]], Reading]
 
 
 @dataclass
@@ -295,9 +296,12 @@ class TransportProbe:
             out["local"] = self._side(read_local, discover, was.get("local"))
             if self._remote is not None:
                 remote, pid = self._remote, self._remote_pid
+                # The connections' client ends, as this host found them: the server's host
+                # finds its ends of them by address too.
+                ends = [(s.local, s.remote) for s in out["local"].sockets if not s.server_side]
 
                 def read_remote(address: str, port: int, *, discover: bool) -> Reading:
-                    return remote(address, port, discover, pid)
+                    return remote(address, port, discover, pid, ends)
 
                 far = self._remote_name
                 out[far] = self._side(read_remote, discover, was.get(far))
@@ -326,7 +330,7 @@ class TransportProbe:
         if self._remote is None or not self._remote_pid or not self._port:
             return {}
         try:
-            far = self._remote(self._address, self._port, False, self._remote_pid)
+            far = self._remote(self._address, self._port, False, self._remote_pid, ())
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
             return {}
