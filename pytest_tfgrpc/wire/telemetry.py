@@ -171,9 +171,9 @@ class LinkState:
 @dataclass(frozen=True)
 class Reading:
     """What one host saw at one moment (``at_ns``, its monotonic clock): the sockets of the
-    endpoint, its fabric's link, the host's retransmitted segments so far (all connections;
-    None where ``/proc/net/snmp`` cannot be read or was not), and ``cpu_wait_ns``, the run-queue wait so
-    far of a role's process there (:func:`run_queue_wait_ns`; None where none was asked for
+    endpoint, its fabric's link, the host's retransmitted segments so far (all connections; None
+    where ``/proc/net/snmp`` cannot be read or was not), and ``cpu_wait_ns``, the run-queue wait
+    so far of a role's process there (:func:`run_queue_wait_ns`; None where none was asked for
     or it cannot be read)."""
 
     at_ns: int
