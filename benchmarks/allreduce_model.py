@@ -3,25 +3,37 @@
 
     python benchmarks/allreduce_model.py [--workers 4] [--sizes 64KiB,1MiB,4MiB]
         [--algorithms ring,halving_doubling] [--iterations 20] [--repeat 3] [--fabric lo]
+        [--emulated RATE]
 
-One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle). For every
+One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle); with
+``--emulated 1gbit`` (root) each worker and the PS on an emulated host of its own instead,
+its link capped at that rate, started through a node agent there (a token, no TLS). For every
 algorithm and pass, :func:`~pytest_tfgrpc.bench.allreduce.allreduce` measures every size
 (check=True: every sum verified) and then the model's inputs (a two-rank ring on workers 0
-and 1, the other sessions' load), and predicts each size. Each row: the measured p50, the
+and 1; the run's own ranks at a small size, which give a step's fixed cost where they share
+cores; the other sessions' load), and predicts each size. Each row: the measured p50, the
 prediction, its error, which term limits it, its link and CPU parts (the CPU part with the
-whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share), busbw,
-the load the probe found and the 1-minute load average. Nothing here asserts; the count
-within +-25% is printed.
+whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share, and the
+fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
+found, the 1-minute load average, and the error the same inputs give without the in-place
+step (each step's fixed part the two-rank sweep's CPU at the ranks' share, the model without
+that term). Nothing here asserts; the counts within +-25% are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import secrets
 import statistics
+import tempfile
+from dataclasses import replace
+from pathlib import Path
 
-from pytest_tfgrpc.bench.allreduce import allreduce
+from pytest_tfgrpc.bench.allreduce import allreduce, predict_allreduce
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.model.analytic import relative_error
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.units import parse_sizes, size_label
@@ -38,16 +50,20 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--fabric", default="lo")
+    parser.add_argument("--emulated", metavar="RATE", help="emulated hosts, links at RATE")
     args = parser.parse_args()
     sizes = [int(s) for s in parse_sizes(args.sizes)]
     run = RunSpec(iterations=args.iterations, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
     header = (
         f"{'algorithm':<17} {'size':>6} {'measured':>9} {'model':>9} {'error':>7} {'limit':>5} "
-        f"{'link':>8} {'cpu':>8} {'whole':>7} {'busbw':>10} {'load':>5} {'loadavg':>7}"
+        f"{'link':>8} {'cpu':>8} {'whole':>7} {'step':>7} {'busbw':>10} {'load':>5} {'loadavg':>7} "
+        f"{'w/o step':>8}"
     )
+    print(f"{os.uname().nodename}: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(header)
-    errors = []
-    with PSCluster(resolve_fabric(args.fabric), Topology(ps=1, workers=args.workers)) as cluster:
+    errors, without_step = [], []
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(cluster_of(stack, args.workers, args.fabric, args.emulated))
         for algorithm in args.algorithms.split(","):
             for _ in range(args.repeat):
                 result = allreduce(cluster, sizes, run=run, algorithm=algorithm, check=True)
@@ -57,19 +73,66 @@ def main() -> None:
                     busbw = next(f.value for f in point.figures() if f.metric.name == "busbw")
                     error = float(model["error_pct"])
                     whole = prediction.costs.whole_byte_s * point.size_bytes / prediction.rate
+                    step = prediction.costs.step_s or 0.0
                     errors.append(error)
+                    alone = predict_allreduce(
+                        replace(prediction.costs, step_s=None),
+                        point.size_bytes,
+                        result.ranks,
+                        algorithm,
+                    )
+                    measured_s = point.summary.p50_ns / 1e9
+                    without_step.append(100 * relative_error(alone.step_s, measured_s))
                     print(
                         f"{algorithm:<17} {size_label(point.size_bytes):>6} "
                         f"{point.summary.p50_ns / 1e6:>7.2f}ms {prediction.step_s * 1e3:>7.2f}ms "
                         f"{error:>+6.0f}% {model['limit']:>5} {prediction.link_s * 1e3:>6.2f}ms "
                         f"{prediction.host_s * 1e3:>6.2f}ms {whole * 1e3:>5.2f}ms "
+                        f"{step * 1e3:>5.2f}ms "
                         f"{busbw / 1e6:>6.1f}MB/s "
-                        f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f}"
+                        f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f} "
+                        f"{without_step[-1]:>+7.0f}%"
                     )
-    within = sum(abs(e) <= TOLERANCE for e in errors)
-    print(
-        f"\n{within} of {len(errors)} predictions within +-{TOLERANCE:g}% "
-        f"(median error {statistics.median(errors):+.0f}%)"
+    for name, found in (("", errors), ("without the in-place step: ", without_step)):
+        within = sum(abs(e) <= TOLERANCE for e in found)
+        print(
+            f"{'' if name else chr(10)}{name}{within} of {len(found)} predictions within "
+            f"+-{TOLERANCE:g}% (median error {statistics.median(found):+.0f}%)"
+        )
+
+
+def cluster_of(
+    stack: contextlib.ExitStack, workers: int, fabric: str, emulated: str | None
+) -> PSCluster:
+    """The cluster: on ``fabric`` here, or each task on an emulated host of its own, links
+    at ``emulated``, through an agent in each (removed when ``stack`` closes)."""
+    topology = Topology(ps=1, workers=workers)
+    if emulated is None:
+        return PSCluster(resolve_fabric(fabric), topology)
+    from pytest_tfgrpc.hosts.agent_client import AgentClient
+    from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
+
+    ok, why = can_build()
+    if not ok:
+        raise SystemExit(f"--emulated {emulated}: emulated hosts cannot be built here: {why}")
+    names = ",".join(["ps0", *(f"w{i}" for i in range(workers))])
+    hosts = stack.enter_context(emulated_fabric(parse_hosts(names, emulated)))
+    token = secrets.token_hex(24)
+    token_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    launchers = []
+    for host in hosts.hosts:
+        agent = HostAgent(host, str(token_file))
+        stack.callback(agent.stop)
+        client = AgentClient(agent.target, token)
+        stack.callback(client.close)
+        launchers.append(client.launcher())
+    return PSCluster(
+        resolve_fabric(hosts.bridge),
+        topology,
+        ps_launchers=launchers[:1],
+        worker_launchers=launchers[1:],
     )
 
 

@@ -17,6 +17,7 @@ from pytest_tfgrpc.bench.allreduce import (
     allreduce,
     measure_whole_buffer,
     predict_allreduce,
+    shared_step,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost
@@ -66,6 +67,8 @@ def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -
     )
     assert predicted == pytest.approx(max(float(model["link_us"]), float(model["cpu_us"])), rel=1)
     assert float(model["cores"]) >= 1 and 0 < float(model["rate"]) <= 1
+    # all four ranks report this machine's boot id: one machine shared, a step measured there
+    assert model["sharing"] == "4" and float(model["shared_step_us"]) > 0
     print(
         f"{algorithm}, 4 local workers, 1 MiB: measured p50 {measured / 1e3:.1f} ms, "
         f"model {predicted / 1e3:.1f} ms ({float(model['error_pct']):+.0f}%, "
@@ -130,6 +133,42 @@ def test_the_whole_buffer_cost_is_paid_once_per_allreduce_at_the_ranks_share() -
     for bad in (-1e-3, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="whole_s="):
             time(bad)
+
+
+def test_ranks_sharing_cores_pay_the_step_measured_in_place() -> None:
+    cpu = CpuCost(1e-3, 0.0, 1e-9)
+
+    def time(step_s: float | None) -> tuple[float, float, float]:
+        return allreduce_time(
+            1e6, 4, "ring", alpha_s=1e-5, link_Bps=1e10, cpu=cpu, rate=0.5, step_s=step_s
+        )
+
+    _, link0, host0 = time(None)
+    total, link, host = time(3e-3)
+    # the step's fixed part is the one measured in place, not rpc_s at the rank's share; the
+    # bytes still cost byte_s at that share; the link is untouched
+    assert host == pytest.approx(6 * (3e-3 + 2 * 250e3 * 1e-9 / 0.5))
+    assert host - host0 == pytest.approx(6 * (3e-3 - 1e-3 / 0.5)) and total == host
+    assert link == link0
+    with pytest.raises(ValueError, match="step_s=-1"):
+        time(-1.0)
+    # from an in-place all-reduce of 4 KiB (six 1 KiB pieces): its bytes at the share, out
+    wall = 6 * 3e-3 + 6 * 2 * 1024 * 1e-9 / 0.5
+    assert shared_step(wall, 4096, 4, "ring", cpu, 0.5) == pytest.approx(3e-3)
+    # halving-doubling on 4 ranks: 2 KiB, 1 KiB, 1 KiB, 2 KiB
+    wall = 4 * 3e-3 + 2 * 6144 * 1e-9 / 0.5
+    assert shared_step(wall, 4096, 4, "halving_doubling", cpu, 0.5) == pytest.approx(3e-3)
+    assert shared_step(1e-9, 4096, 4, "ring", cpu, 0.5) == 0.0  # never negative
+    with pytest.raises(ValueError, match="wall_s=nan"):
+        shared_step(float("nan"), 4096, 4, "ring", cpu, 0.5)
+    # the share: the ranks on the busiest machine, not all of them, with the load there
+    costs = AllReduceCosts(1e-4, 1e9, cpu, 2.0, 1.0, sharing=2, step_s=3e-3)
+    assert costs.rate(8) == pytest.approx(2.0 / 3.0)
+    assert replace(costs, sharing=0).rate(4) == pytest.approx(2.0 / 5.0)
+    assert replace(costs, cores=None).rate(4) == 1.0
+    prediction = predict_allreduce(costs, 1 << 20, 4, "ring")
+    figures = dict(prediction.figures(0.01))
+    assert figures["sharing"] == "2" and float(figures["shared_step_us"]) == pytest.approx(3e3)
 
 
 def test_the_whole_buffer_probe_times_the_workers_copy_and_verification() -> None:

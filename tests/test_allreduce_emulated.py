@@ -40,7 +40,10 @@ def test_ring_allreduce_on_four_emulated_hosts(
     busbw = float(props["tfgrpc.allreduce.1MiB.busbw_MBps"])
     assert 0 < busbw < 125  # 1 Gbit/s links: 125 MB/s of frames at most
     model = {k.rsplit(".model.", 1)[1]: v for k, v in props.items() if ".model." in k}
-    assert float(model["rate"]) == 1.0  # through agents each rank has a host
+    # Emulated hosts are namespaces of this machine: the ranks report one boot id, so the model
+    # takes them as sharing its CPUs, with the step measured where they run.
+    assert model["sharing"] == "4" and float(model["rate"]) < 1
+    assert float(model["shared_step_us"]) > 0
     # The error is a timing figure on a shared machine: printed, not asserted (docs/tasks/model.md).
     print(
         f"ring all-reduce of 1 MiB on 4 emulated hosts at 1 Gbit/s: busbw {busbw:.1f} MB/s, "

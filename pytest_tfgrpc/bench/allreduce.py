@@ -15,7 +15,9 @@ verifies every measured result against the exact sum, at every rank.
 ``model=True`` then measures what the model needs (:func:`measure_allreduce_costs`): a
 two-rank ring on workers 0 and 1 at two piece sizes gives the per-step link (alpha and
 bandwidth of the workers' own path and code) and a rank's CPU per step (per step and per
-byte, from the workers' CPU times); a probe gives the other sessions' load on this machine's
+byte, from the workers' CPU times); the run's own ranks all-reduce a small buffer where they
+run, which tells the machines they share (each rank's kernel boot id) and, where they share
+one, a step's fixed cost there; a probe gives the other sessions' load on this machine's
 CPUs. :func:`~pytest_tfgrpc.model.scaling.allreduce_time` then predicts the all-reduce beside
 the measurement (``model.*`` figures, ``error_pct`` against the median).
 """
@@ -25,11 +27,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pytest_tfgrpc.bench.fit import available_cpus, measure_load, nonnegative_fit
+from pytest_tfgrpc.bench.fit import measure_load, nonnegative_fit
 from pytest_tfgrpc.bench.settings import run_settings
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.analytic import CpuCost, relative_error
@@ -39,7 +41,7 @@ from pytest_tfgrpc.ps.jobs import AllReduceReply
 from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
-from pytest_tfgrpc.roles.processes import LOCAL
+from pytest_tfgrpc.roles.processes import this_machine
 from pytest_tfgrpc.wire.client import BenchmarkError
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "measure_allreduce_costs",
     "measure_whole_buffer",
     "predict_allreduce",
+    "shared_step",
 ]
 
 #: The default run: 20 all-reduces after 3 unmeasured, within 10 s.
@@ -70,8 +73,11 @@ class AllReduceCosts:
     ``link_Bps``; infinite when bytes cost nothing measurable), a rank's CPU per step
     (``cpu``: ``rpc_s`` per step, ``byte_s`` per byte sent or taken), a rank's CPU per byte
     of its whole buffer once per all-reduce outside the steps (``whole_byte_s``: copying its
-    input in, and verifying the sum with ``check=True``), the cores the ranks share (None:
-    each has a host of its own) and the other sessions' ``load`` on them."""
+    input in, and verifying the sum with ``check=True``), the CPUs of the machine the most
+    ranks share (``cores``; None: each rank has a machine of its own), how many ranks share it
+    (``sharing``; 0: all of them) and the other sessions' ``load`` on it, and where ranks
+    share one, ``step_s``: a step's fixed seconds among the run's own ranks in their
+    placement (:func:`shared_step`)."""
 
     alpha_s: float
     link_Bps: float
@@ -79,13 +85,15 @@ class AllReduceCosts:
     cores: float | None
     load: float
     whole_byte_s: float = 0.0
+    sharing: int = 0
+    step_s: float | None = None
 
     def rate(self, ranks: int) -> float:
-        """The share of a core each of ``ranks`` ranks gets: ``min(1, cores / (ranks +
-        load))``, 1.0 on hosts of their own."""
+        """The share of a core each rank gets: ``min(1, cores / (sharing + load))``
+        (``sharing`` 0: ``ranks``), 1.0 on machines of their own."""
         if self.cores is None:
             return 1.0
-        return min(1.0, self.cores / (ranks + self.load))
+        return min(1.0, self.cores / ((self.sharing or ranks) + self.load))
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,9 @@ class AllReducePrediction:
         (``link`` or ``cpu``), ``alpha_us``, ``bandwidth_MBps``, ``cpu_step_us``,
         ``cpu_MBps`` (a rank's bytes per CPU second), ``whole_MBps`` (a rank's whole-buffer
         bytes per CPU second, :func:`measure_whole_buffer`), ``rate``, ``links`` (whose path the
-        link terms are), with shared cores ``cores`` and ``load``, and ``error_pct``."""
+        link terms are), with shared cores ``cores``, ``load``, ``sharing`` (ranks on the
+        busiest machine) and ``shared_step_us`` (:func:`shared_step`), and
+        ``error_pct``."""
         costs = self.costs
         cpu_rate = 1 / costs.cpu.byte_s / 1e6 if costs.cpu.byte_s > 0 else math.inf
         whole_rate = 1 / costs.whole_byte_s / 1e6 if costs.whole_byte_s > 0 else math.inf
@@ -126,6 +136,9 @@ class AllReducePrediction:
         ]
         if costs.cores is not None:
             pairs += [("cores", repr(costs.cores)), ("load", repr(costs.load))]
+            pairs.append(("sharing", str(costs.sharing or self.ranks)))
+        if costs.step_s is not None:
+            pairs.append(("shared_step_us", repr(costs.step_s * 1e6)))
         pairs.append(("error_pct", repr(100 * relative_error(self.step_s, measured_s))))
         return pairs
 
@@ -148,8 +161,14 @@ class AllReduceResult(BenchmarkResult):
         }
 
 
-def _ranks_on_this_host(cluster: PSCluster, ranks: int) -> bool:
-    return all(worker.launcher is LOCAL for worker in cluster.workers[:ranks])
+def _busiest_machine(replies: Sequence[AllReduceReply]) -> tuple[str, int, int]:
+    """(boot id, ranks, CPUs) of the machine the most ranks reported; a rank that reported
+    no machine has one of its own."""
+    ranks: dict[str, list[AllReduceReply]] = {}
+    for reply in replies:
+        ranks.setdefault(reply.machine or f"rank {id(reply)}", []).append(reply)
+    machine, on_it = max(ranks.items(), key=lambda item: len(item[1]))
+    return machine, len(on_it), min(r.cpus for r in on_it) or 1
 
 
 def _per_step(replies: Sequence[AllReduceReply], steps: int) -> tuple[float, float]:
@@ -186,6 +205,27 @@ def measure_whole_buffer(nbytes: int, *, check: bool, repeats: int = _WHOLE_REPE
     return float(np.median(timings)) / 1e9 / (4 * elements)
 
 
+def shared_step(
+    wall_s: float, nbytes: int, ranks: int, algorithm: str, cpu: CpuCost, rate: float
+) -> float:
+    """A step's fixed seconds where ranks share cores, from ``wall_s``, the median
+    all-reduce of ``nbytes`` (a small size) by ``algorithm`` among the run's own ``ranks``
+    ranks in their placement: less its pieces' bytes at ``cpu.byte_s / rate``, per step;
+    never negative. A two-rank sweep does not see what ranks sharing cores pay at every
+    step: each step ends with every rank blocked on a peer's piece, and its wake-up queues
+    behind the ranks that run (run-queue wait), with the context switches and cold caches
+    that brings (``benchmarks/experiments/allreduce_sharing.py`` measures both).
+
+    :raises ValueError: ``wall_s`` not finite and >= 0; as
+        :func:`~pytest_tfgrpc.model.scaling.allreduce_pieces` raises.
+    """
+    if not (math.isfinite(wall_s) and wall_s >= 0):
+        raise ValueError(f"wall_s={wall_s!r}: seconds, finite and >= 0")
+    pieces = allreduce_pieces(nbytes, ranks, algorithm)
+    on_bytes = sum(cpu.time(0, 0, 2 * piece) for piece in pieces) / rate
+    return max(0.0, (wall_s - on_bytes) / len(pieces))
+
+
 def measure_allreduce_costs(
     cluster: PSCluster,
     nbytes: int,
@@ -201,9 +241,15 @@ def measure_allreduce_costs(
     (``alpha + n / B``, fitted through the two), the workers' CPU times a rank's CPU per step
     (``rpc_s + 2 n byte_s``, less the copy of its input that the sweep's workers also paid
     per all-reduce); neither is negative. :func:`measure_whole_buffer` gives the whole-buffer
-    cost per byte, with the verification when ``check``. The ranks share this machine's CPUs when
-    they all run here, with ``load`` other runnable sessions (None: probed now with
-    ``ranks`` busy processes); through agents each is taken to have a host of its own."""
+    cost per byte, with the verification when ``check``.
+
+    Ranks share a machine's CPUs when they report the same kernel boot id
+    (:func:`~pytest_tfgrpc.roles.processes.this_machine`: local workers, and emulated hosts,
+    which are namespaces of one machine); the most ranks on one machine set the share of a
+    core each gets, with ``load`` other runnable sessions there (None: probed now with that
+    many busy processes when it is this machine, else 0), and their own all-reduce at a small
+    size gives a step's fixed cost among them (:func:`shared_step`). Ranks on machines of
+    their own share nothing."""
     largest = max(allreduce_pieces(nbytes, ranks, algorithm))
     pieces = (_SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4))
     copy_byte_s = measure_whole_buffer(max(pieces) * 2, check=False)
@@ -224,17 +270,35 @@ def measure_allreduce_costs(
         cpu_rows.append(((1.0, 2.0 * piece), max(0.0, cpu - copy_byte_s * piece)))
     alpha, beta = nonnegative_fit(link_rows)
     rpc_s, byte_s = nonnegative_fit(cpu_rows)
-    shared = _ranks_on_this_host(cluster, ranks)
-    if shared and load is None:
-        load = measure_load(ranks)
-    return AllReduceCosts(
+    costs = AllReduceCosts(
         alpha_s=alpha,
         link_Bps=1 / beta if beta > 0 else math.inf,
         cpu=CpuCost(rpc_s, 0.0, byte_s),
-        cores=float(available_cpus()) if shared else None,
-        load=load or 0.0,
+        cores=None,
+        load=0.0,
         whole_byte_s=measure_whole_buffer(nbytes, check=check),
     )
+    # the run's own ranks in their placement, at a small size: where they run, and a step there
+    small = ranks * _SMALL_PIECE
+    in_place = cluster.allreduce(
+        small,
+        algorithm=algorithm,
+        warmup=_COST_RUN.warmup,
+        iterations=_COST_RUN.iterations,
+        seconds=_COST_RUN.time_limit_s,
+        check=False,
+        ranks=ranks,
+    )
+    machine, sharing, cpus = _busiest_machine(in_place)
+    if sharing < 2:
+        return costs
+    if load is None:
+        load = measure_load(sharing) if machine == this_machine() else 0.0
+    costs = replace(costs, cores=float(cpus), load=load, sharing=sharing)
+    walls = np.max(np.vstack([jobs_samples(r.samples_ns) for r in in_place]), axis=0)
+    wall_s = float(np.median(walls)) / 1e9
+    step_s = shared_step(wall_s, small, ranks, algorithm, costs.cpu, costs.rate(ranks))
+    return replace(costs, step_s=step_s)
 
 
 def allreduce(
@@ -351,5 +415,6 @@ def predict_allreduce(
         cpu=costs.cpu,
         rate=rate,
         whole_s=costs.whole_byte_s * nbytes,
+        step_s=costs.step_s,
     )
     return AllReducePrediction(costs, ranks, total, link, host, rate)

@@ -24,7 +24,6 @@ hand:
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult
 from pytest_tfgrpc.roles.parameter_server import INIT_RANDOM, apply_update
+from pytest_tfgrpc.roles.processes import available_cpus
 from pytest_tfgrpc.units import format_duration
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import BenchmarkError
@@ -54,7 +54,6 @@ __all__ = [
     "LATENCY_SIZES",
     "Exchange",
     "MachineFit",
-    "available_cpus",
     "exchange_costs",
     "exchange_hidden",
     "exchange_layouts",
@@ -353,13 +352,6 @@ def measure_numpy_costs(
         _cpu_per_byte(aggregate, nbytes, min_seconds, max_repeats),
         _cpu_per_byte(update, nbytes, min_seconds, max_repeats),
     )
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 #: A busy process of :func:`measure_cores`: spins from a shared start time for a while, then

@@ -89,6 +89,17 @@ N, ..., S / 4, S / 2`` at halving-doubling's (``N`` not a power of two: the same
 ceil(log2 N)`` equal pieces). On a cluster each rank has a host of its own (``rate`` 1); on
 one machine the CPU term is what sets the step (a loopback's link is that machine's memory).
 
+**Ranks sharing cores** (``step_s``): where several ranks share a machine's cores, a step costs
+more than each rank's CPU at its share. Every step ends with each rank blocked on a peer's
+piece; its wake-up waits in the run queue behind the ranks that run, and the context switches
+and cold caches make each rank's CPU per step larger than with a core of its own (4 ranks on 2
+cores against 2 ranks, this machine, quiet: +48% CPU per step, 1.3-1.5 of 2 cores busy;
+``benchmarks/experiments/allreduce_sharing.py``). No model of a scheduler is fitted for it: the
+run's own ranks, in their own placement, all-reduce a small buffer, and its step, less its
+pieces' bytes, is the fixed part of every step::
+
+    t_comm = sum_k max(buffers alpha + n_k / B_link, buffers step_s + 2 n_k byte_s / rate)
+
 :func:`calibrate` fits the free terms to measured ``(W, P, efficiency)`` points by
 ``scipy.optimize.least_squares``, with the uncertainty of each from the Jacobian at the
 solution (``cov = s^2 (J^T J)^-1``, ``s^2`` the residual variance) and says which terms the
@@ -399,6 +410,7 @@ def allreduce_time(
     rate: float = 1.0,
     buffers: int = 1,
     whole_s: float = 0.0,
+    step_s: float | None = None,
 ) -> tuple[float, float, float]:
     """Seconds of one all-reduce (module docstring): ``(t_comm, link, host)``, ``link`` the
     sum of the steps' link times alone, ``host`` of their CPU times at ``rate`` of a core
@@ -406,16 +418,24 @@ def allreduce_time(
     each step, plus ``whole_s / rate``. ``whole_s``: a rank's CPU seconds per all-reduce on
     its whole buffer outside the steps (copying its input in, verifying the sum), which the
     ranks sharing the cores pay between steps. ``buffers`` all-reduces of the pieces' total
-    run one after the other (unfused tensors)."""
+    run one after the other (unfused tensors). ``step_s``: a step's fixed seconds measured
+    where the ranks share cores (among the run's own ranks, in their own placement, at a small
+    size), which then replaces ``cpu.rpc_s / rate`` (module docstring: ranks sharing cores);
+    None: each rank's fixed CPU per step at ``rate``."""
     if not 0 < rate <= 1:
         raise ValueError(f"rate={rate!r}: a share of a core, in (0, 1]")
     if not (math.isfinite(whole_s) and whole_s >= 0):
         raise ValueError(f"whole_s={whole_s!r}: CPU seconds, finite and >= 0")
+    if step_s is not None and not (math.isfinite(step_s) and step_s >= 0):
+        raise ValueError(f"step_s={step_s!r}: seconds per step, finite and >= 0")
     total = host = whole_s / rate
     link = 0.0
     for piece in allreduce_pieces(nbytes, ranks, algorithm):
         on_link = buffers * alpha_s + piece / link_Bps
-        on_host = cpu.time(buffers, 0, 2 * piece) / rate if cpu is not None else 0.0
+        on_host = 0.0
+        if cpu is not None:
+            fixed = buffers * step_s if step_s is not None else cpu.time(buffers, 0, 0) / rate
+            on_host = fixed + cpu.time(0, 0, 2 * piece) / rate
         total += max(on_link, on_host)
         link += on_link
         host += on_host

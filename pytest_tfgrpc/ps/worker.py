@@ -71,6 +71,7 @@ from pytest_tfgrpc.roles.parameter_server import (
     check_gradient,
     method,
 )
+from pytest_tfgrpc.roles.processes import available_cpus, this_machine
 from pytest_tfgrpc.wire import codec, grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2, worker_pb2
 from pytest_tfgrpc.wire.client import RAISE_HINT, BenchmarkError, connect_aio, rpc_timeout
@@ -501,7 +502,12 @@ async def _allreduce(
                     break
         user, system = _cpu_since(cpu0)
         return AllReduceReply(
-            samples_ns=samples, checked=checked, cpu_user_ns=user, cpu_system_ns=system
+            samples_ns=samples,
+            checked=checked,
+            cpu_user_ns=user,
+            cpu_system_ns=system,
+            machine=this_machine(),
+            cpus=available_cpus(),
         )
     finally:
         for channel in channels.values():

@@ -38,6 +38,30 @@ C = TypeVar("C", bound="ChildProcess")
 _LIVE_LOCK = threading.Lock()
 
 
+#: The running kernel's id: one per boot of one machine, the same in every network namespace
+#: and container on it (proc(5), /proc/sys/kernel/random/boot_id).
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; the CPU count off Linux)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def this_machine() -> str:
+    """The running kernel's boot id (proc(5)): processes that report the same one share this
+    machine's CPUs, whatever network namespace or host name each has (emulated hosts do).
+    Empty where the kernel has none to give (not Linux): a machine of its own."""
+    try:
+        with open(_BOOT_ID) as file:
+            return file.read().strip()
+    except OSError:
+        return ""
+
+
 class ServerError(RuntimeError):
     """A tensor server that could not start, or that died."""
 
