@@ -241,6 +241,8 @@ class TransportProbe:
         self.windows: list[Window] = []
         self._in_round = False
         self._clients = clients
+        #: The clients' ends a client process told (:meth:`told`).
+        self._told: Sequence[tuple[str, str]] = ()
         #: Per side (``client``, a local ``server``), the run-queue wait over the rounds (ns).
         self.cpu_wait: dict[str, int] = {}
         self._pids: dict[str, tuple[int, ...]] = {
@@ -298,7 +300,8 @@ class TransportProbe:
                 remote, pid = self._remote, self._remote_pid
                 # The connections' client ends, as this host found them: the server's host
                 # finds its ends of them by address too.
-                ends = [(s.local, s.remote) for s in out["local"].sockets if not s.server_side]
+                found = out["local"].sockets
+                ends = [(s.local, s.remote) for s in found if not s.server_side] or self._told
 
                 def read_remote(address: str, port: int, *, discover: bool) -> Reading:
                     return remote(address, port, discover, pid, ends)
@@ -363,8 +366,14 @@ class TransportProbe:
         readings look up (as ``clients`` does)."""
         self._pids[side] = (pid,) if isinstance(pid, int) else tuple(pid)
         if connections is not None:
-            ends = tuple(connections)
-            self._clients = lambda port: ends
+            self.told(connections)
+
+    def told(self, connections: Sequence[tuple[str, str]]) -> None:
+        """Look the clients' connections up by these ``(local, peer)`` ends from the next
+        window on, on this host and (where its reading finds none of them) the server's."""
+        ends = tuple(connections)
+        self._clients = lambda port: ends
+        self._told = ends
 
     def begin_round(self, *, window: bool) -> None:
         """A timed loop starts: read the sides' run-queue waits, and with ``window``, open a
@@ -510,8 +519,13 @@ class ClusterProbe:
         self._tasks = tuple(tasks)
         self.probes = [probe_for(task) for task in self._tasks]
 
-    def start(self) -> None:
+    def start(self, connections: Sequence[tuple[str, str]] = ()) -> None:
+        """Open every task's window; with the workers' ``(local, peer)`` ends of their
+        connections, each task's are looked up by them (its port's), never found by a walk
+        of a connection table."""
         for probe in self.probes:
+            if connections:
+                probe.told(connections)
             probe.start()
 
     def stop(self) -> None:
