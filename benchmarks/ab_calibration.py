@@ -14,12 +14,14 @@ seeded coin shuffles, the sides it needs out of:
 
 - ``A`` and ``A'``: the suite unchanged, twice;
 - ``x1.2``: the suite with its server slowed (``--tfgrpc-server-delay``) so that the 1 KiB
-  p50 is 1.2x A's: first by 0.2x A's p50 (the median of ``SIZING_RUNS`` unchanged runs made
-  first), then, as the spinning delay may cost a busy machine more than itself (in a quick run
-  under load a 0.2x delay measured 1.45x over 6 pairs), shrunk once where ``SIZING_PAIRS``
-  pairs of A and that delay measured clearly more; the trials' own pairs report the ratio
-  they got;
-- ``x1.1``: slowed by half that (only in the first ``--long-trials`` trials).
+  p50 is 1.2x A's. A delay adds more than itself beside a busy neighbour (the full run of the
+  earlier design sized 76 us as 0.2x A's p50 and its pairs ran at 1.28x), and pairs of whole
+  runs are too noisy to size it from, so each delay is probed side by side with a plain
+  server, round by round, in ``SIZING_PROCESSES`` fresh processes, and read off a line fitted
+  to every delay probed (``Calibration.size``); the trials' own pairs report the ratio they
+  got;
+- ``x1.1``: slowed so that the p50 is 1.1x A's, sized the same way (only in the first
+  ``--long-trials`` trials).
 
 and the trial's comparisons, over the same runs, are:
 
@@ -36,10 +38,11 @@ and the trial's comparisons, over the same runs, are:
 So a trial's A/A and A/B verdicts share their A runs (they are not independent within a
 trial; each rate is still one verdict per trial), and the order within a pair is random, not
 tfgrpc-ab's default A-then-B: a pair's runs lie up to 3 runs apart, which if anything widens
-the pairs' spread against tfgrpc-ab's back-to-back pairs. The full run's 6 long trials are
-what fits its ~25 minutes (402 runs, ~3 s each, estimated, on a quiet machine beside the
-neighbour; the script prints its own projection after sizing);
-``--long-trials 20`` runs the moonshot in full (210 runs more, ~11 min).
+the pairs' spread against tfgrpc-ab's back-to-back pairs. The full run's 2 long trials are
+what fits its ~25 minutes with the example (330 runs at ~3.9 s beside the neighbour, the
+sizing ~1.5 min, the example ~3 min: ~26 min; the script prints its own projection after
+sizing); ``--long-trials 6`` runs the earlier design's 6 (~4 min more), ``--long-trials 20`` the
+moonshot in full (~16 min more).
 
 Each run measures ~0.7 s of echoes (``RUN_OPTIONS``): under load, A/A pairs of 300-iteration
 runs (~0.1 s of echoes) spread by ~28 % (log ratios), of 2000-3000 by ~21 %
@@ -76,11 +79,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.cli.ab import run_side
 from pytest_tfgrpc.cli.compare import gate_failures
 from pytest_tfgrpc.report.compare import Comparison as Verdicts
@@ -108,10 +112,14 @@ RUN_TIMEOUT_S = 120.0
 NEIGHBOUR_LIMIT_S = 3 * 3600
 HISTORY = 5
 SIZING_RUNS = 4
-SIZING_PAIRS = 4
-#: Trials that also run the 1.1x moonshot (10 pairs): 6 fit the full run in ~25 min; each one
-#: more costs 15 runs (~45 s at 3 s a run).
-LONG_TRIALS = 6
+#: Fresh processes per probed delay (:func:`probe_delay`), each ~6 s beside the neighbour.
+SIZING_PROCESSES = 4
+#: The probe's run: as a trial's run of the suite measures (RUN_OPTIONS, 10 rounds).
+PROBE_RUN = RunSpec(iterations=2000, warmup=100, max_seconds=10.0, warmup_seconds=1.0, rounds=10)
+PROBE_TIMEOUT_S = 120.0
+#: Trials that also run the 1.1x moonshot (10 pairs): 2 fit the full run in ~25 min beside the
+#: neighbour (6 took 29.5 min with the example); each one more costs 15 runs (~1 min).
+LONG_TRIALS = 2
 STEM = "tfgrpc.p2p_latency.1KiB.p50"
 
 
@@ -138,6 +146,86 @@ class Neighbour:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def probe_child(delay_us: float) -> int:
+    """``--probe-child DELAY``: in this process, a plain tensor server and one delayed by
+    ``delay_us``, both started and placed as the ``tensor_server`` fixture starts and places
+    one under the default ``--tfgrpc-cpus=auto``, their 1 KiB echo measured side by side
+    round by round (:func:`~pytest_tfgrpc.bench.p2p.p2p_latency_pair`, ``PROBE_RUN``);
+    prints ``{"ratios": [...]}``, each round's p50 of the delayed server over the plain
+    one's."""
+    from pytest_tfgrpc.bench.p2p import LatencyCall, p2p_latency_pair
+    from pytest_tfgrpc.roles.native_server import start_tensor_server
+    from pytest_tfgrpc.tuning.cpus import (
+        measuring_cpus,
+        pin_server,
+        resolve_placement,
+        use_placement,
+    )
+    from pytest_tfgrpc.wire.fabric import resolve_fabric
+
+    use_placement(resolve_placement("auto"))
+    fabric = resolve_fabric("lo")
+    servers = []
+    try:
+        for delay_s in (0.0, delay_us / 1e6):
+            servers.append(start_tensor_server(fabric, max_tensor_bytes=1024, delay_s=delay_s))
+            pin_server(servers[-1].pid)
+        with measuring_cpus():
+            a, b = p2p_latency_pair((servers[0], servers[1]), [1024], LatencyCall(run=PROBE_RUN))
+    finally:
+        for server in servers:
+            server.stop()
+    (pa,), (pb,) = a.sizes, b.sizes
+    ratios = [
+        y / x for x, y in zip(pa.round_figures()["p50"], pb.round_figures()["p50"], strict=True)
+    ]
+    print(json.dumps({"ratios": ratios}))
+    return 0
+
+
+def probe_delay(delay_us: float, work: Path) -> float | None:
+    """The 1 KiB p50 ratio of a server delayed ``delay_us`` to a plain one, measured side by
+    side in a fresh process (:func:`probe_child`): the median of its rounds' ratios; None
+    where the probe broke (its output kept in ``work``)."""
+    log = work / f"probe-{delay_us:.0f}us-{time.monotonic_ns()}.log"
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--probe-child", f"{delay_us:.0f}"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    log.write_text(done.stdout + done.stderr)
+    try:
+        ratios = json.loads(done.stdout.strip().splitlines()[-1])["ratios"]
+    except (IndexError, KeyError, ValueError):
+        return None
+    return math.exp(statistics.median(math.log(r) for r in ratios)) if ratios else None
+
+
+def excess_line(probed: Mapping[float, float]) -> tuple[float, float] | None:
+    """The least-squares line ``r - 1 = intercept + slope * delay_us`` through the probed
+    ``{delay_us: ratio}`` (a line through the origin for one delay); None for none."""
+    if not probed:
+        return None
+    xs, ys = list(probed), [r - 1.0 for r in probed.values()]
+    if len(xs) == 1 or max(xs) == min(xs):
+        return 0.0, statistics.mean(ys) / statistics.mean(xs)
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
+
+
+def delay_for(fit: tuple[float, float], ratio: float) -> float:
+    """The delay (us) the fitted line gives ``ratio``; never below 1 us."""
+    intercept, slope = fit
+    if slope <= 0:
+        return 1.0
+    return max(1.0, (ratio - 1.0 - intercept) / slope)
 
 
 def side(
@@ -290,44 +378,59 @@ class Calibration:
             self.say(f"# run {stem} ({label}) broke: {why}")
         return got
 
-    def size(self, ratios: Sequence[float], pairs: int) -> bool:
-        """Give each slowed side (``x1.2``, ...) its server delay: first ``ratio - 1`` times
-        the median p50 of ``SIZING_RUNS`` unchanged runs; then, as a spinning server may cost
-        a busy machine more than its delay, that delay shrunk once where ``pairs`` pairs of A
-        and the first side measured clearly more than its ratio (the trials' own pairs say the
-        ratio they got)."""
+    def size(self, ratios: Sequence[float], processes: int) -> bool:
+        """Give each slowed side (``x1.2``, ...) its server delay (``--tfgrpc-server-delay``).
+
+        A delay adds more than itself to an echo (the spin shares the server's CPU with the
+        neighbour; the earlier design's full run sized 76 us for 1.2x as ``0.2 x p50`` and its
+        pairs ran at 1.28x), and pairs of whole runs are too noisy to size it from (a pair's
+        log ratio spreads ~21 %: 4 probe pairs have a standard error of ~10 %). So each delay
+        is probed in ``processes`` fresh processes, each measuring a plain server and the
+        delayed one side by side round by round (:func:`probe_delay`: both in the same
+        scheduler modes); the excess ratio ``r - 1`` is fitted as a line in the delay (least
+        squares over every delay probed), first at ``0.2`` and ``0.1`` times the median p50
+        of ``SIZING_RUNS`` unchanged runs, then once more at the fitted delay of the first
+        ratio (kept within half the shortest and 1.5x the longest delay probed), and each
+        delay read off the fit over all probes. The trials' own pairs report the ratio they
+        got."""
         sized = [self.run("A", f"sizing-{i}") for i in range(SIZING_RUNS)]
         values = [v for v in map(run_value, sized) if v is not None]
         if not values:
             self.say("# no sizing run measured a p50: cannot size the slowdowns")
             return False
-        p50 = statistics.median(values)
-        first = ratios[0]
-        delay_ns = (first - 1.0) * p50
-        self.commands["probe"] = side((f"--tfgrpc-server-delay={delay_ns / 1e3:.0f}us",))
-        logs = []
-        for i in range(pairs):
-            a, b = self.run("A", f"probe-{i}-A"), self.run("probe", f"probe-{i}-B")
-            va, vb = run_value(a), run_value(b)
-            if va and vb:
-                logs.append(math.log(vb / va))
-        del self.commands["probe"]
-        # A spinning delay adds at least itself to every echo: only a ratio clearly above the
-        # target (by 2 standard errors) shrinks the delays, by at most half.
-        got = math.exp(statistics.mean(logs)) if logs else math.nan
-        se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 2 else math.inf
-        scale = 1.0
-        if math.log(got) - 2.0 * se > math.log(first):
-            scale = max(0.5, (first - 1.0) / (got - 1.0))
-        delays = {
-            f"x{r}": f"{(r - 1.0) / (first - 1.0) * delay_ns * scale / 1e3:.0f}us" for r in ratios
-        }
+        p50_us = statistics.median(values) / 1e3
+        probed: dict[float, float] = {}
+
+        def probe(delay_us: float) -> None:
+            got = [probe_delay(delay_us, self.work) for _ in range(processes)]
+            logs = [math.log(r) for r in got if r is not None]
+            if logs:
+                probed[delay_us] = math.exp(statistics.mean(logs))
+                spread = statistics.stdev(logs) if len(logs) > 1 else math.nan
+                self.say(
+                    f"# sizing probe: server delayed {delay_us:.0f}us measured "
+                    f"{probed[delay_us]:.3f}x side by side ({len(logs)} processes, sd of their "
+                    f"log ratios {spread:.1%})"
+                )
+
+        for ratio in (1.2, 1.1):
+            probe(round((ratio - 1.0) * p50_us))
+        fit = excess_line(probed)
+        if fit is None:
+            self.say("# the sizing probes measured nothing usable: cannot size the slowdowns")
+            return False
+        # A noisy first fit may give a delay far off (or none): the second probe stays between
+        # half the shortest and 1.5x the longest delay probed.
+        probe(min(max(delay_for(fit, ratios[0]), min(probed) / 2), max(probed) * 1.5))
+        fit = excess_line(probed) or fit
+        delays = {f"x{r}": f"{delay_for(fit, r):.0f}us" for r in ratios}
         for label, delay in delays.items():
             self.commands[label] = side((f"--tfgrpc-server-delay={delay}",))
+        intercept, slope = fit
         self.say(
-            f"# sizing: median 1 KiB p50 of {len(values)} unchanged runs {p50 / 1e3:.1f} us; a "
-            f"server delayed {delay_ns / 1e3:.0f}us measured {got:.3f}x over {len(logs)} pairs "
-            f"(geometric mean, standard error {se:.1%}), so delays scaled by {scale:.2f}: "
+            f"# sizing: median 1 KiB p50 of {len(values)} unchanged runs {p50_us:.1f} us; "
+            f"excess ratio fitted over {len(probed)} probed delays: {intercept:+.3f} "
+            f"{slope * 1e3:+.3f} per ms of delay; "
             + ", ".join(f"{label}'s server delayed {d}" for label, d in delays.items())
             + " (--tfgrpc-server-delay)"
         )
@@ -362,7 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the order within pairs")
     parser.add_argument("--no-example", action="store_true", help="skip the example's timing")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--probe-child", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe_child is not None:
+        return probe_child(args.probe_child)
     trials = args.trials or (2 if args.quick else 20)
     pairs = args.pairs or (3 if args.quick else 5)
     long_trials = min(trials, LONG_TRIALS if args.long_trials is None else args.long_trials)
@@ -389,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             started = time.monotonic()
             if not cal.size(
-                (1.2, 1.1) if long_trials else (1.2,), SIZING_PAIRS if not args.quick else 3
+                (1.2, 1.1) if long_trials else (1.2,), SIZING_PROCESSES if not args.quick else 2
             ):
                 return 2
             planned = trials * pairs * 3 + long_trials * (pairs + 2 * (long_pairs - pairs))

@@ -20,9 +20,14 @@ from scipy import stats
 from pytest_tfgrpc.cli.ab import main as ab_main
 from pytest_tfgrpc.report.compare import blind_history_warnings, format_comparison
 from pytest_tfgrpc.report.junit import Baseline
-from pytest_tfgrpc.report.paired import Pair, compare_pairs
+from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pairs
 from pytest_tfgrpc.report.record import Key, Measurement, Outcome
-from pytest_tfgrpc.stats.paired import MIN_PAIRS, paired_test, signed_rank_floor
+from pytest_tfgrpc.stats.paired import (
+    MIN_PAIRS,
+    paired_test,
+    pairs_to_detect,
+    signed_rank_floor,
+)
 
 META = MappingProxyType({"host": "node1", "grpcio": "1.85.3", "cpus": "2"})
 KEY = Key("tests.test_perf.test_latency[lo]", "lo", "p2p_latency", "1KiB")
@@ -169,6 +174,30 @@ def test_pairs_lacking_a_figure_on_one_side_are_counted() -> None:
     pairs[1] = Pair(pairs[1].a, run())  # B's run of pair 2 measured nothing
     (verdict,) = compare_pairs(pairs, {"*": 0.10}).verdicts
     assert verdict.runs == 3 and "(1 pair lacks it on one side)" in verdict.reason
+
+
+def test_pairs_too_few_for_their_spread_say_how_many_would_see_the_tolerance() -> None:
+    """Five pairs whose log ratios spread ~21 %, as beside a CPU-bound neighbour."""
+    rng = np.random.default_rng(3)
+    noisy = [
+        Pair(run(measurement(3e5, seed=i)), run(measurement(3e5 * math.exp(e), seed=50 + i)))
+        for i, e in enumerate(rng.normal(0.0, 0.21, 5))
+    ]
+    comparison = compare_pairs(noisy, {"*": 0.10})
+    (verdict,) = comparison.verdicts
+    (line,) = blind_pairs_warnings(comparison)
+    assert line.startswith(f"these 5 pairs can see changes above {verdict.detectable:.0%} in ")
+    assert "in p2p_latency.1KiB.p50 (tests.test_perf.test_latency[lo] on lo); tolerance 10%" in line
+    needed = int(line.split("spread about ")[1].split(" pairs")[0])
+    assert needed == pairs_to_detect(verdict.detectable, 5, 0.10, alpha=verdict.alpha)
+    # The fewest pairs that see 10 % at that spread: one fewer does not.
+    sd = math.log1p(verdict.detectable) / stats.t.ppf(1 - verdict.alpha / 2, 4) * math.sqrt(5)
+    for m, sees in ((needed, True), (needed - 1, False)):
+        seen = math.expm1(stats.t.ppf(1 - verdict.alpha / 2, m - 1) * sd / math.sqrt(m))
+        assert (seen <= 0.10) is sees, m
+    assert blind_pairs_warnings(compare_pairs(drifting_pairs(1.0), {"*": 0.10})) == []
+    assert pairs_to_detect(math.nan, 5, 0.10, alpha=0.05) is None
+    assert pairs_to_detect(5.0, 3, 0.001, alpha=0.05) is None  # beyond MAX_PAIRS_SAID
 
 
 # --- a history that says when it is blind -------------------------------------------------

@@ -15,7 +15,9 @@ optional package skip, saying so, where those are missing.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -1380,7 +1382,7 @@ def test_echo(tfgrpc, server):
 
 #: Runner A's runs at 10 ms, B's (3x slower) at 30 ms: long enough to dominate load noise.
 AB_HISTORY = tuple({"RUNNER": r, "DELAY": "10ms" if r == "A" else "30ms"} for r in "ABABA")
-STEADY = ("--tfgrpc-iterations=100", "--tfgrpc-warmup=5", "--tfgrpc-max-seconds=2")
+STEADY = ("--tfgrpc-iterations=30", "--tfgrpc-warmup=5", "--tfgrpc-max-seconds=2")
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -1653,6 +1655,10 @@ def test_accepted():
         ret=1,
         lines=("*ServerDied: tensor server on lo exited with signal 9*",),
         absent=("*no connection*", "*INTERNALERROR*"),
+        # Its server dies before a call, so it measures nothing: a lock of its own keeps the
+        # bound on the plugin (no waiting out a 10 s connect), not on another run's measurement
+        # (under load it waited past 10 s for the host lock before its test began).
+        env={"TFGRPC_HOST_LOCK": "{tmp}/host.lock"},
         seconds=10,
     ),
     Case(
@@ -2805,7 +2811,7 @@ def _needs(case: Case) -> None:
             pytest.importorskip(need)
 
 
-def _run(case: Case, world: World, tmp: Path) -> Outcome:
+def _run(case: Case, world: World, tmp: Path, store: Path) -> Outcome:
     xml = tmp / "perf.xml"
     results = tmp / "results.jsonl"
     for name, text in case.files.items():
@@ -2819,7 +2825,7 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     if case.baseline_args is not None:
-        _baselines(case, world, tmp, env)
+        _baselines(case, world, tmp, env, store)
     if case.command and case.cli:
         argv = [sys.executable, "-m", case.cli, *(world.fill(a) for a in case.command)]
     elif case.command:
@@ -2855,13 +2861,11 @@ def _run(case: Case, world: World, tmp: Path) -> Outcome:
     return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
 
 
-#: Baseline runs made, by what made them: rows that share a history copy it.
-_BASELINES: dict[tuple[object, ...], list[Path]] = {}
-
-
-def _baselines(case: Case, world: World, tmp: Path, env: Mapping[str, str]) -> None:
+def _baselines(case: Case, world: World, tmp: Path, env: Mapping[str, str], store: Path) -> None:
     """The row's baseline runs (``base.xml``, ``base1.xml``, ...) or history
-    (``history/run-NNNN.xml``), made once per module for the rows that share them."""
+    (``history/run-NNNN.xml``), made once per session for the rows that share them: the first
+    row makes them into ``store`` (under pytest-xdist, a directory every worker shares, so a
+    row on the other worker waits for them rather than making its own), every row copies them."""
     assert case.baseline_args is not None
     suite = world.fill(case.suite)
     history = tuple(tuple(sorted(run.items())) for run in case.history)
@@ -2872,10 +2876,23 @@ def _baselines(case: Case, world: World, tmp: Path, env: Mapping[str, str]) -> N
         names = [f"history/run-{run:04d}.xml" for run in range(len(case.history))]
     else:
         names = [f"base{run or ''}.xml" for run in range(case.baseline_runs)]
-    if key in _BASELINES:
-        for name, made in zip(names, _BASELINES[key], strict=True):
-            (tmp / name).write_bytes(made.read_bytes())
-        return
+    made = store / hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    with open(f"{made}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (made / "done").exists():
+            _make_baselines(case, suite, names, tmp, env)
+            for name in names:
+                (made / name).parent.mkdir(parents=True, exist_ok=True)
+                (made / name).write_bytes((tmp / name).read_bytes())
+            (made / "done").touch()
+    for name in names:
+        (tmp / name).write_bytes((made / name).read_bytes())
+
+
+def _make_baselines(
+    case: Case, suite: str, names: list[str], tmp: Path, env: Mapping[str, str]
+) -> None:
+    assert case.baseline_args is not None
     (tmp / "test_case.py").write_text(suite)
     for run, name in enumerate(names):
         base = tmp / name
@@ -2890,7 +2907,6 @@ def _baselines(case: Case, world: World, tmp: Path, env: Mapping[str, str]) -> N
             assert old in text, f"{old!r} not in the baseline"
             text = text.replace(old, new)
         base.write_text(text)
-    _BASELINES[key] = [tmp / name for name in names]
 
 
 def _plant(kind: str, tmp: Path) -> None:
@@ -3014,10 +3030,22 @@ def world(tmp_path: Path) -> Iterator[World]:
         yield World(tmp_path, stack)
 
 
+@pytest.fixture(scope="session")
+def baseline_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where rows keep the baseline runs they share: under pytest-xdist, in the directory
+    all workers' temporary directories share (the recipe of pytest-xdist's docs)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    store = root / "fault-baselines"
+    store.mkdir(exist_ok=True)
+    return store
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_fault(case: Case, world: World, tmp_path: Path) -> None:
+def test_fault(case: Case, world: World, tmp_path: Path, baseline_store: Path) -> None:
     _needs(case)
-    outcome = _run(case, world, tmp_path)
+    outcome = _run(case, world, tmp_path, baseline_store)
     summary = _check(case, world, outcome)
     if _LOG is not None:
         with _LOG.open("a") as log:

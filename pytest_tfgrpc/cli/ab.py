@@ -42,7 +42,7 @@ from pytest_tfgrpc.cli.compare import (
 from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
 from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
-from pytest_tfgrpc.report.paired import Pair, compare_pairs
+from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pairs
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
 
 __all__ = ["Broken", "main", "run_side"]
@@ -237,6 +237,8 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
         print(f"broken: {broken.describe()}", file=out)
     for note in done.notes:
         print(f"note: {note}", file=out)
+    for line in blind_pairs_warnings(comparison):
+        print(f"warning: {line}", file=out)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

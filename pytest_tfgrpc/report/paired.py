@@ -20,16 +20,29 @@ from typing import Any
 import numpy as np
 
 from pytest_tfgrpc.metrics import GATED, GateTest
-from pytest_tfgrpc.report.compare import Comparison, judge_replicated
+from pytest_tfgrpc.report.compare import BLIND_FACTOR, Comparison, judge_replicated
 from pytest_tfgrpc.report.junit import Baseline
 from pytest_tfgrpc.report.record import Key, Measurement, Outcome, Verdict
 from pytest_tfgrpc.report.setup_check import Mismatch, check_metadata
 from pytest_tfgrpc.report.tolerance import gated_metrics, tolerance_for
-from pytest_tfgrpc.stats.paired import MIN_PAIRS, PairedTest, paired_test
+from pytest_tfgrpc.stats.paired import (
+    MAX_PAIRS_SAID,
+    MIN_PAIRS,
+    PairedTest,
+    paired_test,
+    pairs_to_detect,
+)
 from pytest_tfgrpc.stats.replicates import ReplicateTest, invalid_values
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
 
-__all__ = ["Pair", "PairedRegression", "compare_pairs", "pair_value", "paired_verdict"]
+__all__ = [
+    "Pair",
+    "PairedRegression",
+    "blind_pairs_warnings",
+    "compare_pairs",
+    "pair_value",
+    "paired_verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -233,3 +246,42 @@ def _unique(mismatches: Sequence[Mismatch]) -> list[Mismatch]:
             seen.add(mismatch.what)
             out.append(mismatch)
     return out
+
+
+def blind_pairs_warnings(comparison: Comparison, *, limit: int = 5) -> list[str]:
+    """What the pairs of ``comparison`` (:func:`compare_pairs`) could not see: one line per
+    tested figure whose detectable change is more than
+    :data:`~pytest_tfgrpc.report.compare.BLIND_FACTOR` times its tolerance (as a history is
+    called blind), worst first, at most ``limit`` and then how many more, each with the pairs
+    that would see its tolerance at the same spread
+    (:func:`~pytest_tfgrpc.stats.paired.pairs_to_detect`, at the level the figure was tested
+    at: ``alpha`` over the figures its test tested together)."""
+    family: dict[str, int] = {}
+    for v in comparison.verdicts:
+        if GATED[v.metric].gate is not GateTest.RATIO:
+            family[v.key.test] = family.get(v.key.test, 0) + 1
+    blind = [
+        v
+        for v in comparison.verdicts
+        if math.isfinite(v.detectable)
+        and math.isfinite(v.tolerance)
+        and v.detectable > BLIND_FACTOR * v.tolerance
+    ]
+    blind.sort(key=lambda v: (-v.detectable, v.key.order(), v.metric))
+    lines = []
+    for v in blind[:limit]:
+        level = v.alpha / max(family.get(v.key.test, 1), 1)
+        needed = pairs_to_detect(v.detectable, v.runs, v.tolerance, alpha=level)
+        more = f"about {needed}" if needed is not None else f"more than {MAX_PAIRS_SAID}"
+        where = f" on {v.key.fabric}" if v.key.fabric else ""
+        lines.append(
+            f"these {v.runs} pairs can see changes above {v.detectable:.0%} in "
+            f"{v.key.label}.{v.key.size}.{v.metric} ({v.key.test}{where}); tolerance "
+            f"{v.tolerance * 100:g}%: at their spread {more} pairs would see it"
+        )
+    if len(blind) > limit:
+        lines.append(
+            f"{len(blind) - limit} more figures of these pairs see only changes above twice "
+            "their tolerance"
+        )
+    return lines

@@ -26,10 +26,19 @@ import numpy as np
 
 from pytest_tfgrpc.stats.replicates import ChangeTest, invalid_values
 
-__all__ = ["MIN_PAIRS", "PairedTest", "paired_test", "signed_rank_floor"]
+__all__ = [
+    "MAX_PAIRS_SAID",
+    "MIN_PAIRS",
+    "PairedTest",
+    "paired_test",
+    "pairs_to_detect",
+    "signed_rank_floor",
+]
 
 #: Pairs a paired test needs (a spread with 2 degrees of freedom).
 MIN_PAIRS = 3
+#: The most pairs :func:`pairs_to_detect` counts up to.
+MAX_PAIRS_SAID = 1000
 
 
 @dataclass(frozen=True)
@@ -115,3 +124,25 @@ def paired_test(a: Sequence[float], b: Sequence[float], *, alpha: float) -> Pair
         vetoed=vetoed,
         pairs=n,
     )
+
+
+def pairs_to_detect(detectable: float, pairs: int, change: float, *, alpha: float) -> int | None:
+    """The fewest pairs whose t test would detect ``change`` (a fraction, > 0), at the
+    spread of the pairs' log ratios that made ``detectable`` over ``pairs`` pairs at level
+    ``alpha`` (as :func:`paired_test` reports it): the smallest ``m`` with
+    ``expm1(t(1 - alpha/2, m - 1) * sd / sqrt(m)) <= change``. None when more than
+    :data:`MAX_PAIRS_SAID` would be needed or the inputs say nothing (a detectable change
+    that is not a positive finite number, fewer than :data:`MIN_PAIRS` pairs)."""
+    from scipy import stats
+
+    if not (math.isfinite(detectable) and detectable > 0 and change > 0 and 0 < alpha < 1):
+        return None
+    if pairs < MIN_PAIRS:
+        return None
+    sd = (
+        math.log1p(detectable) / float(stats.t.ppf(1.0 - alpha / 2.0, pairs - 1)) * math.sqrt(pairs)
+    )
+    m = np.arange(MIN_PAIRS, MAX_PAIRS_SAID + 1)
+    seen = np.expm1(stats.t.ppf(1.0 - alpha / 2.0, m - 1) * sd / np.sqrt(m))
+    enough = np.flatnonzero(seen <= change)
+    return int(m[enough[0]]) if enough.size else None
