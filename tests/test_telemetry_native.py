@@ -22,8 +22,8 @@ from pytest_tfgrpc.native.client import ClientSettings, run_client
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
-from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.client import connect
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.telemetry import TelemetryReader, own_connections, split_target
 
 NOT_BUILT = native.unavailable_reason()
