@@ -685,9 +685,16 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         self._driver(request.driver, context)
         if not 0 < request.port < 65536:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"port {request.port} is not a port")
+        ends = [tuple(end.split(">", 1)) for end in request.connections]
+        if any(len(end) != 2 for end in ends):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a connection is not local>peer")
+        clients = [(local, peer) for local, peer in ends]
         try:
             reading = self._telemetry().read(
-                request.address, request.port, discover=request.discover
+                request.address,
+                request.port,
+                discover=request.discover,
+                clients=(lambda port: clients) if clients else None,
             )
         except (TelemetryError, OSError) as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"telemetry on {self.host}: {exc}")

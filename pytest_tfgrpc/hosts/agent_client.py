@@ -224,13 +224,26 @@ class AgentClient:
         reply = self._call(self._stub.Counters, agent_pb2.LeaseRequest(driver=self.driver))
         return int(reply.rx_bytes), int(reply.tx_bytes)
 
-    def telemetry(self, address: str, port: int, discover: bool = True, pid: int = 0) -> Reading:
+    def telemetry(
+        self,
+        address: str,
+        port: int,
+        discover: bool = True,
+        pid: int = 0,
+        connections: Sequence[tuple[str, str]] = (),
+    ) -> Reading:
         """What the agent's host knows of the connections of ``address:port`` there, and
         its fabric's counters (:mod:`pytest_tfgrpc.wire.telemetry`; ``discover`` as for
-        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`); with ``pid`` (a
+        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`, finding them by the
+        clients' ``(local, peer)`` ends in ``connections`` where given); with ``pid`` (a
         process this driver started there), its run-queue wait so far."""
         request = agent_pb2.TelemetryRequest(
-            driver=self.driver, address=address, port=port, discover=discover, pid=pid
+            driver=self.driver,
+            address=address,
+            port=port,
+            discover=discover,
+            pid=pid,
+            connections=[f"{local}>{peer}" for local, peer in connections],
         )
         return reading_from_message(self._call(self._stub.Telemetry, request))
 
@@ -309,11 +322,19 @@ class AgentLauncher:
         info = self.client.info
         return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
 
-    def read_telemetry(self, address: str, port: int, discover: bool, pid: int = 0) -> Reading:
+    def read_telemetry(
+        self,
+        address: str,
+        port: int,
+        discover: bool,
+        pid: int = 0,
+        connections: Sequence[tuple[str, str]] = (),
+    ) -> Reading:
         """The server side of a connection, read on this agent's host (with the run-queue
-        wait of ``pid``, a process started there, where given)."""
+        wait of ``pid``, a process started there, where given; found by the clients' ends
+        ``connections`` where given)."""
         try:
-            return self.client.telemetry(address, port, discover, pid)
+            return self.client.telemetry(address, port, discover, pid, connections)
         except AgentError as exc:
             raise TelemetryError(str(exc)) from None
 

@@ -150,18 +150,20 @@ class InterfaceCounters(_message.Message):
     def __init__(self, fabric: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ..., rx_dropped: _Optional[int] = ..., tx_dropped: _Optional[int] = ..., rx_errors: _Optional[int] = ..., tx_errors: _Optional[int] = ..., qdisc: _Optional[str] = ..., qdisc_drops: _Optional[int] = ..., tbf_rate_Bps: _Optional[int] = ..., speed_bps: _Optional[int] = ...) -> None: ...
 
 class TelemetryRequest(_message.Message):
-    __slots__ = ("driver", "address", "port", "discover", "pid")
+    __slots__ = ("driver", "address", "port", "discover", "pid", "connections")
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     DISCOVER_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     driver: str
     address: str
     port: int
     discover: bool
     pid: int
-    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ..., pid: _Optional[int] = ...) -> None: ...
+    connections: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ..., pid: _Optional[int] = ..., connections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TcpSocket(_message.Message):
     __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps", "dsack_dups")

@@ -116,8 +116,10 @@ class Hello(_message.Message):
     def __init__(self, pid: _Optional[int] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("connections",)
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    connections: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, connections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerFailed(_message.Message):
     __slots__ = ("error",)
