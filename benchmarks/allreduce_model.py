@@ -3,11 +3,14 @@
 
     python benchmarks/allreduce_model.py [--workers 4] [--sizes 64KiB,1MiB,4MiB]
         [--algorithms ring,halving_doubling] [--iterations 20] [--repeat 3] [--fabric lo]
-        [--emulated RATE]
+        [--emulated RATE [--tls]]
 
 One cluster of ``--workers`` grpcio workers starts on the fabric (1 PS, idle); with
 ``--emulated 1gbit`` (root) each worker and the PS on an emulated host of its own instead,
-its link capped at that rate, started through a node agent there (a token, no TLS). For every
+its link capped at that rate, started through a node agent there (a token; with ``--tls``
+mutual TLS as ``tests/test_allreduce_emulated.py`` runs it: a fresh CA (trustme, the ``dev``
+extra) gives every host and the driver a certificate for its own address, and the agents,
+the workers' channels and the driver's speak mutual TLS). For every
 algorithm and pass, :func:`~pytest_tfgrpc.bench.allreduce.allreduce` measures every size
 (check=True: every sum verified) and then the model's inputs (a two-rank ring on workers 0
 and 1; the run's own ranks at a small size, which give a step's fixed cost where they share
@@ -17,7 +20,9 @@ whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' sh
 fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
 found, the 1-minute load average, and the error the same inputs give without the in-place
 step (each step's fixed part the two-rank sweep's CPU at the ranks' share, the model without
-that term). Nothing here asserts; the counts within +-25% are printed.
+that term), a rank's bytes per CPU second from the two-rank sweep (``cpu MB/s``, where
+encryption shows), and the TLS the ranks reported for the inputs' channels. Nothing here
+asserts; the counts within +-25% are printed.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import statistics
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_tfgrpc.bench.allreduce import allreduce, predict_allreduce
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -38,6 +44,10 @@ from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.units import parse_sizes, size_label
 from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.security import TlsFiles, child_env, load_tls, use_tls
+
+if TYPE_CHECKING:
+    from pytest_tfgrpc.hosts.emulated import EmulatedFabric
 
 TOLERANCE = 25.0
 
@@ -51,19 +61,25 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--fabric", default="lo")
     parser.add_argument("--emulated", metavar="RATE", help="emulated hosts, links at RATE")
+    parser.add_argument("--tls", action="store_true", help="with --emulated: mutual TLS")
     args = parser.parse_args()
+    if args.tls and args.emulated is None:
+        parser.error("--tls: only with --emulated RATE (the hosts' agents issue the certificates)")
     sizes = [int(s) for s in parse_sizes(args.sizes)]
     run = RunSpec(iterations=args.iterations, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
     header = (
         f"{'algorithm':<17} {'size':>6} {'measured':>9} {'model':>9} {'error':>7} {'limit':>5} "
         f"{'link':>8} {'cpu':>8} {'whole':>7} {'step':>7} {'busbw':>10} {'load':>5} {'loadavg':>7} "
-        f"{'w/o step':>8}"
+        f"{'w/o step':>8} {'cpu MB/s':>8} {'inputs':>6}"
     )
+    print(f"TLS: {'mtls' if args.tls else 'off'} (each row's inputs: the ranks' own report)")
     print(f"{os.uname().nodename}: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(header)
     errors, without_step = [], []
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(cluster_of(stack, args.workers, args.fabric, args.emulated))
+        cluster = stack.enter_context(
+            cluster_of(stack, args.workers, args.fabric, args.emulated, tls=args.tls)
+        )
         for algorithm in args.algorithms.split(","):
             for _ in range(args.repeat):
                 result = allreduce(cluster, sizes, run=run, algorithm=algorithm, check=True)
@@ -91,7 +107,8 @@ def main() -> None:
                         f"{step * 1e3:>5.2f}ms "
                         f"{busbw / 1e6:>6.1f}MB/s "
                         f"{float(model.get('load', '0')):>5.2f} {os.getloadavg()[0]:>7.2f} "
-                        f"{without_step[-1]:>+7.0f}%"
+                        f"{without_step[-1]:>+7.0f}% {float(model['cpu_MBps']):>8.1f} "
+                        f"{model['inputs_tls']:>6}"
                     )
     for name, found in (("", errors), ("without the in-place step: ", without_step)):
         within = sum(abs(e) <= TOLERANCE for e in found)
@@ -102,14 +119,20 @@ def main() -> None:
 
 
 def cluster_of(
-    stack: contextlib.ExitStack, workers: int, fabric: str, emulated: str | None
+    stack: contextlib.ExitStack,
+    workers: int,
+    fabric: str,
+    emulated: str | None,
+    *,
+    tls: bool = False,
 ) -> PSCluster:
     """The cluster: on ``fabric`` here, or each task on an emulated host of its own, links
-    at ``emulated``, through an agent in each (removed when ``stack`` closes)."""
+    at ``emulated``, through an agent in each (removed when ``stack`` closes); with ``tls``
+    every host and this process under mutual TLS from one fresh CA."""
     topology = Topology(ps=1, workers=workers)
     if emulated is None:
         return PSCluster(resolve_fabric(fabric), topology)
-    from pytest_tfgrpc.hosts.agent_client import AgentClient
+    from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentTLS
     from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
 
     ok, why = can_build()
@@ -121,19 +144,51 @@ def cluster_of(
     token_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
+    pki = issue_certificates(hosts, token_file.parent) if tls else {}
+    agent_tls = None
+    if tls:
+        driver = pki["_driver"]
+        use_tls(load_tls(driver))
+        stack.callback(use_tls, None)
+        agent_tls = AgentTLS.from_files(str(driver.ca), driver.cert, driver.key)
     launchers = []
     for host in hosts.hosts:
-        agent = HostAgent(host, str(token_file))
+        own = pki.get(host.name)
+        extra = [f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")] if own else []
+        agent = HostAgent(host, str(token_file), extra_args=extra)
         stack.callback(agent.stop)
-        client = AgentClient(agent.target, token)
+        client = AgentClient(agent.target, token, tls=agent_tls)
         stack.callback(client.close)
         launchers.append(client.launcher())
     return PSCluster(
         resolve_fabric(hosts.bridge),
         topology,
+        env=child_env(),  # the run's TLS files: the agents start TLS roles with their own
         ps_launchers=launchers[:1],
         worker_launchers=launchers[1:],
     )
+
+
+def issue_certificates(hosts: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
+    """A fresh CA in ``where``, and a certificate for each host's address (and this driver's,
+    ``_driver``) that it signed, as ``tests/test_allreduce_emulated.py``'s hosts get them."""
+    try:
+        import trustme
+    except ImportError:
+        raise SystemExit("--tls needs trustme (the dev extra: pip install -e '.[dev]')") from None
+    ca = trustme.CA()
+    ca_path = where / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    out = {}
+    names = [("_driver", hosts.driver_address), *((h.name, h.address) for h in hosts.hosts)]
+    for name, address in names:
+        leaf = ca.issue_cert(address, *([] if name.startswith("_") else [name]))
+        cert, key = where / f"{name}.pem", where / f"{name}-key.pem"
+        leaf.private_key_pem.write_to_path(str(key))
+        for i, pem in enumerate(leaf.cert_chain_pems):
+            pem.write_to_path(str(cert), append=i > 0)
+        out[name] = TlsFiles(str(cert), str(key), str(ca_path))
+    return out
 
 
 if __name__ == "__main__":

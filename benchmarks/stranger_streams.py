@@ -9,7 +9,9 @@ Each phase warms its channel up with 50 echoes before the stranger starts.
 * ``idle-streams``: a stranger (no token, no TLS needed: the tensor service is open) opens
   ``--idle`` streams of ``Echo`` over ``--connections`` connections, sends their headers and
   nothing more, and holds them open through the phase (which lasts the server's idle bound
-  longer: echoes fail until the server cancels the idle streams);
+  longer: echoes fail until the server cancels the idle streams); once the stranger has gone,
+  ``--after`` more echoes on the client's SAME connection (the one whose calls expired
+  queued behind the idle streams) say whether it is answered again;
 * ``rapid-reset``: a stranger opens streams and resets each at once (HTTP/2 RST_STREAM,
   CVE-2023-44487), as fast as one thread can, on one connection.
 
@@ -20,7 +22,7 @@ loopback only. The stranger (``tests/stranger.py``) speaks raw HTTP/2 with the `
 (``pip install h2``). Each phase reports the echoes' count, failures (deadline or refusal) by
 status code, p50, p99 and max, and what the stranger did.
 
-    python benchmarks/stranger_streams.py --out benchmarks/results/stranger_streams.txt
+    python benchmarks/stranger_streams.py --out benchmarks/results/stranger_streams.txt  # ~2 min
     python benchmarks/stranger_streams.py --phases quiet,rapid-reset   # without the 60 s idle phase
 """
 
@@ -104,6 +106,21 @@ def measure(channel: grpc.Channel, calls: int, seconds: float) -> dict[str, Any]
     }
 
 
+def answered_after(channel: grpc.Channel, calls: int) -> str:
+    """``calls`` echoes on ``channel`` once the stranger has gone: how many were answered,
+    and the status codes of the others (``answered 20 of 20`` or ``answered 0 of 20
+    {'UNAVAILABLE': 20}``)."""
+    echo = channel.unary_unary(ECHO)
+    failed: collections.Counter[str] = collections.Counter()
+    for _ in range(calls):
+        try:
+            echo(bytes(1024), timeout=2)
+        except grpc.RpcError as error:
+            failed[error.code().name] += 1  # type: ignore[attr-defined]
+            time.sleep(RETRY_PAUSE_S)
+    return f"answered {calls - failed.total()} of {calls}" + (f" {dict(failed)}" if failed else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -112,9 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--resets", type=int, default=200_000, help="reset streams at most")
     parser.add_argument(
+        "--after", type=int, default=20, help="echoes on the same connection after the stranger"
+    )
+    parser.add_argument(
         "--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}"
     )
     parser.add_argument("--label", default="", help="what the run measured (e.g. a tree)")
+    parser.add_argument(
+        "--under-load",
+        action="store_true",
+        help="say in the output that other work shared the machine (figures not for targets)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     chosen = args.phases.split(",")
@@ -123,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# {Path(__file__).name}: Python tensor server on lo, 1 KiB raw echo, one at a time, "
         f"2 s deadline; {args.calls} echoes or {args.seconds:g} s per phase",
-        f"# load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min); "
+        f"# load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1, 5 min)"
+        f"{' (UNDER LOAD: other work on this machine)' if args.under_load else ''}; "
         f"{os.cpu_count()} CPUs; grpcio {grpc.__version__}; "
         f"server: {grpc_settings.max_concurrent_rpcs(THREADS)} calls at once, {THREADS} threads, "
         f"idle calls cancelled after {IDLE_STREAM_S:g} s (the idle phase lasts that longer per "
@@ -153,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 with attack as attacking:
                     figures = measure(channel, args.calls, seconds)
                     did = dict(attacking)
+                after = answered_after(channel, args.after) if name != "quiet" else ""
             alive = server.poll() is None
             lines.append(
                 f"{name:13s} echoes {figures['echoes']:5.0f} failures {figures['failures']:4.0f} "
@@ -160,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"max {figures['max_us']:9.1f} us  failed {figures['codes'] or '-'}  "
                 f"stranger {did or '-'}  "
                 f"server {'alive' if alive else 'DEAD'}"
+                + (f"  after it left, same connection: {after}" if after else "")
             )
             print(lines[-1], flush=True)
     lines.append(f"# load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")

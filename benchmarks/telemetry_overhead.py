@@ -11,9 +11,10 @@ each of 10 interleaved rounds for grpcio, one client run for native) and the 64 
 it is) and without (a probe that reads nothing), the order alternating per round. For each
 engine and size it reports:
 
-- the wall time telemetry took per size: the probe's making (its netlink sockets and first
-  reading) and closing, and the two readings of each window (the measured connections'
-  ``tcp_info``, looked up by their ends, the fabric's link and qdisc, ``/proc`` files),
+- the wall time telemetry took per size: the probe's making (the host's counters) and
+  closing, the window's two readings (the measured connections' ``tcp_info``, looked up by
+  their ends, and the fabric's link and qdisc: at the first round's start and the last
+  round's end), and every round's readings of the sides' run-queue waits (``/proc``),
   against the size's measured time (the sum of its timed loops' wall time, the figure's own
   denominator): the target is under 1%;
 - the p50 (echo) and throughput (push) with and without telemetry, median over rounds: reads
@@ -84,9 +85,9 @@ class _NoProbe(telemetry.TransportProbe):
 
     def watch(self, side: str, pid: int, connections: Any = None) -> None: ...
 
-    def start(self) -> None: ...
+    def begin_round(self, *, window: bool) -> None: ...
 
-    def stop(self) -> None: ...
+    def end_round(self, *, window: bool) -> None: ...
 
     def transport(self) -> None:
         return None
@@ -121,6 +122,14 @@ def reader_at(rev: str) -> type[telemetry.TelemetryReader]:
             waited: int | None = module.run_queue_wait_ns(pid)
             return waited
 
+        def counters(self, *, host: bool = True) -> Any:
+            if hasattr(old, "counters"):
+                return old.counters(self, host=host)
+            at = time.monotonic_ns()
+            retransmits = module.host_retransmits() if host else None
+            link = self.link(self.interface) if self.interface else None
+            return module.Reading(at, (), link, retransmits)
+
     return Legacy
 
 
@@ -139,8 +148,9 @@ def with_reader(reader: type[telemetry.TelemetryReader] | None) -> Iterator[None
 @contextmanager
 def timed_reads(engine: str, enabled: bool) -> Iterator[tuple[list[float], list[float]]]:
     """Patch ``engine``'s P2P loop's probe: timed (enabled) or a no-op one; yields each
-    reading's time (the probe's making, which reads once, and each window's start and stop)
-    and each probe's closing time."""
+    reading's time (the probe's making, which reads the host's counters once, and each
+    round's start and end: the run-queue waits, and at the window's opening and closing the
+    measured connections and link counters too) and each probe's closing time."""
     spent: list[float] = []
     closing: list[float] = []
     loops = LOOPS[engine]
@@ -153,12 +163,15 @@ def timed_reads(engine: str, enabled: bool) -> Iterator[tuple[list[float], list[
             began = time.perf_counter()
             probe = original(*args, **kwargs)
             spent.append(time.perf_counter() - began)
-            for name, into in (("start", spent), ("stop", spent), ("close", closing)):
+            reads = (("begin_round", spent), ("end_round", spent), ("close", closing))
+            for name, into in reads:
                 inner = getattr(probe, name)
 
-                def wrapped(inner: Any = inner, into: list[float] = into) -> None:
+                def wrapped(
+                    *a: Any, inner: Any = inner, into: list[float] = into, **k: Any
+                ) -> None:
                     began = time.perf_counter()
-                    inner()
+                    inner(*a, **k)
                     into.append(time.perf_counter() - began)
 
                 setattr(probe, name, wrapped)

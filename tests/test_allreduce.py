@@ -7,6 +7,7 @@ import asyncio
 import re
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,6 +18,7 @@ from pytest_tfgrpc.bench.allreduce import (
     allreduce,
     measure_whole_buffer,
     predict_allreduce,
+    security,
     shared_step,
 )
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -24,14 +26,14 @@ from pytest_tfgrpc.model.analytic import CpuCost
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.model.scaling import allreduce_pieces, allreduce_time, bus_factor
 from pytest_tfgrpc.ps.checked_sum import check_input, verify_sum
-from pytest_tfgrpc.ps.jobs import AllReduceJob, MessageError, check_allreduce
+from pytest_tfgrpc.ps.jobs import AllReduceJob, MessageError, check_allreduce, reply_of
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.ps.worker import Mailbox
 from pytest_tfgrpc.report.record import read_record, result_properties
 from pytest_tfgrpc.wire._proto import worker_pb2
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import resolve_fabric
-from pytest_tfgrpc.wire.security import TOKEN_KEY
+from pytest_tfgrpc.wire.security import TOKEN_KEY, TlsFiles, child_env, load_tls, use_tls
 
 RUN = RunSpec(iterations=5, warmup=1, max_seconds=5.0, warmup_seconds=2.0)
 
@@ -69,6 +71,9 @@ def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -
     assert float(model["cores"]) >= 1 and 0 < float(model["rate"]) <= 1
     # all four ranks report this machine's boot id: one machine shared, a step measured there
     assert model["sharing"] == "4" and float(model["shared_step_us"]) > 0
+    # a plaintext run: the ranks measured the model's inputs over plaintext channels too
+    assert model["inputs_tls"] == "off" == result.settings["tls"]
+    assert model["inputs_engine"] == "grpcio"
     print(
         f"{algorithm}, 4 local workers, 1 MiB: measured p50 {measured / 1e3:.1f} ms, "
         f"model {predicted / 1e3:.1f} ms ({float(model['error_pct']):+.0f}%, "
@@ -259,3 +264,46 @@ def test_a_wrong_sum_or_a_stranger_s_piece_is_refused() -> None:
         assert (await mailbox.take(0, 0, timeout=1.0)).data == b"\0" * 8
 
     asyncio.run(deliver())
+
+
+@pytest.fixture
+def mutual_tls(tmp_path: Path) -> Iterator[None]:
+    """This process's TLS setting mutual (as ``--tfgrpc-tls-cert/-key/-ca`` make it), off
+    after: a fresh CA and a certificate for 127.0.0.1 that the PS, the workers and this
+    process all use."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key, ca_path = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    leaf.private_key_pem.write_to_path(str(key))
+    for i, pem in enumerate(leaf.cert_chain_pems):
+        pem.write_to_path(str(cert), append=i > 0)
+    use_tls(load_tls(TlsFiles(str(cert), str(key), str(ca_path))))
+    try:
+        yield
+    finally:
+        use_tls(None)
+
+
+def test_the_models_inputs_are_measured_with_the_runs_credentials(mutual_tls: None) -> None:
+    # The run's workers under mutual TLS (its TLS files in their environment, as a run hands
+    # them): the two-rank ring and the in-place run that give the model its CPU and step are
+    # those workers' own channels, and every rank reports mutual TLS for them.
+    with PSCluster(resolve_fabric("lo"), Topology(ps=1, workers=2), env=child_env()) as tls:
+        result = allreduce(tls, [64 << 10], run=RUN, check=True)
+    (prediction,) = result.predictions
+    assert prediction is not None and result.settings["tls"] == "mtls"
+    assert prediction.costs.tls == "mtls" and prediction.costs.engine == "grpcio"
+    model = dict(prediction.figures(result.sizes[0].summary.p50_ns / 1e9))
+    assert model["inputs_tls"] == "mtls" and model["inputs_engine"] == "grpcio"
+
+
+def test_ranks_that_disagree_on_tls_are_refused() -> None:
+    replies = [worker_pb2.AllReduceReply(samples_ns=[1], tls=mode) for mode in ("mtls", "off")]
+    with pytest.raises(BenchmarkError, match="ranks reported different TLS settings: mtls, off"):
+        security(replies)
+    assert security(replies[:1]) == "mtls"
+    reply = worker_pb2.FromWorker(allreduce=worker_pb2.AllReduceReply(samples_ns=[1], tls="ssl"))
+    with pytest.raises(MessageError, match="tls='ssl': expected off, tls or mtls"):
+        reply_of(reply.SerializeToString())

@@ -44,6 +44,8 @@ def test_ring_allreduce_on_four_emulated_hosts(
     # takes them as sharing its CPUs, with the step measured where they run.
     assert model["sharing"] == "4" and float(model["rate"]) < 1
     assert float(model["shared_step_us"]) > 0
+    # its CPU inputs were measured over the run's own mutual-TLS channels, as the ranks say
+    assert model["inputs_tls"] == "mtls" and model["inputs_engine"] == "grpcio"
     # The error is a timing figure on a shared machine: printed, not asserted (docs/tasks/model.md).
     print(
         f"ring all-reduce of 1 MiB on 4 emulated hosts at 1 Gbit/s: busbw {busbw:.1f} MB/s, "

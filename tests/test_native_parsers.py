@@ -266,5 +266,7 @@ def test_fuzzed_bytes_leave_every_server_answering(lo: Fabric, engine: str) -> N
         started.stop()
     assert not report.failures, report.failures
     assert report.calls >= 100, report
+    # Every malformed request is refused with a named status, never a handler's exception.
+    assert report.codes["UNKNOWN"] == 0, report.codes
     # Every request is bounded by LIMIT (1 MiB): a few of them alive at once, never 100s of MB.
     assert report.peak_rss_kib < 256 * 1024, report

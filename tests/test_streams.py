@@ -107,6 +107,13 @@ def test_streams_record_the_aggregate_and_each_stream(
     rates = [s.throughput_Bps for s in per_stream]
     assert 0 < size.throughput_Bps <= sum(rates) * 1.001
     assert size.samples_ns.sum() >= max(s.samples_ns.sum() for s in per_stream)
+    # One telemetry figure over both streams' connections (each engine's client tells their
+    # ends), with a limit named on the aggregate and the clients' run-queue wait.
+    tcp = size.transport
+    assert tcp is not None and tcp.connections == 2, tcp
+    assert tcp.bytes_sent + tcp.bytes_acked > 0
+    assert size.limit is not None and size.cpu_wait.get("client") is not None
+    assert all(s.transport is None for s in per_stream)
     names = {name for name, _ in recorded}
     assert "tfgrpc.multi_stream1.256KiB.throughput_MBps" in names
     assert "tfgrpc.multi.256KiB.throughput_MBps" in names

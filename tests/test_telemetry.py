@@ -78,7 +78,7 @@ def test_the_kernel_sends_only_the_endpoints_sockets_and_lookups_find_them_again
 
     def recording(self: TelemetryReader, sock: socket.socket, request: bytes) -> list[bytes]:
         out = dump(self, sock, request)
-        if sock is self._diag:
+        if sock is self._kernel.diag:
             answered.extend(out)
         return out
 

@@ -22,8 +22,9 @@ from pytest_tfgrpc.native.client import ClientSettings, run_client
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire.client import connect
 from pytest_tfgrpc.wire.fabric import resolve_fabric
-from pytest_tfgrpc.wire.telemetry import TelemetryReader, split_target
+from pytest_tfgrpc.wire.telemetry import TelemetryReader, own_connections, split_target
 
 NOT_BUILT = native.unavailable_reason()
 pytestmark = [
@@ -142,8 +143,16 @@ def test_native_through_an_agent_reads_the_servers_side_on_its_host(
             address, port = split_target(server.target)
             with pytest.raises(AgentError, match=r"process 1 is no role driver .* started"):
                 agent.telemetry(address, port, pid=1)
+            # Told a connection's client ends, the agent looks that one up by its addresses:
+            # of two connections open to the server, it answers with the one it was told of
+            # (a dump of the port's sockets would answer with both).
+            with connect(server.target, server=server), connect(server.target, server=server):
+                ends = own_connections(port)
+                assert len(ends) == 2
+                told = agent.telemetry(address, port, connections=ends[:1])
         finally:
             server.stop()
+    assert [(s.server_side, s.remote) for s in told.sockets] == [(True, ends[0][0])]
     point = result.sizes[0]
     tcp = point.transport
     assert tcp is not None and tcp.sides == ("local", "s0")

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 
 import pytest
 
@@ -19,13 +20,22 @@ from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.report.record import read_record, result_properties
 from pytest_tfgrpc.wire.client import BenchmarkError
 from pytest_tfgrpc.wire.fabric import resolve_fabric
+from pytest_tfgrpc.wire.telemetry import TelemetryReader
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="netlink: Linux")
 RUN = RunSpec(iterations=20, warmup=2, max_seconds=2.0, warmup_seconds=1.0)
 SIZE = 64 << 10
 
 
-def test_each_ps_tasks_connections_are_read_around_every_job() -> None:
+def test_each_ps_tasks_connections_are_read_around_every_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the ends the workers report when ready: no walk of the connection table."""
+
+    def no_walk(self: TelemetryReader, address: str, port: int) -> None:
+        raise AssertionError("a dump walked the connection table")
+
+    monkeypatch.setattr(TelemetryReader, "_discover", no_walk)
     with PSCluster(resolve_fabric("lo"), Topology(ps=2, workers=2)) as cluster:
         results = [ps_throughput(cluster, [SIZE], run=RUN) for _ in range(2)]
     for result in results:  # the second job on the connections the first one opened
@@ -59,8 +69,10 @@ def test_a_ps_job_that_breaks_quotes_what_each_tasks_connections_showed(
     stopped: list[int] = []
     start = ClusterProbe.start
 
-    def start_then_stop_ps0(self: ClusterProbe) -> None:
-        start(self)
+    def start_then_stop_ps0(
+        self: ClusterProbe, connections: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        start(self, connections)
         os.kill(cluster.ps[0].pid, signal.SIGSTOP)
         stopped.append(cluster.ps[0].pid)
 

@@ -18,7 +18,11 @@ bandwidth of the workers' own path and code) and a rank's CPU per step (per step
 byte, from the workers' CPU times); the run's own ranks all-reduce a small buffer where they
 run, which tells the machines they share (each rank's kernel boot id) and, where they share
 one, a step's fixed cost there; a probe gives the other sessions' load on this machine's
-CPUs. :func:`~pytest_tfgrpc.model.scaling.allreduce_time` then predicts the all-reduce beside
+CPUs. The ring and the in-place run are the cluster's own workers over the channels the run's
+all-reduces use: the same engine and the same TLS (each rank reports its setting; its CPU
+times include its encryption), recorded as ``model.inputs_tls`` and ``model.inputs_engine``;
+the whole-buffer probe opens no channel.
+:func:`~pytest_tfgrpc.model.scaling.allreduce_time` then predicts the all-reduce beside
 the measurement (``model.*`` figures, ``error_pct`` against the median).
 """
 
@@ -53,6 +57,7 @@ __all__ = [
     "measure_allreduce_costs",
     "measure_whole_buffer",
     "predict_allreduce",
+    "security",
     "shared_step",
 ]
 
@@ -77,7 +82,9 @@ class AllReduceCosts:
     ranks share (``cores``; None: each rank has a machine of its own), how many ranks share it
     (``sharing``; 0: all of them) and the other sessions' ``load`` on it, and where ranks
     share one, ``step_s``: a step's fixed seconds among the run's own ranks in their
-    placement (:func:`shared_step`)."""
+    placement (:func:`shared_step`). ``tls`` (``off``, ``tls`` or ``mtls``) and ``engine``:
+    the security and engine of the workers' channels the two-rank ring and the in-place run
+    were measured over, as the ranks reported them."""
 
     alpha_s: float
     link_Bps: float
@@ -87,6 +94,8 @@ class AllReduceCosts:
     whole_byte_s: float = 0.0
     sharing: int = 0
     step_s: float | None = None
+    tls: str = "off"
+    engine: str = "grpcio"
 
     def rate(self, ranks: int) -> float:
         """The share of a core each rank gets: ``min(1, cores / (sharing + load))``
@@ -116,8 +125,8 @@ class AllReducePrediction:
         ``cpu_MBps`` (a rank's bytes per CPU second), ``whole_MBps`` (a rank's whole-buffer
         bytes per CPU second, :func:`measure_whole_buffer`), ``rate``, ``links`` (whose path the
         link terms are), with shared cores ``cores``, ``load``, ``sharing`` (ranks on the
-        busiest machine) and ``shared_step_us`` (:func:`shared_step`), and
-        ``error_pct``."""
+        busiest machine) and ``shared_step_us`` (:func:`shared_step`), ``inputs_tls`` and
+        ``inputs_engine`` (the channels the inputs were measured over), and ``error_pct``."""
         costs = self.costs
         cpu_rate = 1 / costs.cpu.byte_s / 1e6 if costs.cpu.byte_s > 0 else math.inf
         whole_rate = 1 / costs.whole_byte_s / 1e6 if costs.whole_byte_s > 0 else math.inf
@@ -133,6 +142,8 @@ class AllReducePrediction:
             ("whole_MBps", repr(whole_rate)),
             ("rate", repr(self.rate)),
             ("links", "ranks 0 and 1's two-rank ring, for every pair"),
+            ("inputs_tls", costs.tls),
+            ("inputs_engine", costs.engine),
         ]
         if costs.cores is not None:
             pairs += [("cores", repr(costs.cores)), ("load", repr(costs.load))]
@@ -169,6 +180,18 @@ def _busiest_machine(replies: Sequence[AllReduceReply]) -> tuple[str, int, int]:
         ranks.setdefault(reply.machine or f"rank {id(reply)}", []).append(reply)
     machine, on_it = max(ranks.items(), key=lambda item: len(item[1]))
     return machine, len(on_it), min(r.cpus for r in on_it) or 1
+
+
+def security(replies: Sequence[AllReduceReply]) -> str:
+    """The TLS setting (``off``, ``tls``, ``mtls``) every rank of ``replies`` reported for
+    its Collective channels.
+
+    :raises BenchmarkError: ranks that reported different settings.
+    """
+    modes = sorted({r.tls for r in replies})
+    if len(modes) != 1:
+        raise BenchmarkError(f"the ranks reported different TLS settings: {', '.join(modes)}")
+    return modes[0]
 
 
 def _per_step(replies: Sequence[AllReduceReply], steps: int) -> tuple[float, float]:
@@ -253,7 +276,7 @@ def measure_allreduce_costs(
     largest = max(allreduce_pieces(nbytes, ranks, algorithm))
     pieces = (_SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4))
     copy_byte_s = measure_whole_buffer(max(pieces) * 2, check=False)
-    link_rows, cpu_rows = [], []
+    link_rows, cpu_rows, modes = [], [], []
     for piece in pieces:
         replies = cluster.allreduce(
             2 * piece,
@@ -264,6 +287,7 @@ def measure_allreduce_costs(
             check=False,
             ranks=2,
         )
+        modes.append(security(replies))
         wall, cpu = _per_step(replies, steps=2)
         link_rows.append(((1.0, float(piece)), wall))
         # each of the sweep's all-reduces (two steps) copied its 2-piece input in once
@@ -289,6 +313,10 @@ def measure_allreduce_costs(
         check=False,
         ranks=ranks,
     )
+    modes.append(security(in_place))
+    if len(set(modes)) != 1:
+        raise BenchmarkError(f"the model's probes ran under different TLS settings: {modes}")
+    costs = replace(costs, tls=modes[0], engine=cluster.workers_engine)
     machine, sharing, cpus = _busiest_machine(in_place)
     if sharing < 2:
         return costs
@@ -331,6 +359,7 @@ def allreduce(
     ranks = len(cluster.workers)
     points = []
     checked = []
+    modes = set()
     for nbytes in sizes:
         replies = cluster.allreduce(
             nbytes,
@@ -342,9 +371,15 @@ def allreduce(
         )
         points.append(_point(replies, nbytes, ranks, key if len(sizes) == 1 else None))
         checked.append(min(r.checked for r in replies))
+        modes.add(security(replies))
     predictions: tuple[AllReducePrediction | None, ...] = (None,) * len(points)
     if model:  # measured after the run: a bad request fails before anything is measured
         costs = measure_allreduce_costs(cluster, max(sizes), ranks, algorithm, check=check)
+        if modes != {costs.tls}:
+            raise BenchmarkError(
+                f"the all-reduces ran with TLS {', '.join(sorted(modes))} and the model's "
+                f"inputs with {costs.tls}: they must share the run's channels"
+            )
         predictions = tuple(predict_allreduce(costs, n, ranks, algorithm) for n in sizes)
     topology = cluster.topology
     return AllReduceResult(

@@ -442,8 +442,9 @@ def _measure_each(
     run, mode, progress = call.run, call.mode, call.progress
     sweep = _Sweep(_check_messages(messages), mode)
     settings = run_settings(run, **call.extra_settings())
-    # Per message, the transport telemetry of its windows (read when each window opens and
-    # closes, inside the CPU probe's readings so that its RPCs fall outside).
+    # Per message, the transport telemetry of its connections (read when its first round
+    # starts and its last ends) and of each round's links and run-queue waits, outside the
+    # CPU probe's readings so that its RPCs fall outside.
     telemetry: dict[int, TransportProbe] = {}
     cores = server_cores(server)
     echo = "echo" in what
@@ -474,7 +475,8 @@ def _measure_each(
                         probes[index] = stack.enter_context(CpuProbe(server.target))
                         telemetry[index] = stack.enter_context(probe_for(server, own_connections))
                     probe = probes[index]
-                    phase = telemetry[index].around(probe)
+                    last = round_index == run.round_count - 1
+                    phase = telemetry[index].round(probe, first=round_index == 0, last=last)
                     samples, took = measure_one(tensor, phase, spec, limit.seconds)
                 except grpc.RpcError as error:
                     seen = telemetry[index].last_seen() if index in telemetry else ""

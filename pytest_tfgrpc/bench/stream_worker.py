@@ -1,10 +1,12 @@
 """One stream of a Python-engine ``p2p_bandwidth(..., streams=N)``, in a process of its own.
 
 Run by :mod:`.streams` as ``python -m pytest_tfgrpc.bench.stream_worker ...``: it connects,
-warms up, writes ``R`` on stdout and waits for ``G`` on stdin (so all streams start their
-measured phase together), measures, and writes its samples in the native client's binary form
-(:func:`pytest_tfgrpc.native.client.encode_run`; ``start_ns`` is this host's monotonic clock,
-which every process shares). Errors go to stderr with exit status 3.
+warms up, writes ``R`` and its connections' ends on stdout and waits for ``G`` on stdin (so all
+streams start their measured phase together), measures, writes ``S`` and waits for ``G`` again
+(its connections open while the parent reads their telemetry), and writes its samples in the
+native client's binary form (:func:`pytest_tfgrpc.native.client.encode_run`; ``start_ns`` is
+this host's monotonic clock, which every process shares). Errors go to stderr with exit status
+3.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pytest_tfgrpc.results import CpuTime, process_cpu_ns
 from pytest_tfgrpc.wire.client import BenchmarkError, connect
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabric
 from pytest_tfgrpc.wire.security import files_from_env, load_tls, use_tls
+from pytest_tfgrpc.wire.telemetry import own_connections, split_target
 from pytest_tfgrpc.wire.tensors import Tensor
 
 
@@ -39,15 +42,20 @@ class _Target:
 
 
 class _StartTogether:
-    """The measured phase's start waits for the parent's go; its CPU time is read around it."""
+    """The measured phase's start waits for the parent's go, telling it the ends of this
+    process's connections to the server (``R local>peer ...`` and a newline: the parent reads
+    their telemetry); its end says so (``S``) and waits for the parent's go again, with the
+    connections still open. Its CPU time is read around it."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int) -> None:
         self.start_ns = 0
         self.cpu: dict[str, CpuTime] = {}
         self._cpu0 = (0, 0)
+        self._port = port
 
     def start(self) -> None:
-        sys.stdout.buffer.write(b"R")
+        ends = " ".join(f"{local}>{peer}" for local, peer in own_connections(self._port))
+        sys.stdout.buffer.write(f"R {ends}\n".encode())
         sys.stdout.buffer.flush()
         if sys.stdin.buffer.read(1) != b"G":
             raise BenchmarkError("the parent went away before the measured phase")
@@ -57,6 +65,10 @@ class _StartTogether:
     def stop(self) -> None:
         user, system = process_cpu_ns()
         self.cpu = {"client": CpuTime(user - self._cpu0[0], system - self._cpu0[1])}
+        sys.stdout.buffer.write(b"S")
+        sys.stdout.buffer.flush()
+        if sys.stdin.buffer.read(1) != b"G":
+            raise BenchmarkError("the parent went away after the measured phase")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     server = _Target(args.target, resolve_fabric(args.fabric))
     run = RunSpec(args.iterations, args.warmup, args.max_seconds, args.warmup_seconds)
     tensor = Tensor.random(args.size)
-    phase = _StartTogether()
+    phase = _StartTogether(split_target(args.target)[1])
     samples: Samples
     timeout = p2p.deadline(server, run, tensor.wire_bytes(args.mode)).seconds
     mode, chunk_bytes = args.mode, args.chunk_bytes

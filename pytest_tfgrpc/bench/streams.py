@@ -26,7 +26,7 @@ from pytest_tfgrpc.bench.cpu import CpuProbe
 from pytest_tfgrpc.bench.native_p2p import native_settings, run_probed, size_result
 from pytest_tfgrpc.bench.p2p import BandwidthCall, Message, _check_messages, p2p_result
 from pytest_tfgrpc.bench.settings import run_settings
-from pytest_tfgrpc.bench.telemetry import explained, server_cores
+from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, server_cores
 from pytest_tfgrpc.bench.timing import Samples
 from pytest_tfgrpc.metrics import stream_label
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
@@ -66,8 +66,13 @@ def check_streams(streams: object) -> int:
     return streams
 
 
-def _python_streams(server: Server, size: int, call: BandwidthCall, streams: int) -> NativeRun:
-    """N worker processes of :mod:`.stream_worker`, started together; their samples joined."""
+def _python_streams(
+    server: Server, size: int, call: BandwidthCall, streams: int, telemetry: TransportProbe
+) -> NativeRun:
+    """N worker processes of :mod:`.stream_worker`, started together; their samples joined.
+    ``telemetry`` reads their connections (by the ends each reports when it is ready) when
+    their measured phases start and once all have ended, with the workers' run-queue wait as
+    the client's."""
     mode, rpc, direction, run = call.mode, call.rpc, call.direction, call.run
     chunk_bytes = call.chunk_bytes
     argv = [sys.executable, "-m", "pytest_tfgrpc.bench.stream_worker"]
@@ -86,18 +91,28 @@ def _python_streams(server: Server, size: int, call: BandwidthCall, streams: int
     ]
     try:
         with CpuProbe(server.target) as probe:
+            ends: list[tuple[str, str]] = []
             for worker in workers:
                 assert worker.stdout is not None
-                if worker.stdout.read(1) != b"R":
+                said = worker.stdout.readline()
+                if not said.startswith(b"R"):
                     _, err = worker.communicate(timeout=timeout)
                     raise BenchmarkError(err.decode("utf-8", "replace").strip() or "no message")
+                for end in said[1:].decode().split():
+                    local, _, peer = end.partition(">")
+                    ends.append((local, peer))
+            telemetry.watch("client", [worker.pid for worker in workers], ends)
+            telemetry.start()
             probe.start()
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write(b"G")
-                worker.stdin.flush()
-            outputs = [worker.communicate(timeout=timeout) for worker in workers]
+            _tell(workers)
+            # Every stream's measured phase has ended when it says S; its connection stays
+            # open until it is told to go on.
+            ended = [worker.stdout.read(1) == b"S" for worker in workers if worker.stdout]
             probe.stop()
+            if all(ended):
+                telemetry.stop()
+            _tell(workers)
+            outputs = [worker.communicate(timeout=timeout) for worker in workers]
     finally:
         for worker in workers:
             if worker.poll() is None:
@@ -123,6 +138,17 @@ def _python_streams(server: Server, size: int, call: BandwidthCall, streams: int
         for r in runs
     )
     return NativeRun(runs[0].size_bytes, runs[0].wire_bytes, last - first, cpu, joined)
+
+
+def _tell(workers: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Tell every worker still running to go on (``G``)."""
+    for worker in workers:
+        if worker.poll() is None and worker.stdin is not None:
+            try:
+                worker.stdin.write(b"G")
+                worker.stdin.flush()
+            except BrokenPipeError:
+                continue  # it ended meanwhile: its exit status says why
 
 
 def p2p_bandwidth_streams(
@@ -153,16 +179,16 @@ def p2p_bandwidth_streams(
         assert isinstance(message, int)
         if progress is not None:
             progress(index, len(checked), f"{message} B x {streams} streams")
-        probe = None
         if engine == "native":
             measured, probe = run_probed(server, message, call, streams)
         else:
-            measured = _python_streams(server, message, call, streams)
+            with probe_for(server, clients=lambda port: ()) as probe:
+                measured = _python_streams(server, message, call, streams, probe)
         merged = aggregate_samples(measured.streams)
         point = SizeResult.from_samples(
             measured.size_bytes, measured.wire_bytes, merged, measured.wall_ns, cpu=measured.cpu
         )
-        if probe is not None:  # the native client's connections, all streams together
+        if probe.windows:  # the clients' connections, all streams together
             point = explained(
                 point,
                 probe.transport(),

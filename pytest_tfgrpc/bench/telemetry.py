@@ -45,8 +45,9 @@ __all__ = [
 ]
 
 #: Reads the server's side on its host: (address, port, discover, the server's process id
-#: there whose run-queue wait to read, or 0) -> a Reading there.
-RemoteRead = Callable[[str, int, bool, int], Reading]
+#: there whose run-queue wait to read, or 0, the clients' ``(local, peer)`` ends by which
+#: to find the connections there, none: a dump) -> a Reading there.
+RemoteRead = Callable[[str, int, bool, int, Sequence[tuple[str, str]]], Reading]
 
 
 @dataclass
@@ -125,7 +126,7 @@ def summarize_windows(
     The nominal rate is the lowest of the links' ``tbf`` rates and ``named_rate_Bps``, or
     where no rate was named, of their reported speeds too: a named rate replaces the speeds
     (a virtual interface's 10 Gbit/s is no path's rate), a ``tbf`` cap is real."""
-    complete = [w for w in windows if w.start and set(w.start) == set(w.end)]
+    complete = _complete(windows)
     if not complete:
         return None
     retransmits = spurious = segs = sent = acked = 0
@@ -153,6 +154,12 @@ def summarize_windows(
             if best is None or out > best[0]:
                 best = (out, state)
         connections = max(connections, len(clients) or len(servers))
+        if best is not None and best[0] > 0:
+            state = best[1]
+            rtt.append(state.rtt_us * 1e3)
+            rttvar.append(state.rttvar_us * 1e3)
+            cwnd.append(float(state.cwnd))
+            rate.append(float(state.delivery_rate_Bps))
         for side, start in window.start.items():
             end = window.end[side]
             if start.link is not None and end.link is not None:
@@ -165,12 +172,6 @@ def summarize_windows(
                     nominal.append((float(end.link.tbf_rate_Bps), f"tbf of {where}"))
                 elif end.link.nominal_Bps and not named_rate_Bps:
                     nominal.append((end.link.nominal_Bps, f"speed of {where}"))
-        if best is not None and best[0] > 0:
-            state = best[1]
-            rtt.append(state.rtt_us * 1e3)
-            rttvar.append(state.rttvar_us * 1e3)
-            cwnd.append(float(state.cwnd))
-            rate.append(float(state.delivery_rate_Bps))
     lowest = min(nominal) if nominal else None
     sides = sorted({side for window in complete for side in window.start})
     return Transport(
@@ -194,8 +195,21 @@ def summarize_windows(
     )
 
 
+def _complete(windows: Sequence[Window]) -> list[Window]:
+    return [w for w in windows if w.start and set(w.start) == set(w.end)]
+
+
 class TransportProbe:
-    """Reads the telemetry of ``target``'s connections at each window's start and end.
+    """Reads the telemetry of ``target``'s connections over measured windows.
+
+    A window (:meth:`start`, :meth:`stop`) reads the measured connections and the fabric's
+    link counters when it opens and when it closes. A size measured in several rounds opens
+    one window for all of them, when its first round's timed loop starts, and closes it when
+    its last round's ends (:meth:`round`): two readings per size. Its connections carry no
+    other size's traffic (the rounds between add only their brief warm-ups); the link
+    counters count what the interface carried meanwhile, the other sizes' rounds too. The
+    sides' run-queue waits are read around every round's timed loop, as the CPU figures are:
+    the processes run the other sizes' rounds too.
 
     ``interface`` is this host's fabric (its link counters are read too); ``remote`` reads the
     server's host (None: the server is on this host, or nothing can read its host), with the
@@ -204,10 +218,11 @@ class TransportProbe:
     (:func:`~pytest_tfgrpc.wire.telemetry.own_connections` where this process is the client;
     :meth:`watch` sets those a client process reports): this host's ends of them are then
     looked up by their addresses, never found by a walk of the kernel's connection table
-    (None: found that way). Wrap a
-    CPU probe with :meth:`around`: the telemetry is read outside the CPU probe's window, so
-    that reading it never counts in the CPU figures (the CPU probe's own small calls are told
-    apart from the measured connections by the bytes they carry).
+    (None: found that way); those it finds when the probe is made are not the probe's (another
+    size's channel, opened before). Wrap a CPU probe with :meth:`around` or :meth:`round`: the
+    telemetry is read outside the CPU probe's window, so that reading it never counts in the
+    CPU figures (the CPU probe's own small calls are told apart from the measured connections
+    by the bytes they carry).
     """
 
     def __init__(
@@ -222,11 +237,17 @@ class TransportProbe:
         pids: Mapping[str, int] | None = None,
         clients: Clients | None = None,
     ) -> None:
+        #: The measured connections' windows, with every side's reading at each end.
         self.windows: list[Window] = []
+        self._in_round = False
         self._clients = clients
-        #: Per side (``client``, a local ``server``), the run-queue wait over the windows (ns).
+        #: The clients' ends a client process told (:meth:`told`).
+        self._told: Sequence[tuple[str, str]] = ()
+        #: Per side (``client``, a local ``server``), the run-queue wait over the rounds (ns).
         self.cpu_wait: dict[str, int] = {}
-        self._pids = dict(pids or {})
+        self._pids: dict[str, tuple[int, ...]] = {
+            side: (pid,) for side, pid in (pids or {}).items()
+        }
         #: The connections that carried the last window's traffic (looked up, not dumped).
         self._carried: set[tuple[str, str]] = set()
         self._wait_start: dict[str, int] = {}
@@ -245,36 +266,48 @@ class TransportProbe:
         try:
             self._address, self._port = split_target(target)
             self._reader = TelemetryReader(interface)
+            if clients is not None:
+                before = frozenset(clients(self._port))
+                self._clients = lambda port: [e for e in clients(port) if e not in before]
+            # What the host looked like before anything was sent (its counters: the measured
+            # connections are not open yet): a call that fails, in its warm-up too, is told
+            # what the transport saw since.
+            self._started_ns = time.monotonic_ns()
+            self._first = self._reader.counters()
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
-        # What the host looked like before anything was sent: a call that fails (in its
-        # warm-up too) is told what the transport saw since.
-        self._started_ns = time.monotonic_ns()
-        self._first = self._read().get("local")
 
-    def _read(self, discover: bool = True) -> dict[str, Reading]:
+    def _read(
+        self, discover: bool = True, was: Mapping[str, Reading] | None = None
+    ) -> dict[str, Reading]:
         """Both sides now. At a window's end (not ``discover``) the connections found at its
-        start are looked up (one opened since carried none of the timed loop's traffic: its
-        connections were warm before it started); at its start they are too, and found anew
-        (by the clients' ends, else a dump of every socket) only when none that carried the
-        last window's traffic is still open (a connection closed between rounds)."""
+        start (``was``) are looked up; where every one of them has closed since, those that
+        replaced them are found and count from their opening. At its start they are found (by
+        the clients' ends, else a dump of every socket), or, where the last window's carriers
+        are still open, looked up."""
         out: dict[str, Reading] = {}
         if self._reader is None or not self._port:
             return out
+        was = was or {}
         try:
             reader, clients = self._reader, self._clients
 
             def read_local(address: str, port: int, *, discover: bool) -> Reading:
                 return reader.read(address, port, discover=discover, clients=clients)
 
-            out["local"] = self._side(read_local, discover)
+            out["local"] = self._side(read_local, discover, was.get("local"))
             if self._remote is not None:
                 remote, pid = self._remote, self._remote_pid
+                # The connections' client ends, as this host found them: the server's host
+                # finds its ends of them by address too.
+                found = out["local"].sockets
+                ends = [(s.local, s.remote) for s in found if not s.server_side] or self._told
 
                 def read_remote(address: str, port: int, *, discover: bool) -> Reading:
-                    return remote(address, port, discover, pid)
+                    return remote(address, port, discover, pid, ends)
 
-                out[self._remote_name] = self._side(read_remote, discover)
+                far = self._remote_name
+                out[far] = self._side(read_remote, discover, was.get(far))
         except (TelemetryError, OSError) as exc:
             self.errors.append(str(exc))
             return {}
@@ -282,58 +315,112 @@ class TransportProbe:
             self._last = out["local"]
         return out
 
-    def _side(self, read: Callable[..., Reading], discover: bool) -> Reading:
-        if not discover:
-            return read(self._address, self._port, discover=False)
-        if not self._carried:
+    def _side(self, read: Callable[..., Reading], discover: bool, was: Reading | None) -> Reading:
+        if discover and not self._carried:
             return read(self._address, self._port, discover=True)
         reading = read(self._address, self._port, discover=False)
-        if discover and not self._carried & {state.key for state in reading.sockets}:
-            reading = read(self._address, self._port, discover=True)
+        seen = {state.key for state in reading.sockets}
+        if discover and not self._carried & seen:
+            return read(self._address, self._port, discover=True)
+        started = {state.key for state in was.sockets} if was is not None else set()
+        if not discover and started and not seen & started:
+            return read(self._address, self._port, discover=True)
         return reading
 
-    def _waits(self) -> dict[str, int]:
-        if self._reader is None:
+    def _marks(self) -> dict[str, Reading]:
+        """For a round that neither opens nor closes the window: the reading of a remote
+        server whose run-queue wait is read on its host (it carries the wait), else none."""
+        if self._remote is None or not self._remote_pid or not self._port:
             return {}
-        waits = {side: self._reader.run_queue_wait_ns(pid) for side, pid in self._pids.items()}
-        return {side: ns for side, ns in waits.items() if ns is not None}
+        try:
+            far = self._remote(self._address, self._port, False, self._remote_pid, ())
+        except (TelemetryError, OSError) as exc:
+            self.errors.append(str(exc))
+            return {}
+        return {self._remote_name: far}
+
+    def _waits(self, readings: Mapping[str, Reading]) -> dict[str, int]:
+        """Each side's run-queue wait so far: this host's processes read here, summed per
+        side; a remote server's from its host's reading (``readings``)."""
+        waits: dict[str, int] = {}
+        if self._reader is not None:
+            for side, pids in self._pids.items():
+                each = [self._reader.run_queue_wait_ns(pid) for pid in pids]
+                if pids and all(ns is not None for ns in each):
+                    waits[side] = sum(ns for ns in each if ns is not None)
+        far = readings.get(self._remote_name) if self._remote_pid else None
+        if far is not None and far.cpu_wait_ns is not None:
+            waits["server"] = far.cpu_wait_ns
+        return waits
 
     def watch(
-        self, side: str, pid: int, connections: Sequence[tuple[str, str]] | None = None
+        self,
+        side: str,
+        pid: int | Sequence[int],
+        connections: Sequence[tuple[str, str]] | None = None,
     ) -> None:
-        """Read ``side``'s run-queue wait from process ``pid`` (of this host) from the next
-        window on: a side whose process starts after the probe (the native client's); with
-        ``connections``, the ``(local, peer)`` ends of the client's connections it reported,
-        which the next readings look up (as ``clients`` does)."""
-        self._pids[side] = pid
+        """Read ``side``'s run-queue wait from process ``pid`` (of this host; several: their
+        sum) from the next round on: a side whose processes start after the probe (the
+        native client's, the Python engine's stream workers); with ``connections``, the
+        ``(local, peer)`` ends of the client's connections it reported, which the next
+        readings look up (as ``clients`` does)."""
+        self._pids[side] = (pid,) if isinstance(pid, int) else tuple(pid)
         if connections is not None:
-            ends = tuple(connections)
-            self._clients = lambda port: ends
+            self.told(connections)
+
+    def told(self, connections: Sequence[tuple[str, str]]) -> None:
+        """Look the clients' connections up by these ``(local, peer)`` ends from the next
+        window on, on this host and (where its reading finds none of them) the server's."""
+        ends = tuple(connections)
+        self._clients = lambda port: ends
+        self._told = ends
+
+    def begin_round(self, *, window: bool) -> None:
+        """A timed loop starts: read the sides' run-queue waits, and with ``window``, open a
+        window of the measured connections and link counters."""
+        if window:
+            readings = self._read()
+            self.windows.append(Window(start=readings))
+        else:
+            readings = self._marks()
+        self._in_round = True
+        self._wait_start = self._waits(readings)
+
+    def end_round(self, *, window: bool) -> None:
+        """A timed loop ended: read the sides' run-queue waits, and with ``window``, close
+        the open window."""
+        if not self._in_round:
+            return
+        if window and self.windows and not self.windows[-1].end:
+            opened = self.windows[-1]
+            readings = self._read(discover=False, was=opened.start)
+            opened.end = readings
+            self._carried = _carriers(opened)
+        else:
+            readings = self._marks()
+        self._in_round = False
+        for side, ns in self._waits(readings).items():
+            if side in self._wait_start:
+                waited = max(ns - self._wait_start[side], 0)
+                self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
 
     def start(self) -> None:
-        self.windows.append(Window(start=self._read()))
-        self._wait_start = self._waits()
+        """Open a window of one timed loop."""
+        self.begin_round(window=True)
 
     def stop(self) -> None:
-        if self.windows and not self.windows[-1].end:
-            window = self.windows[-1]
-            window.end = self._read(discover=False)
-            self._carried = _carriers(window)
-            waits = dict(self._waits())
-            starts = dict(self._wait_start)
-            far = self._remote_name
-            if self._remote_pid and far in window.start and far in window.end:
-                began, ended = window.start[far].cpu_wait_ns, window.end[far].cpu_wait_ns
-                if began is not None and ended is not None:  # read on the server's host
-                    starts["server"], waits["server"] = began, ended
-            for side, ns in waits.items():
-                if side in starts:
-                    waited = max(ns - starts[side], 0)
-                    self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
+        """Close the window :meth:`start` opened."""
+        self.end_round(window=True)
 
     def around(self, inner: Phase) -> Phase:
         """A phase that starts this probe then ``inner``, and stops them in reverse."""
-        return _Nested(self, inner)
+        return _Nested(self, inner, first=True, last=True)
+
+    def round(self, inner: Phase, *, first: bool, last: bool) -> Phase:
+        """As :meth:`around`, for one round of a size measured in several: the window opens
+        at the ``first`` round's start and closes at the ``last`` one's end; every round
+        reads the run-queue waits."""
+        return _Nested(self, inner, first=first, last=last)
 
     def transport(self) -> Transport | None:
         """The telemetry of every complete window so far."""
@@ -393,16 +480,17 @@ class TransportProbe:
 
 
 class _Nested:
-    def __init__(self, outer: TransportProbe, inner: Phase) -> None:
+    def __init__(self, outer: TransportProbe, inner: Phase, *, first: bool, last: bool) -> None:
         self._outer, self._inner = outer, inner
+        self._first, self._last = first, last
 
     def start(self) -> None:
-        self._outer.start()
+        self._outer.begin_round(window=self._first)
         self._inner.start()
 
     def stop(self) -> None:
         self._inner.stop()
-        self._outer.stop()
+        self._outer.end_round(window=self._last)
 
 
 def merge_windows(windows: Sequence[Window]) -> Window:
@@ -431,8 +519,13 @@ class ClusterProbe:
         self._tasks = tuple(tasks)
         self.probes = [probe_for(task) for task in self._tasks]
 
-    def start(self) -> None:
+    def start(self, connections: Sequence[tuple[str, str]] = ()) -> None:
+        """Open every task's window; with the workers' ``(local, peer)`` ends of their
+        connections, each task's are looked up by them (its port's), never found by a walk
+        of a connection table."""
         for probe in self.probes:
+            if connections:
+                probe.told(connections)
             probe.start()
 
     def stop(self) -> None:

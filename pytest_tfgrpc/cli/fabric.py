@@ -46,7 +46,8 @@ def _start_agent(fabric: EmulatedFabric, host: EmulatedHost) -> str:
     ``tfgrpc-fabric down`` kills the host's processes. Its target once it serves."""
     argv = host.command(
         [sys.executable, "-m", AGENT_MODULE, "--fabric", host.iface, "--port",
-         str(DEFAULT_PORT), "--token-file", fabric.agent_token_file, "--host-name", host.name]
+         str(DEFAULT_PORT), "--token-file", fabric.agent_token_file, "--host-name", host.name,
+         *(["--tf-python", fabric.agent_tf_python] if fabric.agent_tf_python else [])]
     )  # fmt: skip
     log = STATE_DIR / f"{host.netns}.log"
     with open(log, "ab") as stderr:
@@ -68,7 +69,13 @@ def _start_agent(fabric: EmulatedFabric, host: EmulatedHost) -> str:
 def _up(args: argparse.Namespace) -> int:
     hosts = parse_hosts(args.hosts, args.rate)
     token_file = os.path.abspath(args.token_file) if args.agents else ""
-    fabric = build_fabric(hosts, iface=args.iface, owner_pid=0, agent_token_file=token_file)
+    fabric = build_fabric(
+        hosts,
+        iface=args.iface,
+        owner_pid=0,
+        agent_token_file=token_file,
+        agent_tf_python=os.path.abspath(args.tf_python) if args.tf_python else "",
+    )
     agents = {}
     if args.agents:
         try:
@@ -181,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--iface", default="fab0", help="interface name inside each host")
     up.add_argument("--agents", action="store_true", help="run tfgrpc-node in every host")
     up.add_argument("--token-file", help="the agents' shared token (with --agents)")
+    up.add_argument(
+        "--tf-python",
+        metavar="PATH",
+        help="the agents run TensorFlow's tasks with this python (with --agents; see tfgrpc-node)",
+    )
     down = sub.add_parser("down", help="remove fabrics (default: those whose owner died)")
     down.add_argument("names", nargs="*", help="fabrics to remove (tfgf<k>)")
     down.add_argument("--all", action="store_true", help="remove every fabric you built")
@@ -199,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(why)
     if args.command == "up" and args.agents and not args.token_file:
         parser.error("--agents needs --token-file (the token the driver will send)")
+    if args.command == "up" and args.tf_python:
+        if not args.agents:
+            parser.error("--tf-python goes with --agents (it is their TensorFlow Python)")
+        if not (os.path.isfile(args.tf_python) and os.access(args.tf_python, os.X_OK)):
+            parser.error(f"--tf-python {args.tf_python}: not an executable file")
     try:
         commands = {"up": _up, "down": _down, "status": _status, "agent": _agent}
         return commands[args.command](args)

@@ -13,6 +13,21 @@ own roles, of one of its engines, and nothing else:
 - ``floor_server``: ``pytest_tfgrpc.roles.floor_server`` or ``tfgrpc-native-floor serve``;
   no parameters.
 
+Of the ``tensorflow`` engine, ``ps`` and ``worker`` are TensorFlow's own tasks
+(:mod:`pytest_tfgrpc.roles.tf_task`, a ``tf.distribute.Server`` each), run by the TensorFlow
+Python the host's operator names (``--tf-python``; without it the agent refuses them in one
+line naming the host, the role and that option). Their parameters are ``index`` and
+``cluster``, the cluster spec (:func:`~pytest_tfgrpc.roles.tf_task.check_cluster`), whose entry
+for the task must be the agent's fabric address and a port this driver holds there
+(``Reserve``: every task's ``host:port`` is in the spec each of them starts with, so the ports
+are held before any task starts; :class:`~pytest_tfgrpc.roles.ports.PortReservation` says how
+that closes the race). A worker's commands come on its stdin, through the ``Run`` stream, one
+JSON line each; the agent passes on only those
+:func:`~pytest_tfgrpc.roles.tf_task.check_command` accepts, and stops the task on any other
+line. TensorFlow's server takes a port, not an address: it listens on every interface of its
+host, serves no TLS and authenticates no caller, so the agent refuses it to a TLS run and runs
+it only where its operator opted in.
+
 The native programs are the agent host's own build (``tfgrpc-build-native`` there); a host
 without it refuses a native role with ``FAILED_PRECONDITION`` in one line naming the host, the
 role and that command, and says which engines it has in ``Hello``.
@@ -66,6 +81,8 @@ import grpc
 
 from pytest_tfgrpc.hosts.telemetry import link_message, reading_message
 from pytest_tfgrpc.native import BUILD_COMMAND, ENGINES, NativeNotBuilt, binaries
+from pytest_tfgrpc.roles import tf_task
+from pytest_tfgrpc.roles.ports import PortReservation
 from pytest_tfgrpc.roles.processes import end_process
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.units import UnitError, parse_duration_ns
@@ -87,6 +104,8 @@ from pytest_tfgrpc.wire.telemetry import TelemetryError, TelemetryReader, run_qu
 __all__ = [
     "DEFAULT_PORT",
     "ROLES",
+    "ROLE_ENGINES",
+    "TF_PYTHON_OPTION",
     "TOKEN_ENV",
     "AgentServer",
     "RoleError",
@@ -109,10 +128,26 @@ MIN_LEASE_S = 1.0
 MIN_TOKEN_CHARS = 16
 #: The most processes an agent runs at once, over all drivers (a cluster test needs a few).
 MAX_PROCESSES = 64
-#: Streams one connection (a driver's) may hold at once, and the agent's handler threads: a
-#: ``Run`` stream (a thread for its life) for each process it may run, and 16 beside them for
-#: control calls (heartbeats, counters, telemetry), so leases are renewed at 64 roles too.
-STREAMS_PER_DRIVER = MAX_PROCESSES + 16
+#: Handler threads for data: a ``Run`` stream (a thread for its life) for each process the
+#: agent may run, and 16 beside them for counters, telemetry and refusals.
+DATA_THREADS = MAX_PROCESSES + 16
+#: Handler threads of their own for the lease (``Hello``, ``Heartbeat``, ``Release``): no role,
+#: reading or stranger's call can make a heartbeat wait for a thread.
+CONTROL_THREADS = 16
+#: Streams one connection (a driver's) may hold at once: twice the threads. A driver's
+#: 64 roles and a burst of its calls queue in the pools (its heartbeats in their own), not
+#: refused; gRPC core counts a stream until the server has released its call, a moment after
+#: the client saw it end, so a connection run at exactly its threads had heartbeats refused.
+STREAMS_PER_DRIVER = 2 * (DATA_THREADS + CONTROL_THREADS)
+
+#: How long a reserved port is held for a role that does not start.
+RESERVATION_S = 60.0
+#: The engines whose roles an agent may start: the plugin's own and TensorFlow's tasks.
+ROLE_ENGINES = (*ENGINES, "tensorflow")
+#: The agent option that names the host's TensorFlow Python.
+TF_PYTHON_OPTION = "--tf-python"
+#: TensorFlow's tasks (the ``tensorflow`` engine's roles).
+_TF_ROLES = ("ps", "worker")
 
 _TENSOR_SERVER = "pytest_tfgrpc.roles.tensor_server"
 ROLES: Mapping[str, str] = {
@@ -207,13 +242,16 @@ _NATIVE_PROGRAMS = {
 }
 
 
-def engines_here() -> tuple[str, ...]:
-    """The engines whose roles this host can start: grpcio always, native once built."""
+def engines_here(tf_python: str | None = None) -> tuple[str, ...]:
+    """The engines whose roles this host can start: grpcio always, native once built,
+    tensorflow when the agent was given a TensorFlow Python (``tf_python``)."""
     try:
         binaries()
     except NativeNotBuilt:
-        return ("grpcio",)
-    return ENGINES
+        found: tuple[str, ...] = ("grpcio",)
+    else:
+        found = ENGINES
+    return (*found, "tensorflow") if tf_python else found
 
 
 def engine_missing(host: str, engine: str, role: str) -> str:
@@ -223,7 +261,58 @@ def engine_missing(host: str, engine: str, role: str) -> str:
             f"host {host}: the native engine is not built there, so it cannot run the native "
             f"{role}: run `{BUILD_COMMAND}` on {host} (or drop the native engine)"
         )
+    if engine == "tensorflow":
+        return (
+            f"host {host}: its agent names no TensorFlow Python, so it cannot run TensorFlow's "
+            f"{role}: start tfgrpc-node there with {TF_PYTHON_OPTION} PATH, the python of an "
+            "environment with pytest-tfgrpc[tensorflow] (or drop the tensorflow engine)"
+        )
     return f"host {host}: its agent cannot start the {engine} {role}"
+
+
+def tf_task_port(role: str, params: Mapping[str, str], fabric: Fabric) -> int:
+    """The port TensorFlow's task ``role`` (ps or worker) of ``params`` binds: its own entry
+    in the cluster spec, which must name the agent's fabric address; :class:`RoleError`
+    (``INVALID_ARGUMENT``) when the parameters are not ``index`` and ``cluster`` as
+    :func:`~pytest_tfgrpc.roles.tf_task.check_cluster` accepts them."""
+    bad = grpc.StatusCode.INVALID_ARGUMENT
+    if role not in _TF_ROLES:
+        raise RoleError(f"role {role!r} has no tensorflow program (its roles: ps, worker)", bad)
+    if sorted(params) != ["cluster", "index"]:
+        raise RoleError(
+            f"TensorFlow's {role} takes the parameters cluster and index, given: "
+            f"{', '.join(sorted(params)) or 'none'}",
+            bad,
+        )
+    index = params["index"]
+    if not index.isdigit() or len(index) > 3:
+        raise RoleError(f"parameter index={index!r}: a task index from 0 to 255", bad)
+    try:
+        cluster = tf_task.check_cluster(params["cluster"], role, int(index))
+    except tf_task.TaskInputError as exc:
+        raise RoleError(f"parameter cluster: {exc}", bad) from None
+    own = cluster[role][int(index)]
+    port = own.rpartition(":")[2]
+    if own != fabric.target(int(port)):
+        raise RoleError(
+            f"parameter cluster: {role} task {index} is {own}, not on this agent's address "
+            f"({fabric.address})",
+            bad,
+        )
+    return int(port)
+
+
+def _tf_role_argv(
+    role: str, params: Mapping[str, str], fabric: Fabric, tf_python: str | None, host: str
+) -> list[str]:
+    tf_task_port(role, params, fabric)
+    if tf_python is None:
+        raise RoleError(
+            engine_missing(host, "tensorflow", "PS task" if role == "ps" else "worker"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+    cluster = json.dumps(json.loads(params["cluster"]), separators=(",", ":"))
+    return tf_task.task_argv(tf_python, role, int(params["index"]), cluster, 3600.0)
 
 
 def tls_mismatch(host: str, roles_tls: str, run_tls: str) -> str:
@@ -248,35 +337,10 @@ def _package_version() -> str:
         return "0.0.0"
 
 
-def role_argv(
-    role: str,
-    params: Mapping[str, str],
-    env: Mapping[str, str],
-    fabric: Fabric,
-    *,
-    engine: str = "grpcio",
-    tls: TlsFiles | None = None,
-    host: str = "this host",
-) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of ``role`` of ``engine`` on ``fabric``, or
-    :class:`RoleError`.
-
-    Only :data:`ROLES` exist; each accepts only its own parameters (checked here), and binds
-    where the agent says. ``env`` may set the allocator variables to digits, nothing else.
-    ``tls``: the agent's own files, which a role that serves or dials gRPC then uses (None:
-    plaintext); the TLS variables of the agent's own environment never pass. A native role
-    on a host without the native build is refused naming ``host``.
-    """
-    if role not in ROLES:
-        raise RoleError(
-            f"role {role!r} is not one this agent runs ({', '.join(ROLES)})",
-            grpc.StatusCode.PERMISSION_DENIED,
-        )
-    if engine not in ENGINES:
-        raise RoleError(
-            f"engine {engine!r}: expected one of {', '.join(ENGINES)}",
-            grpc.StatusCode.INVALID_ARGUMENT,
-        )
+def _plugin_role_argv(
+    role: str, params: Mapping[str, str], fabric: Fabric, engine: str, host: str
+) -> list[str]:
+    """The command of the plugin's own ``role`` of ``engine`` (grpcio or native)."""
     if role not in _PARAMS[engine]:
         raise RoleError(
             f"role {role!r} has no {engine} program (its engines: "
@@ -314,14 +378,61 @@ def role_argv(
                 grpc.StatusCode.INVALID_ARGUMENT,
             )
         argv += allowed[name](value)
+    return argv
+
+
+def role_argv(
+    role: str,
+    params: Mapping[str, str],
+    env: Mapping[str, str],
+    fabric: Fabric,
+    *,
+    engine: str = "grpcio",
+    tls: TlsFiles | None = None,
+    host: str = "this host",
+    tf_python: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of ``role`` of ``engine`` on ``fabric``, or
+    :class:`RoleError`.
+
+    Only :data:`ROLES` exist; each accepts only its own parameters (checked here), and binds
+    where the agent says. ``env`` may set the allocator variables to digits, nothing else.
+    ``tls``: the agent's own files, which a role that serves or dials gRPC then uses (None:
+    plaintext); the TLS variables of the agent's own environment never pass. A native role
+    on a host without the native build is refused naming ``host``; TensorFlow's tasks run
+    by ``tf_python`` (None: refused naming ``host``), never with TLS, which they do not serve.
+    """
+    if role not in ROLES:
+        raise RoleError(
+            f"role {role!r} is not one this agent runs ({', '.join(ROLES)})",
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+    if engine not in ROLE_ENGINES:
+        raise RoleError(
+            f"engine {engine!r}: expected one of {', '.join(ROLE_ENGINES)}",
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    if engine == "tensorflow":
+        if tls is not None:
+            raise RoleError(
+                f"host {host}: TensorFlow's {role} task serves no TLS "
+                "(tf.distribute.Server has no TLS settings), and this run asks for TLS",
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+        argv = _tf_role_argv(role, params, fabric, tf_python, host)
+    else:
+        argv = _plugin_role_argv(role, params, fabric, engine, host)
     # No secret of the agent's (its token) reaches a role; the job token and the host's TLS
     # files only as below.
     hidden = {*ALLOCATOR_VARS, JOB_TOKEN_ENV, *TLS_ENV_VARS.values()}
+    if engine == "tensorflow":
+        hidden.add("PYTHONPATH")  # the TensorFlow environment's own packages
     child_env = {k: v for k, v in child_environ().items() if k not in hidden}
     if tls is not None and role != "floor_server":  # the floor is raw TCP: nothing to secure
         child_env.update(tls.env())
     for name, value in env.items():
-        if name == JOB_TOKEN_ENV and role in _TOKEN_ROLES and _JOB_TOKEN.fullmatch(value):
+        token_role = role in _TOKEN_ROLES and engine != "tensorflow"
+        if name == JOB_TOKEN_ENV and token_role and _JOB_TOKEN.fullmatch(value):
             child_env[name] = value  # the driver's job token: its PS tasks and their callers
             continue
         if name not in ALLOCATOR_VARS or not value.isdigit():
@@ -387,18 +498,92 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
         return grpc.stream_unary_rpc_method_handler(refuse)
 
 
+def _drop_traceback(error: grpc.RpcError) -> None:
+    """Forget a cancelled call's error's traceback: grpcio keeps the error in the call's state,
+    which the traceback's frames hold, a cycle that keeps the call and its stream counted
+    against the connection's bound until the cyclic collector runs (as in
+    :meth:`pytest_tfgrpc.roles.idle.IdleWatch.next`)."""
+    error.__traceback__ = None
+
+
+class _Pools(futures.Executor):
+    """The agent server's executor: calls to the ``control`` handlers run on a pool of
+    :data:`CONTROL_THREADS`, every other call on one of :data:`DATA_THREADS`.
+
+    grpcio's synchronous server runs every call through one executor, and a ``Run`` stream
+    holds its thread for the role's life: with one pool, 64 roles and a driver's burst of
+    readings left heartbeats queued until leases ran out. The handler a call runs is among
+    the arguments grpcio submits (the servicer's bound method, after the token check: a call
+    refused for its token runs on the data pool).
+    """
+
+    def __init__(self, control: set[Callable[..., Any]]) -> None:
+        self._control_handlers = control
+        self._control = futures.ThreadPoolExecutor(CONTROL_THREADS, "tfgrpc-agent-control")
+        self._data = futures.ThreadPoolExecutor(DATA_THREADS, "tfgrpc-agent")
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
+        control = any(callable(arg) and arg in self._control_handlers for arg in args)
+        return (self._control if control else self._data).submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._control.shutdown(wait, cancel_futures=cancel_futures)
+        self._data.shutdown(wait, cancel_futures=cancel_futures)
+
+
+class _TaskInput:
+    """A TensorFlow task's stdin as the agent passes it on: whole lines, each a worker's
+    command that :func:`~pytest_tfgrpc.roles.tf_task.check_command` accepts, passed on as
+    parsed; a PS task takes none. :meth:`feed` raises
+    :class:`~pytest_tfgrpc.roles.tf_task.TaskInputError` at the first line it refuses."""
+
+    def __init__(self, role: str, ps_tasks: int) -> None:
+        self.role = role
+        self.ps_tasks = ps_tasks
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """The lines ``data`` completes, checked and re-encoded."""
+        self._buffer += data
+        lines = []
+        while b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            if len(line) > tf_task.MAX_LINE_BYTES:
+                raise tf_task.TaskInputError(f"a line over {tf_task.MAX_LINE_BYTES} bytes")
+            if self.role != "worker":
+                raise tf_task.TaskInputError("TensorFlow's PS task takes no commands")
+            try:
+                command = json.loads(line)
+            except ValueError:
+                raise tf_task.TaskInputError("a command line that is not JSON") from None
+            tf_task.check_command(command, self.ps_tasks)
+            lines.append(json.dumps(command).encode() + b"\n")
+        if len(self._buffer) > tf_task.MAX_LINE_BYTES:
+            raise tf_task.TaskInputError(f"a line over {tf_task.MAX_LINE_BYTES} bytes")
+        return b"".join(lines)
+
+
 @dataclass
 class _Role:
     driver: str
     role: str
     proc: subprocess.Popen[bytes]
     stop_reason: str = ""
+    #: The port it binds, held for it until it ends (TensorFlow's tasks).
+    reservation: PortReservation | None = None
+    #: What its stdin may carry, when the agent checks it (TensorFlow's tasks).
+    stdin_gate: _TaskInput | None = None
 
 
 @dataclass
 class _Lease:
     expires: float
     roles: list[_Role] = field(default_factory=list)
+    #: Ports held for roles not started yet, by port: the reservation and when it lapses.
+    reservations: dict[int, tuple[PortReservation, float]] = field(default_factory=dict)
+
+    def held(self) -> int:
+        return len(self.roles) + len(self.reservations)
 
 
 class AgentServer(agent_pb2_grpc.NodeAgentServicer):
@@ -411,8 +596,11 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         *,
         host: str | None = None,
         role_tls: TlsFiles | None = None,
+        tf_python: str | None = None,
     ) -> None:
         self.fabric = fabric
+        #: The host's TensorFlow Python, which runs TensorFlow's tasks (None: it runs none).
+        self.tf_python = tf_python
         self._reader: TelemetryReader | None = None
         self.host = host or socket.gethostname()
         #: The host's identity for the roles it starts under TLS (None: it has none).
@@ -433,7 +621,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             roles=list(ROLES),
             pid=os.getpid(),
             version=_package_version(),
-            engines=list(engines_here()),
+            engines=list(engines_here(self.tf_python)),
             tls=self.role_tls.describe() if self.role_tls is not None else "off",
         )
 
@@ -457,6 +645,34 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         stopped = self._stop_driver(driver, f"driver {driver} released its lease")
         return agent_pb2.LeaseReply(lease_s=0.0, processes=stopped)
 
+    def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:
+        driver = self._driver(request.driver, context)
+        address = self.fabric.address
+        with self._lock:
+            lease = self._leases.get(driver)
+            if lease is None or lease.expires < time.monotonic() or self._closing.is_set():
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"driver {driver} holds no lease here: send Heartbeat first",
+                )
+                return None
+            held = sum(each.held() for each in self._leases.values())
+            if held >= MAX_PROCESSES:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the agent holds {held} processes and ports already, its limit "
+                    f"({MAX_PROCESSES})",
+                )
+            try:
+                zone = f"%{self.fabric.zone}" if self.fabric.zone else ""
+                reservation = PortReservation(address + zone)
+            except OSError as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"no port on {address}: {exc}")
+            lease.reservations[reservation.port] = (reservation, time.monotonic() + RESERVATION_S)
+        return agent_pb2.Reservation(
+            port=reservation.port, address=address, expires_s=RESERVATION_S
+        )
+
     def Counters(self, request: Any, context: grpc.ServicerContext) -> Any:
         rx, tx = interface_counters(self.fabric.name)
         try:
@@ -469,9 +685,16 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         self._driver(request.driver, context)
         if not 0 < request.port < 65536:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"port {request.port} is not a port")
+        ends = [tuple(end.split(">", 1)) for end in request.connections]
+        if any(len(end) != 2 for end in ends):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a connection is not local>peer")
+        clients = [(local, peer) for local, peer in ends]
         try:
             reading = self._telemetry().read(
-                request.address, request.port, discover=request.discover
+                request.address,
+                request.port,
+                discover=request.discover,
+                clients=(lambda port: clients) if clients else None,
             )
         except (TelemetryError, OSError) as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"telemetry on {self.host}: {exc}")
@@ -495,12 +718,18 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             return self._reader
 
     def Run(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        first = next(requests, None)
+        try:
+            first = next(requests, None)
+        except grpc.RpcError as error:  # cancelled before its start came
+            _drop_traceback(error)
+            return
         if first is None or first.WhichOneof("kind") != "start":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a start")
             return
         start = first.start
         driver = self._driver(start.driver, context)
+        engine = start.engine or "grpcio"
+        port = None
         try:
             if start.tls and self.role_tls is None:
                 raise RoleError(
@@ -511,10 +740,13 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
                 dict(start.params),
                 dict(start.env),
                 self.fabric,
-                engine=start.engine or "grpcio",
+                engine=engine,
                 tls=self.role_tls if start.tls else None,
                 host=self.host,
+                tf_python=self.tf_python,
             )
+            if engine == "tensorflow":
+                port = tf_task_port(start.role, start.params, self.fabric)
         except RoleError as exc:
             context.abort(exc.code, str(exc))
         with self._lock:
@@ -525,22 +757,41 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
                     f"driver {driver} holds no lease here: send Heartbeat first",
                 )
                 return
-            running = sum(len(held.roles) for held in self._leases.values())
+            reservation, gate = None, None
+            if port is not None:  # TensorFlow's task: the port it was given is held for it
+                reservation = lease.reservations.pop(port, (None, 0.0))[0]
+                if reservation is None:
+                    context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"port {port} is no port driver {driver} holds on {self.host}: "
+                        "Reserve it first",
+                    )
+                    return
+                gate = _TaskInput(start.role, len(json.loads(start.params["cluster"])["ps"]))
+            # A role and the port held for it count once.
+            running = sum(held.held() for held in self._leases.values()) - (port is not None)
             if running >= MAX_PROCESSES:
+                if reservation is not None:
+                    reservation.release()
                 context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the agent runs {running} processes already, its limit ({MAX_PROCESSES})",
                 )
                 return
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=env,
-            )
-            role = _Role(driver, start.role, proc)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    env=env,
+                )
+            except BaseException:
+                if reservation is not None:
+                    reservation.release()
+                raise
+            role = _Role(driver, start.role, proc, reservation=reservation, stdin_gate=gate)
             lease.roles.append(role)
         context.add_callback(lambda: self._stop(role, "its Run stream ended (driver gone?)"))
         yield agent_pb2.RoleOutput(
@@ -558,10 +809,21 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         def feed() -> None:
             assert proc.stdin is not None
             with contextlib.suppress(Exception):  # the driver went away: close stdin below
-                for message in requests:
-                    if message.WhichOneof("kind") == "stdin":
-                        proc.stdin.write(message.stdin)
+                try:
+                    for message in requests:
+                        if message.WhichOneof("kind") != "stdin":
+                            continue
+                        data = message.stdin
+                        if role.stdin_gate is not None:
+                            try:
+                                data = role.stdin_gate.feed(data)
+                            except tf_task.TaskInputError as exc:
+                                self._stop(role, f"it refused a line of its input: {exc}")
+                                break
+                        proc.stdin.write(data)
                         proc.stdin.flush()
+                except grpc.RpcError as error:
+                    _drop_traceback(error)
             with contextlib.suppress(OSError):
                 proc.stdin.close()
 
@@ -595,6 +857,8 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         self._forget(role)
 
     def _forget(self, role: _Role) -> None:
+        if role.reservation is not None:
+            role.reservation.release()
         with self._lock:
             lease = self._leases.get(role.driver)
             if lease is not None and role in lease.roles:
@@ -604,6 +868,8 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         with self._lock:
             lease = self._leases.pop(driver, None)
         roles = list(lease.roles) if lease is not None else []
+        for reservation, _ in lease.reservations.values() if lease is not None else ():
+            reservation.release()
         for role in roles:
             self._stop(role, reason)
         return len(roles)
@@ -614,6 +880,11 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
             now = time.monotonic()
             with self._lock:
                 expired = [d for d, lease in self._leases.items() if lease.expires < now]
+                for lease in self._leases.values():
+                    for port, (reservation, lapses) in list(lease.reservations.items()):
+                        if lapses < now:  # held for a role that never started
+                            reservation.release()
+                            del lease.reservations[port]
             for driver in expired:
                 self._stop_driver(driver, f"the lease of driver {driver} ran out")
 
@@ -629,9 +900,7 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         """Start serving on the fabric's address (with TLS ``credentials`` if given); return
         the target (``host:port``)."""
         server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=STREAMS_PER_DRIVER, thread_name_prefix="tfgrpc-agent"
-            ),
+            _Pools({self.Hello, self.Heartbeat, self.Release}),
             interceptors=[_TokenCheck(self._token)],
             maximum_concurrent_rpcs=256,
             options=(
@@ -702,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tfgrpc-node",
         description="Run pytest-tfgrpc's node agent: the driver starts the plugin's roles"
-        " (tensor server, PS, worker, floor server) on this host through it.",
+        " (tensor server, PS, worker, floor server; TensorFlow's PS tasks and workers with"
+        f" {TF_PYTHON_OPTION}) on this host through it.",
     )
     parser.add_argument("--fabric", required=True, help="interface to serve on (e.g. ib0)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default: %(default)s")
@@ -720,7 +990,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tls-ca", help="require client certificates signed by this CA (PEM): mutual TLS"
     )
+    parser.add_argument(
+        TF_PYTHON_OPTION,
+        metavar="PATH",
+        help="the python of an environment with TensorFlow (pytest-tfgrpc[tensorflow]): this"
+        " agent then runs TensorFlow's PS tasks and workers, which listen on every interface"
+        " and authenticate no caller (default: none, and it runs none)",
+    )
     args = parser.parse_args(argv)
+    tf_python = args.tf_python
+    if tf_python is not None and not (os.path.isfile(tf_python) and os.access(tf_python, os.X_OK)):
+        parser.error(f"{TF_PYTHON_OPTION} {tf_python}: not an executable file")
     grpc_settings.quiet_core_log(os.environ)  # before its server starts; its roles inherit it
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: a port is a number from 0 to 65535")
@@ -738,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
         load_tls(role_tls, "--tls-")  # the roles read them too: checked once, here
     except TlsError as exc:
         parser.error(str(exc))
-    agent = AgentServer(fabric, token, host=args.host_name, role_tls=role_tls)
+    agent = AgentServer(fabric, token, host=args.host_name, role_tls=role_tls, tf_python=tf_python)
     try:
         target = agent.serve(args.port, credentials)
     except OSError as exc:

@@ -32,6 +32,7 @@ import grpc
 from pytest_tfgrpc.hosts.agent import ROLES
 from pytest_tfgrpc.hosts.telemetry import reading_from_message
 from pytest_tfgrpc.native import FLOOR_NAME, SERVER_NAME, WORKER_NAME
+from pytest_tfgrpc.roles import tf_task
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_VARS
 from pytest_tfgrpc.wire._proto import agent_pb2, agent_pb2_grpc
 from pytest_tfgrpc.wire.security import ENV_VARS as TLS_ENV_VARS
@@ -64,6 +65,16 @@ def driver_id() -> str:
 
 class AgentError(RuntimeError):
     """An agent that refused a request or could not be reached; names the host and target."""
+
+
+@dataclass(frozen=True)
+class _AgentPort:
+    """A port an agent holds (:meth:`AgentClient.reserve`); the agent lets it go itself."""
+
+    host_port: str
+
+    def release(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -213,15 +224,36 @@ class AgentClient:
         reply = self._call(self._stub.Counters, agent_pb2.LeaseRequest(driver=self.driver))
         return int(reply.rx_bytes), int(reply.tx_bytes)
 
-    def telemetry(self, address: str, port: int, discover: bool = True, pid: int = 0) -> Reading:
+    def telemetry(
+        self,
+        address: str,
+        port: int,
+        discover: bool = True,
+        pid: int = 0,
+        connections: Sequence[tuple[str, str]] = (),
+    ) -> Reading:
         """What the agent's host knows of the connections of ``address:port`` there, and
         its fabric's counters (:mod:`pytest_tfgrpc.wire.telemetry`; ``discover`` as for
-        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`); with ``pid`` (a
+        :meth:`~pytest_tfgrpc.wire.telemetry.TelemetryReader.sockets`, finding them by the
+        clients' ``(local, peer)`` ends in ``connections`` where given); with ``pid`` (a
         process this driver started there), its run-queue wait so far."""
         request = agent_pb2.TelemetryRequest(
-            driver=self.driver, address=address, port=port, discover=discover, pid=pid
+            driver=self.driver,
+            address=address,
+            port=port,
+            discover=discover,
+            pid=pid,
+            connections=[f"{local}>{peer}" for local, peer in connections],
         )
         return reading_from_message(self._call(self._stub.Telemetry, request))
+
+    def reserve(self) -> str:
+        """Hold a port of the agent's fabric address for a role started later (TensorFlow's
+        tasks); its ``address:port``. The agent lets it go when that role ends, when this
+        driver's lease ends, or after a minute unused."""
+        reply = self._call(self._stub.Reserve, agent_pb2.LeaseRequest(driver=self.driver))
+        address = str(reply.address)
+        return f"[{address}]:{reply.port}" if ":" in address else f"{address}:{reply.port}"
 
     def launcher(self) -> AgentLauncher:
         """The launcher that starts processes on this agent's host."""
@@ -274,6 +306,8 @@ class AgentLauncher:
     whether the run uses TLS (the agent's host then serves and dials with its own
     certificates); what a role binds to is the agent's choice (its fabric, a port the OS
     picks), and the agent runs its own install's programs, never a path sent here.
+    TensorFlow's tasks (:func:`~pytest_tfgrpc.roles.tf_task.task_argv`) pass their job,
+    index and cluster spec, whose entry for the task is a port :meth:`reserve_port` held.
     """
 
     def __init__(self, client: AgentClient) -> None:
@@ -288,13 +322,26 @@ class AgentLauncher:
         info = self.client.info
         return f"{info.address}%{info.fabric}" if info.address.startswith("fe80") else info.address
 
-    def read_telemetry(self, address: str, port: int, discover: bool, pid: int = 0) -> Reading:
+    def read_telemetry(
+        self,
+        address: str,
+        port: int,
+        discover: bool,
+        pid: int = 0,
+        connections: Sequence[tuple[str, str]] = (),
+    ) -> Reading:
         """The server side of a connection, read on this agent's host (with the run-queue
-        wait of ``pid``, a process started there, where given)."""
+        wait of ``pid``, a process started there, where given; found by the clients' ends
+        ``connections`` where given)."""
         try:
-            return self.client.telemetry(address, port, discover, pid)
+            return self.client.telemetry(address, port, discover, pid, connections)
         except AgentError as exc:
             raise TelemetryError(str(exc)) from None
+
+    def reserve_port(self, address: str) -> _AgentPort:
+        """A port the agent holds on its own fabric address (``address``, this host's, is
+        not used: the agent decides where its roles bind)."""
+        return _AgentPort(self.client.reserve())
 
     def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
@@ -302,6 +349,11 @@ class AgentLauncher:
         env = env or {}
         program = os.path.basename(argv[0]) if argv else ""
         params: dict[str, str] = {}
+        task = _tf_task(argv)
+        if task is not None:
+            role, params = task
+            wanted = {k: v for k, v in env.items() if k in ALLOCATOR_VARS}
+            return self.client.run(role, params, wanted, stderr, name=name, engine="tensorflow")
         if program in _NATIVE_ROLES:
             engine, role = "native", _NATIVE_ROLES[program]
             if role == "tensor_server" and JOB_TOKEN_ENV in env:
@@ -334,6 +386,17 @@ class AgentLauncher:
         wanted = {k: v for k, v in env.items() if k in passed}
         tls = any(env.get(variable) for variable in TLS_ENV_VARS.values())
         return self.client.run(role, params, wanted, stderr, name=name, engine=engine, tls=tls)
+
+
+def _tf_task(argv: Sequence[str]) -> tuple[str, dict[str, str]] | None:
+    """The role (ps or worker) and parameters of a TensorFlow task's command
+    (:func:`~pytest_tfgrpc.roles.tf_task.task_argv`), or None for any other command."""
+    script = os.path.abspath(tf_task.__file__)
+    if len(argv) < 5 or list(argv[1:3]) != ["-c", tf_task.RUN_SCRIPT] or argv[3] != script:
+        return None
+    rest = list(argv[5:])
+    options = dict(zip(rest[::2], rest[1::2], strict=False))
+    return options["--job"], {"index": options["--index"], "cluster": options["--cluster"]}
 
 
 class _StdinWriter:

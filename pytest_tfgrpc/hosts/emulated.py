@@ -136,7 +136,8 @@ class EmulatedFabric:
     ``bridge``. ``owner_pid`` is the process whose exit removes it (0: kept until ``down``),
     ``owner_uid`` the user who built it (-1: not recorded). ``agent_token_file``: the token file
     of the node agents ``tfgrpc-fabric up --agents`` started in every host (absolute; "" when
-    it started none), which ``tfgrpc-fabric agent`` starts again."""
+    it started none), which ``tfgrpc-fabric agent`` starts again; ``agent_tf_python`` the
+    TensorFlow Python they were given (``--tf-python``; "": none)."""
 
     name: str
     bridge: str
@@ -146,6 +147,7 @@ class EmulatedFabric:
     owner_pid: int = 0
     owner_uid: int = -1
     agent_token_file: str = ""
+    agent_tf_python: str = ""
     timeout: float = field(default=10.0, compare=False)
 
     def host(self, name: str) -> EmulatedHost:
@@ -173,6 +175,7 @@ class EmulatedFabric:
             "owner_pid": self.owner_pid,
             "owner_uid": self.owner_uid,
             "agent_token_file": self.agent_token_file,
+            "agent_tf_python": self.agent_tf_python,
             "hosts": [vars(h) for h in self.hosts],
         }
 
@@ -192,6 +195,7 @@ class EmulatedFabric:
             owner_pid=int(str(data.get("owner_pid", 0))),
             owner_uid=int(str(data.get("owner_uid", -1))),
             agent_token_file=str(data.get("agent_token_file", "")),
+            agent_tf_python=str(data.get("agent_tf_python", "")),
         )
         fabric.check_names()
         return fabric
@@ -455,13 +459,15 @@ def build_fabric(
     owner_pid: int | None = None,
     timeout: float = 10.0,
     agent_token_file: str = "",
+    agent_tf_python: str = "",
 ) -> EmulatedFabric:
     """Build a fabric of ``hosts`` and return it; remove it with :func:`remove_fabric`.
 
     ``owner_pid`` (default: this process) is the process whose death makes the fabric a
     leftover for :func:`remove_leftovers`; 0 keeps it until removed by name. Its owner user
     is :func:`caller_uid`. ``agent_token_file`` records the token of the agents the caller
-    starts in its hosts. Anything half built is removed before the error propagates. Prefer
+    starts in its hosts, ``agent_tf_python`` the TensorFlow Python they get. Anything half
+    built is removed before the error propagates. Prefer
     :func:`emulated_fabric`.
     """
     _check_specs(hosts)
@@ -492,6 +498,7 @@ def build_fabric(
             owner_pid=owner,
             owner_uid=caller_uid(),
             agent_token_file=agent_token_file,
+            agent_tf_python=agent_tf_python,
             timeout=timeout,
         )
         _write_state(fabric)

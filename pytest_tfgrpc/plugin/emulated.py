@@ -91,10 +91,12 @@ def build_emulated_hosts(
     rate: str | None = None,
     agents: bool = True,
     tls: bool = False,
+    agent_args: Sequence[str] = (),
 ) -> EmulatedHosts:
     """Build ``hosts`` as :func:`tfgrpc_emulated_hosts` does, removed when ``stack`` closes (a
     fixture of wider scope than a test builds its hosts with this). Skips the calling test
-    where fabrics cannot be built."""
+    where fabrics cannot be built. ``agent_args``: more options of every host's
+    ``tfgrpc-node`` (``--tf-python PATH``)."""
     # Imported here: registered in every run, this module costs nothing until used.
     from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
 
@@ -109,10 +111,10 @@ def build_emulated_hosts(
     started: dict[str, HostAgent] = {}
     if agents:
         for host in fabric.hosts:
-            extra = []
+            extra = list(agent_args)
             if pki is not None:  # the host's own identity, for its agent and roles
                 own = pki[host.name]
-                extra = [f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")]
+                extra += [f"--tls-{k}={getattr(own, k)}" for k in ("cert", "key", "ca")]
             started[host.name] = HostAgent(host, str(token_file), extra_args=extra)
             stack.callback(started[host.name].stop)
     driver = pki["_driver"] if pki is not None else None
@@ -128,14 +130,26 @@ def tfgrpc_emulated_hosts(
     everything in them when the test ends. Skips the test where fabrics cannot be built.
     ``tls=True`` gives every host and the driver a certificate for its own address from one
     fresh CA (trustme, the ``dev`` extra): the agents and the roles they start serve mutual
-    TLS, and :meth:`EmulatedHosts.pytest_args` hands the run the driver's files."""
+    TLS, and :meth:`EmulatedHosts.pytest_args` hands the run the driver's files.
+    ``agent_args``: more options of every agent (``agent_args=["--tf-python", PATH]``)."""
     with contextlib.ExitStack() as stack:
 
         def build(
-            hosts: str, *, rate: str | None = None, agents: bool = True, tls: bool = False
+            hosts: str,
+            *,
+            rate: str | None = None,
+            agents: bool = True,
+            tls: bool = False,
+            agent_args: Sequence[str] = (),
         ) -> EmulatedHosts:
             return build_emulated_hosts(
-                stack, tmp_path_factory, hosts, rate=rate, agents=agents, tls=tls
+                stack,
+                tmp_path_factory,
+                hosts,
+                rate=rate,
+                agents=agents,
+                tls=tls,
+                agent_args=agent_args,
             )
 
         yield build

@@ -76,24 +76,25 @@ def _engine_failed(nodeid: str, name: str, error: Exception) -> NoReturn:
     raise pytest.fail.Exception(f"{nodeid}: engine {name!r}: {detail}", pytrace=False) from None
 
 
-def _on_agents_or_fail(request: pytest.FixtureRequest, engine: Engine) -> None:
-    """Fail the test before any agent is dialled when the run starts its servers through
-    node agents and ``engine`` cannot run there."""
+def _usable_or_fail(request: pytest.FixtureRequest, engine: Engine) -> str:
+    """Fail the test before any agent is dialled or process started when the run's settings
+    rule ``engine`` out, or the run starts its processes through node agents and no agent
+    program runs them; the agents' programs it needs (its :attr:`~Engine.agent_roles`)."""
+    from pytest_tfgrpc.bench.engines import EngineError
     from pytest_tfgrpc.plugin.agents import agents_in_use
 
-    if agents_in_use(request.config) and not engine.runs_on_agents:
+    if agents_in_use(request.config) and engine.agent_roles is None:
         pytest.fail(
             f"{request.node.nodeid}: engine {engine.name!r} cannot start its servers through "
-            "node agents (they run only the plugin's own roles, of the grpcio and native "
-            "engines); drop --tfgrpc-agents or the engine",
+            "node agents (they run only the plugin's own roles and TensorFlow's tasks: the "
+            "grpcio, native and tensorflow engines); drop --tfgrpc-agents or the engine",
             pytrace=False,
         )
-
-
-def _roles_engine(engine: Engine) -> str:
-    """Which of the plugin's role programs an engine's processes are (an agent starts
-    them): a loop engine's implementation, grpcio or native."""
-    return str(getattr(engine, "implementation", "grpcio"))
+    try:
+        engine.check_usable()
+    except EngineError as exc:
+        _engine_failed(request.node.nodeid, engine.name, exc)
+    return engine.agent_roles or ""
 
 
 @pytest.fixture
@@ -103,12 +104,14 @@ def tensor_server(
     """A server of the test's engine in its own process(es), bound to ``fabric``: ``.target``,
     ``.fabric``, ``.pid``. Stopped when the test ends; if it dies during the test, the test
     fails. Its engine is the test's (``tfgrpc_engine``), or the ``tfgrpc_engines`` marker's
-    ``server=``. With node agents (``--tfgrpc-agents``; grpcio and native engines), started on
-    the first agent's host reached through ``fabric``; with a cluster spec (grpcio engine),
+    ``server=``. With node agents (``--tfgrpc-agents``; grpcio, native and tensorflow engines),
+    started on the first agent's host reached through ``fabric``; with a cluster spec (grpcio
+    and native engines),
     the spec's server reached through ``fabric`` on another host. The plugin's own servers
     take no tensor larger than the test's ``message_profile`` sizes."""
     from pytest_tfgrpc.bench.engines import EngineError, Provision
     from pytest_tfgrpc.hosts.cluster_spec import ClusterSpecError, RemoteServer, server_task_for
+    from pytest_tfgrpc.native import ENGINES
     from pytest_tfgrpc.plugin.agents import record_server, server_launchers
     from pytest_tfgrpc.plugin.engines import engine_for, server_engine_of
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
@@ -124,7 +127,7 @@ def tensor_server(
     engine = tfgrpc_engine
     if name != engine.name:
         engine = engine_for(session.registry(request.config), name, request.node.nodeid)
-    _on_agents_or_fail(request, engine)
+    roles = _usable_or_fail(request, engine)
     delay = session.server_delay
     if delay and not engine.injects_delay:
         pytest.fail(
@@ -132,8 +135,8 @@ def tensor_server(
             "servers take no injected delay (the plugin's grpcio and native servers do)",
             pytrace=False,
         )
-    launchers = server_launchers(request, fabric, _roles_engine(engine))
-    if not launchers and session.cluster is not None and engine.runs_on_agents:
+    launchers = server_launchers(request, fabric, roles)
+    if not launchers and session.cluster is not None and roles in ENGINES:
         # A cluster spec names tfgrpc-server processes already running on other hosts.
         if delay:
             pytest.fail(
@@ -190,9 +193,9 @@ def ps_cluster(
 ) -> Iterator[EngineCluster]:
     """Parameter-server tasks (and workers) of the test's engine bound to ``fabric``, as the
     test's ``ps_topology`` marker declares (default: 1 PS, 1 worker); with node agents
-    (``--tfgrpc-agents``; grpcio and native engines), on the agents' hosts. Stopped when the
-    test ends; if one of its processes dies during the test, the test fails. The plugin's own
-    PS tasks take no message larger than the test needs."""
+    (``--tfgrpc-agents``; grpcio, native and tensorflow engines), on the agents' hosts.
+    Stopped when the test ends; if one of its processes dies during the test, the test fails.
+    The plugin's own PS tasks take no message larger than the test needs."""
     from pytest_tfgrpc.bench.engines import EngineError, Provision
     from pytest_tfgrpc.plugin.agents import cluster_launchers
     from pytest_tfgrpc.plugin.markers import item_specs, watched_key
@@ -200,14 +203,14 @@ def ps_cluster(
 
     session = activate(request.config)
     specs = item_specs(request.node)
-    _on_agents_or_fail(request, tfgrpc_engine)
+    roles = _usable_or_fail(request, tfgrpc_engine)
     provision = Provision(
         tfgrpc_fabric,
         env=session.server_env,
         max_tensor_bytes=specs.largest_ps_message,
         topology=specs.topology,
         placement=specs.placement,
-        **cluster_launchers(request, tfgrpc_fabric, specs.topology, _roles_engine(tfgrpc_engine)),
+        **cluster_launchers(request, tfgrpc_fabric, specs.topology, roles),
     )
     try:
         cluster = tfgrpc_engine.start_cluster(provision)

@@ -288,6 +288,8 @@ def reply_of(body: bytes) -> FromWorker:
             )
     elif isinstance(message, pb.AllReduceReply):
         samples(message.samples_ns, "samples_ns")
+        if message.tls not in ("off", "tls", "mtls"):
+            raise MessageError(f"tls={message.tls!r}: expected off, tls or mtls")
         if message.checked > len(message.samples_ns):
             raise MessageError(
                 f"checked={message.checked}: more than its {len(message.samples_ns)} samples"

@@ -44,9 +44,10 @@ __all__ = ["ClusterError", "PSCluster", "Window", "WorkerProcess"]
 
 
 class Window(Protocol):
-    """Told when a job's workers are ready to go and when their replies are in."""
+    """Told when a job's workers are ready to go (with the ``(local, peer)`` ends of their
+    connections to the PS tasks, as they reported them) and when their replies are in."""
 
-    def start(self) -> None: ...
+    def start(self, connections: Sequence[tuple[str, str]] = ()) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -364,18 +365,25 @@ class PSCluster:
         busy: Sequence[WorkerProcess],
         deadline: float,
         before: Callable[[], None] | None = None,
-        ready: Callable[[], None] | None = None,
+        ready: Callable[[Sequence[tuple[str, str]]], None] | None = None,
     ) -> None:
         """The start barrier of jobs sent to ``busy``: run ``before`` (what must happen
-        between the job and Ready), wait for every worker's Ready, run ``ready`` (every worker
-        connected, none started), then tell all to go; if any of that fails, call the job off
+        between the job and Ready), wait for every worker's Ready, run ``ready`` with the ends
+        of their connections they reported (every worker connected, none started), then tell
+        all to go; if any of that fails, call the job off
         at every worker still running."""
         try:
             if before is not None:
                 before()
-            self._collect(busy, deadline, "prepare", protocol.Ready)
+            said = self._collect(busy, deadline, "prepare", protocol.Ready)
             if ready is not None:
-                ready()
+                ends = [
+                    (local, peer)
+                    for message in said
+                    if isinstance(message, protocol.Ready)
+                    for local, _, peer in (end.partition(">") for end in message.connections)
+                ]
+                ready(ends)
         except Exception:
             for worker in busy:
                 if worker.poll() is None:

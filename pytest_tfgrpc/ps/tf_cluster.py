@@ -3,10 +3,15 @@
 :class:`TFCluster` starts ``tf.distribute.Server`` tasks (:mod:`pytest_tfgrpc.roles.tf_task`, run
 as a script by the Python of an environment with TensorFlow: this one if it imports TensorFlow,
 else ``TFGRPC_TF_PYTHON``) on the fabric's address, and asks its worker task to time TensorFlow's
-own transfers. No TensorFlow is imported in this process.
+own transfers. No TensorFlow is imported in this process. Each task runs here or, through its
+launcher, on a node agent's host (``tfgrpc-node --tf-python``), run by that host's TensorFlow
+Python; the worker's commands then travel on the agent's ``Run`` stream.
 
-TensorFlow's server listens on every interface of the host (``tf.distribute.Server`` takes a
-port, not an address); the cluster spec, and so every transfer, names the fabric's address.
+Every task's port is held (:meth:`~pytest_tfgrpc.roles.processes.Launcher.reserve_port`)
+before any task starts, since each starts with the whole cluster spec, and until the cluster
+stops. TensorFlow's server listens on every interface of its host (``tf.distribute.Server``
+takes a port, not an address); the cluster spec, and so every transfer, names the fabric's
+address.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import importlib.util
 import json
 import os
 import selectors
-import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -24,13 +28,18 @@ from typing import Any
 
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.roles import tf_task
-from pytest_tfgrpc.roles.processes import ChildProcess, ServerDied, ServerError
+from pytest_tfgrpc.roles.processes import (
+    LOCAL,
+    ChildProcess,
+    HeldPort,
+    Launcher,
+    ServerDied,
+    ServerError,
+)
+from pytest_tfgrpc.roles.tf_task import TF_PYTHON_ENV
 from pytest_tfgrpc.wire.fabric import Fabric, resolve_fabrics
 
 __all__ = ["TF_PYTHON_ENV", "Steps", "TFCluster", "TFTaskError", "find_tf_python"]
-
-#: The environment variable naming the Python of an environment that has TensorFlow.
-TF_PYTHON_ENV = "TFGRPC_TF_PYTHON"
 
 
 class TFTaskError(ServerError):
@@ -66,29 +75,25 @@ class Steps:
     elapsed_ns: int = 0
 
 
-_RUN_SCRIPT = (
-    "import runpy, sys; sys.path.pop(0); sys.argv = sys.argv[1:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
-)
-
-
 class _Task(ChildProcess):
+    """One task: ``target`` its ``host:port`` in the cluster spec, ``launcher`` where it runs."""
+
     def __init__(
         self,
         tf_python: str,
         job: str,
         index: int,
-        cluster: str,
+        cluster: Mapping[str, Sequence[str]],
         env: Mapping[str, str],
         lifetime: float,
+        launcher: Launcher,
     ) -> None:
-        # Run as a script, without its directory or the working directory on sys.path, so
-        # that no module of this checkout shadows one TensorFlow imports.
-        argv = [tf_python, "-c", _RUN_SCRIPT, tf_task.__file__, "serve", "--job", job]
-        argv += ["--index", str(index)]
-        argv += ["--cluster", cluster, "--lifetime", str(lifetime)]
-        super().__init__(argv, name=f"TensorFlow {job} task {index}", env=env)
+        argv = tf_task.task_argv(tf_python, job, index, json.dumps(cluster), lifetime)
+        where = f" on host {launcher.host}" if launcher is not LOCAL else ""
+        name = f"TensorFlow {job} task {index}{where}"
+        super().__init__(argv, name=name, env=env, launcher=launcher)
         self.job = job
+        self.target = cluster[job][index]
         self._buf = b""
 
     def send(self, doc: Mapping[str, Any]) -> None:
@@ -115,30 +120,15 @@ class _Task(ChildProcess):
         return out
 
 
-def _host_port(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
-def _free_ports(address: str, count: int) -> list[int]:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.bind((address, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class TFCluster:
     """``ps`` PS tasks and worker task 0 of TensorFlow's gRPC runtime on ``fabric`` (default
     loopback); a context manager. ``env`` is the environment of the task processes.
+    PS task ``i`` runs through ``ps_launchers[i]`` (cyclically), the worker through
+    ``worker_launcher``: here (the default) or on a node agent's host.
 
     ``target`` is PS task 0's address (what a P2P test measures against), ``targets`` every
-    PS task's; :meth:`measure` and :meth:`run` time TensorFlow transfers on the worker.
+    PS task's, ``ps`` and ``workers`` the tasks (each with its ``target`` and ``launcher``);
+    :meth:`measure` and :meth:`run` time TensorFlow transfers on the worker.
     Raises :class:`TFTaskError` (with the task's stderr) when a task does not start.
     """
 
@@ -151,6 +141,8 @@ class TFCluster:
         topology: Topology | None = None,
         lifetime: float = 3600.0,
         start_timeout: float = 180.0,
+        ps_launchers: Sequence[Launcher] = (LOCAL,),
+        worker_launcher: Launcher = LOCAL,
     ) -> None:
         self.tf_python = tf_python
         self.fabric = fabric if fabric is not None else resolve_fabrics(("lo",))[0]
@@ -165,6 +157,11 @@ class TFCluster:
         self.env.pop("PYTHONPATH", None)  # the TF environment's own packages
         self.lifetime = lifetime
         self.start_timeout = start_timeout
+        if not ps_launchers:
+            raise ValueError("ps_launchers: at least one (LOCAL: this host)")
+        self.ps_launchers = tuple(ps_launchers)
+        self.worker_launcher = worker_launcher
+        self._ports: list[HeldPort] = []
         self.tasks: list[_Task] = []
         self.info: dict[str, Any] = {}
         self.targets: tuple[str, ...] = ()
@@ -172,6 +169,19 @@ class TFCluster:
     @property
     def target(self) -> str:
         return self.targets[0]
+
+    @property
+    def ps(self) -> tuple[_Task, ...]:
+        return tuple(task for task in self.tasks if task.job == "ps")
+
+    @property
+    def workers(self) -> tuple[_Task, ...]:
+        return tuple(task for task in self.tasks if task.job == "worker")
+
+    @property
+    def launcher(self) -> Launcher:
+        """Where PS task 0 runs (a P2P test's server end)."""
+        return self.ps_launchers[0]
 
     @property
     def pids(self) -> dict[str, int]:
@@ -182,28 +192,37 @@ class TFCluster:
         return str(self.info.get("worker", {}).get("tensorflow", ""))
 
     def start(self) -> TFCluster:
-        error: Exception | None = None
-        address = self.fabric.address
-        for _ in range(3):  # a port taken between picking and binding: pick again, 3 times
-            ports = _free_ports(address, self.topology.ps + 1)
-            hosts = [_host_port(address, p) for p in ports]
+        """Hold every task's port, then start every task with the cluster spec they make and
+        wait until each serves; everything started is stopped if one does not."""
+        zone = f"%{self.fabric.zone}" if self.fabric.zone else ""
+        address = self.fabric.address + zone
+        placed = [
+            ("ps", i, self.ps_launchers[i % len(self.ps_launchers)])
+            for i in range(self.topology.ps)
+        ]
+        placed.append(("worker", 0, self.worker_launcher))
+        try:
+            for _, _, launcher in placed:
+                self._ports.append(launcher.reserve_port(address))
+            hosts = [held.host_port for held in self._ports]
             cluster = {"ps": hosts[:-1], "worker": hosts[-1:]}
-            spec = json.dumps(cluster)
-            try:
-                for i in range(self.topology.ps):
-                    self.tasks.append(_Task(self.tf_python, "ps", i, spec, self.env, self.lifetime))
-                self.tasks.append(_Task(self.tf_python, "worker", 0, spec, self.env, self.lifetime))
-                for task in self.tasks:
-                    self.info[task.job] = task.read_line(self.start_timeout)
-                self.info["cluster"] = cluster
-                self.targets = tuple(cluster["ps"])
-                return self
-            except BaseException as exc:
-                self.stop()
-                if not isinstance(exc, ServerError):
-                    raise
-                error = exc
-        raise TFTaskError(f"TensorFlow cluster did not start on {self.fabric.name}: {error}")
+            for job, index, launcher in placed:
+                self.tasks.append(
+                    _Task(self.tf_python, job, index, cluster, self.env, self.lifetime, launcher)
+                )
+            for task in self.tasks:
+                self.info[task.job] = task.read_line(self.start_timeout)
+        except ServerError as exc:
+            self.stop()
+            raise TFTaskError(
+                f"TensorFlow cluster did not start on {self.fabric.name}: {exc}"
+            ) from None
+        except BaseException:
+            self.stop()
+            raise
+        self.info["cluster"] = cluster
+        self.targets = tuple(cluster["ps"])
+        return self
 
     def died(self, grace: float = 0.5) -> ServerDied | None:
         """The first task found dead, waiting ``grace`` s for each."""
@@ -272,6 +291,8 @@ class TFCluster:
     def stop(self) -> None:
         while self.tasks:
             self.tasks.pop().stop(timeout=10.0)
+        while self._ports:
+            self._ports.pop().release()
 
     def __enter__(self) -> TFCluster:
         return self.start()

@@ -83,8 +83,10 @@ from pytest_tfgrpc.wire.security import (
     files_from_env,
     load_tls,
     tls_failure,
+    tls_mode,
     use_tls,
 )
+from pytest_tfgrpc.wire.telemetry import own_connections, split_target
 from pytest_tfgrpc.wire.tensors import make_content
 
 #: How long a worker waits for the parent's "go" after saying it is ready.
@@ -153,9 +155,13 @@ def _cpu_since(start: tuple[int, int] | None) -> tuple[int, int]:
     return now[0] - start[0], now[1] - start[1]
 
 
-async def _wait_for_go(lines: queue.Queue[bytes]) -> None:
-    """The start barrier: say ready, then wait until the parent tells every worker to go."""
-    _emit(Ready())
+async def _wait_for_go(lines: queue.Queue[bytes], targets: Sequence[str] = ()) -> None:
+    """The start barrier: say ready, with the ends of this process's connections to the
+    ``targets`` (the PS tasks, whose telemetry the parent reads by them), then wait until the
+    parent tells every worker to go."""
+    ports = {split_target(target)[1] for target in targets}
+    ends = {f"{local}>{peer}" for port in ports for local, peer in own_connections(port)}
+    _emit(Ready(connections=sorted(ends)))
     if not (await _next_message(lines, GO_TIMEOUT_S, Go)).go:
         raise BenchmarkError("the parent called the run off")
 
@@ -197,7 +203,7 @@ async def _throughput(
 
     # One untimed call per PS proves the path before anyone is told to start.
     await asyncio.gather(*(loop(ps, 1, 60.0, warm_meta, []) for ps in range(len(calls))))
-    await _wait_for_go(lines)
+    await _wait_for_go(lines, job.targets)
     ignored: list[list[int]] = [[] for _ in calls]
     await asyncio.gather(
         *(
@@ -292,7 +298,7 @@ async def _sync_sgd(
             raise BenchmarkError(f"pulled {got} B of weights from {target}, it owns {owned[ps]} B")
         return str(dict(trailing or ()).get(NEXT_PHASE_KEY, ""))
 
-    await _wait_for_go(lines)
+    await _wait_for_go(lines, job.targets)
     clock = time.perf_counter_ns
     phase = WARMUP if job.warmup > 0 else MEASURE
     samples: list[int] = []
@@ -508,6 +514,7 @@ async def _allreduce(
             cpu_system_ns=system,
             machine=this_machine(),
             cpus=available_cpus(),
+            tls=tls_mode(),
         )
     finally:
         for channel in channels.values():

@@ -45,7 +45,7 @@ class IdleWatch:
 
     def next(self, requests: Iterator[T], context: grpc.ServicerContext) -> T | None:
         """The next message of ``requests`` (None: the client sent no more), cancelling the
-        call if it does not come in time (then gRPC's RpcError ends the handler)."""
+        call if it does not come in time; a cancelled call ends the handler (CANCELLED)."""
         key = next(self._keys)
         with self._lock:
             self._waiting[key] = (time.monotonic() + self.idle_s, context)
@@ -56,9 +56,19 @@ class IdleWatch:
                 self._thread.start()
         try:
             return next(requests, None)
+        except grpc.RpcError as error:
+            # The call was cancelled (by its client, its deadline or this watch). grpcio keeps
+            # this error in the call's state, and its traceback's frames hold that state: a
+            # reference cycle that keeps the call, and with it its HTTP/2 stream, until the
+            # cyclic collector runs, which an idle server may never do. Counted against
+            # the connection's stream bound, 16 such calls left it refusing every call.
+            error.__traceback__ = None
         finally:
             with self._lock:
                 del self._waiting[key]
+        # Outside the except block, so the new error does not chain the old one.
+        context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+        raise AssertionError("not reached: abort raises")
 
     def iterate(self, requests: Iterator[T], context: grpc.ServicerContext) -> Iterator[T]:
         """Every message of ``requests``, each under the idle bound."""

@@ -27,6 +27,7 @@ pull. Workers pass each step's phase on to every PS, so all PS count the same me
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import threading
@@ -390,7 +391,8 @@ class ParameterServer:
 
         def throughput(protobuf: bool) -> grpc.RpcMethodHandler:
             def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
-                return self._throughput(request, context, protobuf)
+                with refusing_malformed(context, "TensorProto"):
+                    return self._throughput(request, context, protobuf)
 
             return grpc.stream_unary_rpc_method_handler(watch.first(handle, check))
 
@@ -418,6 +420,17 @@ class ParameterServer:
             grpc.method_handlers_generic_handler(SERVICE, protobuf),
             grpc.method_handlers_generic_handler(RAW_SERVICE, {"Throughput": throughput(False)}),
         ]
+
+
+@contextlib.contextmanager
+def refusing_malformed(context: grpc.ServicerContext, message: str) -> Iterator[None]:
+    """Refuse the call (``INVALID_ARGUMENT: a malformed <message>: <why>``) when decoding in
+    the block fails (:class:`~pytest_tfgrpc.wire.codec.CodecError`), instead of grpcio's
+    UNKNOWN for a handler's exception."""
+    try:
+        yield
+    except codec.CodecError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a malformed {message}: {exc}")
 
 
 def _parse(message: type[M], data: bytes, context: grpc.ServicerContext) -> M:

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
+from pytest_tfgrpc.roles.ports import PortReservation
 from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.security import TOKEN_ENV as JOB_TOKEN_ENV
 from pytest_tfgrpc.wire.security import child_environ
@@ -152,6 +153,20 @@ class ProcessLike(Protocol):
     def kill(self) -> None: ...
 
 
+class HeldPort(Protocol):
+    """A port held on a launcher's host for a process that binds it later
+    (:meth:`Launcher.reserve_port`)."""
+
+    @property
+    def host_port(self) -> str:
+        """``address:port`` (``[v6]:port``), as a cluster spec names it."""
+        ...
+
+    def release(self) -> None:
+        """Stop holding it (where the launcher's side can; an agent also lets it go itself)."""
+        ...
+
+
 class Launcher(Protocol):
     """Where a :class:`ChildProcess` runs: this host (:class:`LocalLauncher`) or another one
     through its node agent (:class:`~pytest_tfgrpc.hosts.agent_client.AgentLauncher`)."""
@@ -170,6 +185,11 @@ class Launcher(Protocol):
         self, argv: Sequence[str], *, env: Mapping[str, str] | None, stderr: IO[bytes], name: str
     ) -> ProcessLike:
         """Start ``argv`` (``python -m <role module> ...``) with stdin and stdout pipes."""
+        ...
+
+    def reserve_port(self, address: str) -> HeldPort:
+        """Hold a port for a process this launcher starts later that binds it by number:
+        on ``address`` here, on the agent's own fabric address on its host."""
         ...
 
 
@@ -191,6 +211,9 @@ class LocalLauncher:
             # a secret reaches a child only when handed to it (the job token to a PS)
             env=child_environ(env, keep=(JOB_TOKEN_ENV,)) if env is not None else child_environ(),
         )
+
+    def reserve_port(self, address: str) -> PortReservation:
+        return PortReservation(address)
 
 
 LOCAL = LocalLauncher()

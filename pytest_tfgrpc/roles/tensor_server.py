@@ -33,7 +33,7 @@ import grpc
 from pytest_tfgrpc.native import ENGINES, NativeNotBuilt, binaries
 from pytest_tfgrpc.results import process_cpu_ns
 from pytest_tfgrpc.roles.idle import IDLE_STREAM_S, IdleWatch
-from pytest_tfgrpc.roles.parameter_server import ParameterServer
+from pytest_tfgrpc.roles.parameter_server import ParameterServer, refusing_malformed
 from pytest_tfgrpc.tuning.allocator import ALLOCATOR_POLICIES, allocator_settings, apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, parse_cpu_list, pin_process, require_allowed
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_size
@@ -294,9 +294,9 @@ class TensorService:
             grpc_settings.RAW_SERVICE if self.mode == "raw" else grpc_settings.PROTOBUF_SERVICE
         )
         unary: dict[str, Callable[[Any, Any], Any]] = {
-            "Echo": self.echo,
-            "Push": self.push,
-            "Pull": self.pull,
+            "Echo": _refusing(self.echo, "TensorProto"),
+            "Push": _refusing(self.push, "TensorProto"),
+            "Pull": _refusing(self.pull, "PullRequest"),
             "Status": self.status,
         }
         # Every method reads its requests as a stream under the idle bound.
@@ -305,12 +305,36 @@ class TensorService:
             name: grpc.stream_unary_rpc_method_handler(watch.first(fn))
             for name, fn in unary.items()
         }
-        handlers["EchoStream"] = grpc.stream_stream_rpc_method_handler(watch.each(self.echo_stream))
-        handlers["PushStream"] = grpc.stream_stream_rpc_method_handler(watch.each(self.push_stream))
-        handlers["PullStream"] = grpc.stream_stream_rpc_method_handler(
-            watch.first(self.pull_stream)
-        )
+        streams = {
+            "EchoStream": watch.each(_refusing_stream(self.echo_stream, "TensorProto")),
+            "PushStream": watch.each(_refusing_stream(self.push_stream, "TensorProto slice")),
+            "PullStream": watch.first(_refusing_stream(self.pull_stream, "PullRequest")),
+        }
+        for name, handle in streams.items():
+            handlers[name] = grpc.stream_stream_rpc_method_handler(handle)
         return grpc.method_handlers_generic_handler(service, handlers)
+
+
+def _refusing(fn: Callable[[Any, Any], Any], message: str) -> Callable[[Any, Any], Any]:
+    """``fn`` refusing a request it cannot decode: INVALID_ARGUMENT naming ``message``."""
+
+    def handle(request: Any, context: grpc.ServicerContext) -> Any:
+        with refusing_malformed(context, message):
+            return fn(request, context)
+
+    return handle
+
+
+def _refusing_stream(
+    fn: Callable[[Any, Any], Iterator[bytes]], message: str
+) -> Callable[[Any, Any], Iterator[bytes]]:
+    """:func:`_refusing` for a handler whose replies are a stream."""
+
+    def handle(request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        with refusing_malformed(context, message):
+            yield from fn(request, context)
+
+    return handle
 
 
 def build_server(

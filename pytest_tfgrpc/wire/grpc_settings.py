@@ -74,6 +74,10 @@ MAX_CONNECTION_IDLE_MS: Final = 300_000
 #: (REFUSED_STREAM): a stranger's rapid reset (CVE-2023-44487) or idle streams on one
 #: connection hold at most this many calls. A benchmark client makes one or two calls at a time
 #: on a connection (``streams=N`` opens N connections); gRPC clients queue calls beyond.
+#: A call counts until grpcio releases it: a call cancelled while queued for a thread is
+#: released once a thread has seen it (:mod:`pytest_tfgrpc.roles.idle` breaks the reference
+#: cycle grpcio makes of it, which would keep it until the cyclic collector ran), so a client's
+#: connection whose calls expired behind a stranger's idle streams is answered again after.
 MAX_STREAMS_PER_CONNECTION: Final = 16
 
 

@@ -22,6 +22,7 @@ loops, never inside them.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -170,9 +171,9 @@ class LinkState:
 @dataclass(frozen=True)
 class Reading:
     """What one host saw at one moment (``at_ns``, its monotonic clock): the sockets of the
-    endpoint, its fabric's link, the host's retransmitted segments so far (all connections;
-    None where ``/proc/net/snmp`` cannot be read), and ``cpu_wait_ns``, the run-queue wait so
-    far of a role's process there (:func:`run_queue_wait_ns`; None where none was asked for
+    endpoint, its fabric's link, the host's retransmitted segments so far (all connections; None
+    where ``/proc/net/snmp`` cannot be read or was not), and ``cpu_wait_ns``, the run-queue wait
+    so far of a role's process there (:func:`run_queue_wait_ns`; None where none was asked for
     or it cannot be read)."""
 
     at_ns: int
@@ -261,21 +262,34 @@ class _OpenFiles:
     makes their text anew at offset 0), which saves an open and a close per read; a file
     that fails to read is closed and forgotten (its thread or interface is gone)."""
 
+    #: The most files kept open: the oldest is closed to open one more (a process's threads
+    #: that ended without a reader seeing it).
+    LIMIT = 128
+
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()  # an agent reads from several threads
 
     def read(self, path: str) -> bytes:
         with self._lock:
-            fd = self._fds.get(path)
-            if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            fd = self._fds.pop(path, None)
+            if fd is not None:
+                try:
+                    data = os.pread(fd, 1 << 16, 0)
+                    self._fds[path] = fd
+                    return data
+                except OSError:  # gone, or made anew under its name (an interface): reopen
+                    os.close(fd)
+            if len(self._fds) >= self.LIMIT:
+                os.close(self._fds.pop(next(iter(self._fds))))
+            fd = os.open(path, os.O_RDONLY)
             try:
-                return os.pread(fd, 1 << 16, 0)
+                data = os.pread(fd, 1 << 16, 0)
             except OSError:
-                del self._fds[path]
                 os.close(fd)
                 raise
+            self._fds[path] = fd
+            return data
 
     def forget(self, paths: Iterable[str]) -> None:
         """Close ``paths`` (threads that ended)."""
@@ -285,10 +299,44 @@ class _OpenFiles:
                 if fd is not None:
                     os.close(fd)
 
-    def close(self) -> None:
-        with self._lock:
-            while self._fds:
-                os.close(self._fds.popitem()[1])
+
+class _Kernel:
+    """This process's netlink sockets (socket diagnostics, routing), their receive buffer and
+    its open ``/proc`` and ``/sys`` files, shared by all its readers: made once, where a
+    reader per measured size would open them all again (two sockets, a 128 KiB buffer
+    faulted in anew, a file per thread read). Requests on the sockets are serialised by
+    ``lock``; sequence numbers are this process's."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.seq = 0
+        try:
+            self.diag = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        except (OSError, AttributeError) as exc:
+            raise TelemetryError(f"cannot open netlink for socket diagnostics: {exc}") from None
+        try:
+            self.route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        except OSError as exc:
+            self.diag.close()
+            raise TelemetryError(f"cannot open rtnetlink for qdiscs: {exc}") from None
+        self.lock = threading.Lock()
+        self.buffer = bytearray(1 << 17)
+        self.files = _OpenFiles()
+
+
+_kernel: _Kernel | None = None
+_kernel_lock = threading.Lock()
+
+
+def _shared_kernel() -> _Kernel:
+    """This process's :class:`_Kernel`, made at its first use (and again in a forked child,
+    which must not share its parent's netlink sockets). Raises :class:`TelemetryError`
+    where netlink cannot be opened (not Linux)."""
+    global _kernel
+    with _kernel_lock:
+        if _kernel is None or _kernel.pid != os.getpid():
+            _kernel = _Kernel()
+        return _kernel
 
 
 def own_connections(port: int) -> tuple[tuple[str, str], ...]:
@@ -328,17 +376,26 @@ def _text_end(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: An IPv6 address that carries an IPv4 one (``::ffff:a.b.c.d``) starts so.
+_MAPPED = b"\0" * 10 + b"\xff\xff"
 
 
-def _parse_end(text: str) -> tuple[_Address, int]:
-    """The address (an IPv4-mapped one as IPv4) and port of ``address:port``/``[v6]:port``;
-    ValueError for anything else."""
+def _parse_end(text: str) -> tuple[int, bytes, int]:
+    """The family, packed address (an IPv4-mapped one as IPv4) and port of
+    ``address:port``/``[v6]:port``; ValueError for anything else."""
     host, _, port = text.rpartition(":")
-    address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address, int(port)
+    host = host.strip("[]").split("%", 1)[0]
+    try:
+        return socket.AF_INET, socket.inet_pton(socket.AF_INET, host), int(port)
+    except OSError:
+        pass
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, host)
+    except OSError:
+        raise ValueError(f"no address: {text!r}") from None
+    if packed.startswith(_MAPPED):
+        return socket.AF_INET, packed[12:], int(port)
+    return socket.AF_INET6, packed, int(port)
 
 
 def _exact(client: str, server: str) -> list[tuple[bytes, bool]]:
@@ -346,17 +403,16 @@ def _exact(client: str, server: str) -> list[tuple[bytes, bool]]:
     (``address:port`` each), by their addresses and ports (no cookie): the client's end
     (False), then the server's (True). Empty for ends that do not parse or mix families."""
     try:
-        (near, near_port), (far, far_port) = _parse_end(client), _parse_end(server)
+        (family, near, near_port), (other, far, far_port) = _parse_end(client), _parse_end(server)
     except ValueError:
         return []
-    if near.version != far.version:
+    if family != other:
         return []
-    family = socket.AF_INET if near.version == 4 else socket.AF_INET6
-    request = _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=False)
+    request = _lookup_template(family)
 
-    def lookup(src: _Address, sport: int, dst: _Address, dport: int) -> bytes:
-        sockid = struct.pack(">HH", sport, dport) + src.packed.ljust(16, b"\0")
-        sockid += dst.packed.ljust(16, b"\0") + struct.pack("=I", 0) + _NO_COOKIE
+    def lookup(src: bytes, sport: int, dst: bytes, dport: int) -> bytes:
+        sockid = struct.pack(">HH", sport, dport) + src.ljust(16, b"\0")
+        sockid += dst.ljust(16, b"\0") + struct.pack("=I", 0) + _NO_COOKIE
         at = _REQUEST_SOCKID
         return request[:at] + sockid + request[at + len(sockid) :]
 
@@ -428,28 +484,21 @@ class TelemetryReader:
 
     def __init__(self, interface: str | None = None) -> None:
         self.interface = interface
-        self._seq = 0
-        try:
-            self._diag = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
-        except (OSError, AttributeError) as exc:
-            raise TelemetryError(f"cannot open netlink for socket diagnostics: {exc}") from None
-        try:
-            self._route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-        except OSError as exc:
-            self._diag.close()
-            raise TelemetryError(f"cannot open rtnetlink for qdiscs: {exc}") from None
-        # One request at a time per socket (an agent answers from several threads).
-        self._lock = threading.Lock()
-        self._buffer = bytearray(1 << 17)
+        self._kernel = _shared_kernel()
         #: Per endpoint, the sockets its last discovery found: (family, the encoded lookup
         #: request of the socket, server side).
         self._known: dict[tuple[str, int], list[tuple[int, bytes, bool]]] = {}
         #: Per endpoint, the connections opened in the namespace before its last discovery.
         self._opened: dict[tuple[str, int], int | None] = {}
-        self._qdisc_request = _encoded(tcmsg(), RTM_GETQDISC, dump=True)
+        self._qdisc_request = _qdisc_request()
+        #: Per interface, what does not change while a reader lives: its index and the
+        #: speed its driver reports (None where it reports none, as ``lo``, whose file
+        #: fails to read every time).
+        self._static: dict[str, tuple[int, int | None]] = {}
         #: Whether the kernel takes the one-walk discovery of both families.
         self._any = True
-        self._files = _OpenFiles()
+        self._files = self._kernel.files
+        self._lock = self._kernel.lock
         #: Per process read, the ``schedstat`` files of its threads last read.
         self._threads: dict[int, list[str]] = {}
 
@@ -458,12 +507,13 @@ class TelemetryReader:
         (returned in order)."""
         seqs = []
         batch = bytearray()
+        kernel = self._kernel
         for request in requests:
-            self._seq = (self._seq + 1) & 0xFFFFFFFF
-            seqs.append(self._seq)
+            kernel.seq = (kernel.seq + 1) & 0xFFFFFFFF
+            seqs.append(kernel.seq)
             head = len(batch)
             batch += request
-            struct.pack_into("=I", batch, head + 8, self._seq)
+            struct.pack_into("=I", batch, head + 8, kernel.seq)
         sock.send(batch)
         return seqs
 
@@ -474,8 +524,8 @@ class TelemetryReader:
         out: dict[int, Any] = {seq: [] for seq in seqs}
         pending = set(seqs)
         while pending:
-            size = sock.recv_into(self._buffer)
-            data = bytes(self._buffer[:size])
+            size = sock.recv_into(self._kernel.buffer)
+            data = bytes(self._kernel.buffer[:size])
             offset = 0
             while offset + 16 <= size:
                 length, kind, _, seq, _ = struct.unpack_from("=IHHII", data, offset)
@@ -551,8 +601,8 @@ class TelemetryReader:
             return []
         try:
             with self._lock:
-                seqs = self._send(self._diag, [request for request, _ in requests])
-                answers = self._answers(self._diag, seqs, dump=False)
+                seqs = self._send(self._kernel.diag, [request for request, _ in requests])
+                answers = self._answers(self._kernel.diag, seqs, dump=False)
         except OSError as exc:
             raise TelemetryError(f"socket diagnostics: {exc}") from None
         found: list[tuple[TcpState, bytes]] = []
@@ -597,14 +647,15 @@ class TelemetryReader:
         try:
             if self._any:
                 try:
-                    raw = self._dump(self._diag, _port_dump_any(port))
+                    raw = self._dump(self._kernel.diag, _port_dump_any(port))
                 except TelemetryError:
                     self._any = False
             if not self._any:
                 families = (
                     (socket.AF_INET6,) if ":" in address else (socket.AF_INET, socket.AF_INET6)
                 )
-                raw = [d for f in families for d in self._dump(self._diag, _port_dump(f, port))]
+                diag = self._kernel.diag
+                raw = [d for f in families for d in self._dump(diag, _port_dump(f, port))]
         except OSError as exc:
             raise TelemetryError(f"socket diagnostics: {exc}") from None
         found: list[TcpState] = []
@@ -626,13 +677,17 @@ class TelemetryReader:
         where = f"/sys/class/net/{interface}/"
         read = self._files.read
         try:
-            index = int(read(where + "ifindex"))
+            static = self._static.get(interface)
+            if static is None:
+                static = int(read(where + "ifindex")), _speed_bps(interface, _read_small)
+                self._static[interface] = static
+            index, speed = static
             counters = {name: int(read(f"{where}statistics/{name}")) for name in _COUNTERS}
         except (OSError, ValueError) as exc:
             raise TelemetryError(f"interface {interface!r}: {exc}") from None
         kind, drops, rate = "", 0, None
         try:
-            raw = self._dump(self._route, self._qdisc_request)
+            raw = self._dump(self._kernel.route, self._qdisc_request)
         except (OSError, TelemetryError):
             raw = []  # counters without the qdisc rather than nothing
         for data in raw:
@@ -657,19 +712,30 @@ class TelemetryReader:
             qdisc=kind,
             qdisc_drops=drops,
             tbf_rate_Bps=rate,
-            speed_bps=_speed_bps(interface, read),
+            speed_bps=speed,
         )
 
     def read(
         self, address: str, port: int, *, discover: bool = True, clients: Clients | None = None
     ) -> Reading:
         """One :class:`Reading` of the endpoint ``address:port`` and this reader's fabric
-        (``discover`` and ``clients``: as for :meth:`sockets`)."""
+        (``discover`` and ``clients``: as for :meth:`sockets`); without ``discover`` its
+        ``host_retransmits`` is None (not read)."""
         at = time.monotonic_ns()
-        retransmits, opened = _tcp_mib(self._files.read)
+        # The host's counters where connections may be found anew (their open count says
+        # whether any was opened since), not for a lookup of known ones.
+        retransmits, opened = _tcp_mib(self._files.read) if discover else (None, None)
         sockets = self._sockets(address, port, discover, opened, clients)
         link = self.link(self.interface) if self.interface else None
         return Reading(at, sockets, link, retransmits)
+
+    def counters(self, *, host: bool = True) -> Reading:
+        """This host's counters now, without sockets: its fabric's link and, with ``host``,
+        its retransmitted segments (``/proc/net/snmp``)."""
+        at = time.monotonic_ns()
+        retransmits = _tcp_mib(self._files.read)[0] if host else None
+        link = self.link(self.interface) if self.interface else None
+        return Reading(at, (), link, retransmits)
 
     def run_queue_wait_ns(self, pid: int) -> int | None:
         """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads."""
@@ -681,9 +747,12 @@ class TelemetryReader:
         return None if paths is None else _waited(paths, self._files.read)
 
     def close(self) -> None:
-        self._diag.close()
-        self._route.close()
-        self._files.close()
+        """Close the files of the processes this reader read that have ended since (the
+        netlink sockets and other files stay open for the process's next reader)."""
+        with self._lock:
+            threads, self._threads = self._threads, {}
+        gone = [paths for pid, paths in threads.items() if not os.path.exists(f"/proc/{pid}")]
+        self._files.forget(path for paths in gone for path in paths)
 
     def __enter__(self) -> TelemetryReader:
         return self
@@ -721,10 +790,30 @@ def _request_for(family: int) -> Any:
     return request
 
 
+@functools.cache
+def _lookup_template(family: int) -> bytes:
+    """``family``'s lookup request (``inet_diag_req_v2``, no socket id yet), encoded by
+    pyroute2 once per process: its encoder takes about 250 us a message, a copy with the
+    socket id put in place a microsecond."""
+    return _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=False)
+
+
+@functools.cache
+def _dump_template(family: int) -> bytes:
+    """``family``'s dump request, encoded once per process (as :func:`_lookup_template`)."""
+    return _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=True)
+
+
+@functools.cache
+def _qdisc_request() -> bytes:
+    """The dump request of every qdisc (``RTM_GETQDISC``), encoded once per process."""
+    return _encoded(tcmsg(), RTM_GETQDISC, dump=True)
+
+
 def _lookup(family: int, answer: bytes) -> bytes:
     """The encoded lookup request of the socket a raw ``inet_diag_msg`` answer describes: its
     socket id (ports, addresses, interface, cookie) taken back as it came."""
-    request = _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=False)
+    request = _lookup_template(family)
     at = _REQUEST_SOCKID
     return request[:at] + answer[_SOCKID:_SOCKID_END] + request[at + _SOCKID_END - _SOCKID :]
 
@@ -751,8 +840,7 @@ def _with_length(message: bytes) -> bytes:
 
 def _port_dump(family: int, port: int) -> bytes:
     """An encoded dump request of ``family``'s TCP sockets with ``port`` at either end."""
-    request = _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=True)
-    return _with_length(request + _port_filter(port))
+    return _with_length(_dump_template(family) + _port_filter(port))
 
 
 def _port_dump_any(port: int) -> bytes:

@@ -124,7 +124,7 @@ class Provision:
     ``placement`` the test's model profile placed on it (made once per test; None without a
     profile). ``ps_launchers`` / ``worker_launchers``: where PS task ``i`` (a tensor server is
     PS 0) and worker ``j`` run, through node agents on other hosts; empty: on this host. Only
-    an engine whose :attr:`Engine.runs_on_agents` is true is handed launchers.
+    an engine whose :attr:`Engine.agent_roles` names agent programs is handed launchers.
     ``delay_s``: fault injection, every reply of a tensor server held back that long (seconds;
     ``--tfgrpc-server-delay``); only an engine whose :attr:`Engine.injects_delay` is true is
     asked for one.
@@ -311,12 +311,13 @@ class Engine(ABC):
     #: The engine's name: what ``tfgrpc_engines(...)`` and ``--tfgrpc-engines`` select, the
     #: ``engine`` setting of its results and, when a test runs several, a test id part.
     name: ClassVar[str] = ""
-    #: Whether its servers are the plugin's Python roles, which other hosts run: started
-    #: there through node agents (``--tfgrpc-agents``, handed as :class:`Provision`
-    #: launchers), or already serving there as a cluster spec's ``tfgrpc-server`` tasks
-    #: (``--tfgrpc-cluster``). When false, a test that would start them through agents fails
-    #: at setup, before any agent is dialled, and a cluster spec is not used for it.
-    runs_on_agents: ClassVar[bool] = False
+    #: Which node-agent programs run its processes on other hosts (``--tfgrpc-agents``, handed
+    #: as :class:`Provision` launchers): ``grpcio`` or ``native`` (the plugin's own roles,
+    #: whose tensor servers a cluster spec's ``tfgrpc-server`` tasks can also stand for,
+    #: ``--tfgrpc-cluster``), or ``tensorflow`` (TensorFlow's tasks, on agents started with
+    #: ``--tf-python``). An agent runs nothing else, so for None (any other engine) a test
+    #: that would start processes through agents fails at setup, before any agent is dialled.
+    agent_roles: ClassVar[str | None] = None
     #: Whether its tensor servers hold replies back by :attr:`Provision.delay_s` (fault
     #: injection, ``--tfgrpc-server-delay``); the fixture refuses a delay to other engines.
     injects_delay: ClassVar[bool] = False
@@ -324,6 +325,11 @@ class Engine(ABC):
     def unavailable(self) -> str | None:
         """Why this engine cannot run here (a missing library), or None; tests that select
         an unavailable engine are skipped with this reason."""
+        return None
+
+    def check_usable(self) -> None:
+        """Raise :class:`EngineError` if this run's settings (its TLS, say) rule the engine
+        out; called before a server or cluster is placed or started. Nothing, by default."""
         return None
 
     def settings(self) -> Mapping[str, str]:

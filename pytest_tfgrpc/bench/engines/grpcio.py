@@ -40,17 +40,13 @@ class LoopEngine(Engine):
     parallel streams (:func:`~pytest_tfgrpc.bench.streams.p2p_bandwidth_streams`) and the
     workers of its PS benchmarks, which run on the plugin's Python PS tasks
     (:class:`PSCluster`; their results record the workers' engine). The grpcio and native
-    engines; a subclass sets those two attributes, and :meth:`check_usable` if the run's
-    settings can rule it out."""
+    engines; a subclass sets those two attributes (and :attr:`~Engine.agent_roles` to the
+    implementation), and :meth:`~Engine.check_usable` if the run's settings can rule it out."""
 
     loops: ClassVar[ModuleType]
     #: What its tensor server, stream clients and PS workers are: ``grpcio`` (Python) or
     #: ``native`` (C++), as :data:`pytest_tfgrpc.native.ENGINES` names them.
     implementation: ClassVar[str] = "grpcio"
-
-    def check_usable(self) -> None:
-        """Raise :class:`EngineError` if this run's settings rule the engine out; called
-        before it starts a tensor server or measures. Nothing rules this one out."""
 
     def start_server(self, provision: Provision) -> ServerProcess:
         """The engine's tensor server as ``provision`` asks (:func:`start_tensor_server`), on
@@ -141,5 +137,5 @@ class GrpcioEngine(LoopEngine):
 
     name = "grpcio"
     loops: ClassVar[ModuleType] = p2p
-    runs_on_agents: ClassVar[bool] = True
+    agent_roles: ClassVar[str | None] = "grpcio"
     injects_delay: ClassVar[bool] = True

@@ -31,7 +31,7 @@ class NativeEngine(LoopEngine):
     name = "native"
     loops: ClassVar[ModuleType] = native_p2p
     implementation: ClassVar[str] = "native"
-    runs_on_agents: ClassVar[bool] = True
+    agent_roles: ClassVar[str | None] = "native"
 
     def unavailable(self) -> str | None:
         """Why it cannot run: not built for this plugin version and source (the message names

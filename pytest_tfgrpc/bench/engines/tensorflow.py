@@ -17,15 +17,21 @@ master's ``RunGraph`` call to each task); the result records that cost's median
 (``tf_step_overhead_p50_ns``: steps on a one-element variable). ``mode`` and ``rpc`` do not
 apply (TensorFlow decides how a tensor crosses); results record ``mode=tensorproto`` and
 ``rpc=RecvTensor``. Without TensorFlow the engine is unavailable and its tests skip.
+
+With node agents (``--tfgrpc-agents``), its tasks run on the agents' hosts, by each host's
+TensorFlow Python (``tfgrpc-node --tf-python``): a P2P test's PS task on the first agent's
+host and its worker here (the measuring end, as the other engines' clients); a cluster's PS
+tasks and worker each on the hosts ``ps_cluster`` places them on. Results record
+``ps_engine`` and ``workers_engine`` (``tensorflow``) and where each task ran (``ends``).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pytest_tfgrpc.bench.engines.base import (
     Engine,
@@ -43,8 +49,8 @@ from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.model.placement import Topology
 from pytest_tfgrpc.ps.tf_cluster import TFCluster, find_tf_python
 from pytest_tfgrpc.results import BenchmarkResult
+from pytest_tfgrpc.roles.processes import LOCAL
 from pytest_tfgrpc.roles.tf_task import flat_variable
-from pytest_tfgrpc.wire.fabric import Fabric
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import tls_mode
 from pytest_tfgrpc.wire.tensors import Tensor
@@ -65,6 +71,7 @@ class TensorFlowEngine(Engine):
     """TensorFlow's gRPC runtime: ``tf.distribute.Server`` PS and worker tasks."""
 
     name = "tensorflow"
+    agent_roles: ClassVar[str | None] = "tensorflow"
 
     def __init__(self, tf_python: str | None = None) -> None:
         self._python, self._why = find_tf_python(tf_python)
@@ -72,28 +79,39 @@ class TensorFlowEngine(Engine):
     def unavailable(self) -> str | None:
         return None if self._python is not None else self._why
 
-    def _cluster(
-        self, fabric: Fabric, topology: Topology, env: Mapping[str, str] | None
-    ) -> TFCluster:
-        if self._python is None:
-            raise EngineError(f"engine 'tensorflow': {self._why}")
+    def check_usable(self) -> None:
+        """:class:`EngineError` under TLS: ``tf.distribute.Server``'s ``grpc`` protocol has
+        no TLS settings, so its tasks would talk plaintext while the run promises TLS."""
         if tls_mode() != "off":
-            # tf.distribute.Server's "grpc" protocol has no TLS settings: its tasks would
-            # talk plaintext while the run promises TLS.
             raise EngineError(
                 "engine 'tensorflow': TensorFlow's gRPC server (tf.distribute.Server) has no "
                 "TLS settings, and this run uses TLS (--tfgrpc-tls-*): drop one of them"
             )
+
+    def _cluster(self, provision: Provision, topology: Topology, worker_here: bool) -> TFCluster:
+        if self._python is None:
+            raise EngineError(f"engine 'tensorflow': {self._why}")
+        self.check_usable()
+        workers = provision.worker_launchers
         try:
-            return TFCluster(self._python, env, fabric=fabric, topology=topology).start()
+            return TFCluster(
+                self._python,
+                provision.env,
+                fabric=provision.fabric,
+                topology=topology,
+                ps_launchers=provision.ps_launchers or (LOCAL,),
+                worker_launcher=LOCAL if worker_here or not workers else workers[0],
+            ).start()
         except ValueError as exc:
             raise EngineError(f"engine 'tensorflow': {exc}") from None
 
     def start_server(self, provision: Provision) -> TFCluster:
-        return self._cluster(provision.fabric, Topology(1, 1), provision.env)
+        """PS task 0 (the server) where ``provision`` places a tensor server, and the
+        worker, which measures, here."""
+        return self._cluster(provision, Topology(1, 1), worker_here=True)
 
     def start_cluster(self, provision: Provision) -> TFCluster:
-        return self._cluster(provision.fabric, provision.topology, provision.env)
+        return self._cluster(provision, provision.topology, worker_here=False)
 
     def _measure(
         self,
@@ -133,7 +151,9 @@ class TensorFlowEngine(Engine):
         self, cluster: EngineCluster, variables: Sequence[PSVariable], *, mode: str, run: RunSpec
     ) -> Measured:
         spec = [[v.name, v.ps, list(v.shape), v.dtype] for v in variables]
-        return self._measure(cluster, "ps", spec, run)
+        measured = self._measure(cluster, "ps", spec, run)
+        roles = {"ps_engine": self.name, "workers_engine": self.name}
+        return replace(measured, settings={**measured.settings, **roles})
 
     def _check_sizes(self, sizes: Sequence[Message]) -> None:
         for message in sizes:

@@ -73,6 +73,16 @@ class RoleStart(_message.Message):
     tls: bool
     def __init__(self, driver: _Optional[str] = ..., role: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., engine: _Optional[str] = ..., tls: _Optional[bool] = ...) -> None: ...
 
+class Reservation(_message.Message):
+    __slots__ = ("port", "address", "expires_s")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_S_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    address: str
+    expires_s: float
+    def __init__(self, port: _Optional[int] = ..., address: _Optional[str] = ..., expires_s: _Optional[float] = ...) -> None: ...
+
 class RoleInput(_message.Message):
     __slots__ = ("start", "stdin")
     START_FIELD_NUMBER: _ClassVar[int]
@@ -140,18 +150,20 @@ class InterfaceCounters(_message.Message):
     def __init__(self, fabric: _Optional[str] = ..., rx_bytes: _Optional[int] = ..., tx_bytes: _Optional[int] = ..., rx_dropped: _Optional[int] = ..., tx_dropped: _Optional[int] = ..., rx_errors: _Optional[int] = ..., tx_errors: _Optional[int] = ..., qdisc: _Optional[str] = ..., qdisc_drops: _Optional[int] = ..., tbf_rate_Bps: _Optional[int] = ..., speed_bps: _Optional[int] = ...) -> None: ...
 
 class TelemetryRequest(_message.Message):
-    __slots__ = ("driver", "address", "port", "discover", "pid")
+    __slots__ = ("driver", "address", "port", "discover", "pid", "connections")
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     DISCOVER_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     driver: str
     address: str
     port: int
     discover: bool
     pid: int
-    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ..., pid: _Optional[int] = ...) -> None: ...
+    connections: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, driver: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., discover: _Optional[bool] = ..., pid: _Optional[int] = ..., connections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TcpSocket(_message.Message):
     __slots__ = ("local", "remote", "server_side", "retransmits", "data_segs_out", "bytes_sent", "bytes_acked", "bytes_retrans", "bytes_received", "rtt_us", "rttvar_us", "cwnd", "delivery_rate_Bps", "dsack_dups")

@@ -55,6 +55,11 @@ class NodeAgentStub:
                 request_serializer=tfgrpc_dot_agent__pb2.RoleInput.SerializeToString,
                 response_deserializer=tfgrpc_dot_agent__pb2.RoleOutput.FromString,
                 _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/tfgrpc.NodeAgent/Reserve',
+                request_serializer=tfgrpc_dot_agent__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=tfgrpc_dot_agent__pb2.Reservation.FromString,
+                _registered_method=True)
         self.Counters = channel.unary_unary(
                 '/tfgrpc.NodeAgent/Counters',
                 request_serializer=tfgrpc_dot_agent__pb2.LeaseRequest.SerializeToString,
@@ -100,6 +105,15 @@ class NodeAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reserve(self, request, context):
+        """Hold a port of the agent's fabric address for a role this driver starts later, one that
+        binds a port by number (TensorFlow's tasks: every task's host:port is in the cluster spec
+        each of them starts with). Held until that role ends, the lease ends, or 60 s unused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Counters(self, request, context):
         """Byte counters of the agent's fabric interface.
         """
@@ -137,6 +151,11 @@ def add_NodeAgentServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=tfgrpc_dot_agent__pb2.RoleInput.FromString,
                     response_serializer=tfgrpc_dot_agent__pb2.RoleOutput.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=tfgrpc_dot_agent__pb2.LeaseRequest.FromString,
+                    response_serializer=tfgrpc_dot_agent__pb2.Reservation.SerializeToString,
             ),
             'Counters': grpc.unary_unary_rpc_method_handler(
                     servicer.Counters,
@@ -257,6 +276,33 @@ class NodeAgent:
             '/tfgrpc.NodeAgent/Run',
             tfgrpc_dot_agent__pb2.RoleInput.SerializeToString,
             tfgrpc_dot_agent__pb2.RoleOutput.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfgrpc.NodeAgent/Reserve',
+            tfgrpc_dot_agent__pb2.LeaseRequest.SerializeToString,
+            tfgrpc_dot_agent__pb2.Reservation.FromString,
             options,
             channel_credentials,
             insecure,

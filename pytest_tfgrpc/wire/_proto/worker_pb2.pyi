@@ -116,8 +116,10 @@ class Hello(_message.Message):
     def __init__(self, pid: _Optional[int] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("connections",)
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    connections: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, connections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerFailed(_message.Message):
     __slots__ = ("error",)
@@ -162,20 +164,22 @@ class Listening(_message.Message):
     def __init__(self, address: _Optional[str] = ...) -> None: ...
 
 class AllReduceReply(_message.Message):
-    __slots__ = ("samples_ns", "checked", "cpu_user_ns", "cpu_system_ns", "machine", "cpus")
+    __slots__ = ("samples_ns", "checked", "cpu_user_ns", "cpu_system_ns", "machine", "cpus", "tls")
     SAMPLES_NS_FIELD_NUMBER: _ClassVar[int]
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     CPU_USER_NS_FIELD_NUMBER: _ClassVar[int]
     CPU_SYSTEM_NS_FIELD_NUMBER: _ClassVar[int]
     MACHINE_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
     samples_ns: _containers.RepeatedScalarFieldContainer[int]
     checked: int
     cpu_user_ns: int
     cpu_system_ns: int
     machine: str
     cpus: int
-    def __init__(self, samples_ns: _Optional[_Iterable[int]] = ..., checked: _Optional[int] = ..., cpu_user_ns: _Optional[int] = ..., cpu_system_ns: _Optional[int] = ..., machine: _Optional[str] = ..., cpus: _Optional[int] = ...) -> None: ...
+    tls: str
+    def __init__(self, samples_ns: _Optional[_Iterable[int]] = ..., checked: _Optional[int] = ..., cpu_user_ns: _Optional[int] = ..., cpu_system_ns: _Optional[int] = ..., machine: _Optional[str] = ..., cpus: _Optional[int] = ..., tls: _Optional[str] = ...) -> None: ...
 
 class FromWorker(_message.Message):
     __slots__ = ("hello", "ready", "failed", "throughput", "sync_sgd", "listening", "allreduce")
