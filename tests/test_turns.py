@@ -47,7 +47,12 @@ def test_a_side_that_closes_lets_the_other_run_free() -> None:
         b = TurnClient(turnstile.path, "B", 5.0)
         a.take()
         b_done = threading.Event()
-        threading.Thread(target=lambda: (b.take(), b_done.set())).start()
+
+        def b_round() -> None:
+            b.take()
+            b_done.set()
+
+        threading.Thread(target=b_round).start()
         time.sleep(0.1)
         assert not b_done.is_set()  # A holds the turn: B waits
         a.close()  # A finished (or died)
