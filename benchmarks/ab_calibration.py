@@ -102,10 +102,15 @@ BIN = Path(sys.executable).parent
 RUN_OPTIONS = ("--tfgrpc-iterations=2000", "--tfgrpc-warmup=100", "--tfgrpc-max-seconds=10")
 #: Only the tfgrpc plugin: the environment's other pytest plugins (xdist, benchmark, ...)
 #: cost start-up time in every run and measure nothing here.
-PLUGINS = tuple(
-    word
-    for name in ("cacheprovider", "xdist", "benchmark", "rerunfailures")
-    for word in ("-p", f"no:{name}")
+#: ``-o addopts=``: the project's own ``--dist worksteal`` needs xdist.
+PLUGINS = (
+    "-o",
+    "addopts=",
+    *(
+        word
+        for name in ("cacheprovider", "xdist", "benchmark", "rerunfailures")
+        for word in ("-p", f"no:{name}")
+    ),
 )
 RUN_TIMEOUT_S = 120.0
 #: The neighbour stops itself after this long, should this script be killed outright.
