@@ -651,6 +651,7 @@ def p2p_latency_pair(
         order = list(range(count))
         shuffle = random.Random(count).shuffle
         for round_index in range(run.round_count):
+            take_turn()
             spec = run.round_spec(round_index)
             for index in order:
                 if progress is not None and round_index == 0:
