@@ -17,9 +17,9 @@ free), and a side waits for a grant at most :data:`ENV_TIMEOUT`'s seconds, then 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import selectors
+import shutil
 import socket
 import sys
 import tempfile
@@ -174,10 +174,8 @@ class Turnstile:
         self._selector.close()
         for sock in (self._listener, self._stop_r, self._stop_w):
             sock.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        with contextlib.suppress(OSError):
-            os.rmdir(self._dir)
+        # the directory also holds what the sides put there (tfgrpc-ab: their host locks)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def turns(self) -> list[Turn]:
         with self._lock:
