@@ -65,3 +65,16 @@ def link() -> Iterator[VethLink]:
         pytest.skip(reason)
     with veth_link() as made:
         yield made
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n N``, work stealing rather than xdist's default ``load``: a worker that runs
+    out of tests takes half of the other's queue ("load" left it idle while the other still
+    had tests queued behind a long one, such as a 30 s fault row). Here, not in pyproject's
+    ``addopts``: the example suites run from this directory without xdist installed."""
+    chose = any(
+        arg == "--dist" or arg.startswith(("--dist=", "-d"))
+        for arg in config.invocation_params.args
+    )
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist") == "load" and not chose:
+        config.option.dist = "worksteal"
