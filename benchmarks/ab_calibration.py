@@ -368,8 +368,16 @@ class Calibration:
     """The runs of one calibration and what it says, in ``work``; every line said goes to
     ``out`` and stdout."""
 
-    def __init__(self, work: Path, out: TextIO, seed: int, interleave: str = "runs") -> None:
+    def __init__(
+        self,
+        work: Path,
+        out: TextIO,
+        seed: int,
+        interleave: str = "runs",
+        fixed_delays: Mapping[str, str] | None = None,
+    ) -> None:
         self.work, self.out, self.interleave = work, out, interleave
+        self.fixed_delays = dict(fixed_delays or {})
         self.coin = random.Random(seed)
         self.walls: list[float] = []
         self.commands: dict[str, list[str]] = {"A": side(), "A'": side()}
@@ -422,6 +430,21 @@ class Calibration:
             self.say("# no sizing run measured a p50: cannot size the slowdowns")
             return False
         p50_us = statistics.median(values) / 1e3
+        if self.fixed_delays:
+            missing = [f"x{r}" for r in ratios if f"x{r}" not in self.fixed_delays]
+            if missing:
+                self.say(f"# --delay given for some sides only: none for {', '.join(missing)}")
+                return False
+            for label, delay in self.fixed_delays.items():
+                self.commands[label] = side((f"--tfgrpc-server-delay={delay}",))
+            self.say(
+                f"# sizing: median 1 KiB p50 of {len(values)} unchanged runs {p50_us:.1f} us; "
+                "delays given (--delay), not probed: "
+                + ", ".join(
+                    f"{label}'s server delayed {d}" for label, d in self.fixed_delays.items()
+                )
+            )
+            return True
         probed: dict[float, float] = {}
 
         def probe(delay_us: float) -> None:
@@ -505,10 +528,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="runs: a pair's sides one after the other; rounds: each compared side at once "
         "with an A run of its own, rounds in lockstep (tfgrpc-ab --interleave rounds)",
     )
+    parser.add_argument(
+        "--delay",
+        action="append",
+        default=[],
+        metavar="LABEL=DELAY",
+        help="give a slowed side its server delay instead of probing for it (x1.2=52us); the "
+        "trials' pairs still report the ratio they got",
+    )
     parser.add_argument("--no-example", action="store_true", help="skip the example's timing")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--probe-child", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    fixed_delays = dict(given.partition("=")[::2] for given in args.delay)
+    for label, delay in fixed_delays.items():
+        if label not in ("x1.2", "x1.1") or not delay:
+            parser.error(f"--delay {label}={delay}: LABEL is x1.2 or x1.1, DELAY as 52us")
     if args.probe_child is not None:
         return probe_child(args.probe_child)
     trials = args.trials or (2 if args.quick else 20)
@@ -522,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     neighbour = Neighbour()
     with open(out_path, "w") as out, tempfile.TemporaryDirectory(prefix="tfgrpc-ab-cal-") as tmp:
-        cal = Calibration(Path(tmp), out, args.seed, args.interleave)
+        cal = Calibration(Path(tmp), out, args.seed, args.interleave, fixed_delays)
         say = cal.say
         try:
             say(f"# benchmarks/ab_calibration.py {' '.join(argv or sys.argv[1:])}".rstrip())
