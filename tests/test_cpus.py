@@ -769,7 +769,13 @@ def cpu_gone(request, tfgrpc):
 
 def threads_cpus():
     # Every thread's CPUs (those started meanwhile too): this process's CPUs, all of them.
-    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+    cpus = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            cpus.add(frozenset(os.sched_getaffinity(int(task))))
+        except ProcessLookupError:
+            continue  # a thread that ended since the listing
+    return cpus
 
 @pytest.mark.parametrize("cpu_gone", ["server"], indirect=True)
 def test_server_cpu_gone(cpu_gone, tensor_server):
