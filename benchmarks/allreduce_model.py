@@ -144,7 +144,7 @@ def cluster_of(
     token_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    pki = issue_certificates(hosts, token_file.parent) if tls else {}
+    pki = tls_files(hosts, token_file.parent) if tls else {}
     agent_tls = None
     if tls:
         driver = pki["_driver"]
@@ -169,26 +169,15 @@ def cluster_of(
     )
 
 
-def issue_certificates(hosts: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
-    """A fresh CA in ``where``, and a certificate for each host's address (and this driver's,
-    ``_driver``) that it signed, as ``tests/test_allreduce_emulated.py``'s hosts get them."""
+def tls_files(hosts: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
+    """A fresh CA in ``where`` and a certificate for each host's address and this driver's
+    (``_driver``), as ``tests/test_allreduce_emulated.py``'s hosts get them."""
+    from pytest_tfgrpc.hosts.emulated import issue_certificates
+
     try:
-        import trustme
+        return issue_certificates(hosts, where)
     except ImportError:
         raise SystemExit("--tls needs trustme (the dev extra: pip install -e '.[dev]')") from None
-    ca = trustme.CA()
-    ca_path = where / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_path))
-    out = {}
-    names = [("_driver", hosts.driver_address), *((h.name, h.address) for h in hosts.hosts)]
-    for name, address in names:
-        leaf = ca.issue_cert(address, *([] if name.startswith("_") else [name]))
-        cert, key = where / f"{name}.pem", where / f"{name}-key.pem"
-        leaf.private_key_pem.write_to_path(str(key))
-        for i, pem in enumerate(leaf.cert_chain_pems):
-            pem.write_to_path(str(cert), append=i > 0)
-        out[name] = TlsFiles(str(cert), str(key), str(ca_path))
-    return out
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_tfgrpc.wire.security import TlsFiles
 
 __all__ = [
     "AGENT_MODULE",
@@ -215,6 +218,30 @@ class EmulatedFabric:
                 wrong.append(f"namespace {host.netns!r}")
         if wrong:
             raise ValueError(f"fabric state {self.name!r} names {', '.join(wrong)}: not its own")
+
+
+def issue_certificates(fabric: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
+    """A fresh CA in ``where`` (``ca.pem``), and a certificate for each host's address, named
+    for the host too, and one for the driver's address (``_driver``), that the CA signed: the
+    mutual-TLS files of a run across ``fabric``, by host name. Needs ``trustme`` (the dev
+    extra): raises :class:`ImportError` without it."""
+    import trustme
+
+    from pytest_tfgrpc.wire.security import TlsFiles
+
+    ca = trustme.CA()
+    ca_path = where / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    out = {}
+    names = [("_driver", fabric.driver_address), *((h.name, h.address) for h in fabric.hosts)]
+    for name, address in names:
+        leaf = ca.issue_cert(address, *([] if name.startswith("_") else [name]))
+        cert, key = where / f"{name}.pem", where / f"{name}-key.pem"
+        leaf.private_key_pem.write_to_path(str(key))
+        for i, pem in enumerate(leaf.cert_chain_pems):
+            pem.write_to_path(str(cert), append=i > 0)
+        out[name] = TlsFiles(str(cert), str(key), str(ca_path))
+    return out
 
 
 def parse_hosts(text: str, default_rate: str | None = None) -> tuple[HostSpec, ...]:

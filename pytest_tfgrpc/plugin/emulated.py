@@ -65,22 +65,10 @@ class EmulatedHosts:
 
 def _issue(fabric: EmulatedFabric, where: Path) -> dict[str, TlsFiles]:
     """A CA, and a certificate for each host's address (and the driver's) that it signed."""
-    trustme = pytest.importorskip("trustme", reason="tls=True needs trustme (the dev extra)")
-    from pytest_tfgrpc.wire.security import TlsFiles
+    pytest.importorskip("trustme", reason="tls=True needs trustme (the dev extra)")
+    from pytest_tfgrpc.hosts.emulated import issue_certificates
 
-    ca = trustme.CA()
-    ca_path = where / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_path))
-    out = {}
-    names = [("_driver", fabric.driver_address), *((h.name, h.address) for h in fabric.hosts)]
-    for name, address in names:
-        leaf = ca.issue_cert(address, *([] if name.startswith("_") else [name]))
-        cert, key = where / f"{name}.pem", where / f"{name}-key.pem"
-        leaf.private_key_pem.write_to_path(str(key))
-        for i, pem in enumerate(leaf.cert_chain_pems):
-            pem.write_to_path(str(cert), append=i > 0)
-        out[name] = TlsFiles(str(cert), str(key), str(ca_path))
-    return out
+    return issue_certificates(fabric, where)
 
 
 def build_emulated_hosts(
