@@ -645,16 +645,24 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         stopped = self._stop_driver(driver, f"driver {driver} released its lease")
         return agent_pb2.LeaseReply(lease_s=0.0, processes=stopped)
 
+    def _live_lease(self, driver: str, context: grpc.ServicerContext) -> _Lease | None:
+        """``driver``'s lease while it runs (call with ``self._lock`` held); otherwise the call
+        is aborted ``FAILED_PRECONDITION`` and None returned."""
+        lease = self._leases.get(driver)
+        if lease is None or lease.expires < time.monotonic() or self._closing.is_set():
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"driver {driver} holds no lease here: send Heartbeat first",
+            )
+            return None
+        return lease
+
     def Reserve(self, request: Any, context: grpc.ServicerContext) -> Any:
         driver = self._driver(request.driver, context)
         address = self.fabric.address
         with self._lock:
-            lease = self._leases.get(driver)
-            if lease is None or lease.expires < time.monotonic() or self._closing.is_set():
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"driver {driver} holds no lease here: send Heartbeat first",
-                )
+            lease = self._live_lease(driver, context)
+            if lease is None:
                 return None
             held = sum(each.held() for each in self._leases.values())
             if held >= MAX_PROCESSES:
@@ -750,12 +758,8 @@ class AgentServer(agent_pb2_grpc.NodeAgentServicer):
         except RoleError as exc:
             context.abort(exc.code, str(exc))
         with self._lock:
-            lease = self._leases.get(driver)
-            if lease is None or lease.expires < time.monotonic() or self._closing.is_set():
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"driver {driver} holds no lease here: send Heartbeat first",
-                )
+            lease = self._live_lease(driver, context)
+            if lease is None:
                 return
             reservation, gate = None, None
             if port is not None:  # TensorFlow's task: the port it was given is held for it
