@@ -252,9 +252,14 @@ def test_two(tfgrpc, tensor_server):
 def test_slow(fabric, n):
     # a server of its own alive when the signal comes (tensor_server would hold the
     # measurement lock under xdist, and the other tests would wait for it)
+    from pathlib import Path
     from pytest_tfgrpc.roles.processes import ServerProcess
     with ServerProcess.start(fabric):
-        time.sleep(30)
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:  # the signal reached the process running this test
+            Path("interrupted-%d" % n).write_text(repr(time.monotonic()))
+            raise
 """
 
 CRASH = """
@@ -1616,7 +1621,15 @@ class Case:
     junit: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     results: int | None = None
     seconds: float | None = None
+    #: At least this many of ``SLOW``'s sleeping tests took the signal as an interrupt within
+    #: ``INTERRUPTED_WITHIN_S`` of it (each leaves ``{tmp}/interrupted-N`` holding the
+    #: monotonic time): under pytest-xdist, proof that the workers got the signal, since
+    #: without it pytest-xdist interrupts them only some 5 s later.
+    interrupted: int = 0
 
+
+#: How soon after the signal a sleeping test must take it as an interrupt (seen: 13 ms).
+INTERRUPTED_WITHIN_S = 3.0
 
 FAIL_SETUP = ("*ERROR at setup*",)
 CASES: tuple[Case, ...] = (
@@ -2191,7 +2204,8 @@ def test_no_client_cert():
         junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",), "test_two[lo]": ()},
         results=2,
         absent=("*INTERNALERROR*",),
-        seconds=60,
+        seconds=15,  # after the signal; the slow tests would sleep 30 s more
+        interrupted=1,
     ),
     Case(
         "sigterm-mid-session-xdist",
@@ -2203,7 +2217,8 @@ def test_no_client_cert():
         ret=None,
         results=2,
         absent=("*INTERNALERROR*",),
-        seconds=20,  # workers get the signal too, not only the controller
+        seconds=15,  # after the signal
+        interrupted=1,  # workers get it too, not only the controller
         junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
     ),
     *(
@@ -2220,10 +2235,11 @@ def test_no_client_cert():
             junit={"test_one[lo]": ("tfgrpc.p2p_latency.4B.*",)},
             results=2,
             seconds=seconds,
+            interrupted=1,
         )
         for suffix, extra, needs, seconds in (
-            ("", (), (), 60),
-            ("-xdist", ("-n", "2"), ("xdist",), 30),
+            ("", (), (), 15),
+            ("-xdist", ("-n", "2"), ("xdist",), 15),
         )
     ),
     Case(
@@ -2237,7 +2253,7 @@ def test_no_client_cert():
         ret=None,
         results=2,
         no_junit=True,
-        seconds=60,
+        seconds=15,
     ),
     Case(
         "xdist-worker-crash",
@@ -2982,6 +2998,10 @@ class Outcome:
     seconds: float
     xml: Path
     results: Path
+    #: Seconds from the signal (``sigterm_after``) to the run's end; None where none was sent.
+    after_signal: float | None = None
+    #: The monotonic time the signal was sent; None where none was.
+    signalled: float | None = None
 
 
 def _needs(case: Case) -> None:
@@ -3036,17 +3056,21 @@ def _run(case: Case, world: World, tmp: Path, store: Path) -> Outcome:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    signalled = None
     if case.sigterm_after is not None:
-        _signal_when(proc, results, case.sigterm_after, case.kill_signal)
+        signalled = _signal_when(proc, results, case.sigterm_after, case.kill_signal)
+    limit = case.seconds if case.seconds and signalled is None else 300
     try:
-        out, _ = proc.communicate(timeout=case.seconds or 300)
+        out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{case.id}: still running after {case.seconds or 300} s:\n{out.decode()}")
-    seconds = time.monotonic() - start
+        pytest.fail(f"{case.id}: still running after {limit} s:\n{out.decode()}")
+    end = time.monotonic()
     _no_process_left(tag, case.id)
-    return Outcome(proc.returncode, out.decode("utf-8", "replace"), seconds, xml, results)
+    after_signal = None if signalled is None else end - signalled
+    text = out.decode("utf-8", "replace")
+    return Outcome(proc.returncode, text, end - start, xml, results, after_signal, signalled)
 
 
 def _baselines(case: Case, world: World, tmp: Path, env: Mapping[str, str], store: Path) -> None:
@@ -3114,13 +3138,14 @@ def _plant(kind: str, tmp: Path) -> None:
         os.chown(planted, 12345, 12345)
 
 
-def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> None:
+def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> float:
+    """Send ``signum`` once the results file holds ``lines`` lines; the monotonic time it went."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if results.exists() and len(results.read_text().splitlines()) >= lines:
             time.sleep(0.5)  # inside the slow test now
             proc.send_signal(signum)
-            return
+            return time.monotonic()
         time.sleep(0.1)
     pytest.fail(f"the results file never reached {lines} lines")
 
@@ -3199,14 +3224,28 @@ def _check(case: Case, world: World, outcome: Outcome) -> str:
         assert len(lines) >= case.results, f"{len(lines)} results lines:\n{text}"
         for line in lines:
             json.loads(line)
+    if case.interrupted:
+        assert outcome.signalled is not None
+        late = {
+            p.name: float(p.read_text()) - outcome.signalled
+            for p in world.tmp.glob("interrupted-*")
+        }
+        prompt = [name for name, after in late.items() if after < INTERRUPTED_WITHIN_S]
+        assert len(prompt) >= case.interrupted, f"interrupted (s after the signal): {late}:\n{text}"
     if case.seconds is not None:
-        assert outcome.seconds < case.seconds
+        took, since = outcome.seconds, "its start"
+        if outcome.after_signal is not None:
+            took, since = outcome.after_signal, "the signal"
+        assert took < case.seconds, f"{case.id}: ended {took:.1f} s after {since}:\n{text}"
     for name in case.unchanged:
         assert (world.tmp / name).read_text() == world.fill(case.files[name]), f"{name} changed"
     first = next(
         (line for line in text.splitlines() if line.startswith(("E ", "ERROR", "FAILED"))), ""
     )
-    return f"exit {outcome.ret} in {outcome.seconds:.1f} s; {first.strip()[:160]}"
+    signalled = (
+        "" if outcome.after_signal is None else f" ({outcome.after_signal:.1f} s after the signal)"
+    )
+    return f"exit {outcome.ret} in {outcome.seconds:.1f} s{signalled}; {first.strip()[:160]}"
 
 
 _LOG = Path(os.environ.get("TFGRPC_FAULT_LOG", "")) if os.environ.get("TFGRPC_FAULT_LOG") else None
