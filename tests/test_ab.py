@@ -4,6 +4,7 @@ that says when it is blind."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -327,7 +328,7 @@ n=$(cat "$1" 2>/dev/null || echo 0); echo $((n + 1)) > "$1"; shift
 case " $MISBEHAVE " in
   *" hang:$n "*) exec sleep 600 ;;
   *" crash:$n "*) exit 3 ;;
-  *" wait:$n "*) : > waiting; exec sleep 600 ;;
+  *" wait:$n "*) echo $$ > waiting; exec sleep 600 ;;
 esac
 for word; do case $word in --junitxml=*) cp run.xml "${word#--junitxml=}" ;; esac; done
 """
@@ -446,6 +447,45 @@ def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
     assert "test_perf.test_a[lo]  p2p_latency  lo      1KiB  p50" in out
     assert "FAILED: interrupted (Ctrl-C): the pairs measured so far are reported" in out
     assert not (pytester.path / "runs" / "b-04.xml").exists()
+
+
+@pytest.mark.parametrize("ending", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_the_running_side_as_ctrl_c_does(
+    pytester: pytest.Pytester, ending: str
+) -> None:
+    """A CI timeout or a cancelled job (SIGTERM) and a closed terminal (SIGHUP) end tfgrpc-ab
+    as Ctrl-C does: the running side is stopped, not left running on in its own session."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    a, b = fake_sides(pytester, b="wait:3")
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest_tfgrpc.cli.ab",
+        *("--pairs", "4", "--dir", "runs", "--a", a, "--b", b),
+    ]
+    proc = subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    waiting = pytester.path / "waiting"
+    deadline = time.monotonic() + 60
+    while not (waiting.exists() and waiting.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    side = int(waiting.read_text())
+    try:
+        proc.send_signal(getattr(signal, ending))
+        out, _ = proc.communicate(timeout=60)
+        time.sleep(0.2)
+        with pytest.raises(ProcessLookupError):  # the side's sleep ended with tfgrpc-ab
+            os.kill(side, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(side, signal.SIGKILL)
+    assert proc.returncode == 2, out
+    assert "tfgrpc-ab: 3 of 4 pairs usable, 0 broken, interrupted after pair 3" in out
+    assert f"FAILED: interrupted ({ending}): the pairs measured so far are reported" in out
 
 
 def _turns(path: Path) -> list[tuple[str, float, float]]:

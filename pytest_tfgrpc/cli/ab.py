@@ -11,7 +11,8 @@ regression (or what ``--inconclusive fail``, ``--mismatch fail``, ``--missing fa
 fail), 2 bad input (a bad option, too few usable pairs) or an interrupted run. Every run is
 bounded by ``--timeout``; a run that times out, crashes or writes no usable JUnit breaks its
 pair, which is counted, named and left out. Ctrl-C stops the running side and reports the
-pairs measured so far.
+pairs measured so far; SIGTERM (a CI timeout, a cancelled job) and SIGHUP (a closed terminal)
+do the same.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from types import FrameType
+from typing import Any, TextIO
 
 from pytest_tfgrpc.cli.arguments import bounded
 from pytest_tfgrpc.cli.compare import (
@@ -55,6 +58,11 @@ _USABLE_EXITS = (0, 1)
 STOP_GRACE_S = 20.0
 DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_TURN_S = 120.0
+#: Signals that stop tfgrpc-ab as Ctrl-C does. Each side runs in a session of its own (so that
+#: its whole process group can be stopped), which no signal to tfgrpc-ab reaches: left at their
+#: default, these would end tfgrpc-ab at once and leave the running side measuring on.
+_ENDING = (signal.SIGTERM, signal.SIGHUP)
+_SIGNAL_NAMES = frozenset(signal.Signals(s).name for s in _ENDING)
 
 
 @dataclass(frozen=True)
@@ -268,13 +276,36 @@ def write_turns(turns: Sequence[Turn], path: Path) -> None:
     path.write_text("".join(f"{t.side} {t.granted:.6f} {t.released:.6f}\n" for t in turns))
 
 
+def _ending_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    for ending in _ENDING:
+        signal.signal(ending, signal.SIG_DFL)  # a second signal ends tfgrpc-ab at once
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _ending_signals_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt (named by the signal), as
+    Ctrl-C does, where no one else handles them; their handlers are restored after."""
+    taken: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in _ENDING:
+            if signal.getsignal(signum) is signal.SIG_DFL:  # someone else's handler: theirs wins
+                taken[signum] = signal.signal(signum, _ending_as_interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in taken.items():
+            signal.signal(signum, handler)
+
+
 @dataclass
 class _Progress:
     pairs: list[Pair]
     broken: list[Broken]
     sources: list[tuple[Path, Path]]
     notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
+    #: What interrupted the pairs ("Ctrl-C", "SIGTERM", "SIGHUP"), or "".
+    interrupted: str = ""
 
 
 def _run_pairs(
@@ -327,8 +358,8 @@ def _run_pairs(
                 done.sources.append(
                     (directory / f"a-{index:02d}.xml", directory / f"b-{index:02d}.xml")
                 )
-    except KeyboardInterrupt:
-        done.interrupted = True
+    except KeyboardInterrupt as stop:
+        done.interrupted = str(stop) if str(stop) in _SIGNAL_NAMES else "Ctrl-C"
     return done
 
 
@@ -378,7 +409,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     print(f"{PROG}: B = {shlex.join(sides['B'].argv)}", file=stdout, flush=True)
     started = time.monotonic()
     turn_s = args.turn_timeout if args.interleave == "rounds" else None
-    done = _run_pairs(sides, order, directory, args.timeout, stdout, turn_s)
+    with _ending_signals_interrupt():
+        done = _run_pairs(sides, order, directory, args.timeout, stdout, turn_s)
     elapsed = time.monotonic() - started
     measured = f"{len(done.pairs)} of {args.pairs} pairs usable, {len(done.broken)} broken"
     if done.interrupted:
@@ -417,7 +449,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print(f"{PROG}: error: cannot write the outputs: {error}", file=stderr)
         return EXIT_BAD_INPUT
     if done.interrupted:
-        failures.append("interrupted (Ctrl-C): the pairs measured so far are reported")
+        failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")
     lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
     print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)
