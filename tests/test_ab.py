@@ -328,6 +328,7 @@ n=$(cat "$1" 2>/dev/null || echo 0); echo $((n + 1)) > "$1"; shift
 case " $MISBEHAVE " in
   *" hang:$n "*) exec sleep 600 ;;
   *" crash:$n "*) exit 3 ;;
+  *" segv:$n "*) kill -SEGV $$ ;;
   *" wait:$n "*) echo $$ > waiting; exec sleep 600 ;;
 esac
 for word; do case $word in --junitxml=*) cp run.xml "${word#--junitxml=}" ;; esac; done
@@ -336,7 +337,7 @@ for word; do case $word in --junitxml=*) cp run.xml "${word#--junitxml=}" ;; esa
 
 def fake_sides(pytester: pytest.Pytester, **misbehave: str) -> tuple[str, str]:
     """The --a and --b commands of two canned sides (the same 1 KiB run, recorded once); each
-    side's calls (from 0) in ``misbehave``: ``hang:1``, ``crash:2``, ``wait:3``."""
+    side's calls (from 0) in ``misbehave``: ``hang:1``, ``crash:2``, ``segv:2``, ``wait:3``."""
     from test_compare import write_junit
 
     rounds = "p50=" + ",".join(["300000"] * 5)
@@ -359,7 +360,16 @@ def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
     code, out = ab(pytester.path, "--pairs", "5", "--timeout", "3", "--a", a, "--b", b)
     assert "tfgrpc-ab: 3 of 5 pairs usable, 2 broken" in out, out
     assert "broken: pair 2: side B ran past --timeout 3 s and was stopped" in out
-    assert "broken: pair 3: side B exited 3 (pytest: not a run of tests" in out
+    log = pytester.path / "runs" / "b-03.log"
+    assert f"broken: pair 3: side B exited 3 (pytest: internal error; output: {log})" in out
+    assert code == 0, out
+
+
+def test_a_side_killed_by_a_signal_is_named_so(pytester: pytest.Pytester) -> None:
+    a, b = fake_sides(pytester, b="segv:1")
+    code, out = ab(pytester.path, "--pairs", "4", "--a", a, "--b", b)
+    log = pytester.path / "runs" / "b-02.log"
+    assert f"broken: pair 2: side B was killed by SIGSEGV (output: {log})" in out, out
     assert code == 0, out
 
 

@@ -189,6 +189,22 @@ def _start(
             return f"could not start {argv[0]!r}: {error.strerror or error}"
 
 
+#: What pytest's exit statuses other than 0 and 1 mean (pytest.ExitCode).
+_PYTEST_EXITS = {
+    2: "pytest: interrupted, or errors while collecting",
+    3: "pytest: internal error",
+    4: "pytest: usage error",
+    5: "pytest: no tests collected",
+}
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _finish(
     process: subprocess.Popen[bytes], junit: Path, log: Path, timeout: float, limit: float
 ) -> tuple[Baseline | None, str]:
@@ -200,8 +216,11 @@ def _finish(
     except KeyboardInterrupt:
         _stop(process, signal.SIGINT)
         raise
+    if code < 0:
+        return None, f"was killed by {_signal_name(-code)} (output: {log})"
     if code not in _USABLE_EXITS:
-        return None, f"exited {code} (pytest: not a run of tests; output: {log})"
+        meaning = _PYTEST_EXITS.get(code, "not a pytest exit status")
+        return None, f"exited {code} ({meaning}; output: {log})"
     try:
         run = load_baseline(junit)
     except BaselineError as error:
