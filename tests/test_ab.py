@@ -498,6 +498,39 @@ def test_sigterm_and_sighup_stop_the_running_side_as_ctrl_c_does(
     assert f"FAILED: interrupted ({ending}): the pairs measured so far are reported" in out
 
 
+def test_a_second_run_in_the_same_dir_is_refused_naming_the_first(
+    pytester: pytest.Pytester,
+) -> None:
+    """Two runs writing a-01.xml, b-01.xml ... into one --dir would delete and read each
+    other's runs: the second stops at start, and the first goes on untouched."""
+    import subprocess
+    import time
+
+    a, b = fake_sides(pytester, b="wait:0")
+    argv = [sys.executable, "-m", "pytest_tfgrpc.cli.ab", "--pairs", "3", "--dir", "runs"]
+    first = subprocess.Popen(
+        [*argv, "--a", a, "--b", b], cwd=pytester.path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (pytester.path / "waiting").exists() and time.monotonic() < deadline:
+            assert first.poll() is None
+            time.sleep(0.05)
+        before = sorted(p.name for p in (pytester.path / "runs").iterdir())
+        out = io.StringIO()
+        code = ab_main(["--pairs", "3", "--dir", "runs", "--a", a, "--b", a], out=out)
+        assert code == 2, out.getvalue()
+        assert (
+            f"tfgrpc-ab: error: --dir runs: in use by another tfgrpc-ab (pid {first.pid}); "
+            "give each run its own --dir" in out.getvalue()
+        )
+        assert sorted(p.name for p in (pytester.path / "runs").iterdir()) == before
+        assert (pytester.path / "calls-a").read_text().strip() == "1"  # the second ran no side
+    finally:
+        first.terminate()
+        first.communicate(timeout=60)
+
+
 def _turns(path: Path) -> list[tuple[str, float, float]]:
     lines = path.read_text().splitlines()
     return [(s, float(g), float(r)) for s, g, r in (line.split() for line in lines)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import random
 import shlex
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="tfgrpc-ab",
         metavar="DIR",
         help="where each run's JUnit XML and output go (default ./tfgrpc-ab): a-01.xml, "
-        "a-01.log, b-01.xml, ...",
+        "a-01.log, b-01.xml, ...; one tfgrpc-ab at a time (a second one given the same "
+        "directory stops at start)",
     )
     add_gate_options(parser)
     parser.add_argument(
@@ -393,6 +395,26 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
         print(f"warning: {line}", file=out)
 
 
+#: In --dir: held (flock) by the tfgrpc-ab writing its runs there, with its pid inside.
+DIR_LOCK = ".tfgrpc-ab.lock"
+
+
+def _lock_dir(directory: Path) -> int | str:
+    """Take ``directory``'s :data:`DIR_LOCK`: its open descriptor (close it to let go), or
+    who holds it (``pid N``). Two runs in one directory would delete and read each other's
+    runs. Raises OSError where the file cannot be opened."""
+    fd = os.open(directory / DIR_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return f"pid {holder}" if holder.isdigit() else "its pid unknown"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
     command = parse_gate_command(build_parser(), argv, out)
@@ -414,9 +436,31 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     directory = Path(args.dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        lock = _lock_dir(directory)
     except OSError as error:
         print(f"{PROG}: error: --dir {directory}: {error.strerror or error}", file=stderr)
         return EXIT_BAD_INPUT
+    if isinstance(lock, str):
+        print(
+            f"{PROG}: error: --dir {directory}: in use by another {PROG} ({lock}); "
+            "give each run its own --dir",
+            file=stderr,
+        )
+        return EXIT_BAD_INPUT
+    try:
+        return _run(args, tolerances, sides, directory, stdout, stderr)
+    finally:
+        os.close(lock)
+
+
+def _run(
+    args: argparse.Namespace,
+    tolerances: Mapping[str, float],
+    sides: dict[str, _Side],
+    directory: Path,
+    stdout: TextIO,
+    stderr: TextIO,
+) -> int:
     order = _order(args.pairs, args.order, args.seed)
     print(
         f"{PROG}: {args.pairs} pairs ({args.order} order, interleaved by "
