@@ -365,6 +365,37 @@ def test_broken_pairs_are_counted_and_named(pytester: pytest.Pytester) -> None:
     assert code == 0, out
 
 
+def test_pairs_stop_once_too_few_can_be_usable_and_the_error_leads_with_why(
+    pytester: pytest.Pytester,
+) -> None:
+    """A side that breaks every run (a suite that does not collect, no tfgrpc figures) is not
+    run again once the pairs left cannot make the paired test's three."""
+    a, b = fake_sides(pytester, b="crash:0 crash:1 crash:2 crash:3 crash:4")
+    out = io.StringIO()
+    code = ab_main(["--pairs", "5", "--dir", "runs", "--a", a, "--b", b], out=out)
+    text = out.getvalue()
+    assert code == 2, text
+    assert (pytester.path / "calls-b").read_text().strip() == "3", text
+    assert "tfgrpc-ab: 0 of 5 pairs usable, 3 broken, stopped: 2 pairs left" in text
+    assert (
+        "tfgrpc-ab: error: pair 1: side B exited 3 (pytest: internal error; output: "
+        "runs/b-01.log) (and 2 more broken pairs): 0 usable pairs, a paired test needs 3"
+    ) in text
+
+
+def test_a_side_that_names_no_command_stops_at_start(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, _ = fake_sides(pytester)
+    with pytest.raises(SystemExit) as stopped:
+        ab_main(["--pairs", "3", "--a", a, "--b", "main/.venv/bin/pytest -q"])
+    assert stopped.value.code == 2
+    assert (
+        "tfgrpc-ab: error: --b: no command 'main/.venv/bin/pytest' (not a file, or not executable)"
+    ) in capsys.readouterr().err
+    assert not (pytester.path / "calls-a").exists()
+
+
 def test_a_side_killed_by_a_signal_is_named_so(pytester: pytest.Pytester) -> None:
     a, b = fake_sides(pytester, b="segv:1")
     code, out = ab(pytester.path, "--pairs", "4", "--a", a, "--b", b)

@@ -23,6 +23,7 @@ import fcntl
 import os
 import random
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -327,6 +328,8 @@ class _Progress:
     notes: list[str] = field(default_factory=list)
     #: What interrupted the pairs ("Ctrl-C", "SIGTERM", "SIGHUP"), or "".
     interrupted: str = ""
+    #: Pairs not run: too few were left to make the paired test's pairs usable.
+    unrun: int = 0
 
 
 def _run_pairs(
@@ -379,6 +382,10 @@ def _run_pairs(
                 done.sources.append(
                     (directory / f"a-{index:02d}.xml", directory / f"b-{index:02d}.xml")
                 )
+            left = total - index
+            if left and len(done.pairs) + left < MIN_PAIRS:
+                done.unrun = left  # a side that breaks every run is not run on in vain
+                break
     except KeyboardInterrupt as stop:
         done.interrupted = str(stop) if str(stop) in _SIGNAL_NAMES else "Ctrl-C"
     return done
@@ -428,6 +435,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(f"--{name.lower()} {command!r}: {error}")
         if not words:
             parser.error(f"--{name.lower()}: an empty command")
+        if shutil.which(words[0]) is None:
+            parser.error(
+                f"--{name.lower()}: no command {words[0]!r} (not a file, or not executable)"
+            )
         if any(w.split("=")[0] in ("--junitxml", "--junit-xml") for w in words):
             parser.error(f"--{name.lower()}: leave --junitxml out: {PROG} adds its own per run")
         sides[name] = _Side(name, words)
@@ -478,14 +489,21 @@ def _run(
     measured = f"{len(done.pairs)} of {args.pairs} pairs usable, {len(done.broken)} broken"
     if done.interrupted:
         measured += f", interrupted after pair {len(done.pairs) + len(done.broken)}"
+    if done.unrun:
+        measured += f", stopped: {done.unrun} pairs left could not make {MIN_PAIRS} usable"
     print(f"{PROG}: {measured}; {elapsed:.1f} s", file=stdout)
     if len(done.pairs) < MIN_PAIRS:
         for broken in done.broken:
             print(f"broken: {broken.describe()}", file=stdout)
-        print(
-            f"{PROG}: error: {len(done.pairs)} usable pairs: a paired test needs {MIN_PAIRS}",
-            file=stderr,
-        )
+        too_few = f"{len(done.pairs)} usable pairs, a paired test needs {MIN_PAIRS}"
+        if done.interrupted:
+            cause = f"interrupted ({done.interrupted})"
+        elif done.broken:
+            more = len(done.broken) - 1
+            cause = done.broken[0].describe() + (f" (and {more} more broken pairs)" if more else "")
+        else:  # pragma: no cover - every pair is usable, broken or interrupted
+            cause = "no pairs"
+        print(f"{PROG}: error: {cause}: {too_few}", file=stderr)
         return EXIT_BAD_INPUT
     comparison = compare_pairs(done.pairs, tolerances, alpha=args.alpha)
     failures = gate_failures(
