@@ -600,3 +600,34 @@ def test_lockstep_fails_a_delay(pytester: pytest.Pytester) -> None:
     )
     assert code == 1, out
     assert "regression: test_perf.test_a[lo] on lo: p2p_latency 1KiB p50: +" in out
+
+
+def test_lockstep_names_a_side_that_took_no_turns(pytester: pytest.Pytester) -> None:
+    """A side whose rounds do not take turns (a pytest-tfgrpc older than lockstep, here one
+    that never sees the turnstile; the native engine) ran beside the other, not in turn: the
+    verdict must not pass for a lockstep one in silence."""
+    suite = pytester.makepyfile(test_perf=AB_SUITE)
+    side = pytest_command(suite, "-k", "test_a")
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--interleave", "rounds", "--max-regression", "50%"),
+        *("--a", side, "--b", f"env -u TFGRPC_AB_TURNS {side}"),
+    )
+    assert code == 0, out
+    assert "tfgrpc-ab: pair 1/3: A+B " in out and " turns, none by B: ok" in out, out
+    assert (
+        "warning: side B took no turns in pairs 1, 2, 3 while side A did: its rounds ran "
+        "beside A's, not in turn (a pytest-tfgrpc older than --interleave rounds, the native "
+        "engine, and PS, all-reduce and sync-SGD rounds take none); --interleave runs keeps the "
+        "sides apart"
+    ) in out
+
+
+def test_lockstep_pairs_with_no_turns_at_all_say_they_ran_at_once(
+    pytester: pytest.Pytester,
+) -> None:
+    a, b = fake_sides(pytester)  # canned runs: no rounds, no turns
+    code, out = ab(pytester.path, "--pairs", "3", "--interleave", "rounds", "--a", a, "--b", b)
+    assert code == 0, out
+    assert " 0 turns, none by A and B: ok" in out, out
+    assert "warning: neither side took a turn in pairs 1, 2, 3: their rounds ran at once (" in out

@@ -330,6 +330,8 @@ class _Progress:
     interrupted: str = ""
     #: Pairs not run: too few were left to make the paired test's pairs usable.
     unrun: int = 0
+    #: Lockstep pairs in which a side took no turn, by side ("A", "B", "A and B").
+    no_turns: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _run_pairs(
@@ -355,6 +357,10 @@ def _run_pairs(
                 )
                 write_turns(turns, directory / f"turns-{index:02d}.txt")
                 took.append(f"A+B {time.monotonic() - started:.1f} s, {len(turns)} turns")
+                idle = _took_no_turns(turns)
+                if idle:
+                    took[-1] += f", none by {idle}"
+                    done.no_turns.setdefault(idle, []).append(index)
                 for name, (run, why) in answers.items():
                     if run is None:
                         done.broken.append(Broken(index, name, why))
@@ -391,6 +397,12 @@ def _run_pairs(
     return done
 
 
+def _took_no_turns(turns: Sequence[Turn]) -> str:
+    """Which sides of a lockstep pair took no turn: "A", "B", "A and B", or ""."""
+    took = {turn.side for turn in turns}
+    return " and ".join(side for side in ("A", "B") if side not in took)
+
+
 def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
     for line in format_comparison(comparison):
         print(line, file=out)
@@ -398,6 +410,22 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
         print(f"broken: {broken.describe()}", file=out)
     for note in done.notes:
         print(f"note: {note}", file=out)
+    for idle, pairs in sorted(done.no_turns.items()):
+        which = ", ".join(map(str, pairs))
+        if idle in ("A", "B"):
+            other = "B" if idle == "A" else "A"
+            what = (
+                f"side {idle} took no turns in pairs {which} while side {other} did: its "
+                f"rounds ran beside {other}'s, not in turn"
+            )
+        else:
+            what = f"neither side took a turn in pairs {which}: their rounds ran at once"
+        print(
+            f"warning: {what} (a pytest-tfgrpc older than --interleave rounds, the native "
+            "engine, and PS, all-reduce and sync-SGD rounds take none); --interleave runs "
+            "keeps the sides apart",
+            file=out,
+        )
     for line in blind_pairs_warnings(comparison):
         print(f"warning: {line}", file=out)
 
