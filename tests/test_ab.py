@@ -631,3 +631,29 @@ def test_lockstep_pairs_with_no_turns_at_all_say_they_ran_at_once(
     assert code == 0, out
     assert " 0 turns, none by A and B: ok" in out, out
     assert "warning: neither side took a turn in pairs 1, 2, 3: their rounds ran at once (" in out
+
+
+@pytest.mark.parametrize("option", ["--junitxml", "--results", "--html"])
+def test_an_output_that_is_a_directory_stops_at_start_naming_the_option(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    """Found after every pair had run, it lost the run's outputs and masked its verdict."""
+    a, b = fake_sides(pytester)
+    (pytester.path / "out").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        ab_main(["--pairs", "3", "--dir", "runs", "--a", a, "--b", b, option, "out"])
+    assert stopped.value.code == 2
+    assert f"tfgrpc-ab: error: {option} out: a directory, not a file" in capsys.readouterr().err
+    assert not (pytester.path / "calls-a").exists()
+
+
+def test_an_output_that_cannot_be_written_is_named_after_the_verdict(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = fake_sides(pytester)
+    (pytester.path / "file").write_text("")
+    code = ab_main(["--pairs", "3", "--dir", "runs", "--a", a, "--b", b, "--html", "file/ab.html"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out.rstrip().endswith(": OK"), captured.out
+    assert "tfgrpc-ab: error: --html file/ab.html: cannot write it: " in captured.err

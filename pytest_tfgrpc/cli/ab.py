@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -430,6 +430,14 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
         print(f"warning: {line}", file=out)
 
 
+#: The output options, each with its writer.
+_OUTPUTS: tuple[tuple[str, Callable[[AbRun, str], object]], ...] = (
+    ("junitxml", write_junit),
+    ("results", write_results),
+    ("html", write_html),
+)
+
+
 #: In --dir: held (flock) by the tfgrpc-ab writing its runs there, with its pid inside.
 DIR_LOCK = ".tfgrpc-ab.lock"
 
@@ -470,6 +478,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if any(w.split("=")[0] in ("--junitxml", "--junit-xml") for w in words):
             parser.error(f"--{name.lower()}: leave --junitxml out: {PROG} adds its own per run")
         sides[name] = _Side(name, words)
+    for option, _ in _OUTPUTS:
+        path = getattr(args, option)
+        if path and Path(path).is_dir():
+            parser.error(f"--{option} {path}: a directory, not a file")
     if args.pairs < MIN_PAIRS:
         parser.error(f"--pairs {args.pairs}: a paired test needs {MIN_PAIRS} or more")
     directory = Path(args.dir)
@@ -547,21 +559,21 @@ def _run(
         latest_b=done.sources[-1][1],
         failures=tuple(failures),
     )
-    try:
-        if args.junitxml:
-            write_junit(run, args.junitxml)
-        if args.results:
-            write_results(run, args.results)
-        if args.html:
-            write_html(run, args.html)
-    except (OSError, BaselineError) as error:
-        print(f"{PROG}: error: cannot write the outputs: {error}", file=stderr)
-        return EXIT_BAD_INPUT
     if done.interrupted:
         failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")
     lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
     print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)
+    for option, write in _OUTPUTS:
+        path = getattr(args, option)
+        if not path:
+            continue
+        try:
+            write(run, path)
+        except (OSError, BaselineError) as error:
+            why = error.strerror if isinstance(error, OSError) and error.strerror else error
+            print(f"{PROG}: error: --{option} {path}: cannot write it: {why}", file=stderr)
+            return EXIT_BAD_INPUT
     if comparison.regressions or (failures and not done.interrupted):
         return EXIT_REGRESSION
     return EXIT_BAD_INPUT if done.interrupted else EXIT_OK
