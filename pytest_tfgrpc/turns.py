@@ -132,6 +132,21 @@ def leave() -> None:
         _client = None
 
 
+_SOCKET = "turns.sock"
+#: The longest path a unix socket binds to on Linux (``sun_path``: 108 bytes with its NUL).
+_SUN_PATH_MAX = 107
+
+
+def _socket_dir() -> str:
+    """A new private (0700) directory for the turnstile's socket: in the temporary directory,
+    or in /tmp where that one's path is too long for a socket (a CI runner's $TMPDIR)."""
+    made = tempfile.mkdtemp(prefix="tfgrpc-turns-")
+    if len(os.fsencode(os.path.join(made, _SOCKET))) <= _SUN_PATH_MAX or not os.path.isdir("/tmp"):
+        return made
+    os.rmdir(made)
+    return tempfile.mkdtemp(prefix="tfgrpc-turns-", dir="/tmp")
+
+
 class Turnstile:
     """The parent's end: grants turns to two sides, ``A`` and ``B``, strictly alternately.
 
@@ -142,10 +157,15 @@ class Turnstile:
 
     def __init__(self, hold_s: float) -> None:
         self._hold = hold_s
-        self._dir = tempfile.mkdtemp(prefix="tfgrpc-turns-")  # mode 0700
-        self.path = str(Path(self._dir) / "turns.sock")
+        self._dir = _socket_dir()
+        self.path = str(Path(self._dir) / _SOCKET)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
+        try:
+            self._listener.bind(self.path)
+        except OSError:
+            self._listener.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self._listener.listen(4)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from pytest_tfgrpc.turns import Turn, TurnClient, Turnstile
 
@@ -86,3 +89,23 @@ def test_a_side_without_a_turnstile_runs_free(tmp_path: Path) -> None:
     client = TurnClient(str(tmp_path / "absent.sock"), "A", 1.0)
     assert not client.joined
     client.take()  # no-op, no hang
+
+
+def test_a_temporary_directory_too_long_for_a_socket_falls_back_to_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unix socket's path holds at most 107 bytes: a CI runner's long $TMPDIR (a workspace
+    path) made ``tfgrpc-ab --interleave rounds`` end in a traceback, 'AF_UNIX path too long'."""
+    long = tmp_path / ("a directory name long enough " * 4).strip() / "for no unix socket to fit"
+    long.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    with Turnstile(hold_s=10.0) as turnstile:
+        assert len(turnstile.path.encode()) <= 107
+        assert stat.S_IMODE(Path(turnstile.path).parent.stat().st_mode) == 0o700
+        client = TurnClient(turnstile.path, "A", 20.0)
+        client.take()
+        client.close()
+        time.sleep(0.1)
+        assert [turn.side for turn in turnstile.turns()] == ["A"]
+    assert not Path(turnstile.path).parent.exists()
+    assert list(long.iterdir()) == []  # nothing left where the socket did not fit
