@@ -16,7 +16,8 @@ checked by ``tests/test_layers.py``; each subpackage's docstring says what it ho
 - ``tuning | native | model | wire``: CPU placement and allocator; the C++ engine's build and
   runner; model profiles, placement and the analytic model; what travels on the wire
 - ``results``: the result types
-- ``metrics``: the metric registry: every figure's name, unit, direction and gate test
+- ``metrics | runlock``: the metric registry: every figure's name, unit, direction and gate
+  test; the host's measurement lock (one measurement at a time, across runs and tfgrpc-ab)
 - ``stats | units | private_files | suggest | turns``: statistics of samples; units and their
   parsing; files kept in this user's private directory (the measurement lock); "did you
   mean ...?" for a mistyped name; lockstep turns between two runs (tfgrpc-ab)

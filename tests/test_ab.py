@@ -657,3 +657,36 @@ def test_an_output_that_cannot_be_written_is_named_after_the_verdict(
     assert code == 2
     assert captured.out.rstrip().endswith(": OK"), captured.out
     assert "tfgrpc-ab: error: --html file/ab.html: cannot write it: " in captured.err
+
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, b"other-run pid %d" % os.getpid(), 0)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+print(time.time(), flush=True)
+"""
+
+
+def test_lockstep_pairs_wait_for_another_runs_measurement_on_the_host(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In lockstep each side measures under a lock of its own (the host's would let one side's
+    whole run go first), so tfgrpc-ab holds the host's lock for the pair: another run's
+    measurement on the host (a pytest-tfgrpc run, another tfgrpc-ab) is not beside the pair."""
+    import subprocess
+
+    a, b = fake_sides(pytester)
+    lock = pytester.path / "host.lock"
+    monkeypatch.setenv("TFGRPC_HOST_LOCK", str(lock))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock), "1.5"], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    code, out = ab(pytester.path, "--pairs", "3", "--interleave", "rounds", "--a", a, "--b", b)
+    released = float(holder.communicate(timeout=30)[0])
+    assert code == 0, out
+    first = (pytester.path / "runs" / "a-01.xml").stat().st_mtime  # written at A's start
+    assert first >= released - 0.05, (first, released)

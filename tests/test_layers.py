@@ -20,7 +20,7 @@ LAYERS = (
     "roles",
     "tuning | native | model | wire",
     "results",
-    "metrics",
+    "metrics | runlock",
     "stats | units | private_files | suggest | turns",
 )
 LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"

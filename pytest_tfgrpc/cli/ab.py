@@ -48,6 +48,7 @@ from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, writ
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
 from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
 from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pairs
+from pytest_tfgrpc.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
 from pytest_tfgrpc.turns import ENV_PATH, ENV_SIDE, ENV_TIMEOUT, Turn, Turnstile
 
@@ -255,7 +256,29 @@ def run_lockstep(
     in lockstep through a :class:`~pytest_tfgrpc.turns.Turnstile` (turns bounded by
     ``turn_s``); each side's JUnit and output go to ``stems[side]`` + ``.xml`` / ``.log``,
     both stopped past ``timeout`` seconds. Returns each side's :func:`run_side` answer and
-    the turns granted, in order. Ctrl-C stops both sides and propagates."""
+    the turns granted, in order. The pair holds the host's measurement lock
+    (:mod:`pytest_tfgrpc.runlock`), each side one of its own. Ctrl-C stops both sides
+    and propagates."""
+    try:
+        # Each side measures under a lock of its own (below): the host's lock, held here for
+        # the pair, keeps every other run's measurement on this host from the pair's.
+        host = MeasurementLock(lock_path(), PROG, wait_s=lock_wait_s())
+        host.__enter__()
+    except (OSError, ValueError) as error:
+        why = f"did not start: no measurement lock on this host: {error}"
+        return {side: (None, why) for side in commands}, []
+    try:
+        return _lockstep(commands, stems, timeout, turn_s)
+    finally:
+        host.__exit__(None, None, None)
+
+
+def _lockstep(
+    commands: Mapping[str, Sequence[str]],
+    stems: Mapping[str, Path],
+    timeout: float,
+    turn_s: float,
+) -> tuple[dict[str, tuple[Baseline | None, str]], list[Turn]]:
     answers: dict[str, tuple[Baseline | None, str]] = {}
     with Turnstile(turn_s) as turnstile:
         processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -266,7 +289,7 @@ def run_lockstep(
                     {ENV_PATH: turnstile.path, ENV_SIDE: side, ENV_TIMEOUT: f"{turn_s + 30:g}"}
                 )
                 # The turnstile keeps the sides apart; the host's measurement lock
-                # (bench.runlock's $TFGRPC_HOST_LOCK) would let one side's whole run go first.
+                # (runlock's $TFGRPC_HOST_LOCK) would let one side's whole run go first.
                 env["TFGRPC_HOST_LOCK"] = str(Path(turnstile.path).parent / f"{side}.lock")
                 stem = stems[side]
                 started = _start(command, stem.with_suffix(".xml"), stem.with_suffix(".log"), env)

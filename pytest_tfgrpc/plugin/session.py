@@ -18,7 +18,6 @@ import pytest
 from _pytest.junitxml import xml_key
 
 from pytest_tfgrpc.bench.engines import EngineRegistry, EngineServer
-from pytest_tfgrpc.bench.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.bench.specs import RUN_SETTINGS, RunLayer, SpecError, run_layer
 from pytest_tfgrpc.hosts.agent_client import AgentError
 from pytest_tfgrpc.hosts.cluster_spec import ClusterSpec
@@ -34,6 +33,7 @@ from pytest_tfgrpc.report.record import has_figures, junit_test_id, read_record
 from pytest_tfgrpc.report.results_file import ResultLog
 from pytest_tfgrpc.report.tolerance import ToleranceError, parse_tolerances
 from pytest_tfgrpc.roles.processes import ServerError
+from pytest_tfgrpc.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.tuning.allocator import apply_policy
 from pytest_tfgrpc.tuning.cpus import CpuError, placement_setting, resolve_placement, use_placement
 from pytest_tfgrpc.units import UnitError, parse_duration_ns, parse_rate_Bps

@@ -1,4 +1,4 @@
-"""One measurement at a time on a host: across pytest-xdist workers and across runs.
+"""One measurement at a time on a host: across pytest-xdist workers, runs and tfgrpc-ab pairs.
 
 Processes measuring at once on the same machine share its cores and its network stack, so
 each would measure the other. Tests that start servers or measure hold one lock, a ``flock``
@@ -7,6 +7,8 @@ their setup to their teardown. The file lives in this user's private directory
 (:mod:`pytest_tfgrpc.private_files`), so no other user can plant a link there or hold the
 lock. The holder writes its run id and process id into the file, so that a test that had to
 wait can say whose measurement it waited for, and a wait that lasts too long names the holder.
+``tfgrpc-ab --interleave rounds`` holds it for each pair, whose two sides then measure under
+locks of their own.
 """
 
 from __future__ import annotations
