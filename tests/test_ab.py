@@ -296,6 +296,8 @@ def test_ab_of_one_version_against_itself_passes_and_writes_the_gates_outputs(
     assert out.rstrip().endswith(": OK")
     xml = (pytester.path / "ab.xml").read_text()
     assert 'name="tfgrpc.ab.pairs" value="3"' in xml
+    assert 'name="tfgrpc.ab.interleave" value="runs"' in xml
+    assert 'name="tfgrpc.ab.order" value="alternate"' in xml
     assert 'name="tfgrpc.p2p_latency.1KiB.p50.verdict" value="pass"' in xml
     records = [json.loads(line) for line in (pytester.path / "ab.jsonl").read_text().splitlines()]
     assert {r["test"] for r in records} == {"test_perf.test_a[lo]", "test_perf.test_b[lo]"}
@@ -627,10 +629,17 @@ def test_lockstep_pairs_with_no_turns_at_all_say_they_ran_at_once(
     pytester: pytest.Pytester,
 ) -> None:
     a, b = fake_sides(pytester)  # canned runs: no rounds, no turns
-    code, out = ab(pytester.path, "--pairs", "3", "--interleave", "rounds", "--a", a, "--b", b)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--interleave", "rounds", "--a", a, "--b", b, "--junitxml", "ab.xml"),
+    )
     assert code == 0, out
     assert " 0 turns, none by A and B: ok" in out, out
-    assert "warning: neither side took a turn in pairs 1, 2, 3: their rounds ran at once (" in out
+    warning = "neither side took a turn in pairs 1, 2, 3: their rounds ran at once ("
+    assert f"warning: {warning}" in out
+    xml = (pytester.path / "ab.xml").read_text()
+    assert 'name="tfgrpc.ab.interleave" value="rounds"' in xml
+    assert f'name="tfgrpc.ab.warning" value="{warning}' in xml
 
 
 @pytest.mark.parametrize("option", ["--junitxml", "--results", "--html"])

@@ -426,13 +426,9 @@ def _took_no_turns(turns: Sequence[Turn]) -> str:
     return " and ".join(side for side in ("A", "B") if side not in took)
 
 
-def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
-    for line in format_comparison(comparison):
-        print(line, file=out)
-    for broken in done.broken:
-        print(f"broken: {broken.describe()}", file=out)
-    for note in done.notes:
-        print(f"note: {note}", file=out)
+def _turn_warnings(done: _Progress) -> list[str]:
+    """One line per side (or both) that took no lockstep turns, naming the pairs."""
+    lines = []
     for idle, pairs in sorted(done.no_turns.items()):
         which = ", ".join(map(str, pairs))
         if idle in ("A", "B"):
@@ -443,12 +439,23 @@ def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
             )
         else:
             what = f"neither side took a turn in pairs {which}: their rounds ran at once"
-        print(
-            f"warning: {what} (a pytest-tfgrpc older than --interleave rounds, the native "
-            "engine, and PS, all-reduce and sync-SGD rounds take none); --interleave runs "
-            "keeps the sides apart",
-            file=out,
+        lines.append(
+            f"{what} (a pytest-tfgrpc older than --interleave rounds, the native engine, and "
+            "PS, all-reduce and sync-SGD rounds take none); --interleave runs keeps the sides "
+            "apart"
         )
+    return lines
+
+
+def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
+    for line in format_comparison(comparison):
+        print(line, file=out)
+    for broken in done.broken:
+        print(f"broken: {broken.describe()}", file=out)
+    for note in done.notes:
+        print(f"note: {note}", file=out)
+    for line in _turn_warnings(done):
+        print(f"warning: {line}", file=out)
     for line in blind_pairs_warnings(comparison):
         print(f"warning: {line}", file=out)
 
@@ -581,6 +588,9 @@ def _run(
         b_command=shlex.join(sides["B"].argv),
         latest_b=done.sources[-1][1],
         failures=tuple(failures),
+        interleave=args.interleave,
+        order=args.order,
+        warnings=tuple(_turn_warnings(done)),
     )
     if done.interrupted:
         failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")

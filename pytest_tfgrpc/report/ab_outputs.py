@@ -4,7 +4,8 @@ Each is what a gated pytest run writes, made from side B's most recent run: per 
 tfgrpc properties as that run recorded them, with the paired verdicts
 (:func:`~pytest_tfgrpc.report.compare.verdict_properties`) beside them, so every reader of a
 gated run (the HTML report, ``tfgrpc-compare``, a results-file history) reads these too. Run
-properties ``tfgrpc.ab.*`` say how many pairs were used, which broke, and the two commands.
+properties ``tfgrpc.ab.*`` say how many pairs were used, which broke, the two commands, how the
+pairs ran (interleave, order) and what the run warned of about that.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class AbRun:
     b_command: str
     latest_b: Path
     failures: tuple[str, ...] = ()
+    #: How the pairs ran: ``runs`` (one side after the other) or ``rounds`` (lockstep).
+    interleave: str = "runs"
+    #: Which side went first: ``alternate`` (A) or ``random`` (a seeded coin).
+    order: str = "alternate"
+    #: What the run warned of about how its pairs ran (a side that took no lockstep turns).
+    warnings: tuple[str, ...] = ()
 
     def run_properties(self) -> list[tuple[str, str]]:
         """The ``tfgrpc.ab.*`` properties, then side B's latest run metadata."""
@@ -49,9 +56,12 @@ class AbRun:
             (f"{AB_PREFIX}broken", str(len(self.broken))),
             (f"{AB_PREFIX}a", self.a_command),
             (f"{AB_PREFIX}b", self.b_command),
+            (f"{AB_PREFIX}interleave", self.interleave),
+            (f"{AB_PREFIX}order", self.order),
         ]
         out += [(f"{AB_PREFIX}broken.item", b) for b in self.broken]
         out += [(f"{AB_PREFIX}failure", f) for f in self.failures]
+        out += [(f"{AB_PREFIX}warning", w) for w in self.warnings]
         out += [(n, v) for n, v in latest.suite_properties if n.startswith(PREFIX)]
         return out
 
