@@ -628,14 +628,15 @@ def test_lockstep_names_a_side_that_took_no_turns(pytester: pytest.Pytester) -> 
 def test_lockstep_pairs_with_no_turns_at_all_say_they_ran_at_once(
     pytester: pytest.Pytester,
 ) -> None:
-    a, b = fake_sides(pytester)  # canned runs: no rounds, no turns
+    a, b = fake_sides(pytester, b="crash:1")  # canned runs: no rounds, no turns
     code, out = ab(
         pytester.path,
-        *("--pairs", "3", "--interleave", "rounds", "--a", a, "--b", b, "--junitxml", "ab.xml"),
+        *("--pairs", "4", "--interleave", "rounds", "--a", a, "--b", b, "--junitxml", "ab.xml"),
     )
     assert code == 0, out
     assert " 0 turns, none by A and B: ok" in out, out
-    warning = "neither side took a turn in pairs 1, 2, 3: their rounds ran at once ("
+    assert "tfgrpc-ab: pair 2/4: A+B " in out and " 0 turns: broken" in out  # no pair, no warning
+    warning = "neither side took a turn in pairs 1, 3, 4: their rounds ran at once ("
     assert f"warning: {warning}" in out
     xml = (pytester.path / "ab.xml").read_text()
     assert 'name="tfgrpc.ab.interleave" value="rounds"' in xml

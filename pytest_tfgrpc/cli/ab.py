@@ -380,10 +380,6 @@ def _run_pairs(
                 )
                 write_turns(turns, directory / f"turns-{index:02d}.txt")
                 took.append(f"A+B {time.monotonic() - started:.1f} s, {len(turns)} turns")
-                idle = _took_no_turns(turns)
-                if idle:
-                    took[-1] += f", none by {idle}"
-                    done.no_turns.setdefault(idle, []).append(index)
                 for name, (run, why) in answers.items():
                     if run is None:
                         done.broken.append(Broken(index, name, why))
@@ -391,6 +387,10 @@ def _run_pairs(
                     if why:
                         done.notes.append(f"pair {index}: side {name} {why}")
                     got[name] = run
+                idle = _took_no_turns(turns) if len(got) == 2 else ""  # of the pairs used
+                if idle:
+                    took[-1] += f", none by {idle}"
+                    done.no_turns.setdefault(idle, []).append(index)
             for name in first_second if turn_s is None else ():
                 stem = f"{name.lower()}-{index:02d}"
                 started = time.monotonic()
