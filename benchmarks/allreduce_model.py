@@ -92,6 +92,8 @@ def main() -> None:
     print(header)
     errors, without_step = [], []
     repeats: dict[str, list[AllReduceCosts]] = {}
+    # per (algorithm, size): (measured / model) of a rank's CPU and of the cores kept busy
+    ratios: dict[tuple[str, int], list[tuple[float, float]]] = {}
     measured: dict[tuple[str, int], list[float]] = {}
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(
@@ -122,6 +124,11 @@ def main() -> None:
                     rank_cpu = (cpu.user_ns + cpu.system_ns) / 1e9 / result.ranks / point.count
                     rank_model = model_rank_cpu(costs, point.size_bytes, result.ranks, algorithm)
                     load = costs.spread("load")
+                    busy = result.ranks * rank_cpu / measured_s
+                    busy_model = result.ranks * rank_model / prediction.step_s
+                    ratios.setdefault((algorithm, point.size_bytes), []).append(
+                        (rank_cpu / rank_model, busy / busy_model)
+                    )
                     print(
                         f"{algorithm:<17} {size_label(point.size_bytes):>6} "
                         f"{measured_s * 1e3:>7.2f}ms {prediction.step_s * 1e3:>7.2f}ms "
@@ -134,7 +141,7 @@ def main() -> None:
                         f"{without_step[-1]:>+7.0f}% {float(model['cpu_MBps']):>8.1f} "
                         f"{spread_pct(costs, 'byte_s'):>4} {rank_cpu * 1e3:>6.2f}ms "
                         f"{rank_model * 1e3:>5.2f}ms "
-                        f"{result.ranks * rank_cpu / measured_s:>5.2f} "
+                        f"{busy:>5.2f} "
                         f"{model['inputs_tls']:>6}"
                     )
                 repeats.setdefault(algorithm, []).append(costs)
@@ -162,6 +169,17 @@ def main() -> None:
             + " ".join(
                 f"{size_label(n)} {relative_range(measured[algorithm, n]):.0f}%" for n in sizes_seen
             )
+        )
+    print(
+        "\nmeasured / model, medians over repeats: the all-reduce's time is a rank's CPU times "
+        "the ranks over the cores they kept busy, so its ratio is the CPU's over the busy cores'"
+    )
+    for (algorithm, nbytes), pairs in ratios.items():
+        cpu_ratio = statistics.median(c for c, _ in pairs)
+        busy_ratio = statistics.median(b for _, b in pairs)
+        print(
+            f"{algorithm:<17} {size_label(nbytes):>6}: a rank's CPU x{cpu_ratio:.2f}, "
+            f"cores busy x{busy_ratio:.2f}, time x{cpu_ratio / busy_ratio:.2f}"
         )
 
 

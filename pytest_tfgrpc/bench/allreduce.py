@@ -73,8 +73,9 @@ __all__ = [
 
 #: The default run: 20 all-reduces after 3 unmeasured, within 10 s.
 ALLREDUCE_RUN = RunSpec(iterations=20, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
-#: Each size of the model's two-rank sweep: a few all-reduces, bounded in time.
-_COST_RUN = RunSpec(iterations=12, warmup=2, max_seconds=0.4, warmup_seconds=0.2)
+#: Each probe of a round (the two-rank sweep's sizes, the in-place run): at most 30
+#: all-reduces, bounded in time.
+_COST_RUN = RunSpec(iterations=30, warmup=2, max_seconds=0.4, warmup_seconds=0.2)
 #: The sweep's small piece (a step's fixed cost) and its least large one (its bytes' cost).
 _SMALL_PIECE = 1024
 _LARGE_PIECE = 256 << 10
@@ -351,8 +352,8 @@ def probe_round(
 ) -> ProbeRound:
     """One round of the model's probes for ``nbytes`` among ``ranks`` ranks (see
     :func:`measure_allreduce_costs`): the two-rank ring at a small piece and at the run's
-    largest piece (at least 256 KiB), then the run's own ranks at a small size, each a few
-    all-reduces within 0.4 s; then, where ranks share this machine, ``load`` (None: probed
+    largest piece (at least 256 KiB), then the run's own ranks at a small size, each at most
+    30 all-reduces within 0.4 s; then, where ranks share this machine, ``load`` (None: probed
     now with that many busy processes, :func:`~pytest_tfgrpc.bench.fit.measure_load`).
     ``copy_byte_s``: a rank's CPU per byte of copying its input in
     (:func:`measure_whole_buffer`), taken off the sweep's CPU."""
@@ -497,7 +498,7 @@ def measure_allreduce_costs(
     ``rounds`` rounds of probes one after the other (:func:`allreduce` interleaves them with
     its measured all-reduces instead; :func:`costs_from_rounds` takes their medians). Each
     round (:func:`probe_round`): a two-rank ring on workers 0 and 1 at a small piece and at
-    the run's largest piece (at least 256 KiB), each a few all-reduces within 0.4 s. Each
+    the run's largest piece (at least 256 KiB), each at most 30 all-reduces within 0.4 s. Each
     size's median step gives the link (``alpha + n / B``, fitted through the two), the
     workers' CPU times a rank's CPU per step (``rpc_s + 2 n byte_s``, less the copy of its
     input that the sweep's workers also paid per all-reduce); neither is negative.
