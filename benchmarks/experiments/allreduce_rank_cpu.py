@@ -7,12 +7,13 @@ CPU (more per byte with 4 ranks on the cores than with 2), or cores left idle?
 Each round runs, for each piece size, the two-rank ring of 2 pieces (as the sweep: a core each
 when the machine has two), the same with both ranks pinned to one core (as ranks sharing cores
 run: interleaved on it), the four-rank ring of 4 pieces (check off, 3 warm-up, at most 15
-all-reduces within 2 s), then the four-rank ring with check on (as ``allreduce_model.py`` runs it: each rank also holds the expected sum and verifies
-every result), alternating, so all meet the same load. Per row: a rank's CPU per step less its
-input's copy and, with check, the verification (the workers' own clocks; both timed here as the
-model times them, ``measure_whole_buffer``: alone, on warm caches), the slowest rank's median
-all-reduce, and the cores the ranks kept busy (all ranks' CPU over the wall time); the medians
-over rounds, and the ratio of the CPU per step to the two-rank ring's.
+all-reduces within 2 s), then the four-rank ring with check on (as ``allreduce_model.py`` runs
+it: each rank also holds the expected sum and verifies every result), alternating, so all meet
+the same load. Per row: a rank's CPU per step less its input's copy and, with check, the
+verification (the workers' own clocks; both timed here as the model times them,
+``measure_whole_buffer``: alone, on warm caches), the slowest rank's median all-reduce, and the
+cores the ranks kept busy (all ranks' CPU over the wall time); the medians over rounds, and the
+ratio of the CPU per step to the two-rank ring's.
 """
 
 from __future__ import annotations
