@@ -63,7 +63,6 @@ __all__ = [
     "Spread",
     "allreduce",
     "costs_from_rounds",
-    "measure_allreduce_costs",
     "measure_whole_buffer",
     "predict_allreduce",
     "probe_round",
@@ -117,8 +116,9 @@ class Spread:
 
 @dataclass(frozen=True)
 class AllReduceCosts:
-    """What :func:`measure_allreduce_costs` found: a step's link (``alpha_s`` plus bytes at
-    ``link_Bps``; infinite when bytes cost nothing measurable), a rank's CPU per step
+    """What the rounds of :func:`probe_round` found, their medians
+    (:func:`costs_from_rounds`): a step's link (``alpha_s`` plus bytes at ``link_Bps``;
+    infinite when bytes cost nothing measurable), a rank's CPU per step
     (``cpu``: ``rpc_s`` per step, ``byte_s`` per byte sent or taken), a rank's CPU per byte
     of its whole buffer once per all-reduce outside the steps (``whole_byte_s``: copying its
     input in, and verifying the sum with ``check=True``), the CPUs of the machine the most
@@ -128,7 +128,7 @@ class AllReduceCosts:
     placement (:func:`shared_step`). ``tls`` (``off``, ``tls`` or ``mtls``) and ``engine``:
     the security and engine of the workers' channels the two-rank ring and the in-place run
     were measured over, as the ranks reported them. ``spreads``: each input as every round of
-    probes found it (:func:`costs_from_rounds`; the inputs above are their medians), by name
+    probes found it, by name
     (``alpha_s``, ``beta_s`` = 1 / ``link_Bps``, ``rpc_s``, ``byte_s``, and where ranks share
     a machine ``load``, ``step_s`` and ``step_cpu_s``). ``step_cpu_s``: a rank's CPU per
     step in place, less its pieces' bytes at ``byte_s`` (beside ``step_s``, the wall time; not
@@ -350,15 +350,25 @@ def probe_round(
     copy_byte_s: float,
     load: float | None = None,
 ) -> ProbeRound:
-    """One round of the model's probes for ``nbytes`` among ``ranks`` ranks (see
-    :func:`measure_allreduce_costs`): the two-rank ring at a small piece and at the run's
-    largest piece (at least 256 KiB), then the run's own ranks at a small size, each at most
-    30 all-reduces within 0.4 s; then, where ranks share this machine, ``load`` (None: probed
-    now with that many busy processes, :func:`~pytest_tfgrpc.bench.fit.measure_load`).
-    ``copy_byte_s``: a rank's CPU per byte of copying its input in
-    (:func:`measure_whole_buffer`), taken off the sweep's CPU."""
-    largest = max(allreduce_pieces(nbytes, ranks, algorithm))
-    pieces = (_SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4))
+    """One round of the model's probes for ``nbytes`` among ``ranks`` ranks.
+
+    A two-rank ring on workers 0 and 1 at a small piece and at the run's largest piece (at
+    least 256 KiB): each size's median step is a point of the link (``alpha + n / B``), and
+    the workers' CPU times one of a rank's CPU per step (``rpc_s + 2 n byte_s``, less the copy
+    of its input that the sweep's workers paid per all-reduce, at ``copy_byte_s`` per byte,
+    :func:`measure_whole_buffer`). Then the run's own ranks all-reduce a small size where they
+    run: ranks share a machine's CPUs when they report the same kernel boot id
+    (:func:`~pytest_tfgrpc.roles.processes.this_machine`: local workers, and emulated hosts,
+    which are namespaces of one machine); the most ranks on one machine set the share of a
+    core each gets, with ``load`` other runnable sessions there (None: probed now with that
+    many busy processes when it is this machine, :func:`~pytest_tfgrpc.bench.fit.measure_load`,
+    else 0), and the median of these small all-reduces gives a step's fixed cost among them
+    (:func:`shared_step`, in :func:`costs_from_rounds`). Ranks on machines of their own share
+    nothing. Each probe is at most 30 all-reduces within 0.4 s.
+
+    :raises BenchmarkError: probes that ran under different TLS settings.
+    """
+    pieces = _sweep_pieces(nbytes, ranks, algorithm)
     walls, cpus, modes = [], [], []
     for piece in pieces:
         replies = cluster.allreduce(
@@ -395,7 +405,7 @@ def probe_round(
     elif load is None:
         load = measure_load(sharing) if machine == this_machine() else 0.0
     return ProbeRound(
-        pieces=(pieces[0], pieces[1]),
+        pieces=pieces,
         walls_s=(walls[0], walls[1]),
         cpus_s=(cpus[0], cpus[1]),
         in_place_bytes=small,
@@ -484,57 +494,15 @@ def costs_from_rounds(
     )
 
 
-def measure_allreduce_costs(
-    cluster: PSCluster,
-    nbytes: int,
-    ranks: int,
-    algorithm: str,
-    *,
-    check: bool = False,
-    load: float | None = None,
-    rounds: int = 1,
-) -> AllReduceCosts:
-    """The inputs of the all-reduce model for ``nbytes`` among ``ranks`` ranks, from
-    ``rounds`` rounds of probes one after the other (:func:`allreduce` interleaves them with
-    its measured all-reduces instead; :func:`costs_from_rounds` takes their medians). Each
-    round (:func:`probe_round`): a two-rank ring on workers 0 and 1 at a small piece and at
-    the run's largest piece (at least 256 KiB), each at most 30 all-reduces within 0.4 s. Each
-    size's median step gives the link (``alpha + n / B``, fitted through the two), the
-    workers' CPU times a rank's CPU per step (``rpc_s + 2 n byte_s``, less the copy of its
-    input that the sweep's workers also paid per all-reduce); neither is negative.
-    :func:`measure_whole_buffer` gives the whole-buffer cost per byte, with the verification
-    when ``check``.
-
-    Ranks share a machine's CPUs when they report the same kernel boot id
-    (:func:`~pytest_tfgrpc.roles.processes.this_machine`: local workers, and emulated hosts,
-    which are namespaces of one machine); the most ranks on one machine set the share of a
-    core each gets, with ``load`` other runnable sessions there (None: probed in each round
-    with that many busy processes when it is this machine, else 0), and their own all-reduce
-    at a small size gives a step's fixed cost among them (:func:`shared_step`). Ranks on
-    machines of their own share nothing.
-
-    :raises ValueError: ``rounds`` below 1.
-    """
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds!r}: at least one round of probes")
-    copy_byte_s = _copy_byte_s(nbytes, ranks, algorithm)
-    found = [
-        probe_round(cluster, nbytes, ranks, algorithm, copy_byte_s=copy_byte_s, load=load)
-        for _ in range(rounds)
-    ]
-    return costs_from_rounds(
-        found,
-        ranks,
-        algorithm,
-        whole_byte_s=measure_whole_buffer(nbytes, check=check),
-        engine=cluster.workers_engine,
-    )
+def _sweep_pieces(nbytes: int, ranks: int, algorithm: str) -> tuple[int, int]:
+    """The two-rank sweep's pieces: a small one and the run's largest (at least 256 KiB)."""
+    largest = max(allreduce_pieces(nbytes, ranks, algorithm))
+    return _SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4)
 
 
 def _copy_byte_s(nbytes: int, ranks: int, algorithm: str) -> float:
     """A rank's CPU per byte of copying in the two-rank sweep's largest input."""
-    largest = max(allreduce_pieces(nbytes, ranks, algorithm))
-    return measure_whole_buffer(2 * max(_LARGE_PIECE, int(largest) // 4 * 4), check=False)
+    return measure_whole_buffer(2 * _sweep_pieces(nbytes, ranks, algorithm)[1], check=False)
 
 
 def allreduce(
