@@ -46,6 +46,7 @@ from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
 from pytest_tfgrpc.roles.processes import this_machine
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire.client import BenchmarkError
 
 __all__ = [
@@ -361,6 +362,7 @@ def allreduce(
     checked = []
     modes = set()
     for nbytes in sizes:
+        take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
         replies = cluster.allreduce(
             nbytes,
             algorithm=algorithm,
@@ -374,6 +376,7 @@ def allreduce(
         modes.add(security(replies))
     predictions: tuple[AllReducePrediction | None, ...] = (None,) * len(points)
     if model:  # measured after the run: a bad request fails before anything is measured
+        take_turn()
         costs = measure_allreduce_costs(cluster, max(sizes), ranks, algorithm, check=check)
         if modes != {costs.tls}:
             raise BenchmarkError(
