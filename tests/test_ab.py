@@ -477,6 +477,39 @@ def test_lockstep_rounds_alternate_a_b_and_an_unchanged_pair_passes(
         assert all(a != b for a, b in itertools.pairwise(sides)), sides
 
 
+PS_SUITE = """
+import pytest
+
+@pytest.mark.ps_topology(ps=1, workers=2)
+@pytest.mark.message_profile(["1KiB", "4KiB"])
+def test_ps(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster, iterations=20, warmup=2)
+
+@pytest.mark.ps_topology(ps=1, workers=2)
+def test_allreduce(tfgrpc, ps_cluster):
+    tfgrpc.allreduce(ps_cluster, sizes="4KiB", model=False, iterations=5, warmup=1)
+"""
+
+
+def test_lockstep_ps_and_allreduce_points_take_turns(pytester: pytest.Pytester) -> None:
+    """Not only P2P rounds: each PS throughput point and each all-reduce size is measured in
+    a turn of its own (2 + 1 per side here), so two sides' PS runs never overlap."""
+    suite = pytester.makepyfile(test_perf=PS_SUITE)
+    side = pytest_command(suite)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--interleave", "rounds", "--a", side, "--b", side),
+        *("--max-regression", "80%"),
+    )
+    assert "tfgrpc-ab: 3 of 3 pairs usable, 0 broken" in out, out
+    for index in (1, 2, 3):
+        turns = _turns(pytester.path / "runs" / f"turns-{index:02d}.txt")
+        sides = [s for s, _, _ in turns]
+        assert sides.count("A") == sides.count("B") == 3, sides
+        assert all(a[2] <= b[1] for a, b in itertools.pairwise(turns)), turns
+        assert all(a != b for a, b in itertools.pairwise(sides)), sides
+
+
 def test_lockstep_fails_a_delay(pytester: pytest.Pytester) -> None:
     suite = pytester.makepyfile(test_perf=AB_SUITE)
     code, out = ab(

@@ -51,6 +51,7 @@ from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
 from pytest_tfgrpc.roles.processes import this_machine
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire.client import BenchmarkError
 
 __all__ = [
@@ -551,6 +552,7 @@ def allreduce(
     for share in range(shares):
         iterations = run.iterations * (share + 1) // shares - run.iterations * share // shares
         for i, nbytes in enumerate(sizes):
+            take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
             replies = cluster.allreduce(
                 nbytes,
                 algorithm=algorithm,
@@ -562,6 +564,7 @@ def allreduce(
             found[i].append(replies)
             modes.add(security(replies))
         if model:  # after a pass: a bad request fails before anything is probed
+            take_turn()
             if share == 0:
                 copy_byte_s = _copy_byte_s(max(sizes), ranks, algorithm)
             rounds.append(
