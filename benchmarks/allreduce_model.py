@@ -85,8 +85,8 @@ def main() -> None:
     )
     print(f"TLS: {'mtls' if args.tls else 'off'} (each row's inputs: the ranks' own report)")
     print(
-        f"model inputs: medians of {args.rounds} rounds of probes, each after a share of every "
-        "size's all-reduces; +-: the rounds' spread (highest less lowest, % of the median)"
+        f"model inputs: medians of {args.rounds} rounds of probes, spread among the sizes "
+        "(after each); +-: the rounds' spread (highest less lowest, % of the median)"
     )
     print(f"{os.uname().nodename}: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(header)

@@ -19,6 +19,7 @@ from pytest_tfgrpc.bench.allreduce import (
     AllReduceResult,
     ProbeRound,
     Spread,
+    _rounds_after,
     allreduce,
     costs_from_rounds,
     measure_whole_buffer,
@@ -76,10 +77,9 @@ def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -
     assert float(model["cores"]) >= 1 and 0 < float(model["rate"]) <= 1
     # all four ranks report this machine's boot id: one machine shared, a step measured there
     assert model["sharing"] == "4" and float(model["shared_step_us"]) > 0
-    # the inputs are the medians of three rounds of probes, each after a share of the run's
-    # all-reduces (5 here: 1, 2, 2), with the rounds' spread beside them
-    assert result.settings["shares"] == "3" and model["inputs_rounds"] == "3"
-    assert point.count == RUN.iterations == int(result.settings["checked"])
+    # the inputs are the medians of three rounds of probes (one size: all three after it),
+    # with the rounds' spread beside them
+    assert model["inputs_rounds"] == "3"
     step = prediction_of(result).costs.spread("step_s")
     assert step is not None and len(step.values) == 3 and all(v > 0 for v in step.values)
     # the record keeps a figure to its recorded digits
@@ -243,6 +243,10 @@ def test_the_inputs_are_the_medians_of_the_rounds_with_their_spread() -> None:
                               engine="grpcio")  # fmt: skip
     assert alone.cores is None and alone.step_s is None and alone.spread("load") is None
     assert Spread("x", (0.0, 1.0, 0.0)).relative == 0.0  # a median of 0: no share of it
+    # the rounds spread evenly after the sizes, the last size followed by one at least
+    assert [_rounds_after(i, 3, 3) for i in range(3)] == [1, 1, 1]
+    assert [_rounds_after(i, 5, 3) for i in range(5)] == [0, 1, 0, 1, 1]
+    assert [_rounds_after(0, 1, 3), _rounds_after(0, 1, 0)] == [3, 0]
     with pytest.raises(ValueError, match="no rounds of probes"):
         costs_from_rounds([], 4, "ring", whole_byte_s=0.0, engine="grpcio")
     with pytest.raises(BenchmarkError, match="different TLS settings"):

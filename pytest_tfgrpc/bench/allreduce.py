@@ -12,10 +12,9 @@ at the median all-reduce and ``busbw = algbw * 2 (N - 1) / N``, comparable with 
 whatever ``N``. ``check=True`` gives rank ``r`` the input ``(r + 1) * (j mod 7 + 1)`` and
 verifies every measured result against the exact sum, at every rank.
 
-``model=True`` also measures what the model needs (:func:`probe_round`), in rounds
-interleaved with the measured all-reduces so that both meet the same load: each size's
-all-reduces run in three shares, and after each pass over the sizes a round of probes runs;
-the inputs are the rounds' medians, each round's value kept beside them
+``model=True`` also measures what the model needs (:func:`probe_round`), in three rounds
+interleaved with the measured sizes so that both meet the run's load (a round after each of
+three sizes); the inputs are the rounds' medians, each round's value kept beside them
 (:func:`costs_from_rounds`, :class:`Spread`). A round: a two-rank ring on workers 0 and 1 at
 two piece sizes gives the per-step link (alpha and bandwidth of the workers' own path and
 code) and a rank's CPU per step (per step and per byte, from the workers' CPU times); the
@@ -81,8 +80,8 @@ _SMALL_PIECE = 1024
 _LARGE_PIECE = 256 << 10
 #: Timings of :func:`measure_whole_buffer`, the median taken.
 _WHOLE_REPEATS = 7
-#: Rounds of the model's probes by default, interleaved with the measured all-reduces
-#: (:func:`allreduce`): the median of three rounds, each after a share of every size's.
+#: Rounds of the model's probes by default, interleaved with the measured sizes
+#: (:func:`allreduce`): the inputs are the median of three rounds.
 MODEL_ROUNDS = 3
 
 
@@ -525,11 +524,12 @@ def allreduce(
     size).
 
     With ``model``, the model's inputs are measured in ``model_rounds`` rounds of probes
-    (:func:`probe_round`; at most one per measured all-reduce) interleaved with the measured
-    all-reduces, so that they meet the same load: each size's all-reduces run in as many
-    shares (each after ``run.warmup`` unmeasured, on the fresh channels of its job), a pass
-    over every size's share, then a round of probes; the inputs are the rounds' medians
-    (:func:`costs_from_rounds`). Without ``model`` each size runs in one share.
+    (:func:`probe_round`) interleaved with the measured sizes, so that they meet the load the
+    run meets: spread evenly after the sizes (three sizes, three rounds: one after each; one
+    size: all three after it), each size measured in one job as without ``model``; the
+    inputs are the rounds' medians (:func:`costs_from_rounds`). (Splitting each size into
+    shares with a round between them, tried, lengthened the measured all-reduces themselves:
+    under load, three jobs of 6, 7 and 7 had medians 8-19% above one job of 20.)
 
     :raises ValueError: no sizes, fewer than two workers, a size that is no whole float32
         elements or too small, an unknown algorithm, halving-doubling on a number of ranks
@@ -544,38 +544,32 @@ def allreduce(
     if model_rounds < 1:
         raise ValueError(f"model_rounds={model_rounds!r}: at least one round of probes")
     ranks = len(cluster.workers)
-    shares = min(model_rounds, run.iterations) if model else 1
-    found: list[list[list[AllReduceReply]]] = [[] for _ in sizes]
+    points = []
+    checked = []
     modes = set()
     rounds: list[ProbeRound] = []
     copy_byte_s = 0.0
-    for share in range(shares):
-        iterations = run.iterations * (share + 1) // shares - run.iterations * share // shares
-        for i, nbytes in enumerate(sizes):
-            take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
-            replies = cluster.allreduce(
-                nbytes,
-                algorithm=algorithm,
-                warmup=run.warmup,
-                iterations=iterations,
-                seconds=run.time_limit_s / shares,
-                check=check,
-            )
-            found[i].append(replies)
-            modes.add(security(replies))
-        if model:  # after a pass: a bad request fails before anything is probed
+    for i, nbytes in enumerate(sizes):
+        take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
+        replies = cluster.allreduce(
+            nbytes,
+            algorithm=algorithm,
+            warmup=run.warmup,
+            iterations=run.iterations,
+            seconds=run.time_limit_s,
+            check=check,
+        )
+        points.append(_point(replies, nbytes, ranks, key if len(sizes) == 1 else None))
+        checked.append(min(r.checked for r in replies))
+        modes.add(security(replies))
+        # after a size: a bad request fails before anything is probed
+        for _ in range(_rounds_after(i, len(sizes), model_rounds if model else 0)):
             take_turn()
-            if share == 0:
+            if not rounds:
                 copy_byte_s = _copy_byte_s(max(sizes), ranks, algorithm)
             rounds.append(
                 probe_round(cluster, max(sizes), ranks, algorithm, copy_byte_s=copy_byte_s)
             )
-    merged = [_merge(shares_of) for shares_of in found]
-    points = [
-        _point(replies, nbytes, ranks, key if len(sizes) == 1 else None)
-        for replies, nbytes in zip(merged, sizes, strict=True)
-    ]
-    checked = [min(r.checked for r in replies) for replies in merged]
     predictions: tuple[AllReducePrediction | None, ...] = (None,) * len(points)
     if model:
         costs = costs_from_rounds(
@@ -608,7 +602,6 @@ def allreduce(
             check=str(check),
             checked=str(min(checked)),
             bus_factor=f"{bus_factor(ranks):g}",
-            shares=str(shares),
         ),
         ranks=ranks,
         algorithm=algorithm,
@@ -616,24 +609,10 @@ def allreduce(
     )
 
 
-def _merge(shares: Sequence[Sequence[AllReduceReply]]) -> list[AllReduceReply]:
-    """Each rank's replies to one size's shares as one reply: its samples in order, its
-    checked count and CPU times summed."""
-    merged = []
-    for per_rank in zip(*shares, strict=True):
-        first = per_rank[0]
-        merged.append(
-            AllReduceReply(
-                samples_ns=[s for r in per_rank for s in r.samples_ns],
-                checked=sum(r.checked for r in per_rank),
-                cpu_user_ns=sum(r.cpu_user_ns for r in per_rank),
-                cpu_system_ns=sum(r.cpu_system_ns for r in per_rank),
-                machine=first.machine,
-                cpus=first.cpus,
-                tls=first.tls,
-            )
-        )
-    return merged
+def _rounds_after(index: int, sizes: int, rounds: int) -> int:
+    """How many of ``rounds`` rounds of probes follow the ``index``-th of ``sizes`` sizes:
+    spread evenly, the last size followed by at least one."""
+    return rounds * (index + 1) // sizes - rounds * index // sizes
 
 
 def _point(
