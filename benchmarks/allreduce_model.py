@@ -12,17 +12,23 @@ mutual TLS as ``tests/test_allreduce_emulated.py`` runs it: a fresh CA (trustme,
 extra) gives every host and the driver a certificate for its own address, and the agents,
 the workers' channels and the driver's speak mutual TLS). For every
 algorithm and pass, :func:`~pytest_tfgrpc.bench.allreduce.allreduce` measures every size
-(check=True: every sum verified) and then the model's inputs (a two-rank ring on workers 0
-and 1; the run's own ranks at a small size, which give a step's fixed cost where they share
-cores; the other sessions' load), and predicts each size. Each row: the measured p50, the
-prediction, its error, which term limits it, its link and CPU parts (the CPU part with the
-whole-buffer term, shown as ``whole``: copy-in and verification at the ranks' share, and the
-fixed part of each step measured in place, shown as ``step``), busbw, the load the probe
-found, the 1-minute load average, and the error the same inputs give without the in-place
-step (each step's fixed part the two-rank sweep's CPU at the ranks' share, the model without
-that term), a rank's bytes per CPU second from the two-rank sweep (``cpu MB/s``, where
-encryption shows), and the TLS the ranks reported for the inputs' channels. Nothing here
-asserts; the counts within +-25% are printed.
+(check=True: every sum verified) with ``--rounds`` rounds of the model's inputs between the
+sizes (each a two-rank ring on workers 0 and 1; the run's own ranks at a small size, which give
+a step's fixed cost where they share cores; the other sessions' load), takes each input's
+median over the rounds, and predicts each size. Each row: the measured p50, the prediction, its
+error, which term limits it, its link and CPU parts (the CPU part with the whole-buffer term,
+shown as ``whole``: copy-in and verification at the ranks' share, and the fixed part of each
+step measured in place, shown as ``step``, with ``+-`` its rounds' spread: highest less lowest
+in percent of the median), busbw, the load the probes found (their median, and lowest-highest),
+the 1-minute load average, the error the same inputs give without the in-place step (each
+step's fixed part the two-rank sweep's CPU at the ranks' share, the model without that term), a
+rank's bytes per CPU second from the two-rank sweep (``cpu MB/s``, where encryption shows, with
+its rounds' spread), a rank's CPU per all-reduce as the workers measured it (``rank cpu``)
+beside the model's (``model``: the whole buffer, the in-place step's CPU and the pieces' bytes),
+the cores the ranks kept busy, and the TLS the ranks reported for the inputs' channels. Then the
+counts within +-25%, each input's spread across the repeats beside the measured p50s', and per
+size the measured-over-model ratios of a rank's CPU and of the busy cores, whose quotient is the
+time's. Nothing here asserts.
 """
 
 from __future__ import annotations
