@@ -2,7 +2,8 @@
 
 ``tfgrpc-ab --interleave rounds`` starts both sides of a pair at once and runs a
 :class:`Turnstile` on a unix socket in a private directory; each side's benchmark loops call
-:func:`take_turn` before every measured round (:mod:`pytest_tfgrpc.bench.p2p`), and the
+:func:`take_turn` before every measured round (:mod:`pytest_tfgrpc.bench.p2p`; a P2P size,
+PS point, sync-SGD run or all-reduce size where the benchmark has no rounds), and the
 plugin calls :func:`join` once with the path in :data:`ENV_PATH`. A side holds its turn from
 the grant until it asks for the next one, so whatever it does between two rounds (a test's
 setup included) happens while the other side waits blocked: after both reached their first

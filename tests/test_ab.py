@@ -593,6 +593,39 @@ def test_lockstep_rounds_alternate_a_b_and_an_unchanged_pair_passes(
         assert all(a != b for a, b in itertools.pairwise(sides)), sides
 
 
+PS_SUITE = """
+import pytest
+
+@pytest.mark.ps_topology(ps=1, workers=2)
+@pytest.mark.message_profile(["1KiB", "4KiB"])
+def test_ps(tfgrpc, ps_cluster):
+    tfgrpc.ps_throughput(ps_cluster, iterations=20, warmup=2)
+
+@pytest.mark.ps_topology(ps=1, workers=2)
+def test_allreduce(tfgrpc, ps_cluster):
+    tfgrpc.allreduce(ps_cluster, sizes="4KiB", model=False, iterations=5, warmup=1)
+"""
+
+
+def test_lockstep_ps_and_allreduce_points_take_turns(pytester: pytest.Pytester) -> None:
+    """Not only P2P rounds: each PS throughput point and each all-reduce size is measured in
+    a turn of its own (2 + 1 per side here), so two sides' PS runs never overlap."""
+    suite = pytester.makepyfile(test_perf=PS_SUITE)
+    side = pytest_command(suite)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--interleave", "rounds", "--a", side, "--b", side),
+        *("--max-regression", "80%"),
+    )
+    assert "tfgrpc-ab: 3 of 3 pairs usable, 0 broken" in out, out
+    for index in (1, 2, 3):
+        turns = _turns(pytester.path / "runs" / f"turns-{index:02d}.txt")
+        sides = [s for s, _, _ in turns]
+        assert sides.count("A") == sides.count("B") == 3, sides
+        assert all(a[2] <= b[1] for a, b in itertools.pairwise(turns)), turns
+        assert all(a != b for a, b in itertools.pairwise(sides)), sides
+
+
 def test_lockstep_fails_a_delay(pytester: pytest.Pytester) -> None:
     suite = pytester.makepyfile(test_perf=AB_SUITE)
     code, out = ab(
@@ -606,8 +639,8 @@ def test_lockstep_fails_a_delay(pytester: pytest.Pytester) -> None:
 
 def test_lockstep_names_a_side_that_took_no_turns(pytester: pytest.Pytester) -> None:
     """A side whose rounds do not take turns (a pytest-tfgrpc older than lockstep, here one
-    that never sees the turnstile; the native engine) ran beside the other, not in turn: the
-    verdict must not pass for a lockstep one in silence."""
+    that never sees the turnstile) ran beside the other, not in turn: the verdict must not
+    pass for a lockstep one in silence."""
     suite = pytester.makepyfile(test_perf=AB_SUITE)
     side = pytest_command(suite, "-k", "test_a")
     code, out = ab(
@@ -619,9 +652,8 @@ def test_lockstep_names_a_side_that_took_no_turns(pytester: pytest.Pytester) -> 
     assert "tfgrpc-ab: pair 1/3: A+B " in out and " turns, none by B: ok" in out, out
     assert (
         "warning: side B took no turns in pairs 1, 2, 3 while side A did: its rounds ran "
-        "beside A's, not in turn (a pytest-tfgrpc older than --interleave rounds, the native "
-        "engine, and PS, all-reduce and sync-SGD rounds take none); --interleave runs keeps the "
-        "sides apart"
+        "beside A's, not in turn (a pytest-tfgrpc older than --interleave rounds takes none); "
+        "--interleave runs keeps the sides apart"
     ) in out
 
 

@@ -15,7 +15,13 @@ import pytest
 
 from pytest_tfgrpc.bench.allreduce import (
     AllReduceCosts,
+    AllReducePrediction,
+    AllReduceResult,
+    ProbeRound,
+    Spread,
+    _rounds_after,
     allreduce,
+    costs_from_rounds,
     measure_whole_buffer,
     predict_allreduce,
     security,
@@ -71,6 +77,14 @@ def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -
     assert float(model["cores"]) >= 1 and 0 < float(model["rate"]) <= 1
     # all four ranks report this machine's boot id: one machine shared, a step measured there
     assert model["sharing"] == "4" and float(model["shared_step_us"]) > 0
+    # the inputs are the medians of three rounds of probes (one size: all three after it),
+    # with the rounds' spread beside them
+    assert model["inputs_rounds"] == "3"
+    step = prediction_of(result).costs.spread("step_s")
+    assert step is not None and len(step.values) == 3 and all(v > 0 for v in step.values)
+    # the record keeps a figure to its recorded digits
+    assert float(model["shared_step_spread_pct"]) == pytest.approx(100 * step.relative, rel=1e-4)
+    assert float(model["load_low"]) <= float(model["load"]) <= float(model["load_high"])
     # a plaintext run: the ranks measured the model's inputs over plaintext channels too
     assert model["inputs_tls"] == "off" == result.settings["tls"]
     assert model["inputs_engine"] == "grpcio"
@@ -81,6 +95,12 @@ def test_four_local_workers_reduce_exactly(cluster: PSCluster, algorithm: str) -
     )
 
 
+def prediction_of(result: AllReduceResult) -> AllReducePrediction:
+    (prediction,) = result.predictions
+    assert prediction is not None
+    return prediction
+
+
 def test_bad_requests_lead_with_the_cause(cluster: PSCluster) -> None:
     with pytest.raises(MessageError, match=r"nbytes=8: .*at least one per rank \(16 bytes\)"):
         allreduce(cluster, [8], run=RUN, model=False)
@@ -88,6 +108,8 @@ def test_bad_requests_lead_with_the_cause(cluster: PSCluster) -> None:
         allreduce(cluster, [1026], run=RUN)
     with pytest.raises(MessageError, match="algorithm='tree': expected one of ring, halving_"):
         allreduce(cluster, [1024], run=RUN, algorithm="tree")
+    with pytest.raises(ValueError, match="model_rounds=0: at least one round of probes"):
+        allreduce(cluster, [1024], run=RUN, model_rounds=0)
     with pytest.raises(ValueError, match="2 to 4 ranks"):
         cluster.allreduce(1024, algorithm="ring", warmup=0, iterations=1, seconds=1.0,
                           check=False, ranks=5)  # fmt: skip
@@ -174,6 +196,65 @@ def test_ranks_sharing_cores_pay_the_step_measured_in_place() -> None:
     prediction = predict_allreduce(costs, 1 << 20, 4, "ring")
     figures = dict(prediction.figures(0.01))
     assert figures["sharing"] == "2" and float(figures["shared_step_us"]) == pytest.approx(3e3)
+
+
+def probe(step_s: float, load: float, *, sharing: int = 4, tls: str = "off") -> ProbeRound:
+    """A round of probes whose figures a link of alpha 100 us and 1 GB/s, a CPU of 0.5 ms per
+    step and 2 ns per byte, and an in-place step of ``step_s`` at ``load`` on 2 cores give."""
+    pieces = (1024, 256 << 10)
+    rate = min(1.0, 2.0 / (sharing + load))
+    in_place = 6 * step_s + sum(2 * p * 2e-9 for p in allreduce_pieces(4096, 4, "ring")) / rate
+    return ProbeRound(
+        pieces=pieces,
+        walls_s=(1e-4 + pieces[0] * 1e-9, 1e-4 + pieces[1] * 1e-9),
+        cpus_s=(5e-4 + 2 * pieces[0] * 2e-9, 5e-4 + 2 * pieces[1] * 2e-9),
+        in_place_bytes=4096,
+        in_place_s=in_place,
+        in_place_cpu_s=6 * 1e-3 + 6 * 2 * 1024 * 2e-9,
+        in_place_count=12,
+        machine="boot",
+        sharing=sharing,
+        cpus=2,
+        load=load,
+        tls=tls,
+    )
+
+
+def test_the_inputs_are_the_medians_of_the_rounds_with_their_spread() -> None:
+    rounds = [probe(1e-3, 0.0), probe(5e-3, 3.0), probe(2e-3, 1.0)]
+    costs = costs_from_rounds(rounds, 4, "ring", whole_byte_s=1e-10, engine="grpcio")
+    # each round's own step (at its own load), then the median: not a round's outlier
+    assert costs.step_s == pytest.approx(2e-3) and costs.load == 1.0
+    step = costs.spread("step_s")
+    assert step is not None and step.values == pytest.approx((1e-3, 5e-3, 2e-3))
+    assert (step.low, step.high) == pytest.approx((1e-3, 5e-3))
+    assert step.relative == pytest.approx((5e-3 - 1e-3) / 2e-3)
+    # the link and the CPU per step, fitted per round through its two pieces
+    assert costs.alpha_s == pytest.approx(1e-4) and costs.link_Bps == pytest.approx(1e9)
+    assert costs.cpu.rpc_s == pytest.approx(5e-4) and costs.cpu.byte_s == pytest.approx(2e-9)
+    assert costs.step_cpu_s == pytest.approx(1e-3)
+    assert (costs.cores, costs.sharing, costs.whole_byte_s) == (2.0, 4, 1e-10)
+    figures = dict(predict_allreduce(costs, 1 << 20, 4, "ring").figures(0.01))
+    assert figures["inputs_rounds"] == "3" and float(figures["load_high"]) == 3.0
+    assert float(figures["shared_step_spread_pct"]) == pytest.approx(200.0)
+    assert float(figures["cpu_MBps_spread_pct"]) == pytest.approx(0.0, abs=1e-6)
+    # ranks on machines of their own: no load, no step in place, no spread of either
+    alone = costs_from_rounds([probe(1e-3, 0.0, sharing=1)], 4, "ring", whole_byte_s=0.0,
+                              engine="grpcio")  # fmt: skip
+    assert alone.cores is None and alone.step_s is None and alone.spread("load") is None
+    assert Spread("x", (0.0, 1.0, 0.0)).relative == 0.0  # a median of 0: no share of it
+    # the rounds spread evenly after the sizes, the last size followed by one at least
+    assert [_rounds_after(i, 3, 3) for i in range(3)] == [1, 1, 1]
+    assert [_rounds_after(i, 5, 3) for i in range(5)] == [0, 1, 0, 1, 1]
+    assert [_rounds_after(0, 1, 3), _rounds_after(0, 1, 0)] == [3, 0]
+    with pytest.raises(ValueError, match="no rounds of probes"):
+        costs_from_rounds([], 4, "ring", whole_byte_s=0.0, engine="grpcio")
+    with pytest.raises(BenchmarkError, match="different TLS settings"):
+        costs_from_rounds([probe(1e-3, 0.0), probe(1e-3, 0.0, tls="mtls")], 4, "ring",
+                          whole_byte_s=0.0, engine="grpcio")  # fmt: skip
+    with pytest.raises(BenchmarkError, match="on different machines"):
+        costs_from_rounds([probe(1e-3, 0.0), probe(1e-3, 0.0, sharing=3)], 4, "ring",
+                          whole_byte_s=0.0, engine="grpcio")  # fmt: skip
 
 
 def test_the_whole_buffer_probe_times_the_workers_copy_and_verification() -> None:

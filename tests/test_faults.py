@@ -255,6 +255,7 @@ def test_slow(fabric, n):
     from pathlib import Path
     from pytest_tfgrpc.roles.processes import ServerProcess
     with ServerProcess.start(fabric):
+        Path("sleeping-%d" % n).write_text("")
         try:
             time.sleep(30)
         except KeyboardInterrupt:  # the signal reached the process running this test
@@ -3058,7 +3059,8 @@ def _run(case: Case, world: World, tmp: Path, store: Path) -> Outcome:
     )
     signalled = None
     if case.sigterm_after is not None:
-        signalled = _signal_when(proc, results, case.sigterm_after, case.kill_signal)
+        sleeping = tmp if case.interrupted else None
+        signalled = _signal_when(proc, results, case.sigterm_after, case.kill_signal, sleeping)
     limit = case.seconds if case.seconds and signalled is None else 300
     try:
         out, _ = proc.communicate(timeout=limit)
@@ -3138,12 +3140,20 @@ def _plant(kind: str, tmp: Path) -> None:
         os.chown(planted, 12345, 12345)
 
 
-def _signal_when(proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int) -> float:
-    """Send ``signum`` once the results file holds ``lines`` lines; the monotonic time it went."""
+def _signal_when(
+    proc: subprocess.Popen[bytes], results: Path, lines: int, signum: int, sleeping: Path | None
+) -> float:
+    """Send ``signum`` once the results file holds ``lines`` lines (and, with ``sleeping``, a
+    ``SLOW`` test sleeps: a ``sleeping-N`` file is there, so the signal finds a test to
+    interrupt even where a loaded machine is slow to start one); the monotonic time it went."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if results.exists() and len(results.read_text().splitlines()) >= lines:
-            time.sleep(0.5)  # inside the slow test now
+            if sleeping is None:
+                time.sleep(0.5)  # inside the slow test now
+            elif not any(sleeping.glob("sleeping-*")):
+                time.sleep(0.1)
+                continue
             proc.send_signal(signum)
             return time.monotonic()
         time.sleep(0.1)

@@ -12,16 +12,19 @@ at the median all-reduce and ``busbw = algbw * 2 (N - 1) / N``, comparable with 
 whatever ``N``. ``check=True`` gives rank ``r`` the input ``(r + 1) * (j mod 7 + 1)`` and
 verifies every measured result against the exact sum, at every rank.
 
-``model=True`` then measures what the model needs (:func:`measure_allreduce_costs`): a
-two-rank ring on workers 0 and 1 at two piece sizes gives the per-step link (alpha and
-bandwidth of the workers' own path and code) and a rank's CPU per step (per step and per
-byte, from the workers' CPU times); the run's own ranks all-reduce a small buffer where they
-run, which tells the machines they share (each rank's kernel boot id) and, where they share
-one, a step's fixed cost there; a probe gives the other sessions' load on this machine's
-CPUs. The ring and the in-place run are the cluster's own workers over the channels the run's
-all-reduces use: the same engine and the same TLS (each rank reports its setting; its CPU
-times include its encryption), recorded as ``model.inputs_tls`` and ``model.inputs_engine``;
-the whole-buffer probe opens no channel.
+``model=True`` also measures what the model needs (:func:`probe_round`), in three rounds
+interleaved with the measured sizes so that both meet the run's load (a round after each of
+three sizes); the inputs are the rounds' medians, each round's value kept beside them
+(:func:`costs_from_rounds`, :class:`Spread`). A round: a two-rank ring on workers 0 and 1 at
+two piece sizes gives the per-step link (alpha and bandwidth of the workers' own path and
+code) and a rank's CPU per step (per step and per byte, from the workers' CPU times); the
+run's own ranks all-reduce a small buffer where they run, which tells the machines they
+share (each rank's kernel boot id) and, where they share one, a step's fixed cost there; a
+probe gives the other sessions' load on this machine's CPUs. The ring and the in-place run
+are the cluster's own workers over the channels the run's all-reduces use: the same engine
+and the same TLS (each rank reports its setting; its CPU times include its encryption),
+recorded as ``model.inputs_tls`` and ``model.inputs_engine``; the whole-buffer probe opens
+no channel.
 :func:`~pytest_tfgrpc.model.scaling.allreduce_time` then predicts the all-reduce beside
 the measurement (``model.*`` figures, ``error_pct`` against the median).
 """
@@ -29,6 +32,7 @@ the measurement (``model.*`` figures, ``error_pct`` against the median).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -46,36 +50,75 @@ from pytest_tfgrpc.ps.jobs import samples as jobs_samples
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
 from pytest_tfgrpc.results import BenchmarkResult, Cluster, CpuTime, SizeResult
 from pytest_tfgrpc.roles.processes import this_machine
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire.client import BenchmarkError
 
 __all__ = [
     "ALLREDUCE_RUN",
+    "MODEL_ROUNDS",
     "AllReduceCosts",
     "AllReducePrediction",
     "AllReduceResult",
+    "ProbeRound",
+    "Spread",
     "allreduce",
-    "measure_allreduce_costs",
+    "costs_from_rounds",
     "measure_whole_buffer",
     "predict_allreduce",
+    "probe_round",
     "security",
     "shared_step",
 ]
 
 #: The default run: 20 all-reduces after 3 unmeasured, within 10 s.
 ALLREDUCE_RUN = RunSpec(iterations=20, warmup=3, max_seconds=10.0, warmup_seconds=5.0)
-#: Each size of the model's two-rank sweep: a few all-reduces, bounded in time.
-_COST_RUN = RunSpec(iterations=12, warmup=2, max_seconds=0.4, warmup_seconds=0.2)
+#: Each probe of a round (the two-rank sweep's sizes, the in-place run): at most 30
+#: all-reduces, bounded in time.
+_COST_RUN = RunSpec(iterations=30, warmup=2, max_seconds=0.4, warmup_seconds=0.2)
 #: The sweep's small piece (a step's fixed cost) and its least large one (its bytes' cost).
 _SMALL_PIECE = 1024
 _LARGE_PIECE = 256 << 10
 #: Timings of :func:`measure_whole_buffer`, the median taken.
 _WHOLE_REPEATS = 7
+#: Rounds of the model's probes by default, interleaved with the measured sizes
+#: (:func:`allreduce`): the inputs are the median of three rounds.
+MODEL_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Spread:
+    """An input of the model as each round of probes found it (``values``, in round order):
+    the model takes their ``median``; ``low`` and ``high`` show how far the rounds disagree,
+    ``relative`` as a share of the median (0.0 for a median of 0)."""
+
+    name: str
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.values))
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    @property
+    def relative(self) -> float:
+        median = self.median
+        if median == 0 or not math.isfinite(median):
+            return 0.0
+        return (self.high - self.low) / abs(median)
 
 
 @dataclass(frozen=True)
 class AllReduceCosts:
-    """What :func:`measure_allreduce_costs` found: a step's link (``alpha_s`` plus bytes at
-    ``link_Bps``; infinite when bytes cost nothing measurable), a rank's CPU per step
+    """What the rounds of :func:`probe_round` found, their medians
+    (:func:`costs_from_rounds`): a step's link (``alpha_s`` plus bytes at ``link_Bps``;
+    infinite when bytes cost nothing measurable), a rank's CPU per step
     (``cpu``: ``rpc_s`` per step, ``byte_s`` per byte sent or taken), a rank's CPU per byte
     of its whole buffer once per all-reduce outside the steps (``whole_byte_s``: copying its
     input in, and verifying the sum with ``check=True``), the CPUs of the machine the most
@@ -84,7 +127,12 @@ class AllReduceCosts:
     share one, ``step_s``: a step's fixed seconds among the run's own ranks in their
     placement (:func:`shared_step`). ``tls`` (``off``, ``tls`` or ``mtls``) and ``engine``:
     the security and engine of the workers' channels the two-rank ring and the in-place run
-    were measured over, as the ranks reported them."""
+    were measured over, as the ranks reported them. ``spreads``: each input as every round of
+    probes found it, by name
+    (``alpha_s``, ``beta_s`` = 1 / ``link_Bps``, ``rpc_s``, ``byte_s``, and where ranks share
+    a machine ``load``, ``step_s`` and ``step_cpu_s``). ``step_cpu_s``: a rank's CPU per
+    step in place, less its pieces' bytes at ``byte_s`` (beside ``step_s``, the wall time; not
+    an input of the prediction: it shows whether a shortfall is CPU or idle cores)."""
 
     alpha_s: float
     link_Bps: float
@@ -96,6 +144,12 @@ class AllReduceCosts:
     step_s: float | None = None
     tls: str = "off"
     engine: str = "grpcio"
+    spreads: tuple[Spread, ...] = ()
+    step_cpu_s: float | None = None
+
+    def spread(self, name: str) -> Spread | None:
+        """The rounds' values of input ``name`` (see ``spreads``), None if not measured."""
+        return next((s for s in self.spreads if s.name == name), None)
 
     def rate(self, ranks: int) -> float:
         """The share of a core each rank gets: ``min(1, cores / (sharing + load))``
@@ -126,7 +180,10 @@ class AllReducePrediction:
         bytes per CPU second, :func:`measure_whole_buffer`), ``rate``, ``links`` (whose path the
         link terms are), with shared cores ``cores``, ``load``, ``sharing`` (ranks on the
         busiest machine) and ``shared_step_us`` (:func:`shared_step`), ``inputs_tls`` and
-        ``inputs_engine`` (the channels the inputs were measured over), and ``error_pct``."""
+        ``inputs_engine`` (the channels the inputs were measured over), ``inputs_rounds`` (the
+        rounds of probes whose medians the inputs are), for ``shared_step`` and ``cpu_MBps``
+        ``<name>_spread_pct`` (the rounds' highest less lowest value, in percent of their
+        median, :class:`Spread`) and ``load_low`` and ``load_high``, and ``error_pct``."""
         costs = self.costs
         cpu_rate = 1 / costs.cpu.byte_s / 1e6 if costs.cpu.byte_s > 0 else math.inf
         whole_rate = 1 / costs.whole_byte_s / 1e6 if costs.whole_byte_s > 0 else math.inf
@@ -150,6 +207,15 @@ class AllReducePrediction:
             pairs.append(("sharing", str(costs.sharing or self.ranks)))
         if costs.step_s is not None:
             pairs.append(("shared_step_us", repr(costs.step_s * 1e6)))
+        if costs.spreads:
+            pairs.append(("inputs_rounds", str(len(costs.spreads[0].values))))
+        for name, figure in (("step_s", "shared_step"), ("byte_s", "cpu_MBps")):
+            spread = costs.spread(name)
+            if spread is not None:
+                pairs.append((f"{figure}_spread_pct", repr(100 * spread.relative)))
+        load = costs.spread("load")
+        if load is not None:
+            pairs += [("load_low", repr(load.low)), ("load_high", repr(load.high))]
         pairs.append(("error_pct", repr(100 * relative_error(self.step_s, measured_s))))
         return pairs
 
@@ -249,34 +315,61 @@ def shared_step(
     return max(0.0, (wall_s - on_bytes) / len(pieces))
 
 
-def measure_allreduce_costs(
+@dataclass(frozen=True)
+class ProbeRound:
+    """One round of the model's probes (:func:`probe_round`). The two-rank ring on workers 0
+    and 1 at each of ``pieces`` bytes: ``walls_s``, its median wall seconds per step, and
+    ``cpus_s``, a rank's mean CPU seconds per step less the copy of its input. The run's own
+    ranks all-reducing ``in_place_bytes`` by the run's algorithm where they run:
+    ``in_place_s``, the median all-reduce (the slowest rank's) of ``in_place_count``, and
+    ``in_place_cpu_s``, a rank's mean CPU seconds per all-reduce. ``machine``, ``sharing`` and
+    ``cpus``: the machine the most ranks reported, how many, and the CPUs each may use there;
+    ``load``: the other sessions probed there (0.0 elsewhere, or where ranks share nothing);
+    ``tls``: the security every rank of both runs reported."""
+
+    pieces: tuple[int, int]
+    walls_s: tuple[float, float]
+    cpus_s: tuple[float, float]
+    in_place_bytes: int
+    in_place_s: float
+    in_place_cpu_s: float
+    in_place_count: int
+    machine: str
+    sharing: int
+    cpus: int
+    load: float
+    tls: str
+
+
+def probe_round(
     cluster: PSCluster,
     nbytes: int,
     ranks: int,
     algorithm: str,
     *,
-    check: bool = False,
+    copy_byte_s: float,
     load: float | None = None,
-) -> AllReduceCosts:
-    """The inputs of the all-reduce model for ``nbytes`` among ``ranks`` ranks: a two-rank
-    ring on workers 0 and 1 at a small piece and at the run's largest piece (at least 256
-    KiB), each a few all-reduces within 0.4 s. Each size's median step gives the link
-    (``alpha + n / B``, fitted through the two), the workers' CPU times a rank's CPU per step
-    (``rpc_s + 2 n byte_s``, less the copy of its input that the sweep's workers also paid
-    per all-reduce); neither is negative. :func:`measure_whole_buffer` gives the whole-buffer
-    cost per byte, with the verification when ``check``.
+) -> ProbeRound:
+    """One round of the model's probes for ``nbytes`` among ``ranks`` ranks.
 
-    Ranks share a machine's CPUs when they report the same kernel boot id
+    A two-rank ring on workers 0 and 1 at a small piece and at the run's largest piece (at
+    least 256 KiB): each size's median step is a point of the link (``alpha + n / B``), and
+    the workers' CPU times one of a rank's CPU per step (``rpc_s + 2 n byte_s``, less the copy
+    of its input that the sweep's workers paid per all-reduce, at ``copy_byte_s`` per byte,
+    :func:`measure_whole_buffer`). Then the run's own ranks all-reduce a small size where they
+    run: ranks share a machine's CPUs when they report the same kernel boot id
     (:func:`~pytest_tfgrpc.roles.processes.this_machine`: local workers, and emulated hosts,
     which are namespaces of one machine); the most ranks on one machine set the share of a
     core each gets, with ``load`` other runnable sessions there (None: probed now with that
-    many busy processes when it is this machine, else 0), and their own all-reduce at a small
-    size gives a step's fixed cost among them (:func:`shared_step`). Ranks on machines of
-    their own share nothing."""
-    largest = max(allreduce_pieces(nbytes, ranks, algorithm))
-    pieces = (_SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4))
-    copy_byte_s = measure_whole_buffer(max(pieces) * 2, check=False)
-    link_rows, cpu_rows, modes = [], [], []
+    many busy processes when it is this machine, :func:`~pytest_tfgrpc.bench.fit.measure_load`,
+    else 0), and the median of these small all-reduces gives a step's fixed cost among them
+    (:func:`shared_step`, in :func:`costs_from_rounds`). Ranks on machines of their own share
+    nothing. Each probe is at most 30 all-reduces within 0.4 s.
+
+    :raises BenchmarkError: probes that ran under different TLS settings.
+    """
+    pieces = _sweep_pieces(nbytes, ranks, algorithm)
+    walls, cpus, modes = [], [], []
     for piece in pieces:
         replies = cluster.allreduce(
             2 * piece,
@@ -289,20 +382,9 @@ def measure_allreduce_costs(
         )
         modes.append(security(replies))
         wall, cpu = _per_step(replies, steps=2)
-        link_rows.append(((1.0, float(piece)), wall))
+        walls.append(wall)
         # each of the sweep's all-reduces (two steps) copied its 2-piece input in once
-        cpu_rows.append(((1.0, 2.0 * piece), max(0.0, cpu - copy_byte_s * piece)))
-    alpha, beta = nonnegative_fit(link_rows)
-    rpc_s, byte_s = nonnegative_fit(cpu_rows)
-    costs = AllReduceCosts(
-        alpha_s=alpha,
-        link_Bps=1 / beta if beta > 0 else math.inf,
-        cpu=CpuCost(rpc_s, 0.0, byte_s),
-        cores=None,
-        load=0.0,
-        whole_byte_s=measure_whole_buffer(nbytes, check=check),
-    )
-    # the run's own ranks in their placement, at a small size: where they run, and a step there
+        cpus.append(max(0.0, cpu - copy_byte_s * piece))
     small = ranks * _SMALL_PIECE
     in_place = cluster.allreduce(
         small,
@@ -316,17 +398,111 @@ def measure_allreduce_costs(
     modes.append(security(in_place))
     if len(set(modes)) != 1:
         raise BenchmarkError(f"the model's probes ran under different TLS settings: {modes}")
-    costs = replace(costs, tls=modes[0], engine=cluster.workers_engine)
-    machine, sharing, cpus = _busiest_machine(in_place)
+    in_place_s, in_place_cpu_s = _per_step(in_place, steps=1)
+    machine, sharing, cpus_there = _busiest_machine(in_place)
     if sharing < 2:
-        return costs
-    if load is None:
+        load = 0.0
+    elif load is None:
         load = measure_load(sharing) if machine == this_machine() else 0.0
-    costs = replace(costs, cores=float(cpus), load=load, sharing=sharing)
-    walls = np.max(np.vstack([jobs_samples(r.samples_ns) for r in in_place]), axis=0)
-    wall_s = float(np.median(walls)) / 1e9
-    step_s = shared_step(wall_s, small, ranks, algorithm, costs.cpu, costs.rate(ranks))
-    return replace(costs, step_s=step_s)
+    return ProbeRound(
+        pieces=pieces,
+        walls_s=(walls[0], walls[1]),
+        cpus_s=(cpus[0], cpus[1]),
+        in_place_bytes=small,
+        in_place_s=in_place_s,
+        in_place_cpu_s=in_place_cpu_s,
+        in_place_count=min(len(r.samples_ns) for r in in_place),
+        machine=machine,
+        sharing=sharing,
+        cpus=cpus_there,
+        load=load,
+        tls=modes[0],
+    )
+
+
+def costs_from_rounds(
+    rounds: Sequence[ProbeRound],
+    ranks: int,
+    algorithm: str,
+    *,
+    whole_byte_s: float,
+    engine: str,
+) -> AllReduceCosts:
+    """The model's inputs from ``rounds`` of probes: each round's own link (``alpha + n / B``
+    through its two pieces' steps), CPU per step (``rpc_s + 2 n byte_s``), load and in-place
+    step (:func:`shared_step`, at that round's ``byte_s`` and share of a core), then the
+    median of each over the rounds, every round's value kept in ``spreads``.
+
+    :raises ValueError: no rounds.
+    :raises BenchmarkError: rounds under different TLS settings or on different machines.
+    """
+    if not rounds:
+        raise ValueError("no rounds of probes to take the model's inputs from")
+    if len({r.tls for r in rounds}) != 1:
+        raise BenchmarkError(
+            f"the model's probes ran under different TLS settings: {[r.tls for r in rounds]}"
+        )
+    if len({(r.machine, r.sharing, r.cpus) for r in rounds}) != 1:
+        raise BenchmarkError("the model's rounds of probes found the ranks on different machines")
+    first = rounds[0]
+    values: dict[str, list[float]] = {}
+    for r in rounds:
+        alpha, beta = nonnegative_fit(
+            [((1.0, float(p)), wall) for p, wall in zip(r.pieces, r.walls_s, strict=True)]
+        )
+        rpc_s, byte_s = nonnegative_fit(
+            [((1.0, 2.0 * p), cpu) for p, cpu in zip(r.pieces, r.cpus_s, strict=True)]
+        )
+        row = {"alpha_s": alpha, "beta_s": beta, "rpc_s": rpc_s, "byte_s": byte_s}
+        if first.sharing >= 2:
+            round_costs = AllReduceCosts(
+                alpha, math.inf, CpuCost(rpc_s, 0.0, byte_s), float(r.cpus), r.load,
+                sharing=r.sharing,
+            )  # fmt: skip
+            rate = round_costs.rate(ranks)
+            row["load"] = r.load
+            row["step_s"] = shared_step(
+                r.in_place_s, r.in_place_bytes, ranks, algorithm, round_costs.cpu, rate
+            )
+            pieces = allreduce_pieces(r.in_place_bytes, ranks, algorithm)
+            on_bytes = sum(2 * piece for piece in pieces) * byte_s
+            row["step_cpu_s"] = max(0.0, (r.in_place_cpu_s - on_bytes) / len(pieces))
+        for name, value in row.items():
+            values.setdefault(name, []).append(value)
+    spreads = tuple(Spread(name, tuple(found)) for name, found in values.items())
+    median = {s.name: s.median for s in spreads}
+    costs = AllReduceCosts(
+        alpha_s=median["alpha_s"],
+        link_Bps=1 / median["beta_s"] if median["beta_s"] > 0 else math.inf,
+        cpu=CpuCost(median["rpc_s"], 0.0, median["byte_s"]),
+        cores=None,
+        load=0.0,
+        whole_byte_s=whole_byte_s,
+        tls=first.tls,
+        engine=engine,
+        spreads=spreads,
+    )
+    if first.sharing < 2:
+        return costs
+    return replace(
+        costs,
+        cores=float(first.cpus),
+        load=median["load"],
+        sharing=first.sharing,
+        step_s=median["step_s"],
+        step_cpu_s=median["step_cpu_s"],
+    )
+
+
+def _sweep_pieces(nbytes: int, ranks: int, algorithm: str) -> tuple[int, int]:
+    """The two-rank sweep's pieces: a small one and the run's largest (at least 256 KiB)."""
+    largest = max(allreduce_pieces(nbytes, ranks, algorithm))
+    return _SMALL_PIECE, max(_LARGE_PIECE, int(largest) // 4 * 4)
+
+
+def _copy_byte_s(nbytes: int, ranks: int, algorithm: str) -> float:
+    """A rank's CPU per byte of copying in the two-rank sweep's largest input."""
+    return measure_whole_buffer(2 * _sweep_pieces(nbytes, ranks, algorithm)[1], check=False)
 
 
 def allreduce(
@@ -339,28 +515,42 @@ def allreduce(
     model: bool = True,
     label: str | None = None,
     key: str | None = None,
+    model_rounds: int = MODEL_ROUNDS,
 ) -> AllReduceResult:
     """All-reduce a buffer of each of ``sizes`` bytes (whole float32 elements, at least one
     per rank) among every worker of ``cluster``, one point per size: ``run.warmup``
     all-reduces unmeasured, then at most ``run.iterations`` within ``run.time_limit_s``; see
     the module docstring. ``key`` names a single size's point (a profile's key; default: the
-    size). With ``model``, the model's inputs are measured once, after the last size.
+    size).
+
+    With ``model``, the model's inputs are measured in ``model_rounds`` rounds of probes
+    (:func:`probe_round`) interleaved with the measured sizes, so that they meet the load the
+    run meets: spread evenly after the sizes (three sizes, three rounds: one after each; one
+    size: all three after it), each size measured in one job as without ``model``; the
+    inputs are the rounds' medians (:func:`costs_from_rounds`). (Splitting each size into
+    shares with a round between them, tried, lengthened the measured all-reduces themselves:
+    under load, three jobs of 6, 7 and 7 had medians 8-19% above one job of 20.)
 
     :raises ValueError: no sizes, fewer than two workers, a size that is no whole float32
         elements or too small, an unknown algorithm, halving-doubling on a number of ranks
         that is no power of two (the worker protocol's
-        :class:`~pytest_tfgrpc.ps.jobs.MessageError`).
+        :class:`~pytest_tfgrpc.ps.jobs.MessageError`), ``model_rounds`` below 1.
     :raises BenchmarkError: a wrong sum with ``check=True`` (naming the rank and element),
         native workers, ranks that measured different counts; as
         :meth:`~pytest_tfgrpc.ps.ps_cluster.PSCluster.allreduce` raises otherwise.
     """
     if not sizes:
         raise ValueError("no buffer sizes to all-reduce")
+    if model_rounds < 1:
+        raise ValueError(f"model_rounds={model_rounds!r}: at least one round of probes")
     ranks = len(cluster.workers)
     points = []
     checked = []
     modes = set()
-    for nbytes in sizes:
+    rounds: list[ProbeRound] = []
+    copy_byte_s = 0.0
+    for i, nbytes in enumerate(sizes):
+        take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
         replies = cluster.allreduce(
             nbytes,
             algorithm=algorithm,
@@ -372,9 +562,23 @@ def allreduce(
         points.append(_point(replies, nbytes, ranks, key if len(sizes) == 1 else None))
         checked.append(min(r.checked for r in replies))
         modes.add(security(replies))
+        # after a size: a bad request fails before anything is probed
+        for _ in range(_rounds_after(i, len(sizes), model_rounds if model else 0)):
+            take_turn()
+            if not rounds:
+                copy_byte_s = _copy_byte_s(max(sizes), ranks, algorithm)
+            rounds.append(
+                probe_round(cluster, max(sizes), ranks, algorithm, copy_byte_s=copy_byte_s)
+            )
     predictions: tuple[AllReducePrediction | None, ...] = (None,) * len(points)
-    if model:  # measured after the run: a bad request fails before anything is measured
-        costs = measure_allreduce_costs(cluster, max(sizes), ranks, algorithm, check=check)
+    if model:
+        costs = costs_from_rounds(
+            rounds,
+            ranks,
+            algorithm,
+            whole_byte_s=measure_whole_buffer(max(sizes), check=check),
+            engine=cluster.workers_engine,
+        )
         if modes != {costs.tls}:
             raise BenchmarkError(
                 f"the all-reduces ran with TLS {', '.join(sorted(modes))} and the model's "
@@ -403,6 +607,12 @@ def allreduce(
         algorithm=algorithm,
         predictions=predictions,
     )
+
+
+def _rounds_after(index: int, sizes: int, rounds: int) -> int:
+    """How many of ``rounds`` rounds of probes follow the ``index``-th of ``sizes`` sizes:
+    spread evenly, the last size followed by at least one."""
+    return rounds * (index + 1) // sizes - rounds * index // sizes
 
 
 def _point(

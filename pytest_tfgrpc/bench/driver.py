@@ -590,9 +590,9 @@ class Driver:
         ``sizes``; with neither, the test's ``message_profile`` (its profile, else its sizes).
         ``algorithm``: ``ring`` or ``halving_doubling`` (a power-of-two number of workers).
         Records nccl-tests' ``algbw`` and ``busbw`` beside the step figures; ``check=True``
-        verifies every sum at every rank; ``model=True`` measures the model's inputs after
-        the run (a few seconds) and records its prediction beside each size
-        (:mod:`pytest_tfgrpc.bench.allreduce`).
+        verifies every sum at every rank; ``model=True`` measures the model's inputs in three
+        rounds interleaved with the measured sizes (a few seconds) and records its
+        prediction beside each size (:mod:`pytest_tfgrpc.bench.allreduce`).
 
         :raises SpecError: a bad profile, size, algorithm or run setting, or an engine whose
             workers do not all-reduce, before anything is measured.

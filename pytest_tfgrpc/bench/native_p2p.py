@@ -38,6 +38,7 @@ from pytest_tfgrpc.native.client import (
     run_client,
 )
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire import codec
 from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
 from pytest_tfgrpc.wire.schemes import Payload
@@ -171,6 +172,7 @@ def _measure_each(server: Server, sizes: Sequence[Message], call: Transfer) -> B
     for index, message in enumerate(checked, 1):
         if call.progress is not None:
             call.progress(index, len(checked), _name(message))
+        take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
         measured, probe = run_probed(server, message, call)
         point = size_result(message, call.mode, measured)
         wire = measured.wire_bytes * (2 if isinstance(call, LatencyCall) else 1)

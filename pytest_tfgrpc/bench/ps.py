@@ -49,6 +49,7 @@ from pytest_tfgrpc.roles.parameter_server import (
     method,
 )
 from pytest_tfgrpc.roles.processes import ServerDied
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire._proto import service_pb2
@@ -224,6 +225,7 @@ def ps_throughput(
                 )
                 for w in range(cluster.topology.workers)
             ]
+            take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
             with ClusterProbe(cluster.ps) as watch, _quoting_transport(watch):
                 replies = cluster.run(jobs, run.job_timeout_s(), watch)
             stats = cluster.job_stats()
@@ -358,7 +360,9 @@ def sync_sgd_step(
     shards = [placement.shards_of(ps) for ps in range(topology.ps)]
     machine: MachineFit | None = None
     if model:
+        take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
         machine = measure_fit(cluster, placement, chunk_bytes=chunk_bytes)
+    take_turn()
     with ClusterProbe(cluster.ps) as watch, _quoting_transport(watch):
         replies, stats = cluster.sync_sgd(
             [[(s.tensor, s.offset, s.nbytes) for s in mine] for mine in shards],

@@ -31,6 +31,7 @@ from pytest_tfgrpc.bench.timing import Samples
 from pytest_tfgrpc.metrics import stream_label
 from pytest_tfgrpc.native.client import NativeRun, StreamSamples, decode_run
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import child_env
@@ -179,6 +180,7 @@ def p2p_bandwidth_streams(
         assert isinstance(message, int)
         if progress is not None:
             progress(index, len(checked), f"{message} B x {streams} streams")
+        take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
         if engine == "native":
             measured, probe = run_probed(server, message, call, streams)
         else:

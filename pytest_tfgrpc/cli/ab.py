@@ -440,9 +440,8 @@ def _turn_warnings(done: _Progress) -> list[str]:
         else:
             what = f"neither side took a turn in pairs {which}: their rounds ran at once"
         lines.append(
-            f"{what} (a pytest-tfgrpc older than --interleave rounds, the native engine, and "
-            "PS, all-reduce and sync-SGD rounds take none); --interleave runs keeps the sides "
-            "apart"
+            f"{what} (a pytest-tfgrpc older than --interleave rounds takes none); "
+            "--interleave runs keeps the sides apart"
         )
     return lines
 

@@ -49,6 +49,7 @@ from pytest_tfgrpc.model.placement import Placement, Topology
 from pytest_tfgrpc.model.profiles import Profile
 from pytest_tfgrpc.results import BenchmarkResult, CpuTime, SizeResult
 from pytest_tfgrpc.roles.processes import LOCAL, Launcher
+from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.units import size_label
 from pytest_tfgrpc.wire import grpc_settings
 from pytest_tfgrpc.wire.client import Server
@@ -441,6 +442,7 @@ class Engine(ABC):
             if call.progress is not None:
                 call.progress(index, len(sizes), name)
             tensor = Tensor.random(payload.total_bytes if payload else int(message))  # type: ignore[arg-type]
+            take_turn()  # lockstep with another run (tfgrpc-ab --interleave rounds)
             measured = one(tensor)
             settings.update(measured.settings)
             what = f"{call.benchmark} of {name}"
@@ -506,6 +508,7 @@ class Engine(ABC):
         for default_key, group in groups:
             variables = ps_variables(group, topology, profile)
             total = sum(v.nbytes for v in variables)
+            take_turn()
             measured = self.ps_exchange(cluster, variables, mode=mode, run=run)
             settings.update(measured.settings)
             samples = measured.array(self.name, f"ps_exchange of {default_key}")
