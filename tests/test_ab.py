@@ -612,7 +612,7 @@ def test_lockstep_ps_and_allreduce_points_take_turns(pytester: pytest.Pytester) 
     a turn of its own (2 + 1 per side here), so two sides' PS runs never overlap."""
     suite = pytester.makepyfile(test_perf=PS_SUITE)
     side = pytest_command(suite)
-    code, out = ab(
+    _, out = ab(
         pytester.path,
         *("--pairs", "3", "--interleave", "rounds", "--a", side, "--b", side),
         *("--max-regression", "80%"),
