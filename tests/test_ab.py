@@ -593,6 +593,42 @@ def test_lockstep_rounds_alternate_a_b_and_an_unchanged_pair_passes(
         assert all(a != b for a, b in itertools.pairwise(sides)), sides
 
 
+FAILING_SUITE = """
+import os
+import pytest
+
+@pytest.mark.message_profile(["1KiB"])
+def test_a(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+    assert os.environ["SIDE"] == "A", "B broke it"
+
+@pytest.mark.message_profile(["1KiB"])
+def test_both(tfgrpc, tensor_server):
+    tfgrpc.p2p_latency(tensor_server)
+    assert False, "broken on both sides"
+"""
+
+
+def test_a_test_that_fails_only_in_b_fails_the_gate(pytester: pytest.Pytester) -> None:
+    """Replacing a CI job's pytest step by tfgrpc-ab must not drop the failures B brings (a
+    budget breached, a wrong sum): they fail the run; failures A shares are notes only."""
+    suite = pytester.makepyfile(test_perf=FAILING_SUITE)
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "3", "--max-regression", "80%", "--junitxml", "ab.xml"),
+        *("--a", "env SIDE=A " + pytest_command(suite)),
+        *("--b", "env SIDE=B " + pytest_command(suite)),
+    )
+    assert code == 1, out
+    verdict = out.splitlines()[-1]
+    assert "FAILED: " in verdict, out
+    assert "test_perf.test_a[lo] failed in B where it passed in A (pairs 1, 2, 3)" in verdict
+    assert "test_both" not in verdict, verdict
+    assert "note: pair 1: side A exited 1: some tests failed" in out, out
+    xml = (pytester.path / "ab.xml").read_text()
+    assert "test_perf.test_a[lo] failed in B where it passed in A" in xml
+
+
 PS_SUITE = """
 import pytest
 

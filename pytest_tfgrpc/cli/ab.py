@@ -355,6 +355,8 @@ class _Progress:
     unrun: int = 0
     #: Lockstep pairs in which a side took no turn, by side ("A", "B", "A and B").
     no_turns: dict[str, list[int]] = field(default_factory=dict)
+    #: The number of each pair of ``pairs`` (1-based, as the progress lines count them).
+    numbers: list[int] = field(default_factory=list)
 
 
 def _run_pairs(
@@ -408,6 +410,7 @@ def _run_pairs(
             print(f"{PROG}: pair {index}/{total}: {', '.join(took)}: {state}", file=out, flush=True)
             if len(got) == 2:
                 done.pairs.append(Pair(got["A"], got["B"]))
+                done.numbers.append(index)
                 done.sources.append(
                     (directory / f"a-{index:02d}.xml", directory / f"b-{index:02d}.xml")
                 )
@@ -418,6 +421,19 @@ def _run_pairs(
     except KeyboardInterrupt as stop:
         done.interrupted = str(stop) if str(stop) in _SIGNAL_NAMES else "Ctrl-C"
     return done
+
+
+def _failed_in_b(done: _Progress) -> list[str]:
+    """One line per test that failed in B's run of a pair while it passed in A's: B broke it.
+    A test that failed on both sides is not B's doing (each such run has its note)."""
+    broke: dict[str, list[int]] = {}
+    for number, pair in zip(done.numbers, done.pairs, strict=True):
+        for test in sorted(pair.b.failed - pair.a.failed):
+            broke.setdefault(test, []).append(number)
+    return [
+        f"{test} failed in B where it passed in A (pairs {', '.join(map(str, numbers))})"
+        for test, numbers in broke.items()
+    ]
 
 
 def _took_no_turns(turns: Sequence[Turn]) -> str:
@@ -578,6 +594,7 @@ def _run(
     failures = gate_failures(
         comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
     )
+    failures += _failed_in_b(done)
     _report(comparison, done, stdout)
     run = AbRun(
         comparison=comparison,

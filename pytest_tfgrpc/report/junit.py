@@ -52,6 +52,8 @@ class Baseline:
     measurements: Mapping[Key, Measurement]
     meta: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     hostname: str = ""
+    #: The test ids that failed (or errored) in the run, where its file says (JUnit XML).
+    failed: frozenset[str] = frozenset()
 
     def setup(self) -> dict[str, str]:
         """``meta``, with ``hostname`` as ``host`` where it records no host."""
@@ -84,10 +86,12 @@ def strict_record(
 
 @dataclass(frozen=True)
 class JUnitCase:
-    """One named test case of a JUnit file: its id (``<classname>.<name>``) and properties."""
+    """One named test case of a JUnit file: its id (``<classname>.<name>``), properties, and
+    whether it failed (a ``<failure>`` or ``<error>``)."""
 
     test: str
     properties: tuple[tuple[str, str], ...]
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
     run leaves, are skipped). Raises :class:`BaselineError`, its message starting with
     ``what`` and the path, when the file is missing or unreadable, is not well-formed XML (a
     truncated file is not), or is not JUnit XML."""
-    from junitparser import JUnitXmlError
+    from junitparser import Error, Failure, JUnitXmlError
     from junitparser.xunit2 import JUnitXml
 
     where = f"{what} {os.fspath(path)}"
@@ -141,7 +145,8 @@ def read_junit(path: str | os.PathLike[str], what: str = "JUnit file") -> JUnitR
             if not getattr(case, "name", None):
                 continue
             test = f"{case.classname}.{case.name}" if case.classname else str(case.name)
-            cases.append(JUnitCase(test, tuple(_properties(case))))
+            failed = any(isinstance(result, (Failure, Error)) for result in case.result)
+            cases.append(JUnitCase(test, tuple(_properties(case)), failed))
     return JUnitRun(os.fspath(path), tuple(cases), tuple(suite_properties), hostname)
 
 
@@ -195,7 +200,11 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
             "written by pytest --junitxml with pytest-tfgrpc benchmarks?"
         )
     return Baseline(
-        os.fspath(path), MappingProxyType(measurements), MappingProxyType(meta), run.hostname
+        os.fspath(path),
+        MappingProxyType(measurements),
+        MappingProxyType(meta),
+        run.hostname,
+        frozenset(case.test for case in run.cases if case.failed),
     )
 
 
