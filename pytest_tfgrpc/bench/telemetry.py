@@ -434,7 +434,7 @@ class TransportProbe:
         if self._first is None or self._reader is None:
             return ""
         try:
-            now = self._reader.read(self._address, self._port, clients=self._clients)
+            now = self._reader.read(self._address, self._port, clients=self._clients, host=True)
         except (TelemetryError, OSError):
             return ""
         at_ns = time.monotonic_ns()
