@@ -26,6 +26,7 @@ import functools
 import ipaddress
 import os
 import socket
+import stat
 import struct
 import threading
 import time
@@ -259,6 +260,67 @@ def _waited(paths: Iterable[str], read: Callable[[str], bytes]) -> int:
     return total
 
 
+class _Threads:
+    """The ``schedstat`` files of the threads of the processes whose run-queue wait was read,
+    kept open (``pread`` again: the kernel makes their text anew at offset 0), and read
+    without a listing of the threads where none may have changed.
+
+    A process's threads are listed again only where its number of threads now (its ``task``
+    directory's link count: one ``stat``) differs from the files kept, or one of those fails
+    to read (its thread ended): the same count with every thread kept still alive is the
+    same threads. Not thread-safe: :class:`_Kernel`'s lock serialises its use."""
+
+    #: The most files kept open in all: beyond, the process read least recently is closed.
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self._fds: dict[int, list[int]] = {}
+
+    def waited(self, pid: int) -> int | None:
+        """:func:`run_queue_wait_ns` of ``pid``."""
+        fds = self._fds.pop(pid, None)
+        if fds:
+            try:
+                if os.stat(f"/proc/{pid}/task").st_nlink - 2 == len(fds):  # "." and ".."
+                    total = sum(int(os.pread(fd, 256, 0).split(None, 2)[1]) for fd in fds)
+                    self._fds[pid] = fds
+                    return total
+            except (OSError, IndexError, ValueError):
+                pass  # a thread ended, or the process: list them again
+            _close_all(fds)
+        paths = _schedstats(pid)
+        if paths is None:
+            return None
+        total, fds = 0, []
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue  # a thread that ended meanwhile
+            try:
+                total += int(os.pread(fd, 256, 0).split(None, 2)[1])
+            except (OSError, IndexError, ValueError):
+                os.close(fd)
+                continue
+            fds.append(fd)
+        while self._fds and len(fds) + sum(map(len, self._fds.values())) > self.LIMIT:
+            _close_all(self._fds.pop(next(iter(self._fds))))
+        if len(fds) <= self.LIMIT:
+            self._fds[pid] = fds
+        else:
+            _close_all(fds)
+        return total
+
+    def forget(self, pid: int) -> None:
+        """Close ``pid``'s files (it ended)."""
+        _close_all(self._fds.pop(pid, []))
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.stat(f"/proc/{pid}")
@@ -270,10 +332,9 @@ def _alive(pid: int) -> bool:
 class _OpenFiles:
     """Small ``/proc`` and ``/sys`` files kept open and read again with ``pread`` (the kernel
     makes their text anew at offset 0), which saves an open and a close per read; a file
-    that fails to read is closed and forgotten (its thread or interface is gone)."""
+    that fails to read is closed and forgotten (its interface is gone)."""
 
-    #: The most files kept open: the oldest is closed to open one more (a process's threads
-    #: that ended without a reader seeing it).
+    #: The most files kept open: the oldest is closed to open one more.
     LIMIT = 128
 
     def __init__(self) -> None:
@@ -301,14 +362,6 @@ class _OpenFiles:
             self._fds[path] = fd
             return data
 
-    def forget(self, paths: Iterable[str]) -> None:
-        """Close ``paths`` (threads that ended)."""
-        with self._lock:
-            for path in paths:
-                fd = self._fds.pop(path, None)
-                if fd is not None:
-                    os.close(fd)
-
 
 class _Kernel:
     """This process's netlink sockets (socket diagnostics, routing), their receive buffer and
@@ -332,9 +385,7 @@ class _Kernel:
         self.lock = threading.Lock()
         self.buffer = bytearray(1 << 17)
         self.files = _OpenFiles()
-        #: Per process whose run-queue wait was read, the ``schedstat`` files of its threads
-        #: when last listed.
-        self.threads: dict[int, list[str]] = {}
+        self.threads = _Threads()
 
 
 _kernel: _Kernel | None = None
@@ -353,10 +404,10 @@ def _shared_kernel() -> _Kernel:
 
 
 #: The ends of this process's sockets as :func:`own_connections` last saw them, by descriptor
-#: and socket (``/proc/self/fd``'s name and link, ``socket:[inode]``): a connected TCP
-#: socket's ``(local, peer)``, None for another kind of socket. A socket's ends never change
-#: once connected; a descriptor closed and used again names another socket.
-_own_ends: dict[tuple[str, str], tuple[str, str] | None] = {}
+#: and socket (``/proc/self/fd``'s name and the socket's inode): a connected TCP socket's
+#: ``(local, peer)``, None for another kind of socket. A socket's ends never change once
+#: connected; a descriptor closed and used again holds another socket (another inode).
+_own_ends: dict[tuple[str, int], tuple[str, str] | None] = {}
 
 
 def own_connections(port: int) -> tuple[tuple[str, str], ...]:
@@ -364,20 +415,20 @@ def own_connections(port: int) -> tuple[tuple[str, str], ...]:
     peer)`` each, as ``address:port`` or ``[v6]:port``, read from its own descriptors
     (``/proc/self/fd``, each socket's ``getsockname``/``getpeername`` through a duplicate:
     gRPC's connections, which it does not show). A socket seen by an earlier call is not
-    asked again (its ends are remembered, :data:`_own_ends`): a call reads each descriptor's
-    link, and asks only sockets new since."""
+    asked again (its ends are remembered, :data:`_own_ends`): a call lists the descriptors,
+    ``fstat`` s each and asks only sockets new since."""
     global _own_ends
     out = []
     where = "/proc/self/fd/"
-    seen: dict[tuple[str, str], tuple[str, str] | None] = {}
+    seen: dict[tuple[str, int], tuple[str, str] | None] = {}
     for name in os.listdir(where):
         try:
-            link = os.readlink(where + name)
-        except OSError:
+            status = os.fstat(int(name))  # no path to resolve, as a readlink of it has
+        except (OSError, ValueError):
             continue  # closed meanwhile
-        if not link.startswith("socket:"):
+        if not stat.S_ISSOCK(status.st_mode):
             continue
-        key = (name, link)
+        key = (name, status.st_ino)
         if key in _own_ends:
             ends = seen[key] = _own_ends[key]
         else:
@@ -816,41 +867,20 @@ class TelemetryReader:
         return Reading(at, (), link, retransmits)
 
     def run_queue_wait_ns(self, pid: int) -> int | None:
-        """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads.
-
-        The threads are listed again only where they may have changed: where the number of
-        ``pid``'s threads now (its ``task`` directory's link count, one ``stat``) differs from
-        the threads last listed, or one of those has ended (its file fails to read), a thread
-        that ended and one that started meanwhile included; else the same threads are read
-        again, without listing them (``os.listdir`` is the costliest step of a reading)."""
-        kernel = self._kernel
+        """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads
+        (:class:`_Threads`)."""
         with self._lock:
-            known = kernel.threads.get(pid)
             self._pids.add(pid)
-        if known:
-            try:
-                count = os.stat(f"/proc/{pid}/task").st_nlink - 2  # "." and ".." too
-                if count == len(known):
-                    read = self._files.read
-                    return sum(int(read(path).split(None, 2)[1]) for path in known)
-            except (OSError, IndexError, ValueError):
-                pass  # a thread ended, or the process: list them again
-        paths = _schedstats(pid)
-        with self._lock:
-            before = kernel.threads.pop(pid, [])
-            if paths is not None:
-                kernel.threads[pid] = paths
-        self._files.forget(set(before) - set(paths or ()))
-        return None if paths is None else _waited(paths, self._files.read)
+            return self._kernel.threads.waited(pid)
 
     def close(self) -> None:
         """Close the files of the processes this reader read that have ended since (the
         netlink sockets and other files stay open for the process's next reader)."""
-        kernel = self._kernel
         with self._lock:
             pids, self._pids = self._pids, set()
-            gone = [kernel.threads.pop(pid, []) for pid in pids if not _alive(pid)]
-        self._files.forget(path for paths in gone for path in paths)
+            for pid in pids:
+                if not _alive(pid):
+                    self._kernel.threads.forget(pid)
 
     def __enter__(self) -> TelemetryReader:
         return self
