@@ -15,10 +15,16 @@ import numpy as np
 import pytest
 from junitparser.xunit2 import JUnitXml
 
+from pytest_tfgrpc.bench.p2p import LatencyCall, p2p_latency
+from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.telemetry import TransportProbe, Window, summarize_windows
+from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.report.limits import CPU_SHARE, LINK_SHARE, name_limit
 from pytest_tfgrpc.report.telemetry_text import gate_context, summary_cell
 from pytest_tfgrpc.results import CpuTime, SizeResult, Transport
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.telemetry import (
     LinkState,
     Reading,
@@ -429,3 +435,28 @@ def test_a_bad_link_rate_is_a_usage_error(
     result = pytester.runpytest(f"--tfgrpc-link-rate={pair}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--tfgrpc-link-rate / tfgrpc_link_rates: {message}*"])
+
+
+def test_sizes_measured_before_a_failed_call_keep_their_telemetry() -> None:
+    """A server that refuses tensors over 16 KiB: the 1 KiB echo is measured in round 1,
+    then the 64 KiB one's first call fails. The 1 KiB size's window (opened for all its
+    rounds) closes at the failure, so the result kept on the error has its telemetry; the
+    failure quotes what the failed size's connection showed."""
+    run = RunSpec(iterations=40, warmup=2, max_seconds=2.0, warmup_seconds=0.5, rounds=4)
+    refusing = ["--max-tensor-bytes", "16KiB"]
+    with (
+        ServerProcess.start(resolve_fabric("lo"), extra_args=refusing) as server,
+        pytest.raises(BenchmarkError) as failed,
+    ):
+        p2p_latency(server, [1024, 65536], LatencyCall(run=run))
+    assert "RESOURCE_EXHAUSTED" in str(failed.value)
+    assert "(transport: after " in str(failed.value), str(failed.value)
+    partial = partial_result(failed.value)
+    assert partial is not None
+    (point,) = partial.sizes
+    assert point.size_bytes == 1024
+    assert point.transport is not None, "the size measured before the failure lost its telemetry"
+    assert point.transport.connections == 1
+    assert point.transport.retransmits == 0
+    # Round 1's ten echoes at least, both ways (1 KiB and its framing each).
+    assert point.transport.bytes_sent >= 10 * 2 * 1024
