@@ -4,10 +4,12 @@ and the plugin end to end on loopback (the grpcio engine; the gate quoting the t
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -460,3 +462,42 @@ def test_sizes_measured_before_a_failed_call_keep_their_telemetry() -> None:
     assert point.transport.retransmits == 0
     # Round 1's ten echoes at least, both ways (1 KiB and its framing each).
     assert point.transport.bytes_sent >= 10 * 2 * 1024
+
+
+def _read_threads(reader: TelemetryReader, pid: int) -> set[str]:
+    """The threads whose ``schedstat`` files ``reader``'s process keeps open for ``pid``."""
+    fds = reader._kernel.threads._fds.get(pid, [])
+    return {os.readlink(f"/proc/self/fd/{fd}").split("/")[4] for fd in fds}
+
+
+def test_run_queue_reads_follow_threads_that_end_and_start() -> None:
+    """The threads are read again without a listing only while none changed: one more
+    thread, or one ended and another started (the same count), is listed anew."""
+    pid = os.getpid()
+
+    def threads_now() -> set[str]:
+        return set(os.listdir(f"/proc/{pid}/task"))
+
+    stop = [threading.Event() for _ in range(2)]
+    first = threading.Thread(target=stop[0].wait)
+    with TelemetryReader() as reader:
+        assert reader.run_queue_wait_ns(pid) is not None
+        assert _read_threads(reader, pid) == threads_now()
+        first.start()
+        try:
+            assert reader.run_queue_wait_ns(pid) is not None
+            assert _read_threads(reader, pid) == threads_now()  # one more
+        finally:
+            stop[0].set()
+            first.join()
+        second = threading.Thread(target=stop[1].wait)
+        second.start()
+        try:
+            ended_and_started = threads_now()
+            assert reader.run_queue_wait_ns(pid) is not None
+            assert _read_threads(reader, pid) == ended_and_started  # same count, not same
+            assert reader.run_queue_wait_ns(pid) is not None  # unchanged: read again
+            assert _read_threads(reader, pid) == ended_and_started
+        finally:
+            stop[1].set()
+            second.join()
