@@ -186,14 +186,25 @@ class Reading:
     cpu_wait_ns: int | None = None
 
 
+#: :func:`split_target` of targets that name their address (no name to resolve again), at
+#: most :data:`_LITERALS_KEPT`: a probe per measured size parses the same server's target.
+_literals: dict[str, tuple[str, int]] = {}
+_LITERALS_KEPT = 256
+
+
 def split_target(target: str) -> tuple[str, int]:
     """``(address, port)`` of a ``host:port`` gRPC target (``[v6%zone]:port`` too); a host
     name is resolved. Raises :class:`TelemetryError` for a target that names no address."""
+    known = _literals.get(target)
+    if known is not None:
+        return known
     host, _, port = target.rpartition(":")
     host = host.strip("[]").split("%", 1)[0]
     try:
         number = int(port)
         address = ipaddress.ip_address(host)
+        if len(_literals) < _LITERALS_KEPT:
+            _literals[target] = (str(address), number)
     except ValueError:
         try:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
