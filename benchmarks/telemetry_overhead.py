@@ -22,9 +22,11 @@ engine and size it reports:
   spread, which is printed beside them.
 
 ``--compare REV`` measures, in the same run and rounds, a third arm with the telemetry reader
-(:mod:`pytest_tfgrpc.wire.telemetry`) as it was at git revision ``REV`` (e.g. ``main``; it
-finds connections as it did then, whatever ends it is told), and prints its read time beside
-this tree's: a before/after whose ratio the machine's load touches alike.
+(:mod:`pytest_tfgrpc.wire.telemetry`, and the Python engine's ``own_connections``) as it was
+at git revision ``REV`` (e.g. ``main``; it finds connections as it did then: by the ends it is
+told where it took them), and prints its read time beside this tree's: a before/after whose
+ratio the machine's load touches alike. The probe (:mod:`pytest_tfgrpc.bench.telemetry`) is
+this tree's in both arms.
 
 It prints whether the machine looked loaded (the 1-minute load average against the CPUs this
 process may use) and labels the figures "under load" when it did: such figures are no evidence
@@ -34,6 +36,7 @@ for the target. Nothing here asserts.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -101,7 +104,8 @@ LOOPS = {"grpcio": p2p, "native": native_p2p}
 
 def reader_at(rev: str) -> type[telemetry.TelemetryReader]:
     """The ``TelemetryReader`` of ``pytest_tfgrpc/wire/telemetry.py`` as it was at git
-    revision ``rev``, taking this tree's calls (client ends it may not know are dropped)."""
+    revision ``rev``, taking this tree's calls (what its ``read`` does not take is dropped:
+    the client ends, before it looked connections up by them)."""
     root = Path(__file__).resolve().parent.parent
     path = "pytest_tfgrpc/wire/telemetry.py"
     shown = subprocess.run(
@@ -114,11 +118,19 @@ def reader_at(rev: str) -> type[telemetry.TelemetryReader]:
     exec(compile(shown.stdout, f"{rev}:{path}", "exec"), module.__dict__)
     old: Any = module.TelemetryReader
 
+    takes = set(inspect.signature(old.read).parameters)
+
     class Legacy(old):  # type: ignore[misc, valid-type]
-        def read(self, address: str, port: int, *, discover: bool = True, **_: Any) -> Any:
-            return old.read(self, address, port, discover=discover)
+        def read(self, address: str, port: int, *, discover: bool = True, **more: Any) -> Any:
+            # What that revision's read takes of this tree's (the clients' ends since
+            # they were told, the host's counters since it reads them on request).
+            kept = {name: value for name, value in more.items() if name in takes}
+            return old.read(self, address, port, discover=discover, **kept)
 
         def run_queue_wait_ns(self, pid: int) -> int | None:
+            if hasattr(old, "run_queue_wait_ns"):  # its own, with files kept open
+                kept: int | None = old.run_queue_wait_ns(self, pid)
+                return kept
             waited: int | None = module.run_queue_wait_ns(pid)
             return waited
 
@@ -130,19 +142,23 @@ def reader_at(rev: str) -> type[telemetry.TelemetryReader]:
             link = self.link(self.interface) if self.interface else None
             return module.Reading(at, (), link, retransmits)
 
+    Legacy.own_connections = staticmethod(getattr(module, "own_connections", None))
     return Legacy
 
 
 @contextmanager
 def with_reader(reader: type[telemetry.TelemetryReader] | None) -> Iterator[None]:
-    """The probe reads through ``reader`` (None: this tree's TelemetryReader)."""
-    saved = telemetry.TelemetryReader
+    """The probe reads through ``reader`` (None: this tree's TelemetryReader), and the
+    Python engine finds its own connections with that revision's ``own_connections``."""
+    saved, saved_own = telemetry.TelemetryReader, p2p.own_connections
     if reader is not None:
         telemetry.TelemetryReader = reader  # type: ignore[misc]
+        p2p.own_connections = getattr(reader, "own_connections", None) or saved_own
     try:
         yield
     finally:
         telemetry.TelemetryReader = saved  # type: ignore[misc]
+        p2p.own_connections = saved_own
 
 
 @contextmanager

@@ -4,10 +4,12 @@ and the plugin end to end on loopback (the grpcio engine; the gate quoting the t
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +17,16 @@ import numpy as np
 import pytest
 from junitparser.xunit2 import JUnitXml
 
+from pytest_tfgrpc.bench.p2p import LatencyCall, p2p_latency
+from pytest_tfgrpc.bench.partial import partial_result
 from pytest_tfgrpc.bench.telemetry import TransportProbe, Window, summarize_windows
+from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.report.limits import CPU_SHARE, LINK_SHARE, name_limit
 from pytest_tfgrpc.report.telemetry_text import gate_context, summary_cell
 from pytest_tfgrpc.results import CpuTime, SizeResult, Transport
+from pytest_tfgrpc.roles.processes import ServerProcess
+from pytest_tfgrpc.wire.client import BenchmarkError
+from pytest_tfgrpc.wire.fabric import resolve_fabric
 from pytest_tfgrpc.wire.telemetry import (
     LinkState,
     Reading,
@@ -429,3 +437,67 @@ def test_a_bad_link_rate_is_a_usage_error(
     result = pytester.runpytest(f"--tfgrpc-link-rate={pair}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--tfgrpc-link-rate / tfgrpc_link_rates: {message}*"])
+
+
+def test_sizes_measured_before_a_failed_call_keep_their_telemetry() -> None:
+    """A server that refuses tensors over 16 KiB: the 1 KiB echo is measured in round 1,
+    then the 64 KiB one's first call fails. The 1 KiB size's window (opened for all its
+    rounds) closes at the failure, so the result kept on the error has its telemetry; the
+    failure quotes what the failed size's connection showed."""
+    run = RunSpec(iterations=40, warmup=2, max_seconds=2.0, warmup_seconds=0.5, rounds=4)
+    refusing = ["--max-tensor-bytes", "16KiB"]
+    with (
+        ServerProcess.start(resolve_fabric("lo"), extra_args=refusing) as server,
+        pytest.raises(BenchmarkError) as failed,
+    ):
+        p2p_latency(server, [1024, 65536], LatencyCall(run=run))
+    assert "RESOURCE_EXHAUSTED" in str(failed.value)
+    assert "(transport: after " in str(failed.value), str(failed.value)
+    partial = partial_result(failed.value)
+    assert partial is not None
+    (point,) = partial.sizes
+    assert point.size_bytes == 1024
+    assert point.transport is not None, "the size measured before the failure lost its telemetry"
+    assert point.transport.connections == 1
+    assert point.transport.retransmits == 0
+    # Round 1's ten echoes at least, both ways (1 KiB and its framing each).
+    assert point.transport.bytes_sent >= 10 * 2 * 1024
+
+
+def _read_threads(reader: TelemetryReader, pid: int) -> set[str]:
+    """The threads whose ``schedstat`` files ``reader``'s process keeps open for ``pid``."""
+    fds = reader._kernel.threads._fds.get(pid, [])
+    return {os.readlink(f"/proc/self/fd/{fd}").split("/")[4] for fd in fds}
+
+
+def test_run_queue_reads_follow_threads_that_end_and_start() -> None:
+    """The threads are read again without a listing only while none changed: one more
+    thread, or one ended and another started (the same count), is listed anew."""
+    pid = os.getpid()
+
+    def threads_now() -> set[str]:
+        return set(os.listdir(f"/proc/{pid}/task"))
+
+    stop = [threading.Event() for _ in range(2)]
+    first = threading.Thread(target=stop[0].wait)
+    with TelemetryReader() as reader:
+        assert reader.run_queue_wait_ns(pid) is not None
+        assert _read_threads(reader, pid) == threads_now()
+        first.start()
+        try:
+            assert reader.run_queue_wait_ns(pid) is not None
+            assert _read_threads(reader, pid) == threads_now()  # one more
+        finally:
+            stop[0].set()
+            first.join()
+        second = threading.Thread(target=stop[1].wait)
+        second.start()
+        try:
+            ended_and_started = threads_now()
+            assert reader.run_queue_wait_ns(pid) is not None
+            assert _read_threads(reader, pid) == ended_and_started  # same count, not same
+            assert reader.run_queue_wait_ns(pid) is not None  # unchanged: read again
+            assert _read_threads(reader, pid) == ended_and_started
+        finally:
+            stop[1].set()
+            second.join()

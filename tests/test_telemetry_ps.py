@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from pytest_tfgrpc import native
 from pytest_tfgrpc.bench.ps import ps_throughput
 from pytest_tfgrpc.bench.telemetry import ClusterProbe
 from pytest_tfgrpc.bench.timing import RunSpec
@@ -27,16 +28,21 @@ RUN = RunSpec(iterations=20, warmup=2, max_seconds=2.0, warmup_seconds=1.0)
 SIZE = 64 << 10
 
 
+@pytest.mark.parametrize("workers_engine", ["grpcio", "native"])
 def test_each_ps_tasks_connections_are_read_around_every_job(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, workers_engine: str
 ) -> None:
-    """Found by the ends the workers report when ready: no walk of the connection table."""
+    """Found by the ends the workers report when ready, Python's and C++'s alike: no walk of
+    the connection table."""
+    if workers_engine == "native" and (why := native.unavailable_reason()) is not None:
+        pytest.skip(why)
 
     def no_walk(self: TelemetryReader, address: str, port: int) -> None:
         raise AssertionError("a dump walked the connection table")
 
     monkeypatch.setattr(TelemetryReader, "_discover", no_walk)
-    with PSCluster(resolve_fabric("lo"), Topology(ps=2, workers=2)) as cluster:
+    topology = Topology(ps=2, workers=2)
+    with PSCluster(resolve_fabric("lo"), topology, workers_engine=workers_engine) as cluster:
         results = [ps_throughput(cluster, [SIZE], run=RUN) for _ in range(2)]
     for result in results:  # the second job on the connections the first one opened
         point = result.sizes[0]

@@ -453,6 +453,10 @@ def _measure_each(
         return p2p_result(call, server, results, settings)
 
     def gathered() -> tuple[SizeResult, ...]:
+        # After the last round every window is closed; after a failure, those still open
+        # close now: the sizes measured before it keep their telemetry.
+        for probe in telemetry.values():
+            probe.cut_short()
         return sweep.results(telemetry, cores, echo)
 
     count = len(sweep.messages)

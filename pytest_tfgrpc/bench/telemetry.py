@@ -404,6 +404,27 @@ class TransportProbe:
                 waited = max(ns - self._wait_start[side], 0)
                 self.cpu_wait[side] = self.cpu_wait.get(side, 0) + waited
 
+    def cut_short(self) -> None:
+        """A failure ended the rounds before this size's last one: close its open window
+        with a reading now, so that the rounds it measured before keep their telemetry
+        (its connections' counters to the failure, which a round the failure cut short
+        adds to as the warm-ups between rounds do; the run-queue wait of that round is not
+        counted, as its samples are not). Where none of the connections the window opened
+        on is there now (the failure broke them), the window stays open and records
+        nothing rather than a connection's zeros: the failure quotes what it last saw
+        (:meth:`last_seen`)."""
+        self._in_round = False
+        if not self.windows or self.windows[-1].end:
+            return
+        opened = self.windows[-1]
+        readings = self._read(discover=False, was=opened.start)
+        start = opened.start.get("local")
+        if start is None or "local" not in readings:
+            return
+        before = {state.key for state in start.sockets}
+        if before & {state.key for state in readings["local"].sockets}:
+            opened.end = readings
+
     def start(self) -> None:
         """Open a window of one timed loop."""
         self.begin_round(window=True)
@@ -434,7 +455,7 @@ class TransportProbe:
         if self._first is None or self._reader is None:
             return ""
         try:
-            now = self._reader.read(self._address, self._port, clients=self._clients)
+            now = self._reader.read(self._address, self._port, clients=self._clients, host=True)
         except (TelemetryError, OSError):
             return ""
         at_ns = time.monotonic_ns()

@@ -26,10 +26,11 @@ import functools
 import ipaddress
 import os
 import socket
+import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,8 @@ _TCPDIAG_GETSOCK = 18
 #: ``TCA_KIND`` and ``TCA_STATS`` are its attributes 1 and 3.
 _TCMSG_ATTRS, _TCA_KIND, _TCA_STATS = 16 + 20, 1, 3
 _ROOT = 0xFFFFFFFF  # TC_H_ROOT
+#: ``RTM_GETSTATS`` and its attribute of an interface's ``struct rtnl_link_stats64``.
+_RTM_GETSTATS, _IFLA_STATS_LINK_64 = 94, 1
 
 
 #: Finds the clients' connections to a port: ``port`` -> their ``(local, peer)`` ends
@@ -183,14 +186,25 @@ class Reading:
     cpu_wait_ns: int | None = None
 
 
+#: :func:`split_target` of targets that name their address (no name to resolve again), at
+#: most :data:`_LITERALS_KEPT`: a probe per measured size parses the same server's target.
+_literals: dict[str, tuple[str, int]] = {}
+_LITERALS_KEPT = 256
+
+
 def split_target(target: str) -> tuple[str, int]:
     """``(address, port)`` of a ``host:port`` gRPC target (``[v6%zone]:port`` too); a host
     name is resolved. Raises :class:`TelemetryError` for a target that names no address."""
+    known = _literals.get(target)
+    if known is not None:
+        return known
     host, _, port = target.rpartition(":")
     host = host.strip("[]").split("%", 1)[0]
     try:
         number = int(port)
         address = ipaddress.ip_address(host)
+        if len(_literals) < _LITERALS_KEPT:
+            _literals[target] = (str(address), number)
     except ValueError:
         try:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -257,13 +271,81 @@ def _waited(paths: Iterable[str], read: Callable[[str], bytes]) -> int:
     return total
 
 
+class _Threads:
+    """The ``schedstat`` files of the threads of the processes whose run-queue wait was read,
+    kept open (``pread`` again: the kernel makes their text anew at offset 0), and read
+    without a listing of the threads where none may have changed.
+
+    A process's threads are listed again only where its number of threads now (its ``task``
+    directory's link count: one ``stat``) differs from the files kept, or one of those fails
+    to read (its thread ended): the same count with every thread kept still alive is the
+    same threads. Not thread-safe: :class:`_Kernel`'s lock serialises its use."""
+
+    #: The most files kept open in all: beyond, the process read least recently is closed.
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self._fds: dict[int, list[int]] = {}
+
+    def waited(self, pid: int) -> int | None:
+        """:func:`run_queue_wait_ns` of ``pid``."""
+        fds = self._fds.pop(pid, None)
+        if fds:
+            try:
+                if os.stat(f"/proc/{pid}/task").st_nlink - 2 == len(fds):  # "." and ".."
+                    total = sum(int(os.pread(fd, 256, 0).split(None, 2)[1]) for fd in fds)
+                    self._fds[pid] = fds
+                    return total
+            except (OSError, IndexError, ValueError):
+                pass  # a thread ended, or the process: list them again
+            _close_all(fds)
+        paths = _schedstats(pid)
+        if paths is None:
+            return None
+        total, fds = 0, []
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue  # a thread that ended meanwhile
+            try:
+                total += int(os.pread(fd, 256, 0).split(None, 2)[1])
+            except (OSError, IndexError, ValueError):
+                os.close(fd)
+                continue
+            fds.append(fd)
+        while self._fds and len(fds) + sum(map(len, self._fds.values())) > self.LIMIT:
+            _close_all(self._fds.pop(next(iter(self._fds))))
+        if len(fds) <= self.LIMIT:
+            self._fds[pid] = fds
+        else:
+            _close_all(fds)
+        return total
+
+    def forget(self, pid: int) -> None:
+        """Close ``pid``'s files (it ended)."""
+        _close_all(self._fds.pop(pid, []))
+
+
+def _close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.stat(f"/proc/{pid}")
+    except OSError:
+        return False
+    return True
+
+
 class _OpenFiles:
     """Small ``/proc`` and ``/sys`` files kept open and read again with ``pread`` (the kernel
     makes their text anew at offset 0), which saves an open and a close per read; a file
-    that fails to read is closed and forgotten (its thread or interface is gone)."""
+    that fails to read is closed and forgotten (its interface is gone)."""
 
-    #: The most files kept open: the oldest is closed to open one more (a process's threads
-    #: that ended without a reader seeing it).
+    #: The most files kept open: the oldest is closed to open one more.
     LIMIT = 128
 
     def __init__(self) -> None:
@@ -291,14 +373,6 @@ class _OpenFiles:
             self._fds[path] = fd
             return data
 
-    def forget(self, paths: Iterable[str]) -> None:
-        """Close ``paths`` (threads that ended)."""
-        with self._lock:
-            for path in paths:
-                fd = self._fds.pop(path, None)
-                if fd is not None:
-                    os.close(fd)
-
 
 class _Kernel:
     """This process's netlink sockets (socket diagnostics, routing), their receive buffer and
@@ -322,6 +396,7 @@ class _Kernel:
         self.lock = threading.Lock()
         self.buffer = bytearray(1 << 17)
         self.files = _OpenFiles()
+        self.threads = _Threads()
 
 
 _kernel: _Kernel | None = None
@@ -339,37 +414,67 @@ def _shared_kernel() -> _Kernel:
         return _kernel
 
 
+#: The ends of this process's sockets as :func:`own_connections` last saw them, by descriptor
+#: and socket (``/proc/self/fd``'s name and the socket's inode): a connected TCP socket's
+#: ``(local, peer)``, None for another kind of socket. A socket's ends never change once
+#: connected; a descriptor closed and used again holds another socket (another inode).
+_own_ends: dict[tuple[str, int], tuple[str, str] | None] = {}
+
+
 def own_connections(port: int) -> tuple[tuple[str, str], ...]:
     """The ends of this process's TCP connections to port ``port`` (any address): ``(local,
     peer)`` each, as ``address:port`` or ``[v6]:port``, read from its own descriptors
     (``/proc/self/fd``, each socket's ``getsockname``/``getpeername`` through a duplicate:
-    gRPC's connections, which it does not show)."""
+    gRPC's connections, which it does not show). A socket seen by an earlier call is not
+    asked again (its ends are remembered, :data:`_own_ends`): a call lists the descriptors,
+    ``fstat`` s each and asks only sockets new since."""
+    global _own_ends
     out = []
     where = "/proc/self/fd/"
+    seen: dict[tuple[str, int], tuple[str, str] | None] = {}
     for name in os.listdir(where):
         try:
-            if not os.readlink(where + name).startswith("socket:"):
-                continue
-            duplicate = os.dup(int(name))
+            status = os.fstat(int(name))  # no path to resolve, as a readlink of it has
         except (OSError, ValueError):
             continue  # closed meanwhile
-        try:
-            sock = socket.socket(fileno=duplicate)
-        except OSError:
-            os.close(duplicate)
+        if not stat.S_ISSOCK(status.st_mode):
             continue
-        with sock:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            if sock.type != socket.SOCK_STREAM:
-                continue
-            try:
-                peer, local = sock.getpeername(), sock.getsockname()
-            except OSError:
-                continue  # not connected
-            if peer[1] == port:
-                out.append((_text_end(local[0], local[1]), _text_end(peer[0], peer[1])))
+        key = (name, status.st_ino)
+        if key in _own_ends:
+            ends = seen[key] = _own_ends[key]
+        else:
+            ends, final = _socket_ends(name)
+            if final:
+                seen[key] = ends
+        if ends is not None and ends[1].rpartition(":")[2] == str(port):
+            out.append(ends)
+    _own_ends = seen
     return tuple(out)
+
+
+def _socket_ends(name: str) -> tuple[tuple[str, str] | None, bool]:
+    """The ``(local, peer)`` ends of descriptor ``name``'s socket (None: not a connected TCP
+    socket), and whether that is final (False for one not connected yet, or closed
+    meanwhile)."""
+    try:
+        duplicate = os.dup(int(name))
+    except (OSError, ValueError):
+        return None, False  # closed meanwhile
+    try:
+        sock = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        return None, False
+    with sock:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None, True
+        if sock.type != socket.SOCK_STREAM:
+            return None, True
+        try:
+            peer, local = sock.getpeername(), sock.getsockname()
+        except OSError:
+            return None, False  # not connected
+    return (_text_end(local[0], local[1]), _text_end(peer[0], peer[1])), True
 
 
 def _text_end(address: str, port: int) -> str:
@@ -499,8 +604,9 @@ class TelemetryReader:
         self._any = True
         self._files = self._kernel.files
         self._lock = self._kernel.lock
-        #: Per process read, the ``schedstat`` files of its threads last read.
-        self._threads: dict[int, list[str]] = {}
+        #: The processes whose run-queue wait this reader read (their threads' files are
+        #: the process's, :attr:`_Kernel.threads`).
+        self._pids: set[int] = set()
 
     def _send(self, sock: socket.socket, requests: list[bytes]) -> list[int]:
         """Send encoded requests in one datagram, each with a sequence number of its own
@@ -517,10 +623,13 @@ class TelemetryReader:
         sock.send(batch)
         return seqs
 
-    def _answers(self, sock: socket.socket, seqs: list[int], *, dump: bool) -> dict[int, Any]:
+    def _answers(
+        self, sock: socket.socket, seqs: list[int], *, dump: bool | Container[int]
+    ) -> dict[int, Any]:
         """The raw messages answering ``seqs``, per sequence number, up to each one's
-        NLMSG_DONE (a dump) or its one answer (a lookup); an error answer is its
-        :class:`TelemetryError` in place of the list."""
+        NLMSG_DONE (a dump: all of them with ``dump`` true, or those ``dump`` holds) or its
+        one answer (a lookup); an error answer is its :class:`TelemetryError` in place of
+        the list."""
         out: dict[int, Any] = {seq: [] for seq in seqs}
         pending = set(seqs)
         while pending:
@@ -541,7 +650,7 @@ class TelemetryReader:
                         pending.discard(seq)
                     else:
                         out[seq].append(data[offset : offset + length])
-                        if not dump:
+                        if not (dump if isinstance(dump, bool) else seq in dump):
                             pending.discard(seq)
                 offset += (length + 3) & ~3
         return out
@@ -569,8 +678,15 @@ class TelemetryReader:
         262,144 hash buckets, but sends only those). Without ``discover``, or when nothing
         was opened, the sockets the last discovery found are looked up by their addresses,
         all in one datagram (a hash lookup each), and one opened since is not seen."""
-        opened = _tcp_mib(self._files.read)[1] if discover else None
+        opened = (
+            _tcp_mib(self._files.read)[1] if self._rediscovers(address, port, discover) else None
+        )
         return self._sockets(address, port, discover, opened, clients)
+
+    def _rediscovers(self, address: str, port: int, discover: bool) -> bool:
+        """Whether a reading must read the namespace's open count to decide: a discovery
+        of an endpoint discovered before (one never discovered is found anyway)."""
+        return discover and (address, port) in self._known
 
     def _sockets(
         self,
@@ -673,7 +789,10 @@ class TelemetryReader:
         return tuple(found)
 
     def link(self, interface: str) -> LinkState:
-        """``interface``'s counters (sysfs), root qdisc (rtnetlink) and speed now."""
+        """``interface``'s counters, root qdisc and speed now: the counters
+        (``rtnl_link_stats64``, what sysfs shows too) and every qdisc in one rtnetlink
+        datagram (``RTM_GETSTATS`` of the interface, an ``RTM_GETQDISC`` dump), the counters
+        from sysfs where the kernel takes no ``RTM_GETSTATS`` (older than 4.7)."""
         where = f"/sys/class/net/{interface}/"
         read = self._files.read
         try:
@@ -682,13 +801,24 @@ class TelemetryReader:
                 static = int(read(where + "ifindex")), _speed_bps(interface, _read_small)
                 self._static[interface] = static
             index, speed = static
-            counters = {name: int(read(f"{where}statistics/{name}")) for name in _COUNTERS}
         except (OSError, ValueError) as exc:
             raise TelemetryError(f"interface {interface!r}: {exc}") from None
-        kind, drops, rate = "", 0, None
+        route, seqs = self._kernel.route, [0, 0]
         try:
-            raw = self._dump(self._kernel.route, self._qdisc_request)
-        except (OSError, TelemetryError):
+            with self._lock:
+                seqs = self._send(route, [_stats_request(index), self._qdisc_request])
+                answers = self._answers(route, seqs, dump=seqs[1:])
+        except OSError:
+            answers = {}
+        counters = _link_counters(answers.get(seqs[0]))
+        if counters is None:
+            try:
+                counters = {name: int(read(f"{where}statistics/{name}")) for name in _COUNTERS}
+            except (OSError, ValueError) as exc:
+                raise TelemetryError(f"interface {interface!r}: {exc}") from None
+        kind, drops, rate = "", 0, None
+        raw = answers.get(seqs[1], [])
+        if isinstance(raw, TelemetryError):
             raw = []  # counters without the qdisc rather than nothing
         for data in raw:
             # The interface and parent first (struct tcmsg after the netlink header), then
@@ -716,15 +846,25 @@ class TelemetryReader:
         )
 
     def read(
-        self, address: str, port: int, *, discover: bool = True, clients: Clients | None = None
+        self,
+        address: str,
+        port: int,
+        *,
+        discover: bool = True,
+        clients: Clients | None = None,
+        host: bool = False,
     ) -> Reading:
         """One :class:`Reading` of the endpoint ``address:port`` and this reader's fabric
-        (``discover`` and ``clients``: as for :meth:`sockets`); without ``discover`` its
-        ``host_retransmits`` is None (not read)."""
+        (``discover`` and ``clients``: as for :meth:`sockets`); its ``host_retransmits`` is
+        read with ``host``, else only where ``/proc/net/snmp`` is read anyway (a discovery
+        of an endpoint discovered before), else None (not read)."""
         at = time.monotonic_ns()
         # The host's counters where connections may be found anew (their open count says
-        # whether any was opened since), not for a lookup of known ones.
-        retransmits, opened = _tcp_mib(self._files.read) if discover else (None, None)
+        # whether any was opened since), not for a lookup of known ones, nor the first
+        # discovery of an endpoint.
+        mib = host or self._rediscovers(address, port, discover)
+        retransmits, opened = _tcp_mib(self._files.read) if mib else (None, None)
+        opened = opened if discover else None
         sockets = self._sockets(address, port, discover, opened, clients)
         link = self.link(self.interface) if self.interface else None
         return Reading(at, sockets, link, retransmits)
@@ -738,21 +878,20 @@ class TelemetryReader:
         return Reading(at, (), link, retransmits)
 
     def run_queue_wait_ns(self, pid: int) -> int | None:
-        """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads."""
-        paths = _schedstats(pid)
+        """:func:`run_queue_wait_ns` of ``pid``, its threads' files kept open between reads
+        (:class:`_Threads`)."""
         with self._lock:
-            before = self._threads.get(pid, ())
-            self._threads[pid] = paths or []
-        self._files.forget(set(before) - set(paths or ()))
-        return None if paths is None else _waited(paths, self._files.read)
+            self._pids.add(pid)
+            return self._kernel.threads.waited(pid)
 
     def close(self) -> None:
         """Close the files of the processes this reader read that have ended since (the
         netlink sockets and other files stay open for the process's next reader)."""
         with self._lock:
-            threads, self._threads = self._threads, {}
-        gone = [paths for pid, paths in threads.items() if not os.path.exists(f"/proc/{pid}")]
-        self._files.forget(path for paths in gone for path in paths)
+            pids, self._pids = self._pids, set()
+            for pid in pids:
+                if not _alive(pid):
+                    self._kernel.threads.forget(pid)
 
     def __enter__(self) -> TelemetryReader:
         return self
@@ -802,6 +941,36 @@ def _lookup_template(family: int) -> bytes:
 def _dump_template(family: int) -> bytes:
     """``family``'s dump request, encoded once per process (as :func:`_lookup_template`)."""
     return _encoded(_request_for(family), SOCK_DIAG_BY_FAMILY, dump=True)
+
+
+@functools.cache
+def _stats_request(index: int) -> bytes:
+    """The request of interface ``index``'s ``rtnl_link_stats64`` (``RTM_GETSTATS``, struct
+    ``if_stats_msg`` asking for ``IFLA_STATS_LINK_64`` only)."""
+    body = struct.pack("=BBHII", socket.AF_UNSPEC, 0, 0, index, 1 << (_IFLA_STATS_LINK_64 - 1))
+    return struct.pack("=IHHII", 16 + len(body), _RTM_GETSTATS, NLM_F_REQUEST, 0, 0) + body
+
+
+def _link_counters(answer: Any) -> dict[str, int] | None:
+    """The counters of an ``RTM_GETSTATS`` answer (its raw messages), by their sysfs names;
+    None for an error or no ``IFLA_STATS_LINK_64`` in it."""
+    if not isinstance(answer, list) or not answer:
+        return None
+    stats = _attributes(answer[0], 16 + 12).get(_IFLA_STATS_LINK_64, b"")
+    if len(stats) < 64:
+        return None
+    # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped (struct rtnl_link_stats64)
+    _, _, rx_bytes, tx_bytes, rx_errors, tx_errors, rx_dropped, tx_dropped = struct.unpack_from(
+        "=8Q", stats
+    )
+    return {
+        "rx_bytes": rx_bytes,
+        "tx_bytes": tx_bytes,
+        "rx_dropped": rx_dropped,
+        "tx_dropped": tx_dropped,
+        "rx_errors": rx_errors,
+        "tx_errors": tx_errors,
+    }
 
 
 @functools.cache

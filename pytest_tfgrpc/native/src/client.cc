@@ -44,6 +44,7 @@
 #include <thread>
 
 #include "call.h"
+#include "ends.h"
 #include "tls.h"
 #include "wire.h"
 
@@ -388,56 +389,13 @@ Cpu read_cpu(const std::shared_ptr<grpc::Channel>& status_channel) {
   return cpu;
 }
 
-// "address:port" ("[v6]:port") of an IPv4 or IPv6 socket address; empty for another family.
-std::string endpoint(const sockaddr_storage& where) {
-  char text[INET6_ADDRSTRLEN] = {0};
-  if (where.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&where);
-    if (!inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text)) return "";
-    return std::string(text) + ":" + std::to_string(ntohs(v4->sin_port));
-  }
-  if (where.ss_family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&where);
-    if (!inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text)) return "";
-    return "[" + std::string(text) + "]:" + std::to_string(ntohs(v6->sin6_port));
-  }
-  return "";
-}
-
-// " local>peer" for each connected TCP socket of this process (its gRPC connections: the
-// CPU reads' and every stream's), read from its own descriptors.
-std::string connection_ends() {
-  std::string out;
-  DIR* fds = opendir("/proc/self/fd");
-  if (fds == nullptr) return out;
-  while (const dirent* entry = readdir(fds)) {
-    char* end = nullptr;
-    long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(fds)) continue;
-    int type = 0;
-    socklen_t size = sizeof type;
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &size) != 0 ||
-        type != SOCK_STREAM) {
-      continue;
-    }
-    sockaddr_storage local{}, peer{};
-    socklen_t local_size = sizeof local, peer_size = sizeof peer;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_size) ||
-        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_size)) {
-      continue;  // not connected (or gone meanwhile)
-    }
-    std::string near = endpoint(local), far = endpoint(peer);
-    if (!near.empty() && !far.empty()) out += " " + near + ">" + far;
-  }
-  closedir(fds);
-  return out;
-}
-
 // Tell the parent the phase `what` is reached, with this process's connections, and wait
 // until it has looked (--pause-fd).
 void pause(const Settings& s, char what) {
   if (s.pause_fd < 0) return;
-  std::string line = what + connection_ends() + "\n";
+  std::string line(1, what);
+  for (const std::string& ends : connection_ends()) line += " " + ends;
+  line += "\n";
   char answer = 0;
   for (size_t sent = 0; sent < line.size();) {
     ssize_t wrote = write(s.pause_fd, line.data() + sent, line.size() - sent);

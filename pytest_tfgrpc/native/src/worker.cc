@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "call.h"
+#include "ends.h"
 #include "tls.h"
 #include "wire.h"
 
@@ -289,9 +290,13 @@ bool next_message(std::string* out, double timeout_s) {
   return true;
 }
 
-// The start barrier: say ready, then wait until the parent tells every worker to go.
+// The start barrier: say ready, with the ends of this process's connections (Ready's
+// connections: the parent reads the PS tasks' telemetry by them), then wait until the
+// parent tells every worker to go.
 void wait_for_go() {
-  emit(kReady, "");
+  std::string ready;
+  for (const std::string& ends : connection_ends()) put_len_field(&ready, 1, ends);
+  emit(kReady, ready);
   std::string body;
   if (!next_message(&body, kGoTimeoutS)) {
     throw CallError("no word from the parent within " + std::to_string(int(kGoTimeoutS)) + " s");
