@@ -462,16 +462,14 @@ def _turn_warnings(done: _Progress) -> list[str]:
     return lines
 
 
-def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
+def _report(comparison: Comparison, done: _Progress, warnings: Sequence[str], out: TextIO) -> None:
     for line in format_comparison(comparison):
         print(line, file=out)
     for broken in done.broken:
         print(f"broken: {broken.describe()}", file=out)
     for note in done.notes:
         print(f"note: {note}", file=out)
-    for line in _turn_warnings(done):
-        print(f"warning: {line}", file=out)
-    for line in blind_pairs_warnings(comparison):
+    for line in warnings:
         print(f"warning: {line}", file=out)
 
 
@@ -595,7 +593,10 @@ def _run(
         comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
     )
     failures += _failed_in_b(done)
-    _report(comparison, done, stdout)
+    warnings = [*_turn_warnings(done), *blind_pairs_warnings(comparison)]
+    _report(comparison, done, warnings, stdout)
+    if done.interrupted:
+        failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")
     run = AbRun(
         comparison=comparison,
         pairs=len(done.pairs),
@@ -606,10 +607,9 @@ def _run(
         failures=tuple(failures),
         interleave=args.interleave,
         order=args.order,
-        warnings=tuple(_turn_warnings(done)),
+        warnings=tuple(warnings),
+        notes=tuple(done.notes),
     )
-    if done.interrupted:
-        failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")
     lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
     print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)
