@@ -813,3 +813,17 @@ def test_the_html_report_says_what_the_text_says(
     report = (pytester.path / "ab.html").read_text()
     for line in [*said, f"FAILED: {failure}"]:
         assert html.escape(line) in report, line
+
+
+def test_a_side_that_recorded_no_figures_is_named_with_the_likely_cause(
+    pytester: pytest.Pytester,
+) -> None:
+    a, b = fake_sides(pytester, b="empty:1")
+    code, out = ab(pytester.path, "--pairs", "4", "--a", a, "--b", b)
+    runs = pytester.path / "runs"
+    assert (
+        f"broken: pair 2: side B recorded no tfgrpc figures in {runs / 'b-02.xml'} (2 test "
+        "cases): its tests ran no tfgrpc benchmark, or pytest-tfgrpc was not loaded there "
+        f"(-p no:tfgrpc, or not installed) (output: {runs / 'b-02.log'})"
+    ) in out, out
+    assert code == 0, out

@@ -46,7 +46,7 @@ from pytest_tfgrpc.cli.compare import (
 )
 from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
-from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
+from pytest_tfgrpc.report.junit import Baseline, BaselineError, NoFigures, load_baseline
 from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pairs
 from pytest_tfgrpc.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
@@ -226,7 +226,13 @@ def _finish(
         meaning = _PYTEST_EXITS.get(code, "not a pytest exit status")
         return None, f"exited {code} ({meaning}; output: {log})"
     try:
-        run = load_baseline(junit)
+        run = load_baseline(junit, "its file")
+    except NoFigures as error:
+        return None, (
+            f"recorded no tfgrpc figures in {junit} ({error.cases} test cases): its tests ran "
+            "no tfgrpc benchmark, or pytest-tfgrpc was not loaded there (-p no:tfgrpc, or not "
+            f"installed) (output: {log})"
+        )
     except BaselineError as error:
         return None, f"left no usable JUnit: {error} (output: {log})"
     note = f"exited {code}: some tests failed; its figures are used (output: {log})"
