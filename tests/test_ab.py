@@ -827,3 +827,19 @@ def test_a_side_that_recorded_no_figures_is_named_with_the_likely_cause(
         f"(-p no:tfgrpc, or not installed) (output: {runs / 'b-02.log'})"
     ) in out, out
     assert code == 0, out
+
+
+def test_a_dir_that_is_a_file_is_named_so(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = fake_sides(pytester)
+    (pytester.path / "gone").symlink_to("nowhere")
+    for where, why in [
+        ("side.sh", "not a directory: a file of that name is there"),
+        ("side.sh/runs", "not a directory: side.sh is a file"),
+        ("gone", "not a directory: something of that name is there (a broken link?)"),
+    ]:
+        code = ab_main(["--pairs", "3", "--dir", where, "--a", a, "--b", b])
+        assert code == 2
+        assert f"tfgrpc-ab: error: --dir {where}: {why}\n" == capsys.readouterr().err
+    assert not (pytester.path / "calls-a").exists()

@@ -507,6 +507,19 @@ def _lock_dir(directory: Path) -> int | str:
     return fd
 
 
+def _dir_error(directory: Path, error: OSError) -> str:
+    """Why ``directory`` could not be made or locked, in words."""
+    if directory.is_file():
+        return "not a directory: a file of that name is there"
+    if isinstance(error, FileExistsError):
+        return "not a directory: something of that name is there (a broken link?)"
+    if isinstance(error, NotADirectoryError):
+        file = next((p for p in reversed(directory.parents) if p.is_file()), None)
+        if file is not None:
+            return f"not a directory: {file} is a file"
+    return str(error.strerror or error)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
     command = parse_gate_command(build_parser(), argv, out)
@@ -538,7 +551,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         lock = _lock_dir(directory)
     except OSError as error:
-        print(f"{PROG}: error: --dir {directory}: {error.strerror or error}", file=stderr)
+        print(f"{PROG}: error: --dir {directory}: {_dir_error(directory, error)}", file=stderr)
         return EXIT_BAD_INPUT
     if isinstance(lock, str):
         print(
