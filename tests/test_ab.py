@@ -843,3 +843,17 @@ def test_a_dir_that_is_a_file_is_named_so(
         assert code == 2
         assert f"tfgrpc-ab: error: --dir {where}: {why}\n" == capsys.readouterr().err
     assert not (pytester.path / "calls-a").exists()
+
+
+@pytest.mark.parametrize("option", ["--junitxml", "--results", "--html", "--dir"])
+def test_an_empty_output_path_stops_at_start_naming_the_option(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    """An output given '' (an unset CI variable) wrote nothing, silently; --dir '' wrote the
+    runs into the working directory."""
+    a, b = fake_sides(pytester)
+    with pytest.raises(SystemExit) as stopped:
+        ab_main(["--pairs", "3", "--a", a, "--b", b, option, ""])
+    assert stopped.value.code == 2
+    assert f"tfgrpc-ab: error: {option} '': an empty path\n" in capsys.readouterr().err
+    assert not (pytester.path / "calls-a").exists()

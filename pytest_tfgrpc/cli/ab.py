@@ -540,6 +540,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if any(w.split("=")[0] in ("--junitxml", "--junit-xml") for w in words):
             parser.error(f"--{name.lower()}: leave --junitxml out: {PROG} adds its own per run")
         sides[name] = _Side(name, words)
+    for option in (*(name for name, _ in _OUTPUTS), "dir"):
+        if getattr(args, option) == "":  # an unset CI variable: nothing written, or into ./
+            parser.error(f"--{option} '': an empty path")
     for option, _ in _OUTPUTS:
         path = getattr(args, option)
         if path and Path(path).is_dir():
