@@ -332,23 +332,39 @@ case " $MISBEHAVE " in
   *" crash:$n "*) exit 3 ;;
   *" segv:$n "*) kill -SEGV $$ ;;
   *" wait:$n "*) echo $$ > waiting; exec sleep 600 ;;
+  *" fail:$n "*) run=failed.xml code=1 ;;
+  *" slow:$n "*) run=slow.xml ;;
+  *" empty:$n "*) run=empty.xml ;;
 esac
-for word; do case $word in --junitxml=*) cp run.xml "${word#--junitxml=}" ;; esac; done
+for word; do case $word in --junitxml=*) cp "${run:-run.xml}" "${word#--junitxml=}" ;; esac; done
+exit "${code:-0}"
 """
 
 
 def fake_sides(pytester: pytest.Pytester, **misbehave: str) -> tuple[str, str]:
     """The --a and --b commands of two canned sides (the same 1 KiB run, recorded once); each
-    side's calls (from 0) in ``misbehave``: ``hang:1``, ``crash:2``, ``segv:2``, ``wait:3``."""
+    side's calls (from 0) in ``misbehave``: ``hang:1``, ``crash:2``, ``segv:2``, ``wait:3``,
+    ``fail:1`` (the run, its test failed, exit 1), ``slow:1`` (a run twice as slow),
+    ``empty:1`` (a run of tests that recorded no tfgrpc figures)."""
+    from junitparser import Failure, JUnitXml
     from test_compare import write_junit
 
-    rounds = "p50=" + ",".join(["300000"] * 5)
-    props = [
-        ("tfgrpc.fabric", "lo"),
-        ("tfgrpc.p2p_latency.1KiB.p50_us", "300"),
-        ("tfgrpc.p2p_latency.1KiB.rounds", rounds),
-    ]
-    write_junit(pytester.path / "run.xml", {"test_perf.test_a[lo]": props})
+    def props(p50_us: int) -> list[tuple[str, str]]:
+        rounds = "p50=" + ",".join([f"{p50_us * 1000}"] * 5)
+        return [
+            ("tfgrpc.fabric", "lo"),
+            ("tfgrpc.p2p_latency.1KiB.p50_us", str(p50_us)),
+            ("tfgrpc.p2p_latency.1KiB.rounds", rounds),
+        ]
+
+    write_junit(pytester.path / "run.xml", {"test_perf.test_a[lo]": props(300)})
+    write_junit(pytester.path / "slow.xml", {"test_perf.test_a[lo]": props(600)})
+    write_junit(pytester.path / "empty.xml", {"test_perf.test_a": [], "test_perf.test_b": []})
+    failed = JUnitXml.fromfile(str(pytester.path / "run.xml"))
+    for suite in failed:
+        for case in suite:
+            case.result = [Failure("B broke it")]
+    failed.write(str(pytester.path / "failed.xml"))
     (pytester.path / "side.sh").write_text(FAKE_SIDE)
     pytester.chdir()
     return tuple(  # type: ignore[return-value]
@@ -768,3 +784,76 @@ def test_lockstep_pairs_wait_for_another_runs_measurement_on_the_host(
     assert code == 0, out
     first = (pytester.path / "runs" / "a-01.xml").stat().st_mtime  # written at A's start
     assert first >= released - 0.05, (first, released)
+
+
+def test_the_html_report_says_what_the_text_says(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lines after the table (a pair broken, a failing run's note, sides that took no turns,
+    pairs too few for their spread) and the reasons the run failed (a test B broke) are the
+    HTML report's too: a CI job's reader of ab.html must not see a clean run."""
+    import html
+
+    monkeypatch.setenv("TFGRPC_HOST_LOCK", str(pytester.path / "host.lock"))
+    a, b = fake_sides(pytester, b="fail:0 slow:1 crash:2")  # canned runs: no turns
+    code, out = ab(
+        pytester.path,
+        *("--pairs", "4", "--interleave", "rounds", "--a", a, "--b", b, "--html", "ab.html"),
+    )
+    assert code == 1, out
+    said = [line for line in out.splitlines() if line.startswith(("broken:", "note:", "warning:"))]
+    assert [line.split(" ", 2)[:2] for line in said] == [
+        ["broken:", "pair"],
+        ["note:", "pair"],
+        ["warning:", "neither"],
+        ["warning:", "these"],
+    ], out
+    failure = "test_perf.test_a[lo] failed in B where it passed in A (pairs 1)"
+    assert f"FAILED: {failure}" in out, out
+    report = (pytester.path / "ab.html").read_text()
+    for line in [*said, f"FAILED: {failure}"]:
+        assert html.escape(line) in report, line
+
+
+def test_a_side_that_recorded_no_figures_is_named_with_the_likely_cause(
+    pytester: pytest.Pytester,
+) -> None:
+    a, b = fake_sides(pytester, b="empty:1")
+    code, out = ab(pytester.path, "--pairs", "4", "--a", a, "--b", b)
+    runs = pytester.path / "runs"
+    assert (
+        f"broken: pair 2: side B recorded no tfgrpc figures in {runs / 'b-02.xml'} (2 test "
+        "cases): its tests ran no tfgrpc benchmark, or pytest-tfgrpc was not loaded there "
+        f"(-p no:tfgrpc, or not installed) (output: {runs / 'b-02.log'})"
+    ) in out, out
+    assert code == 0, out
+
+
+def test_a_dir_that_is_a_file_is_named_so(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = fake_sides(pytester)
+    (pytester.path / "gone").symlink_to("nowhere")
+    for where, why in [
+        ("side.sh", "not a directory: a file of that name is there"),
+        ("side.sh/runs", "not a directory: side.sh is a file"),
+        ("gone", "not a directory: something of that name is there (a broken link?)"),
+    ]:
+        code = ab_main(["--pairs", "3", "--dir", where, "--a", a, "--b", b])
+        assert code == 2
+        assert f"tfgrpc-ab: error: --dir {where}: {why}\n" == capsys.readouterr().err
+    assert not (pytester.path / "calls-a").exists()
+
+
+@pytest.mark.parametrize("option", ["--junitxml", "--results", "--html", "--dir"])
+def test_an_empty_output_path_stops_at_start_naming_the_option(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    """An output given '' (an unset CI variable) wrote nothing, silently; --dir '' wrote the
+    runs into the working directory."""
+    a, b = fake_sides(pytester)
+    with pytest.raises(SystemExit) as stopped:
+        ab_main(["--pairs", "3", "--a", a, "--b", b, option, ""])
+    assert stopped.value.code == 2
+    assert f"tfgrpc-ab: error: {option} '': an empty path\n" in capsys.readouterr().err
+    assert not (pytester.path / "calls-a").exists()

@@ -46,7 +46,7 @@ from pytest_tfgrpc.cli.compare import (
 )
 from pytest_tfgrpc.report.ab_outputs import AbRun, write_html, write_junit, write_results
 from pytest_tfgrpc.report.compare import Comparison, format_comparison
-from pytest_tfgrpc.report.junit import Baseline, BaselineError, load_baseline
+from pytest_tfgrpc.report.junit import Baseline, BaselineError, NoFigures, load_baseline
 from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pairs
 from pytest_tfgrpc.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
@@ -226,7 +226,13 @@ def _finish(
         meaning = _PYTEST_EXITS.get(code, "not a pytest exit status")
         return None, f"exited {code} ({meaning}; output: {log})"
     try:
-        run = load_baseline(junit)
+        run = load_baseline(junit, "its file")
+    except NoFigures as error:
+        return None, (
+            f"recorded no tfgrpc figures in {junit} ({error.cases} test cases): its tests ran "
+            "no tfgrpc benchmark, or pytest-tfgrpc was not loaded there (-p no:tfgrpc, or not "
+            f"installed) (output: {log})"
+        )
     except BaselineError as error:
         return None, f"left no usable JUnit: {error} (output: {log})"
     note = f"exited {code}: some tests failed; its figures are used (output: {log})"
@@ -462,16 +468,14 @@ def _turn_warnings(done: _Progress) -> list[str]:
     return lines
 
 
-def _report(comparison: Comparison, done: _Progress, out: TextIO) -> None:
+def _report(comparison: Comparison, done: _Progress, warnings: Sequence[str], out: TextIO) -> None:
     for line in format_comparison(comparison):
         print(line, file=out)
     for broken in done.broken:
         print(f"broken: {broken.describe()}", file=out)
     for note in done.notes:
         print(f"note: {note}", file=out)
-    for line in _turn_warnings(done):
-        print(f"warning: {line}", file=out)
-    for line in blind_pairs_warnings(comparison):
+    for line in warnings:
         print(f"warning: {line}", file=out)
 
 
@@ -503,6 +507,19 @@ def _lock_dir(directory: Path) -> int | str:
     return fd
 
 
+def _dir_error(directory: Path, error: OSError) -> str:
+    """Why ``directory`` could not be made or locked, in words."""
+    if directory.is_file():
+        return "not a directory: a file of that name is there"
+    if isinstance(error, FileExistsError):
+        return "not a directory: something of that name is there (a broken link?)"
+    if isinstance(error, NotADirectoryError):
+        file = next((p for p in reversed(directory.parents) if p.is_file()), None)
+        if file is not None:
+            return f"not a directory: {file} is a file"
+    return str(error.strerror or error)
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command; returns the exit status (argparse exits 2 itself on a bad option)."""
     command = parse_gate_command(build_parser(), argv, out)
@@ -523,6 +540,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if any(w.split("=")[0] in ("--junitxml", "--junit-xml") for w in words):
             parser.error(f"--{name.lower()}: leave --junitxml out: {PROG} adds its own per run")
         sides[name] = _Side(name, words)
+    for option in (*(name for name, _ in _OUTPUTS), "dir"):
+        if getattr(args, option) == "":  # an unset CI variable: nothing written, or into ./
+            parser.error(f"--{option} '': an empty path")
     for option, _ in _OUTPUTS:
         path = getattr(args, option)
         if path and Path(path).is_dir():
@@ -534,7 +554,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         lock = _lock_dir(directory)
     except OSError as error:
-        print(f"{PROG}: error: --dir {directory}: {error.strerror or error}", file=stderr)
+        print(f"{PROG}: error: --dir {directory}: {_dir_error(directory, error)}", file=stderr)
         return EXIT_BAD_INPUT
     if isinstance(lock, str):
         print(
@@ -595,7 +615,10 @@ def _run(
         comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
     )
     failures += _failed_in_b(done)
-    _report(comparison, done, stdout)
+    warnings = [*_turn_warnings(done), *blind_pairs_warnings(comparison)]
+    _report(comparison, done, warnings, stdout)
+    if done.interrupted:
+        failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")
     run = AbRun(
         comparison=comparison,
         pairs=len(done.pairs),
@@ -606,10 +629,9 @@ def _run(
         failures=tuple(failures),
         interleave=args.interleave,
         order=args.order,
-        warnings=tuple(_turn_warnings(done)),
+        warnings=tuple(warnings),
+        notes=tuple(done.notes),
     )
-    if done.interrupted:
-        failures.append(f"interrupted ({done.interrupted}): the pairs measured so far are reported")
     lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
     print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)

@@ -5,7 +5,8 @@ tfgrpc properties as that run recorded them, with the paired verdicts
 (:func:`~pytest_tfgrpc.report.compare.verdict_properties`) beside them, so every reader of a
 gated run (the HTML report, ``tfgrpc-compare``, a results-file history) reads these too. Run
 properties ``tfgrpc.ab.*`` say how many pairs were used, which broke, the two commands, how the
-pairs ran (interleave, order) and what the run warned of about that.
+pairs ran (interleave, order), why the run failed and what it noted and warned of; the HTML
+report shows these last as the lines the run printed after its table.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ from pytest_tfgrpc.report.results_file import ResultLog, atomic_write
 __all__ = ["AbRun", "write_html", "write_junit", "write_results"]
 
 AB_PREFIX = f"{PREFIX}ab."
+#: The run properties that hold one line each (repeated), shown as the report's notes.
+_LINES = {
+    f"{AB_PREFIX}failure": "FAILED",
+    f"{AB_PREFIX}broken.item": "broken",
+    f"{AB_PREFIX}note": "note",
+    f"{AB_PREFIX}warning": "warning",
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,11 @@ class AbRun:
     interleave: str = "runs"
     #: Which side went first: ``alternate`` (A) or ``random`` (a seeded coin).
     order: str = "alternate"
-    #: What the run warned of about how its pairs ran (a side that took no lockstep turns).
+    #: What the run warned of: a side that took no lockstep turns, pairs too few to see a
+    #: figure's tolerance at their spread.
     warnings: tuple[str, ...] = ()
+    #: What the run noted (a side's run whose tests failed, its figures used).
+    notes: tuple[str, ...] = ()
 
     def run_properties(self) -> list[tuple[str, str]]:
         """The ``tfgrpc.ab.*`` properties, then side B's latest run metadata."""
@@ -61,6 +72,7 @@ class AbRun:
         ]
         out += [(f"{AB_PREFIX}broken.item", b) for b in self.broken]
         out += [(f"{AB_PREFIX}failure", f) for f in self.failures]
+        out += [(f"{AB_PREFIX}note", n) for n in self.notes]
         out += [(f"{AB_PREFIX}warning", w) for w in self.warnings]
         out += [(n, v) for n, v in latest.suite_properties if n.startswith(PREFIX)]
         return out
@@ -139,14 +151,18 @@ def write_results(run: AbRun, path: str | os.PathLike[str]) -> Path:
 
 
 def write_html(run: AbRun, path: str | os.PathLike[str], notes: Sequence[str] = ()) -> Path:
-    """The HTML report of a gated run, with B's figures and the paired verdicts."""
+    """The HTML report of a gated run, with B's figures and the paired verdicts, and above
+    them what the run printed after its table: why it failed, its broken pairs, notes and
+    warnings (then ``notes``)."""
     tests = run.tests()
+    properties = run.run_properties()
+    said = [f"{_LINES[name]}: {value}" for name, value in properties if name in _LINES]
     return html.write_html(
         html.HtmlRun(
             records={test: read_record(test, props) for test, props in tests.items()},
             outcomes={test: run.outcome(test) for test in tests},
-            notes=[*notes, *(f"broken: {b}" for b in run.broken)],
-            meta=dict(run.run_properties()),
+            notes=[*said, *notes],
+            meta={name: value for name, value in properties if name not in _LINES},
             title="tfgrpc-ab: B against A",
         ),
         path,

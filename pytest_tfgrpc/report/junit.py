@@ -27,6 +27,7 @@ __all__ = [
     "Baseline",
     "BaselineError",
     "JUnitCase",
+    "NoFigures",
     "load_baseline",
     "load_history",
     "read_junit",
@@ -36,6 +37,14 @@ __all__ = [
 
 class BaselineError(ValueError):
     """A run's JUnit XML that cannot serve for a comparison; the message says which and why."""
+
+
+class NoFigures(BaselineError):
+    """A well-formed JUnit file of ``cases`` named test cases, none with a tfgrpc figure."""
+
+    def __init__(self, message: str, cases: int) -> None:
+        super().__init__(message)
+        self.cases = cases
 
 
 @dataclass(frozen=True)
@@ -181,23 +190,25 @@ def _suites(xml: Any) -> Iterator[Any]:
         yield from xml
 
 
-def load_baseline(path: str | os.PathLike[str]) -> Baseline:
+def load_baseline(path: str | os.PathLike[str], what: str = "baseline") -> Baseline:
     """Read a run's measurements and metadata from its JUnit XML (see :func:`read_junit`).
 
-    Raises :class:`BaselineError` when the file cannot be read (:func:`read_junit`), holds a
-    figure that is not a number or a sketch that does not decode, or holds no tfgrpc figure at
-    all: a comparison never passes for want of a baseline.
+    Raises :class:`BaselineError`, its message starting with ``what`` and the path, when the
+    file cannot be read (:func:`read_junit`), holds a figure that is not a number or a sketch
+    that does not decode, or (:class:`NoFigures`) holds no tfgrpc figure at all: a comparison
+    never passes for want of a baseline.
     """
-    run = read_junit(path, "baseline")
-    where = f"baseline {os.fspath(path)}"
+    run = read_junit(path, what)
+    where = f"{what} {os.fspath(path)}"
     meta = suite_meta([*run.suite_properties, *(p for c in run.cases for p in c.properties)])
     measurements: dict[Key, Measurement] = {}
     for case in run.cases:
         measurements.update(strict_record(case.test, case.properties, where).by_key())
     if not measurements:
-        raise BaselineError(
+        raise NoFigures(
             f"{where} holds no tfgrpc figures ({len(run.cases)} named test cases): was it "
-            "written by pytest --junitxml with pytest-tfgrpc benchmarks?"
+            "written by pytest --junitxml with pytest-tfgrpc benchmarks?",
+            len(run.cases),
         )
     return Baseline(
         os.fspath(path),
