@@ -501,3 +501,40 @@ def test_run_queue_reads_follow_threads_that_end_and_start() -> None:
         finally:
             stop[1].set()
             second.join()
+
+
+def test_close_all_closes_runs_and_single_descriptors() -> None:
+    """Consecutive descriptors are closed in one call, lone ones each; none is left open and
+    no other is touched."""
+    from pytest_tfgrpc.wire.telemetry import _close_all
+
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(5)]
+    keep = fds[2]  # a gap: fds[:2] and fds[3:] are runs, or single where they are not
+    closing = [fd for fd in fds if fd != keep]
+    _close_all(closing)
+    try:
+        for fd in closing:
+            with pytest.raises(OSError):
+                os.fstat(fd)
+        os.fstat(keep)  # still open
+    finally:
+        os.close(keep)
+
+
+def test_interface_speed_is_read_once_per_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader per measured size reads the interface's index, but its speed only once."""
+    from pytest_tfgrpc.wire import telemetry as wire
+
+    asked: list[str] = []
+    real = wire._speed_bps
+
+    def counted(interface: str, read: object = None) -> int | None:
+        asked.append(interface)
+        return real(interface)
+
+    monkeypatch.setattr(wire, "_speed_bps", counted)
+    monkeypatch.setattr(wire._shared_kernel(), "speeds", {})
+    for _ in range(3):
+        with TelemetryReader("lo") as reader:
+            assert reader.link("lo").interface == "lo"
+    assert asked == ["lo"]

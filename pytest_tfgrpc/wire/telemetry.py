@@ -328,8 +328,17 @@ class _Threads:
 
 
 def _close_all(fds: Iterable[int]) -> None:
-    for fd in fds:
-        os.close(fd)
+    """Close ``fds``: each run of consecutive descriptors (a process's thread files, opened
+    one after another) in one ``close_range`` call, not a ``close`` each."""
+    ordered = sorted(fds)
+    while ordered:
+        low = high = ordered.pop(0)
+        while ordered and ordered[0] == high + 1:
+            high = ordered.pop(0)
+        if low == high:
+            os.close(low)
+        else:
+            os.closerange(low, high + 1)  # every descriptor in it is one of ``fds``
 
 
 def _alive(pid: int) -> bool:
@@ -397,6 +406,11 @@ class _Kernel:
         self.buffer = bytearray(1 << 17)
         self.files = _OpenFiles()
         self.threads = _Threads()
+        #: Per interface and index, the speed its driver reports (None where it reports
+        #: none): read once per interface, not once per reader (a reader per measured size
+        #: read it anew: an open, a read and a close). An interface made again under its name
+        #: has another index, and its speed is read again.
+        self.speeds: dict[tuple[str, int], int | None] = {}
 
 
 _kernel: _Kernel | None = None
@@ -798,7 +812,12 @@ class TelemetryReader:
         try:
             static = self._static.get(interface)
             if static is None:
-                static = int(read(where + "ifindex")), _speed_bps(interface, _read_small)
+                index = int(read(where + "ifindex"))
+                with self._lock:
+                    speeds = self._kernel.speeds
+                    if (interface, index) not in speeds:
+                        speeds[(interface, index)] = _speed_bps(interface, _read_small)
+                    static = index, speeds[(interface, index)]
                 self._static[interface] = static
             index, speed = static
         except (OSError, ValueError) as exc:
