@@ -9,6 +9,7 @@ import io
 import itertools
 import json
 import math
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -480,11 +481,9 @@ def test_two_servers_interleaved_in_one_test_gate_b_against_a(pytester: pytest.P
     )
 
 
-def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
-    pytester: pytest.Pytester,
-) -> None:
-    import signal
-    import subprocess
+def _ab_until_b_waits(pytester: pytest.Pytester) -> subprocess.Popen[str]:
+    """A 4-pair tfgrpc-ab of fake sides, started, once side B of pair 4 is waiting (its pid in
+    ``waiting``)."""
     import time
 
     a, b = fake_sides(pytester, b="wait:3")
@@ -495,10 +494,20 @@ def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
         *("--pairs", "4", "--dir", "runs", "--a", a, "--b", b),
     ]
     proc = subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    waiting = pytester.path / "waiting"
     deadline = time.monotonic() + 60
-    while not (pytester.path / "waiting").exists() and time.monotonic() < deadline:
+    while not (waiting.exists() and waiting.read_text().strip()) and time.monotonic() < deadline:
         assert proc.poll() is None
         time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_stops_the_running_side_and_reports_the_pairs_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    import signal
+
+    proc = _ab_until_b_waits(pytester)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, out
@@ -516,23 +525,10 @@ def test_sigterm_and_sighup_stop_the_running_side_as_ctrl_c_does(
     as Ctrl-C does: the running side is stopped, not left running on in its own session."""
     import os
     import signal
-    import subprocess
     import time
 
-    a, b = fake_sides(pytester, b="wait:3")
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest_tfgrpc.cli.ab",
-        *("--pairs", "4", "--dir", "runs", "--a", a, "--b", b),
-    ]
-    proc = subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
-    waiting = pytester.path / "waiting"
-    deadline = time.monotonic() + 60
-    while not (waiting.exists() and waiting.read_text().strip()) and time.monotonic() < deadline:
-        assert proc.poll() is None
-        time.sleep(0.05)
-    side = int(waiting.read_text())
+    proc = _ab_until_b_waits(pytester)
+    side = int((pytester.path / "waiting").read_text())
     try:
         proc.send_signal(getattr(signal, ending))
         out, _ = proc.communicate(timeout=60)
