@@ -75,7 +75,7 @@ def test_ps_benchmarks_reach_junit(pytester: pytest.Pytester) -> None:
         sent = float(steps[f"tfgrpc.sync_sgd_step.hep_cnn.ps{ps}.tcp_bytes_sent"])
         assert sent >= float(steps[f"tfgrpc.sync_sgd_step.hep_cnn.ps{ps}.bytes_in"])
     result.stdout.re_match_lines(
-        # a named limit; cpu-bound names its side: "cpu-bound (PS task)"
+        # a named limit; cpu-bound names its side: "cpu-bound (ps0)"
         [r".*::test_steps +sync_sgd_step .*hep_cnn +lo .* 8 +(\S+-bound( \([^)]*\))?|unknown)$"]
     )
 
