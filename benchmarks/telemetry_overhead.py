@@ -14,9 +14,10 @@ engine and size it reports:
 - the wall time telemetry took per size: the probe's making (the host's counters) and
   closing, the window's two readings (the measured connections' ``tcp_info``, looked up by
   their ends, and the fabric's link and qdisc: at the first round's start and the last
-  round's end), and every round's readings of the sides' run-queue waits (``/proc``),
-  against the size's measured time (the sum of its timed loops' wall time, the figure's own
-  denominator): the target is under 1%;
+  round's end), and every round's readings of the sides' run-queue waits (``/proc``), with
+  what the native client's own telemetry took it at its pauses (its threads' run-queue wait
+  and its connections' ends, timed by itself), against the size's measured time (the sum of
+  its timed loops' wall time, the figure's own denominator): the target is under 1%;
 - the p50 (echo) and throughput (push) with and without telemetry, median over rounds: reads
   happen outside the timed loops, so the figures should not move beyond the round-to-round
   spread, which is printed beside them.
@@ -87,6 +88,10 @@ class _NoProbe(telemetry.TransportProbe):
         self.cpu_wait = {}
 
     def watch(self, side: str, pid: int, connections: Any = None) -> None: ...
+
+    def reported(self, side: str, waited_ns: int | None, *, read_ns: int = 0) -> None: ...
+
+    def told(self, connections: Any) -> None: ...
 
     def begin_round(self, *, window: bool) -> None: ...
 
@@ -166,9 +171,11 @@ def timed_reads(engine: str, enabled: bool) -> Iterator[tuple[list[float], list[
     """Patch ``engine``'s P2P loop's probe: timed (enabled) or a no-op one; yields each
     reading's time (the probe's making, which reads the host's counters once, and each
     round's start and end: the run-queue waits, and at the window's opening and closing the
-    measured connections and link counters too) and each probe's closing time."""
+    measured connections and link counters too) and each probe's closing time, with what
+    the probed processes' own reads took (the native client's at its pauses, as it reports)."""
     spent: list[float] = []
     closing: list[float] = []
+    probes: list[telemetry.TransportProbe] = []
     loops = LOOPS[engine]
     original = loops.probe_for
     if not enabled:
@@ -179,6 +186,7 @@ def timed_reads(engine: str, enabled: bool) -> Iterator[tuple[list[float], list[
             began = time.perf_counter()
             probe = original(*args, **kwargs)
             spent.append(time.perf_counter() - began)
+            probes.append(probe)
             reads = (("begin_round", spent), ("end_round", spent), ("close", closing))
             for name, into in reads:
                 inner = getattr(probe, name)
@@ -198,6 +206,8 @@ def timed_reads(engine: str, enabled: bool) -> Iterator[tuple[list[float], list[
         yield spent, closing
     finally:
         loops.probe_for = original
+        # What the probed processes' own reads took (the native client's, at its pauses).
+        closing.extend(probe.reported_read_ns / 1e9 for probe in probes)
 
 
 def one(

@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -226,6 +227,41 @@ def test_both_servers_take_an_empty_raw_stream_push(server: ServerProcess) -> No
     result = client.p2p_bandwidth(server, [0], BandwidthCall(mode="raw", rpc="stream", run=RUN))
     assert [s.size_bytes for s in result.sizes] == [0]
     assert result.sizes[0].count == RUN.iterations
+
+
+@pytest.mark.parametrize(
+    ("call", "both_ways"),
+    [
+        (LatencyCall(run=RUN), True),
+        (LatencyCall(rpc="stream", run=RUN), True),
+        (BandwidthCall(run=RUN), False),
+        (BandwidthCall(rpc="stream", direction="pull", run=RUN), False),
+    ],
+)
+@pytest.mark.parametrize("speed_mbps", [None, 100])
+def test_the_native_client_takes_the_python_engines_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+    call: LatencyCall | BandwidthCall,
+    both_ways: bool,
+    speed_mbps: int | None,
+) -> None:
+    """One rule for a call's (or a stream's) deadline, whichever engine runs it: the run's
+    bound, slack, and the bytes at the fabric's speed (an echo's both ways)."""
+    fabric = replace(resolve_fabric("lo"), speed_mbps=speed_mbps)
+    server = SimpleNamespace(target="127.0.0.1:1", fabric=fabric, died=lambda: None)
+    taken: list[ClientSettings] = []
+
+    def client(settings: ClientSettings, **_: object) -> None:
+        taken.append(settings)
+        raise NativeClientError("stopped here")
+
+    monkeypatch.setattr(native_p2p, "run_client", client)
+    with pytest.raises(BenchmarkError, match="stopped here"):
+        native_p2p.run_native(server, 4096, call)  # type: ignore[arg-type]
+    (settings,) = taken
+    wire = 4096 * (2 if both_ways else 1)  # a raw tensor is its bytes on the wire
+    expected = p2p.deadline(server, call.run, wire).seconds  # type: ignore[arg-type]
+    assert settings.deadline_s == expected
 
 
 @needs_native

@@ -18,7 +18,7 @@ from pytest_tfgrpc.bench.streams import p2p_bandwidth_streams
 from pytest_tfgrpc.bench.telemetry import probe_for
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.hosts.agent_client import AgentClient, AgentError
-from pytest_tfgrpc.native.client import ClientSettings, run_client
+from pytest_tfgrpc.native.client import ClientPause, ClientSettings, parse_pause, run_client
 from pytest_tfgrpc.plugin.emulated import EmulatedHosts
 from pytest_tfgrpc.roles.native_server import start_tensor_server
 from pytest_tfgrpc.roles.processes import ServerProcess
@@ -50,44 +50,74 @@ def _settings(server: ServerProcess) -> ClientSettings:
     )  # fmt: skip
 
 
-def test_the_client_pauses_with_its_connection_open_at_each_end_of_its_measured_phase(
-    native_server: ServerProcess,
+@pytest.mark.parametrize("streams", [1, 3])
+def test_the_client_pauses_with_its_connections_open_at_each_end_of_its_measured_phase(
+    native_server: ServerProcess, streams: int
 ) -> None:
-    """At the start the warm-up's bytes are on the connection, at the end every measured
-    push's too; the client process waits meanwhile, tells the ends of its connections (its
-    CPU reads' and its stream's), and an error in the hook comes back."""
+    """At the start the warm-up's bytes are on the connections, at the end every measured
+    push's too; the client process waits meanwhile, tells the ends of its streams'
+    connections (not its CPU reads' status channel's), its threads' run-queue wait and what
+    telling took it, and an error in the hook comes back."""
     seen: list[tuple[str, int, int]] = []
-    told: list[tuple[tuple[str, str], ...]] = []
+    told: list[ClientPause] = []
     with probe_for(native_server) as probe:
 
-        def pause(phase: str, pid: int, ends: tuple[tuple[str, str], ...]) -> None:
-            told.append(ends)
-            (probe.start if phase == "start" else probe.stop)()
+        def pause(at: ClientPause) -> None:
+            told.append(at)
+            probe.told(at.ends)
+            (probe.start if at.phase == "start" else probe.stop)()
             window = probe.windows[-1]
-            reading = window.start["local"] if phase == "start" else window.end["local"]
+            reading = window.start["local"] if at.phase == "start" else window.end["local"]
             sent = sum(s.bytes_sent for s in reading.sockets if not s.server_side)
-            seen.append((phase, pid, sent))
+            seen.append((at.phase, at.pid, sent))
 
-        measured = run_client(_settings(native_server), pause=pause)
+        measured = run_client(replace(_settings(native_server), streams=streams), pause=pause)
     assert [phase for phase, _, _ in seen] == ["start", "end"]
     assert seen[0][1] == seen[1][1] != os.getpid()
-    assert seen[0][2] >= 2 * MiB4  # the prepare call and one warm-up push
-    assert seen[1][2] - seen[0][2] >= len(measured.streams[0].samples_ns) * MiB4
+    assert seen[0][2] >= streams * 2 * MiB4  # each stream's prepare call and warm-up push
+    pushes = sum(len(stream.samples_ns) for stream in measured.streams)
+    assert seen[1][2] - seen[0][2] >= pushes * MiB4
     transport = probe.transport()
-    assert transport is not None and transport.connections == 1 and transport.retransmits == 0
-    # The same two connections at both phases, each to the server: the ends the probe found.
+    assert transport is not None and transport.connections == streams
+    # The same connections at both phases, one per stream, each to the server: the ends
+    # the probe found.
     port = split_target(native_server.target)[1]
-    assert told[0] == told[1] and len(told[0]) == 2
-    assert all(far.endswith(f":{port}") for _, far in told[0])
+    assert told[0].ends == told[1].ends and len(told[0].ends) == streams
+    assert all(far.endswith(f":{port}") for _, far in told[0].ends)
     ends = probe.windows[-1].end["local"].sockets
-    clients = {s.local.rpartition(":")[2] for s in ends if not s.server_side}
-    assert clients and clients <= {near.rpartition(":")[2] for near, _ in told[0]}
+    clients = {s.local for s in ends if not s.server_side}
+    assert clients == {near for near, _ in told[0].ends}
+    # Its own run-queue wait, never shrinking, and a cost of its own at each pause.
+    waits = [at.run_queue_wait_ns for at in told]
+    assert waits[0] is not None and waits[1] is not None and 0 <= waits[0] <= waits[1]
+    assert all(at.read_ns > 0 for at in told)
 
-    def broken(phase: str, pid: int, ends: tuple[tuple[str, str], ...]) -> None:
-        raise RuntimeError(f"hook failed at {phase}")
+    def broken(at: ClientPause) -> None:
+        raise RuntimeError(f"hook failed at {at.phase}")
 
     with pytest.raises(RuntimeError, match="hook failed at start"):
         run_client(_settings(native_server), pause=broken)
+
+
+V4 = ("127.0.0.1:5", "127.0.0.1:9")
+V6 = (("[::1]:5", "[::1]:9"), ("[::1]:6", "[::1]:9"))
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("s w120 r3400 127.0.0.1:5>127.0.0.1:9", ("start", (V4,), 120, 3400)),
+        ("e r10 [::1]:5>[::1]:9 [::1]:6>[::1]:9", ("end", V6, None, 10)),
+        ("s", ("start", (), None, 0)),
+        ("e wx r x9 z1 a>b", ("end", (("a", "b"),), None, 0)),  # tokens it does not know
+    ],
+)
+def test_a_pause_line_reads_as_its_phase_ends_wait_and_cost(
+    line: str, expected: tuple[str, tuple[tuple[str, str], ...], int | None, int]
+) -> None:
+    at = parse_pause(line, pid=42)
+    assert (at.phase, at.ends, at.run_queue_wait_ns, at.read_ns) == expected
+    assert at.pid == 42
 
 
 def test_native_on_loopback_records_telemetry_per_size_and_names_a_limit(
@@ -107,7 +137,7 @@ def test_native_on_loopback_records_telemetry_per_size_and_names_a_limit(
     assert tcp.retransmits == 0 and tcp.connections == 1
     assert tcp.bytes_sent >= point.count * MiB4 and tcp.rtt_ns
     assert point.limit is not None and point.limit.kind != ""
-    assert point.cpu_wait.get("client") is not None  # the client process's, read by its pid
+    assert point.cpu_wait.get("client") is not None  # as the client process read it itself
     echo = native_p2p.p2p_latency(native_server, [1024], LatencyCall(run=RUN)).sizes[0]
     assert echo.transport is not None and echo.transport.bytes_sent >= echo.count * 1024
 

@@ -24,6 +24,7 @@ from pytest_tfgrpc.bench.p2p import (
     Transfer,
     _check_messages,
     _name,
+    deadline,
     p2p_result,
 )
 from pytest_tfgrpc.bench.settings import run_settings
@@ -31,6 +32,7 @@ from pytest_tfgrpc.bench.telemetry import TransportProbe, explained, probe_for, 
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native import binaries
 from pytest_tfgrpc.native.client import (
+    ClientPause,
     ClientSettings,
     NativeClientError,
     NativeRun,
@@ -40,7 +42,7 @@ from pytest_tfgrpc.native.client import (
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire import codec
-from pytest_tfgrpc.wire.client import BenchmarkError, Server, rpc_timeout
+from pytest_tfgrpc.wire.client import BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import child_env
 
@@ -55,15 +57,6 @@ def tensor_of(message: Message) -> tuple[int, str, int, int]:
     elements = nbytes // 4 if dtype == "float32" else nbytes
     header = codec.encode_header(dtype, (elements,), nbytes)
     return nbytes, dtype, nbytes, len(header) + nbytes
-
-
-def _deadline(benchmark: str, rpc: str, wire: int, run: RunSpec) -> float:
-    """The Python engine's deadlines (bench/p2p.py): per call, or per stream for streams."""
-    if benchmark == "latency":
-        base = rpc_timeout(2 * wire)
-        return base + 2 * run.time_limit_s if rpc == "stream" else base
-    base = rpc_timeout(wire)
-    return 2 * base + 2 * (run.time_limit_s + run.warmup_seconds) if rpc == "stream" else base
 
 
 def run_native(
@@ -93,7 +86,9 @@ def run_native(
         warmup=run.warmup,
         max_seconds=run.time_limit_s,
         warmup_seconds=run.warmup_seconds,
-        deadline_s=_deadline(benchmark, rpc, wire, run),
+        # The Python engine's rule, per call or per stream (a stream stays open for the
+        # run, which the run's own bound covers): an echo carries the tensor both ways.
+        deadline_s=deadline(server, run, wire * (2 if benchmark == "latency" else 1)).seconds,
         streams=streams,
     )
     if isinstance(call, BandwidthCall):  # an echo keeps the client's defaults
@@ -123,9 +118,10 @@ def _reading(probe: TransportProbe) -> Pause:
     (watching the client's process and the connections it reports from then) and closes
     when it ends."""
 
-    def pause(phase: str, pid: int, connections: tuple[tuple[str, str], ...]) -> None:
-        if phase == "start":
-            probe.watch("client", pid, connections)
+    def pause(told: ClientPause) -> None:
+        probe.reported("client", told.run_queue_wait_ns, read_ns=told.read_ns)
+        if told.phase == "start":
+            probe.told(told.ends)
             probe.start()
         else:
             probe.stop()

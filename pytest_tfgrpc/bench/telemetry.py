@@ -251,6 +251,12 @@ class TransportProbe:
         #: The connections that carried the last window's traffic (looked up, not dumped).
         self._carried: set[tuple[str, str]] = set()
         self._wait_start: dict[str, int] = {}
+        #: Per side, the run-queue wait its own process reported for the next reading
+        #: (:meth:`reported`); None: it could not read it.
+        self._reported: dict[str, int | None] = {}
+        #: What reading telemetry took in other processes of this host, as they reported it
+        #: (ns): the native client's own reads at its pauses.
+        self.reported_read_ns = 0
         self.errors: list[str] = []
         self._named = named_rate_Bps
         self._remote = remote
@@ -340,9 +346,11 @@ class TransportProbe:
         return {self._remote_name: far}
 
     def _waits(self, readings: Mapping[str, Reading]) -> dict[str, int]:
-        """Each side's run-queue wait so far: this host's processes read here, summed per
-        side; a remote server's from its host's reading (``readings``)."""
-        waits: dict[str, int] = {}
+        """Each side's run-queue wait so far: as its own process reported it
+        (:meth:`reported`), else this host's processes read here, summed per side; a remote
+        server's from its host's reading (``readings``)."""
+        waits = {side: ns for side, ns in self._reported.items() if ns is not None}
+        self._reported.clear()
         if self._reader is not None:
             for side, pids in self._pids.items():
                 each = [self._reader.run_queue_wait_ns(pid) for pid in pids]
@@ -367,6 +375,17 @@ class TransportProbe:
         self._pids[side] = (pid,) if isinstance(pid, int) else tuple(pid)
         if connections is not None:
             self.told(connections)
+
+    def reported(self, side: str, waited_ns: int | None, *, read_ns: int = 0) -> None:
+        """``side``'s run-queue wait so far (ns), as its own process read it (the native
+        client, at its pauses: cheaper than listing and opening its threads' files from
+        here): used at the next round's start or end in place of reading ``side``'s
+        processes, which are no longer read (None: it could not read it, and the round
+        counts none). ``read_ns``: what that process's telemetry took it, counted in
+        :attr:`reported_read_ns`."""
+        self._pids.pop(side, None)
+        self._reported[side] = waited_ns
+        self.reported_read_ns += read_ns
 
     def told(self, connections: Sequence[tuple[str, str]]) -> None:
         """Look the clients' connections up by these ``(local, peer)`` ends from the next

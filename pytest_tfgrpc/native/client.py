@@ -32,10 +32,28 @@ _STREAM = struct.Struct("<3q")
 #: The letter that opens the client's line on its pause socket (``--pause-fd``) per phase.
 _PHASES = {"s": "start", "e": "end"}
 
-#: Called while the client waits at a phase: (``start`` or ``end`` of its measured phase, the
-#: client's process id, the ends of its TCP connections then: ``(local, peer)`` each, as
-#: ``address:port`` or ``[v6]:port``).
-Pause = Callable[[str, int, tuple[tuple[str, str], ...]], None]
+
+@dataclass(frozen=True)
+class ClientPause:
+    """What the client told at a pause (``--pause-fd``), while it waits with its connections
+    open.
+
+    ``phase``: ``start`` or ``end`` of its measured phase; ``pid``: the client's process id;
+    ``ends``: its measured connections' ends, ``(local, peer)`` each as ``address:port`` or
+    ``[v6]:port`` (its streams', not its status channel's); ``run_queue_wait_ns``: its
+    threads' run-queue wait so far, as it read it itself (ns; None where it could not);
+    ``read_ns``: what telling all that took it (ns: the telemetry's cost in the client).
+    """
+
+    phase: str
+    pid: int
+    ends: tuple[tuple[str, str], ...]
+    run_queue_wait_ns: int | None
+    read_ns: int
+
+
+#: Called at each pause; the client goes on when it returns.
+Pause = Callable[[ClientPause], None]
 
 
 class NativeClientError(RuntimeError):
@@ -233,19 +251,38 @@ def run_client(
     return decode_run(stdout)
 
 
+def parse_pause(line: str, pid: int) -> ClientPause:
+    """The :class:`ClientPause` of one line the client wrote at a pause: the phase's letter,
+    then `` w<ns>`` (its run-queue wait), `` r<ns>`` (what the line took it) and
+    `` local>peer`` per measured connection; a token it does not know is left out."""
+    letter, *tokens = line.split(" ")
+    waited: int | None = None
+    read_ns = 0
+    ends = []
+    for token in tokens:
+        near, _, far = token.partition(">")
+        if far:
+            ends.append((near, far))
+        elif token[:1] in ("w", "r") and token[1:].isdigit():
+            if token[0] == "w":
+                waited = int(token[1:])
+            else:
+                read_ns = int(token[1:])
+    return ClientPause(_PHASES.get(letter, letter), pid, tuple(ends), waited, read_ns)
+
+
 def _answer(sock: socket.socket, pause: Pause, pid: int, failed: list[BaseException]) -> None:
-    """Call ``pause`` at each phase the client reports on ``sock`` (a line: the phase's
-    letter, then `` local>peer`` per connection) and let it go on, until it closes its end;
-    what ``pause`` raises is kept in ``failed``."""
+    """Call ``pause`` at each phase the client reports on ``sock`` (a line:
+    :func:`parse_pause`) and let it go on, until it closes its end; what ``pause`` raises is
+    kept in ``failed``."""
     pending = b""
     while chunk := sock.recv(1 << 16):
         pending += chunk
         while b"\n" in pending:
             line, _, pending = pending.partition(b"\n")
-            letter, *pairs = line.decode("ascii", "replace").split(" ")
-            ends = tuple((near, far) for near, _, far in (p.partition(">") for p in pairs) if far)
+            told = parse_pause(line.decode("ascii", "replace"), pid)
             try:
-                pause(_PHASES.get(letter, letter), pid, ends)
+                pause(told)
             except Exception as error:  # raised in the caller's thread once the client ends
                 failed.append(error)
             try:

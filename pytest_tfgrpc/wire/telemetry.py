@@ -62,12 +62,42 @@ _STATES = sum(1 << state for state in (1, 4, 5, 8, 9, 11))
 _INFO_EXT = 1 << (2 - 1)
 _SNMP = "/proc/net/snmp"
 _COUNTERS = ("rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
-#: ``struct tcp_info`` as pyroute2 lays it out (its ``inet_diag_msg.tcp_info`` fields), one
-#: unpack per socket instead of pyroute2's decoder (150 us a message on a loaded machine).
-_TCP_INFO_NAMES = tuple(name for name, _ in inet_diag_msg.tcp_info.fields)
-#: Where each field a :class:`TcpState` keeps is in that unpack.
-_AT = {name: index for index, name in enumerate(_TCP_INFO_NAMES)}
-_TCP_INFO = struct.Struct("=" + "".join(kind for _, kind in inet_diag_msg.tcp_info.fields))
+#: The :class:`TcpState` counters and the ``struct tcp_info`` field each is.
+_FROM_TCP_INFO = {
+    "retransmits": "tcpi_total_retrans",
+    "data_segs_out": "tcpi_data_segs_out",
+    "bytes_sent": "tcpi_bytes_sent",
+    "bytes_acked": "tcpi_bytes_acked",
+    "bytes_retrans": "tcpi_bytes_retrans",
+    "bytes_received": "tcpi_bytes_received",
+    "rtt_us": "tcpi_rtt",
+    "rttvar_us": "tcpi_rttvar",
+    "cwnd": "tcpi_snd_cwnd",
+    "delivery_rate_Bps": "tcpi_delivery_rate",
+    "dsack_dups": "tcpi_dsack_dups",
+}
+
+
+def _tcp_info_reader() -> tuple[struct.Struct, tuple[str, ...]]:
+    """One unpack of the kept fields of ``struct tcp_info`` as pyroute2 lays it out (its
+    ``inet_diag_msg.tcp_info`` fields), the others skipped as pad bytes, up to the last kept
+    one; and the :class:`TcpState` names of what it unpacks, in order. One unpack per socket
+    instead of pyroute2's decoder (150 us a message on a loaded machine)."""
+    wanted = {field: name for name, field in _FROM_TCP_INFO.items()}
+    layout, names, kept = "=", [], ""
+    for field, kind in inet_diag_msg.tcp_info.fields:
+        if field in wanted:
+            layout += kind
+            names.append(wanted.pop(field))
+            kept = layout
+        else:
+            layout += f"{struct.calcsize('=' + kind)}x"
+    if wanted:
+        raise ImportError(f"pyroute2's tcp_info lacks {', '.join(sorted(wanted))}")
+    return struct.Struct(kept), tuple(names)
+
+
+_TCP_INFO, _TCP_INFO_KEPT = _tcp_info_reader()
 #: Offsets in a raw ``inet_diag_msg`` answer: after the 16-byte netlink header, the family
 #: byte, the socket id (ports, addresses, cookie: what a lookup request takes back) and,
 #: past the 72-byte message, its attributes.
@@ -570,26 +600,13 @@ def _tcp_state(data: bytes, server_side: bool) -> TcpState | None:
     payload = _attributes(data, _ATTRS).get(_INET_DIAG_INFO)
     if payload is None:
         return None
-    values = _TCP_INFO.unpack(payload[: _TCP_INFO.size].ljust(_TCP_INFO.size, b"\0"))
-
-    def end(address: str, port: int) -> str:
-        return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
+    if len(payload) < _TCP_INFO.size:
+        payload = payload.ljust(_TCP_INFO.size, b"\0")
     return TcpState(
-        local=end(src, sport),
-        remote=end(dst, dport),
-        server_side=server_side,
-        retransmits=values[_AT["tcpi_total_retrans"]],
-        data_segs_out=values[_AT["tcpi_data_segs_out"]],
-        bytes_sent=values[_AT["tcpi_bytes_sent"]],
-        bytes_acked=values[_AT["tcpi_bytes_acked"]],
-        bytes_retrans=values[_AT["tcpi_bytes_retrans"]],
-        bytes_received=values[_AT["tcpi_bytes_received"]],
-        rtt_us=values[_AT["tcpi_rtt"]],
-        rttvar_us=values[_AT["tcpi_rttvar"]],
-        cwnd=values[_AT["tcpi_snd_cwnd"]],
-        delivery_rate_Bps=values[_AT["tcpi_delivery_rate"]],
-        dsack_dups=values[_AT["tcpi_dsack_dups"]],
+        _text_end(src, sport),
+        _text_end(dst, dport),
+        server_side,
+        **dict(zip(_TCP_INFO_KEPT, _TCP_INFO.unpack_from(payload), strict=True)),
     )
 
 

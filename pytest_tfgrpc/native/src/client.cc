@@ -12,11 +12,15 @@
 //
 // --pause-fd N (a socket its parent holds the other end of): the client writes a line there
 // once every stream is connected and warm ("s"), and once every measured loop has ended
-// ("e", before any connection closes): the phase's letter, then its TCP connections'
-// ends, " local>peer" each (address:port, [v6]:port), and each time waits for one byte back
-// before going on, so that the parent can read those connections' TCP state (sock_diag, by
-// their exact addresses: no walk of the kernel's connection table) at the measured phase's
-// start and end. Its parent gone (end of file there): exit status 4.
+// ("e", before any connection closes): the phase's letter; " w<ns>", its threads' run-queue
+// wait so far (run_queue.h; absent where it cannot be read); " r<ns>", what making this
+// line took (the telemetry's cost in this process, with the listing of the status channel's
+// connection before the first pause); then the measured connections' ends,
+// " local>peer" each (address:port, [v6]:port: the streams' connections, not the status
+// channel's), and each time waits for one byte back before going on, so that the parent can
+// read those connections' TCP state (sock_diag, by their exact addresses: no walk of the
+// kernel's connection table) at the measured phase's start and end. Its parent gone (end of
+// file there): exit status 4.
 //
 // Output (little-endian): "TFGN", u32 version (1), u32 streams; i64 size_bytes, wire_bytes,
 // wall_ns (first measured start to last measured end), client_user_ns, client_system_ns,
@@ -45,6 +49,7 @@
 
 #include "call.h"
 #include "ends.h"
+#include "run_queue.h"
 #include "tls.h"
 #include "wire.h"
 
@@ -389,21 +394,65 @@ Cpu read_cpu(const std::shared_ptr<grpc::Channel>& status_channel) {
   return cpu;
 }
 
-// Tell the parent the phase `what` is reached, with this process's connections, and wait
-// until it has looked (--pause-fd).
-void pause(const Settings& s, char what) {
-  if (s.pause_fd < 0) return;
-  std::string line(1, what);
-  for (const std::string& ends : connection_ends()) line += " " + ends;
-  line += "\n";
-  char answer = 0;
-  for (size_t sent = 0; sent < line.size();) {
-    ssize_t wrote = write(s.pause_fd, line.data() + sent, line.size() - sent);
-    if (wrote <= 0) std::_Exit(4);
-    sent += static_cast<size_t>(wrote);
+// What the client tells its parent at each pause (--pause-fd), and its wait for the answer.
+class Pauses {
+ public:
+  explicit Pauses(int fd) : fd_(fd) {}
+
+  // The connections open now are not measured ones (the status channel's, made first).
+  void exclude_open_ones() {
+    if (fd_ < 0) return;
+    int64_t began = now_ns();
+    for (Connection& connection : connections()) excluded_.insert(std::move(connection.ends));
+    spent_ns_ += now_ns() - began;
   }
-  if (read(s.pause_fd, &answer, 1) != 1) std::_Exit(4);
-}
+
+  // Tell the parent the phase `what` is reached and wait until it has looked.
+  void pause(char what) {
+    if (fd_ < 0) return;
+    int64_t began = now_ns();
+    std::string line(1, what), ends;
+    // The connections first: the threads' files, once open, are descriptors to pass over.
+    for (const Connection& connection : measured()) ends += " " + connection.ends;
+    int64_t waited = run_queue_.read();
+    if (waited >= 0) line += " w" + std::to_string(waited);
+    spent_ns_ += now_ns() - began;
+    line += " r" + std::to_string(spent_ns_) + ends + "\n";
+    spent_ns_ = 0;
+    char answer = 0;
+    for (size_t sent = 0; sent < line.size();) {
+      ssize_t wrote = ::write(fd_, line.data() + sent, line.size() - sent);
+      if (wrote <= 0) std::_Exit(4);
+      sent += static_cast<size_t>(wrote);
+    }
+    if (::read(fd_, &answer, 1) != 1) std::_Exit(4);
+  }
+
+ private:
+  // The measured connections: those the last pause told, where each descriptor still holds
+  // the same connection (two calls each), else every connection not excluded, listed anew.
+  const std::vector<Connection>& measured() {
+    bool same = !measured_.empty();
+    for (const Connection& connection : measured_) {
+      if (!same) break;
+      same = ends_of(connection.fd) == connection.ends;
+    }
+    if (!same) {
+      measured_.clear();
+      for (Connection& connection : connections()) {
+        if (!excluded_.count(connection.ends)) measured_.push_back(std::move(connection));
+      }
+    }
+    return measured_;
+  }
+
+  int fd_;
+  // Telemetry time not yet told (ns): the exclusion's listing, told at the first pause.
+  int64_t spent_ns_ = 0;
+  std::set<std::string> excluded_;
+  std::vector<Connection> measured_;
+  RunQueueWait run_queue_;
+};
 
 // One stream's warm-up and measured loop, in step with the others through `sync` (four
 // phases: every stream warm, the CPU start read, every measured loop ended, the end paused).
@@ -455,6 +504,8 @@ int usage_error(const std::string& message) {
 int run(const Settings& s) {
   Tensor tensor(s);
   std::shared_ptr<grpc::Channel> status_channel = connect(s, -1);
+  Pauses pauses(s.pause_fd);
+  pauses.exclude_open_ones();  // the status channel's connection
   std::barrier<> sync(s.streams + 1);
   std::vector<StreamResult> results(static_cast<size_t>(s.streams));
   std::vector<std::thread> threads;
@@ -462,7 +513,7 @@ int run(const Settings& s) {
     threads.emplace_back(run_stream, std::cref(s), i, std::cref(tensor), &sync, &results[i]);
   }
   sync.arrive_and_wait();
-  pause(s, 's');
+  pauses.pause('s');
   Cpu start{};
   std::string cpu_error;
   try {
@@ -472,7 +523,7 @@ int run(const Settings& s) {
   }
   sync.arrive_and_wait();
   sync.arrive_and_wait();
-  pause(s, 'e');
+  pauses.pause('e');
   sync.arrive_and_wait();
   for (auto& thread : threads) thread.join();
   for (const auto& result : results) {

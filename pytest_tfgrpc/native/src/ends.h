@@ -33,32 +33,49 @@ inline std::string endpoint(const sockaddr_storage& where) {
   return "";
 }
 
-// "local>peer" for each connected TCP socket of this process (its gRPC connections), read
-// from its own descriptors.
-inline std::vector<std::string> connection_ends() {
-  std::vector<std::string> out;
+// "local>peer" of descriptor `fd` now; empty where it is not a connected TCP socket (or is
+// gone).
+inline std::string ends_of(int fd) {
+  int type = 0;
+  socklen_t size = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &size) != 0 || type != SOCK_STREAM) return "";
+  sockaddr_storage local{}, peer{};
+  socklen_t local_size = sizeof local, peer_size = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size)) {
+    return "";  // not connected
+  }
+  std::string near = endpoint(local), far = endpoint(peer);
+  return near.empty() || far.empty() ? "" : near + ">" + far;
+}
+
+// A connected TCP socket of this process: its descriptor and "local>peer".
+struct Connection {
+  int fd;
+  std::string ends;
+};
+
+// Every connected TCP socket of this process (its gRPC connections), read from its own
+// descriptors.
+inline std::vector<Connection> connections() {
+  std::vector<Connection> out;
   DIR* fds = opendir("/proc/self/fd");
   if (fds == nullptr) return out;
   while (const dirent* entry = readdir(fds)) {
     char* end = nullptr;
     long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == dirfd(fds)) continue;
-    int type = 0;
-    socklen_t size = sizeof type;
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &size) != 0 ||
-        type != SOCK_STREAM) {
-      continue;
-    }
-    sockaddr_storage local{}, peer{};
-    socklen_t local_size = sizeof local, peer_size = sizeof peer;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_size) ||
-        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_size)) {
-      continue;  // not connected (or gone meanwhile)
-    }
-    std::string near = endpoint(local), far = endpoint(peer);
-    if (!near.empty() && !far.empty()) out.push_back(near + ">" + far);
+    std::string ends = ends_of(static_cast<int>(fd));
+    if (!ends.empty()) out.push_back({static_cast<int>(fd), std::move(ends)});
   }
   closedir(fds);
+  return out;
+}
+
+// "local>peer" for each connected TCP socket of this process.
+inline std::vector<std::string> connection_ends() {
+  std::vector<std::string> out;
+  for (Connection& connection : connections()) out.push_back(std::move(connection.ends));
   return out;
 }
 
