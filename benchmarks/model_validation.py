@@ -27,6 +27,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pytest_tfgrpc.model.placement import Placement, place_profile
+from pytest_tfgrpc.model.profiles import load_profile
 from pytest_tfgrpc.model.scaling import (
     ClusterTerms,
     MeasuredPoint,
@@ -37,6 +39,31 @@ from pytest_tfgrpc.model.scaling import (
 
 CALIBRATE_UP_TO = 32
 
+#: tf_cnn_benchmarks' ``--variable_update`` modes a point can have run in, and how each
+#: places the PS copies (:func:`_placement`).
+#:
+#: Each row of Bugliarello's tables (``_CSCS``) names its mode (synthetic-data rows: Piz Daint
+#: W = 4 and p2.xlarge W = 2-16 ``distributed_replicated``, every other ``parameter_server``;
+#: the TensorFlow benchmarks page: ``distributed_replicated`` throughout), and the two modes
+#: place the PS copies differently. The tf_cnn_benchmarks the source ran (its copy,
+#: google-benchmarks/tf_cnn_benchmarks at a0d3d61, is tensorflow/benchmarks caabd6b with one
+#: line commented out; variable_mgr.py is that of fd87986-caabd6b, the page's 9165a70
+#: included):
+#:
+#: - ``parameter_server`` (VariableMgrDistributedFetchFromPS.get_devices): the model's variables
+#:   go through ``replica_device_setter(ps_strategy=GreedyLoadBalancingStrategy(num_ps,
+#:   byte_size_load_fn))`` in creation order: greedy by bytes;
+#: - ``distributed_replicated`` (VariableMgrDistributedReplicated): the model's variables are
+#:   the workers' local variables; the PS copies are made in get_gradients_to_apply
+#:   (``ps_var/...``, one per trainable variable, in the gradients' order) under
+#:   ``param_server_device = replica_device_setter(worker_device=..., cluster=...)``
+#:   (tf_cnn_benchmarks.py), whose strategy is the default round robin and which has already
+#:   placed ``global_step`` (``_build_model``) on PS 0.
+PARAMETER_SERVER = "parameter_server"
+DISTRIBUTED_REPLICATED = "distributed_replicated"
+#: Each mode's placement, as the output names it.
+SHARDING = {PARAMETER_SERVER: "greedy", DISTRIBUTED_REPLICATED: "round_robin"}
+
 
 @dataclass(frozen=True)
 class Point:
@@ -44,6 +71,7 @@ class Point:
     ps: int
     efficiency: float
     bound: str = ""  # ">" when the source gives a lower bound only
+    mode: str = PARAMETER_SERVER  # the --variable_update the source ran the point in
 
 
 @dataclass(frozen=True)
@@ -57,10 +85,22 @@ class Curve:
     apriori_inputs: str
 
 
-def _from_throughput(rows: Sequence[tuple[int, int, float]]) -> tuple[Point, ...]:
+def _from_throughput(rows: Sequence[tuple[int, int, float, str]]) -> tuple[Point, ...]:
     base = rows[0][2]
     assert rows[0][0] == 1
-    return tuple(Point(w, p, x / (w * base)) for w, p, x in rows)
+    return tuple(Point(w, p, x / (w * base), mode=mode) for w, p, x, mode in rows)
+
+
+def _placement(profile: str, point: Point) -> Placement:
+    """Where tf_cnn_benchmarks put the PS copies in the point's mode (the comment on the
+    modes above): greedy by bytes in ``parameter_server`` mode; in ``distributed_replicated``
+    mode the default round robin of ``replica_device_setter``, which there places
+    ``global_step`` (slot 0) and then one copy of each trainable variable in creation order
+    (slots 1..M): the batch-norm statistics are the workers' local variables."""
+    model = load_profile(profile)
+    if point.mode == DISTRIBUTED_REPLICATED:
+        model = replace(model, slots=tuple(range(1, model.num_tensors + 1)))
+    return place_profile(model, point.ps, SHARDING[point.mode])
 
 
 _CSCS = (
@@ -68,12 +108,6 @@ _CSCS = (
     "github.com/e-bug/distributed-tensorflow-benchmarks at a0d3d61, "
     "report/source/benchmarks.tex"
 )
-#: tf_cnn_benchmarks' ``parameter_server`` mode in a cluster (VariableMgrDistributedFetchFromPS,
-#: variable_mgr.py, since its first commit fd87986, May 2017) places the model's variables with
-#: ``GreedyLoadBalancingStrategy(num_ps, byte_size_load_fn)`` in creation order, not round
-#: robin. Rows run in ``distributed_replicated`` mode (Daint W=4, p2.xlarge W=2..16) keep
-#: their PS copies round robin; they are modelled greedy too, an approximation.
-SHARDING = "greedy"
 #: gRPC's P2P bandwidth in TF-gRPC-Bench (Biswas et al., 2018), as /work/shared/reference
 #: (field-and-peers.md, Figs. 11-12) reads it: the TF-era rate of one gRPC stream.
 _TFGRPC_IPOIB = 2.6e9  # Cluster A, IPoIB EDR, uniform payload
@@ -84,7 +118,8 @@ _CSCS_AND_CORI: tuple[Curve, ...] = (
         name="Piz Daint, InceptionV3 (1 P100 per node)",
         source=_CSCS + ", table tab:peak-perf-daint",
         read=(
-            "images/s with synthetic data and the PS count of each row of the table; "
+            "images/s with synthetic data, the PS count and the variable_update mode of each "
+            "row of the table; "
             "efficiency = images/s / (W x 138.23); PS tasks on the workers' nodes (the report: "
             "'nodes running Workers also run Parameter Servers'); tf_cnn_benchmarks, TF 1.1, "
             "batch 64 per GPU"
@@ -92,14 +127,14 @@ _CSCS_AND_CORI: tuple[Curve, ...] = (
         profile="inception3_tf_cnn",
         points=_from_throughput(
             [
-                (1, 1, 138.23),
-                (2, 1, 264.57),
-                (4, 3, 523.38),
-                (8, 2, 1018.18),
-                (16, 4, 2001.00),
-                (32, 12, 3840.35),
-                (64, 40, 7118.31),
-                (128, 116, 9219.70),
+                (1, 1, 138.23, PARAMETER_SERVER),
+                (2, 1, 264.57, PARAMETER_SERVER),
+                (4, 3, 523.38, DISTRIBUTED_REPLICATED),
+                (8, 2, 1018.18, PARAMETER_SERVER),
+                (16, 4, 2001.00, PARAMETER_SERVER),
+                (32, 12, 3840.35, PARAMETER_SERVER),
+                (64, 40, 7118.31, PARAMETER_SERVER),
+                (128, 116, 9219.70, PARAMETER_SERVER),
             ]
         ),
         apriori=ClusterTerms(
@@ -119,20 +154,21 @@ _CSCS_AND_CORI: tuple[Curve, ...] = (
         name="AWS p2.xlarge, InceptionV3 (1 K80 per node)",
         source=_CSCS + ", table tab:peak-perf-p2",
         read=(
-            "images/s with synthetic data and the PS count of each row; efficiency = images/s "
-            "/ (W x 30.55); PS tasks on the workers' nodes; same software as above"
+            "images/s with synthetic data, the PS count and the variable_update mode of each "
+            "row; efficiency = images/s / (W x 30.55); PS tasks on the workers' nodes; same "
+            "software as above"
         ),
         profile="inception3_tf_cnn",
         points=_from_throughput(
             [
-                (1, 1, 30.55),
-                (2, 2, 57.45),
-                (4, 4, 114.57),
-                (8, 8, 228.41),
-                (16, 12, 431.64),
-                (32, 32, 825.64),
-                (64, 64, 996.32),
-                (128, 128, 1077.59),
+                (1, 1, 30.55, PARAMETER_SERVER),
+                (2, 2, 57.45, DISTRIBUTED_REPLICATED),
+                (4, 4, 114.57, DISTRIBUTED_REPLICATED),
+                (8, 8, 228.41, DISTRIBUTED_REPLICATED),
+                (16, 12, 431.64, DISTRIBUTED_REPLICATED),
+                (32, 32, 825.64, PARAMETER_SERVER),
+                (64, 64, 996.32, PARAMETER_SERVER),
+                (128, 128, 1077.59, PARAMETER_SERVER),
             ]
         ),
         apriori=ClusterTerms(
@@ -183,7 +219,8 @@ _TF_READ = (
     "images/s with synthetic data at 8, 16, 32 and 64 GPUs = 1, 2, 4 and 8 p2.8xlarge "
     "instances of 8 K80s; distributed_replicated mode aggregates an instance's 8 GPUs "
     "locally, so a worker here is an instance (W = 1-8) and efficiency = images/s / (W x the "
-    "one-instance rate); 'instances running worker servers also ran parameter servers', "
+    "one-instance rate); variable_update distributed_replicated (the page, for every model; "
+    "benchmarks hash 9165a70); 'instances running worker servers also ran parameter servers', "
     "equal numbers of PS and workers except where the page says otherwise; no point above "
     "W = 32, so a priori only"
 )
@@ -200,7 +237,10 @@ def _tf_page_curve(
         read=_TF_READ + f"; PS counts {', '.join(map(str, ps))}",
         profile=profile,
         points=_from_throughput(
-            [(w, p, x) for w, p, x in zip((1, 2, 4, 8), ps, rows, strict=True)]
+            [
+                (w, p, x, DISTRIBUTED_REPLICATED)
+                for w, p, x in zip((1, 2, 4, 8), ps, rows, strict=True)
+            ]
         ),
         apriori=ClusterTerms(
             compute_s=8 * batch / one,
@@ -213,8 +253,8 @@ def _tf_page_curve(
             f"compute 8 x {batch}/{one:g} s (the page's one-instance rate: 8 GPUs' step, "
             "their local aggregation included); bandwidth 1.1 GB/s (gRPC P2P over 10 GbE in "
             "TF-gRPC-Bench; AWS gives p2.8xlarge 10 Gigabit); alpha 50 us; overlap 0.5; PS "
-            "colocated (the page); PS copies placed greedy (distributed_replicated places "
-            "them round robin: an approximation)"
+            "colocated (the page); PS copies placed round robin, as the page's "
+            "distributed_replicated mode places them"
         ),
     )
 
@@ -267,24 +307,30 @@ def _evaluate(curve: Curve) -> dict[str, object]:
         "profile": curve.profile,
         "apriori_inputs": curve.apriori_inputs,
     }
+    placements = {p: _placement(curve.profile, p) for p in curve.points}
     rows: list[dict[str, object]] = [
         {
             "workers": p.workers,
             "ps": p.ps,
             "published": p.efficiency,
             "bound": p.bound,
+            "mode": p.mode,
+            "sharding": SHARDING[p.mode],
+            "imbalance": placements[p].imbalance,
         }
         for p in curve.points
     ]
     fits: dict[str, object] = {}
     if len(small) >= 2 and large and curve.apriori is not None:
-        measured = [MeasuredPoint(p.workers, p.ps, p.efficiency) for p in small]
+        measured = [
+            MeasuredPoint(p.workers, p.ps, p.efficiency, placement=placements[p]) for p in small
+        ]
         for label, free in (
             ("calibrated", ("bandwidth", "overlap", "fixed")),
             ("calibrated+core", ("bandwidth", "overlap", "fixed", "core")),
         ):
             start = replace(curve.apriori, overlap=0.0, core_Bps=None)
-            fit = calibrate(measured, curve.profile, start, free=free, sharding=SHARDING)
+            fit = calibrate(measured, curve.profile, start, free=free)
             fits[label] = {
                 "fitted": {t.name: t.as_dict() for t in fit.fitted},
                 "unpinned": list(fit.unpinned()),
@@ -292,14 +338,18 @@ def _evaluate(curve: Curve) -> dict[str, object]:
             }
             for row, point in zip(rows, curve.points, strict=True):
                 e = ps_step(
-                    curve.profile, point.workers, point.ps, fit.terms, sharding=SHARDING
+                    curve.profile,
+                    point.workers,
+                    point.ps,
+                    fit.terms,
+                    placement=placements[point],
                 ).efficiency
                 row[label] = e
                 row[f"{label}_error"] = _error(point, e)
     if curve.apriori is not None:
         for row, point in zip(rows, curve.points, strict=True):
             e = ps_step(
-                curve.profile, point.workers, point.ps, curve.apriori, sharding=SHARDING
+                curve.profile, point.workers, point.ps, curve.apriori, placement=placements[point]
             ).efficiency
             row["apriori"] = e
             row["apriori_error"] = _error(point, e)
@@ -317,7 +367,9 @@ def _mean_abs(values: Sequence[float]) -> float | None:
 def _format(result: dict[str, object]) -> str:
     lines = [f"## {result['curve']}", f"source: {result['source']}", f"read: {result['read']}"]
     lines.append(
-        f"profile: {result['profile']}, sharding {SHARDING}; a priori: {result['apriori_inputs']}"
+        f"profile: {result['profile']}, PS copies placed as each point's mode places them "
+        f"({', '.join(f'{mode} {how}' for mode, how in SHARDING.items())}); a priori: "
+        f"{result['apriori_inputs']}"
     )
     fits = result["fits"]
     assert isinstance(fits, dict)
@@ -337,6 +389,7 @@ def _format(result: dict[str, object]) -> str:
         header += f" {title:>11} {'err':>6}"
     if "apriori_ring" in points[0]:
         header += f" {'ring a priori':>13}"
+    header += f" {'placement':>11} {'imbalance':>9}"
     lines += ["", header]
     for row in points:
         point = Point(int(row["workers"]), int(row["ps"]), float(row["published"]), row["bound"])
@@ -345,6 +398,7 @@ def _format(result: dict[str, object]) -> str:
             line += f" {row[key]:>11.1%} {row[f'{key}_error']:>+6.1f}"
         if "apriori_ring" in row:
             line += f" {row['apriori_ring']:>13.1%}"
+        line += f" {row['sharding']:>11} {row['imbalance']:>9.3f}"
         marker = "  (fitted)" if point.workers <= CALIBRATE_UP_TO and fits else ""
         lines.append(line + marker)
     summary = []

@@ -132,6 +132,31 @@ def test_calibration_says_what_the_points_cannot_pin_down() -> None:
         calibrate(points, RESNET, truth, free=("speed",))
 
 
+def test_a_point_carries_the_placement_its_run_had() -> None:
+    # Points run in two modes (tf_cnn_benchmarks' parameter_server and distributed_replicated)
+    # are each predicted with their own placement; the others with the calibration's sharding.
+    model = load_profile("inception3_tf_cnn")
+    terms = ClusterTerms(compute_s=0.1, bandwidth_Bps=5e8, colocated=True)
+    skewed = place_profile(model, 4, "round_robin")  # one task holds every kernel
+    assert skewed.imbalance > 3.9
+    points = [
+        MeasuredPoint(w, 4, ps_step(model, w, 4, terms, sharding="greedy").efficiency)
+        for w in (4, 8)
+    ]
+    points.append(
+        MeasuredPoint(16, 4, ps_step(model, 16, 4, terms, placement=skewed).efficiency, "", skewed)
+    )
+    fit = calibrate(points, model, terms, free=(), sharding="greedy")
+    assert fit.rms < 1e-12
+    greedy = [replace(p, placement=None) for p in points]
+    assert calibrate(greedy, model, terms, free=(), sharding="greedy").rms > 0.01
+    with pytest.raises(ValueError, match="placement over 2 PS tasks"):
+        MeasuredPoint(8, 4, 0.9, placement=place_profile(model, 2, "greedy"))
+    other = place_profile(load_profile(RESNET), 4, "greedy")
+    with pytest.raises(ValueError, match=r"holds .* bytes"):
+        calibrate([MeasuredPoint(8, 4, 0.9, placement=other)], model, terms, free=())
+
+
 def test_calibration_does_not_stop_where_it_started() -> None:
     # Piz Daint's published W <= 32 points (e-bug/distributed-tensorflow-benchmarks, table
     # tab:peak-perf-daint): started at overlap 0, the fit used to stop at a local minimum

@@ -448,15 +448,22 @@ def allreduce_time(
 @dataclass(frozen=True)
 class MeasuredPoint:
     """A measured scaling point: ``efficiency`` a fraction (1.0 = linear scaling); ``source``
-    says where it comes from (a file's line, a paper's table)."""
+    says where it comes from (a file's line, a paper's table). ``placement``: where this
+    point's run put the tensors, when it differs from the calibration's ``sharding`` (points
+    run in several modes, each with its own placement); None: placed by that sharding."""
 
     workers: int
     ps: int
     efficiency: float
     source: str = ""
+    placement: Placement | None = None
 
     def __post_init__(self) -> None:
         _check_counts(self.workers, self.ps)
+        if self.placement is not None and self.placement.ps != self.ps:
+            raise ValueError(
+                f"placement over {self.placement.ps} PS tasks for a point with {self.ps}"
+            )
         if not (math.isfinite(self.efficiency) and self.efficiency > 0):
             raise ValueError(
                 f"efficiency={self.efficiency!r} at {self.workers} workers: must be > 0"
@@ -549,8 +556,9 @@ def calibrate(
     default. Uncertainties: ``cov = s^2 pinv(J^T J)`` with ``s^2 = SSR / (n - k)`` for ``n``
     points and ``k`` free terms. A term is not pinned down when no point's prediction moves
     with it, when it ends at a bound, when there are no more points than free terms, or when
-    its uncertainty exceeds its value (the bandwidth: a factor of 2). Raises ValueError for an
-    unknown term or no points.
+    its uncertainty exceeds its value (the bandwidth: a factor of 2). A point with its own
+    ``placement`` is predicted with it, the others with ``sharding``. Raises ValueError for
+    an unknown term, no points, or a point's placement of other bytes than the profile's.
     """
     from scipy.optimize import least_squares  # heavy import, only where a fit runs
 
@@ -564,14 +572,21 @@ def calibrate(
     if len(set(names)) != len(names):
         raise ValueError(f"free terms {names!r} repeat a term")
     model = load_profile(profile)
-    placements = {p.ps: place_profile(model, p.ps, sharding) for p in measured}
+    by_ps = {p.ps: place_profile(model, p.ps, sharding) for p in measured if p.placement is None}
+    placements = [by_ps[p.ps] if p.placement is None else p.placement for p in measured]
+    for point, placed in zip(measured, placements, strict=True):
+        if placed.total_bytes != model.total_bytes:
+            raise ValueError(
+                f"the placement at {point.workers} workers holds {placed.total_bytes} bytes; "
+                f"profile {model.name!r} has {model.total_bytes}"
+            )
     target = np.array([p.efficiency for p in measured])
 
     def predict(current: ClusterTerms) -> np.ndarray:
         return np.array(
             [
-                ps_step(model, p.workers, p.ps, current, placement=placements[p.ps]).efficiency
-                for p in measured
+                ps_step(model, p.workers, p.ps, current, placement=placed).efficiency
+                for p, placed in zip(measured, placements, strict=True)
             ]
         )
 
