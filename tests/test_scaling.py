@@ -13,6 +13,7 @@ import pytest
 from pytest_tfgrpc.model.placement import place_profile
 from pytest_tfgrpc.model.profiles import load_profile
 from pytest_tfgrpc.model.scaling import (
+    FITTABLE,
     ClusterTerms,
     MeasuredPoint,
     allreduce_step,
@@ -155,6 +156,34 @@ def test_a_point_carries_the_placement_its_run_had() -> None:
     other = place_profile(load_profile(RESNET), 4, "greedy")
     with pytest.raises(ValueError, match=r"holds .* bytes"):
         calibrate([MeasuredPoint(8, 4, 0.9, placement=other)], model, terms, free=())
+
+
+def test_a_term_that_ends_at_either_bound_is_not_pinned() -> None:
+    # AWS p2.xlarge's published W <= 32 points (e-bug/distributed-tensorflow-benchmarks,
+    # table tab:peak-perf-p2), each placed as its mode did (W = 2-16 distributed_replicated:
+    # round robin of one copy per variable after global_step), fitted with the network core
+    # free too: the link's bandwidth runs to its upper bound (1e13 B/s, the core binds
+    # instead), which once read as pinned.
+    model = load_profile("inception3_tf_cnn")
+    copies = replace(model, slots=tuple(range(1, model.num_tensors + 1)))
+    rows = [(1, 1, 30.55), (2, 2, 57.45), (4, 4, 114.57), (8, 8, 228.41), (16, 12, 431.64)]
+    points = [
+        MeasuredPoint(w, p, x / (w * 30.55), placement=place_profile(copies, p, "round_robin"))
+        if 2 <= w <= 16
+        else MeasuredPoint(w, p, x / (w * 30.55))
+        for w, p, x in [*rows, (32, 32, 825.64)]
+    ]
+    start = ClusterTerms(
+        compute_s=64 / 30.55, bandwidth_Bps=1.1e9, alpha_s=50e-6, overlap=0.0, colocated=True
+    )
+    free = ("bandwidth", "overlap", "fixed", "core")
+    fit = calibrate(points, model, start, free=free, sharding="greedy")
+    by_name = {term.name: term for term in fit.fitted}
+    assert by_name["bandwidth"].value > 0.99e13
+    for term in fit.fitted:
+        low, high = FITTABLE[term.name]
+        if term.value <= low * (1 + 1e-5) or term.value >= high * (1 - 1e-5):
+            assert not term.pinned and "ends at its bound" in term.why, term
 
 
 def test_calibration_does_not_stop_where_it_started() -> None:

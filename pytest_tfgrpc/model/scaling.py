@@ -642,7 +642,9 @@ def calibrate(
         why = ""
         if sensitivity[i] < 1e-6:
             why = "no point's efficiency depends on it"
-        elif at_bound[i] or x[i] <= lower[i] + 1e-6 * (upper[i] - lower[i]):
+        elif at_bound[i] or not (
+            lower[i] + 1e-6 * (upper[i] - lower[i]) < x[i] < upper[i] - 1e-6 * (upper[i] - lower[i])
+        ):
             why = f"ends at its bound ({_shown(name, x[i])})"
         elif cov is None:
             why = f"{n} points for {k} free terms: no residual left to judge it"
