@@ -160,6 +160,7 @@ def main() -> int:
         token = secrets.token_hex(24)
         token_file = Path(tmp) / "token"
         token_file.write_text(token + "\n")
+        token_file.chmod(0o600)  # the agents refuse a token others can read
         p2p = p2p_part(str(token_file), token, parse_size(args.size), args.seconds)
         ps = ps_part(str(token_file), token, parse_size(args.ps_size), args.seconds)
     load_after = uptime()

@@ -3,7 +3,7 @@ model's +-25% check, docs/tasks/model.md).
 
     python benchmarks/model_inrun.py [--profile hep_cnn] [--scale 1] [--workers 1,2,3,4]
         [--ps 1,2] [--sharding greedy] [--iterations 20] [--fabric lo] [--repeat 1]
-        [--json out.json]
+        [--hosts ps0,ps1@200mbit,w0,w1 --rate 1gbit] [--json out.json]
 
 For every (PS, workers) a fresh cluster starts on the fabric; ``sync_sgd_step(model=True)``
 fits the link and host on PS 0 and worker 0 (2-4 s: P2P sweep, the step's exchange at four
@@ -13,6 +13,13 @@ the error, which term of the model limits the step, the other sessions' load the
 found, the prediction and its error without that load (as if the cluster had the machine
 alone), and the 1-minute load average (the machine is shared: other processes' load changes
 what the cluster gets).
+
+``--hosts`` runs the cluster on emulated hosts instead (root: network namespaces joined by
+veth links on a bridge, ``tbf``-capped at ``--rate`` or a host's own ``@rate``; the syntax of
+``tfgrpc-fabric up --hosts``), every role started by its host's node agent and the driver on
+the bridge: the PS tasks on the hosts named ``ps*``, the workers on ``w*`` (one topology,
+their counts; ``--ps`` and ``--workers`` are not used). One PS behind a slower link is the
+model's check that it fits each PS task's own link (docs/tasks/model.md).
 
 Nothing here asserts: the rows and the count within +-25% are printed. With ``--repeat N``
 every topology is run N times, each with a fit of its own, and a second table puts the median
@@ -25,18 +32,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from pytest_tfgrpc.bench.ps import sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
+from pytest_tfgrpc.hosts.agent_client import AgentClient
+from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
 from pytest_tfgrpc.model.analytic import predict_step
 from pytest_tfgrpc.model.placement import SHARDINGS, Topology
 from pytest_tfgrpc.model.profiles import load_profile
 from pytest_tfgrpc.ps.ps_cluster import PSCluster
+from pytest_tfgrpc.roles.processes import Launcher
 from pytest_tfgrpc.wire.fabric import resolve_fabric
 
 TOLERANCE = 0.25
@@ -73,14 +87,67 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _row(ps: int, workers: int, args: argparse.Namespace) -> Row:
+@dataclass(frozen=True)
+class Hosts:
+    """Emulated hosts the cluster runs on: the driver's fabric (the bridge) and each role's
+    launcher (its host's node agent), PS tasks in order, then workers."""
+
+    fabric: str
+    ps: tuple[Launcher, ...]
+    workers: tuple[Launcher, ...]
+
+
+@contextmanager
+def emulated_hosts(spec: str, rate: str | None) -> Iterator[Hosts]:
+    """The hosts of ``spec`` (``tfgrpc-fabric up --hosts`` syntax) built for the block, with a
+    node agent each (one fresh token), removed however it ends."""
+    ok, why = can_build()
+    if not ok:
+        raise SystemExit(f"--hosts: {why}")
+    hosts = parse_hosts(spec, rate)
+    roles = {
+        role: sorted((h for h in hosts if h.name.startswith(prefix)), key=lambda h: h.name)
+        for role, prefix in (("ps", "ps"), ("workers", "w"))
+    }
+    if not roles["ps"] or not roles["workers"]:
+        raise SystemExit(f"--hosts {spec!r}: name PS hosts ps* and worker hosts w*")
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        token = secrets.token_hex(24)
+        token_file = Path(tmp) / "token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)  # the agents refuse a token others can read
+        fabric = stack.enter_context(emulated_fabric(hosts))
+        launchers = {}
+        for host in fabric.hosts:
+            agent = HostAgent(host, str(token_file))
+            stack.callback(agent.stop)
+            client = stack.enter_context(AgentClient(agent.target, token))
+            launchers[host.name] = client.launcher()
+        yield Hosts(
+            fabric.bridge,
+            tuple(launchers[h.name] for h in roles["ps"]),
+            tuple(launchers[h.name] for h in roles["workers"]),
+        )
+
+
+def _row(ps: int, workers: int, args: argparse.Namespace, hosts: Hosts | None = None) -> Row:
     profile = load_profile(args.profile)
     if args.scale != 1.0:
         profile = profile.scaled(scale=args.scale)
     run = RunSpec(
         iterations=args.iterations, warmup=3, max_seconds=args.max_seconds, warmup_seconds=10.0
     )
-    with PSCluster(resolve_fabric(args.fabric), Topology(ps, workers, args.sharding)) as cluster:
+    topology = Topology(ps, workers, args.sharding)
+    if hosts is None:
+        cluster = PSCluster(resolve_fabric(args.fabric), topology)
+    else:
+        cluster = PSCluster(
+            resolve_fabric(hosts.fabric),
+            topology,
+            ps_launchers=list(hosts.ps),
+            worker_launchers=list(hosts.workers),
+        )
+    with cluster:
         result = sync_sgd_step(cluster, profile, run=run, model=True)
     prediction = result.prediction
     assert prediction is not None and prediction.host is not None  # model=True
@@ -189,15 +256,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=10.0, help="measured time, at most")
     p.add_argument("--fabric", default="lo")
     p.add_argument("--repeat", type=int, default=1, help="passes over the grid")
+    p.add_argument("--hosts", help="emulated hosts, e.g. ps0,ps1@200mbit,w0,w1 (root)")
+    p.add_argument("--rate", help="the emulated hosts' link rate where a host names none")
     p.add_argument("--json", help="also write the rows and load averages here")
     args = p.parse_args(argv)
     load_start = os.getloadavg()
     started = time.perf_counter()
     rows = []
-    for _ in range(max(1, args.repeat)):
-        for ps in args.ps:
-            for workers in args.workers:
-                rows.append(_row(ps, workers, args))
+    with ExitStack() as stack:
+        hosts = stack.enter_context(emulated_hosts(args.hosts, args.rate)) if args.hosts else None
+        grid = (
+            [(len(hosts.ps), len(hosts.workers))]
+            if hosts
+            else [(ps, workers) for ps in args.ps for workers in args.workers]
+        )
+        if hosts is not None:
+            args.fabric = f"emulated {args.hosts}" + (f" at {args.rate}" if args.rate else "")
+        for _ in range(max(1, args.repeat)):
+            for ps, workers in grid:
+                rows.append(_row(ps, workers, args, hosts))
                 print(_table(rows).splitlines()[-1], file=sys.stderr, flush=True)
     load_end = os.getloadavg()
     within = sum(abs(r.error_pct) <= 100 * TOLERANCE for r in rows)
