@@ -402,6 +402,32 @@ def test_pairs_stop_once_too_few_can_be_usable_and_the_error_leads_with_why(
     ) in text
 
 
+@pytest.mark.parametrize(
+    ("crashes", "usable"), [("crash:2 crash:3 crash:4", 2), ("crash:1 crash:2 crash:3", 1)]
+)
+def test_too_few_usable_pairs_still_write_what_they_measured(
+    pytester: pytest.Pytester, crashes: str, usable: int
+) -> None:
+    """One or two usable pairs fail the run (exit 2, the error leading with why), and their
+    figures still reach the outputs, with that error as the run's failure: a CI job's
+    artifacts keep what was measured."""
+    a, b = fake_sides(pytester, b=crashes)
+    out = io.StringIO()
+    outputs = ("--junitxml", "ab.xml", "--results", "ab.jsonl", "--html", "ab.html")
+    code = ab_main(["--pairs", "5", "--dir", "runs", "--a", a, "--b", b, *outputs], out=out)
+    text = out.getvalue()
+    assert code == 2, text
+    why = f"{usable} usable pairs, a paired test needs 3"
+    assert f"tfgrpc-ab: error: pair {usable + 1}: side B exited 3" in text and why in text
+    xml = (pytester.path / "ab.xml").read_text()
+    assert f'name="tfgrpc.ab.pairs" value="{usable}"' in xml
+    assert "tfgrpc.ab.failure" in xml and why in xml
+    assert "tfgrpc.p2p_latency.1KiB.p50_us" in xml  # B's figures, kept
+    assert why in (pytester.path / "ab.html").read_text()
+    assert (pytester.path / "ab.jsonl").read_text().strip()
+    assert f"FAILED: pair {usable + 1}: side B exited 3" in text
+
+
 def test_a_side_that_names_no_command_stops_at_start(
     pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:

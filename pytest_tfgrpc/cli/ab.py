@@ -8,7 +8,8 @@ drifts on a shared machine between pairs hits both sides of a pair alike.
 
 Prints the gate's table and exits as ``tfgrpc-compare`` does: 0 nothing regressed, 1 a
 regression (or what ``--inconclusive fail``, ``--mismatch fail``, ``--missing fail`` make
-fail), 2 bad input (a bad option, too few usable pairs) or an interrupted run. Every run is
+fail), 2 bad input (a bad option, too few usable pairs: one or two are still written to the
+outputs) or an interrupted run. Every run is
 bounded by ``--timeout``; a run that times out, crashes or writes no usable JUnit breaks its
 pair, which is counted, named and left out. Ctrl-C stops the running side and reports the
 pairs measured so far; SIGTERM (a CI timeout, a cancelled job) and SIGHUP (a closed terminal)
@@ -597,10 +598,10 @@ def _run(
     if done.unrun:
         measured += f", stopped: {done.unrun} pairs left could not make {MIN_PAIRS} usable"
     print(f"{PROG}: {measured}; {elapsed:.1f} s", file=stdout)
+    too_few = ""
     if len(done.pairs) < MIN_PAIRS:
         for broken in done.broken:
             print(f"broken: {broken.describe()}", file=stdout)
-        too_few = f"{len(done.pairs)} usable pairs, a paired test needs {MIN_PAIRS}"
         if done.interrupted:
             cause = f"interrupted ({done.interrupted})"
         elif done.broken:
@@ -608,12 +609,18 @@ def _run(
             cause = done.broken[0].describe() + (f" (and {more} more broken pairs)" if more else "")
         else:  # pragma: no cover - every pair is usable, broken or interrupted
             cause = "no pairs"
-        print(f"{PROG}: error: {cause}: {too_few}", file=stderr)
-        return EXIT_BAD_INPUT
+        too_few = f"{cause}: {len(done.pairs)} usable pairs, a paired test needs {MIN_PAIRS}"
+        print(f"{PROG}: error: {too_few}", file=stderr)
+        if not done.pairs:
+            return EXIT_BAD_INPUT  # nothing measured to write
     comparison = compare_pairs(done.pairs, tolerances, alpha=args.alpha)
-    failures = gate_failures(
-        comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
-    )
+    if too_few:
+        # The pairs measured are kept (the outputs carry them), judged by nothing but this.
+        failures = [too_few]
+    else:
+        failures = gate_failures(
+            comparison, missing=args.missing, inconclusive=args.inconclusive, mismatch=args.mismatch
+        )
     failures += _failed_in_b(done)
     warnings = [*_turn_warnings(done), *blind_pairs_warnings(comparison)]
     _report(comparison, done, warnings, stdout)
@@ -645,6 +652,8 @@ def _run(
             why = error.strerror if isinstance(error, OSError) and error.strerror else error
             print(f"{PROG}: error: --{option} {path}: cannot write it: {why}", file=stderr)
             return EXIT_BAD_INPUT
+    if too_few:
+        return EXIT_BAD_INPUT
     if comparison.regressions or (failures and not done.interrupted):
         return EXIT_REGRESSION
     return EXIT_BAD_INPUT if done.interrupted else EXIT_OK
