@@ -56,24 +56,27 @@ def test_a_lossy_queue_is_named_as_the_limit_and_quoted_by_the_gate(
     gate fails the test as a regression with the retransmissions quoted beside the
     throughput it lost. Loss makes pushes stall on retransmission timeouts, so the lossy
     rounds vary widely, but every one of them is many times slower than any uncapped one:
-    the change is far beyond both the tolerance and the noise, a regression every time."""
+    the change is far beyond both the tolerance and the noise, a regression every time.
+    (On a busy machine the uncapped link drops a few too, in the receiving namespace's
+    backlog: 722 per GB seen once at load 2.6; the queue of 20 drops many times more.)"""
     hosts = tfgrpc_emulated_hosts("lossy")
     point = "tfgrpc.p2p_bandwidth.1MiB"
     # 40 pushes in 10 rounds: enough for the gate to tell the loss's cost from its noise.
     steady = ("--tfgrpc-iterations=40", "--tfgrpc-max-seconds=8")
     _, props = run_bandwidth(hosts, pytester, "1MiB", *steady)
-    assert props[f"{point}.retransmits"] == "0"
+    uncapped = float(props[f"{point}.retransmits_per_MB"])
     (pytester.path / "perf.xml").rename(pytester.path / "base.xml")
     shape(hosts, "lossy", limit="30000")
     result, props = run_bandwidth(
         hosts, pytester, "1MiB", *steady, "--tfgrpc-baseline=base.xml", failed=1
     )
     assert int(props[f"{point}.retransmits"]) > 0
+    assert float(props[f"{point}.retransmits_per_MB"]) > 10 * uncapped
     assert props[f"{point}.limit"].startswith("loss-bound: loss_share=")
     assert float(props[f"{point}.link_rate_MBps"]) == 25.0  # the agent's tbf, read there
     result.stdout.re_match_lines(
         [r"regression: .*p2p_bandwidth[ .]1MiB.* throughput: -.*; transport: "
-         r"retransmissions 0 -> [\d,.]+ per GB.*"]
+         r"retransmissions [\d,.]+ -> [\d,.]+ per GB.*"]
     )  # fmt: skip
 
 
