@@ -159,6 +159,7 @@ def _row(ps: int, workers: int, args: argparse.Namespace, hosts: Hosts | None = 
         prediction.topology,
         prediction.link,
         host=replace(prediction.host, load=0.0),
+        ps_links=prediction.ps_links,  # each PS task's own link, as the prediction had
         chunk_bytes=int(result.settings["chunk_bytes"]),
         partition_bytes=int(result.settings["partition_bytes"]),
     )
