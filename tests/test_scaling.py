@@ -186,6 +186,22 @@ def test_a_term_that_ends_at_either_bound_is_not_pinned() -> None:
             assert not term.pinned and "ends at its bound" in term.why, term
 
 
+def test_a_term_held_at_its_lower_bound_says_so() -> None:
+    # Every point at full efficiency: the fixed loss runs to its lower bound (0), where
+    # least_squares gives its column no slope; it once read "no point's efficiency depends
+    # on it" although every point with more than one worker does.
+    points = [MeasuredPoint(w, p, 1.0) for w, p in [(1, 1), (8, 2), (32, 4), (64, 8), (128, 16)]]
+    fit = calibrate(
+        points,
+        "resnet50",
+        ClusterTerms(compute_s=0.2, bandwidth_Bps=1e9),
+        free=("overlap", "fixed"),
+    )
+    fixed = {term.name: term for term in fit.fitted}["fixed"]
+    assert fixed.value < 1e-9
+    assert not fixed.pinned and "ends at its bound" in fixed.why, fixed
+
+
 def test_calibration_does_not_stop_where_it_started() -> None:
     # Piz Daint's published W <= 32 points (e-bug/distributed-tensorflow-benchmarks, table
     # tab:peak-perf-daint): started at overlap 0, the fit used to stop at a local minimum

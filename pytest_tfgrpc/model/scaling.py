@@ -640,12 +640,15 @@ def calibrate(
     for i, name in enumerate(names):
         sd_x = float(math.sqrt(max(cov[i, i], 0.0))) if cov is not None else None
         why = ""
-        if sensitivity[i] < 1e-6:
-            why = "no point's efficiency depends on it"
-        elif at_bound[i] or not (
+        inside = (
             lower[i] + 1e-6 * (upper[i] - lower[i]) < x[i] < upper[i] - 1e-6 * (upper[i] - lower[i])
-        ):
+        )
+        # A bound first: least_squares hands back no slope for a term held at a bound (its
+        # Jacobian column is zero there), which would read as no point depending on it.
+        if at_bound[i] or not inside:
             why = f"ends at its bound ({_shown(name, x[i])})"
+        elif sensitivity[i] < 1e-6:
+            why = "no point's efficiency depends on it"
         elif cov is None:
             why = f"{n} points for {k} free terms: no residual left to judge it"
         elif name in _LOG_TERMS:
