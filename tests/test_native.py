@@ -264,6 +264,24 @@ def test_the_native_client_takes_the_python_engines_deadline(
     assert settings.deadline_s == expected
 
 
+def test_a_native_deadline_says_what_it_was_and_how_to_raise_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gRPC's C++ library says only "Deadline Exceeded"; the error says what the Python
+    engine's does: the deadline, what it was made of, and the settings that raise it."""
+    server = SimpleNamespace(target="127.0.0.1:1", fabric=resolve_fabric("lo"), died=lambda: None)
+
+    def client(settings: ClientSettings, **_: object) -> None:
+        raise NativeClientError("stream echo failed: DEADLINE_EXCEEDED: Deadline Exceeded")
+
+    monkeypatch.setattr(native_p2p, "run_client", client)
+    call = LatencyCall(rpc="stream", run=RUN)
+    with pytest.raises(BenchmarkError) as failed:
+        native_p2p.run_native(server, 4096, call)
+    described = p2p.deadline(server, call.run, 2 * 4096).describe()
+    assert f"DEADLINE_EXCEEDED: the deadline was {described}; raise it with" in str(failed.value)
+
+
 @needs_native
 def test_the_native_engine_records_itself(lo: Fabric) -> None:
     with start_tensor_server(lo, engine="native") as handle:

@@ -42,7 +42,7 @@ from pytest_tfgrpc.native.client import (
 from pytest_tfgrpc.results import BenchmarkResult, SizeResult
 from pytest_tfgrpc.turns import take_turn
 from pytest_tfgrpc.wire import codec
-from pytest_tfgrpc.wire.client import BenchmarkError, Server
+from pytest_tfgrpc.wire.client import RAISE_HINT, BenchmarkError, Server
 from pytest_tfgrpc.wire.schemes import Payload
 from pytest_tfgrpc.wire.security import child_env
 
@@ -75,6 +75,9 @@ def run_native(
     benchmark = "bandwidth" if isinstance(call, BandwidthCall) else "latency"
     nbytes, dtype, raw_wire, protobuf_wire = tensor_of(message)
     wire = raw_wire if mode == "raw" else protobuf_wire
+    # The Python engine's rule, per call or per stream (a stream stays open for the run,
+    # which the run's own bound covers): an echo carries the tensor both ways.
+    bound = deadline(server, run, wire * (2 if benchmark == "latency" else 1))
     settings = ClientSettings(
         target=server.target,
         benchmark=benchmark,
@@ -86,9 +89,7 @@ def run_native(
         warmup=run.warmup,
         max_seconds=run.time_limit_s,
         warmup_seconds=run.warmup_seconds,
-        # The Python engine's rule, per call or per stream (a stream stays open for the
-        # run, which the run's own bound covers): an echo carries the tensor both ways.
-        deadline_s=deadline(server, run, wire * (2 if benchmark == "latency" else 1)).seconds,
+        deadline_s=bound.seconds,
         streams=streams,
     )
     if isinstance(call, BandwidthCall):  # an echo keeps the client's defaults
@@ -101,8 +102,14 @@ def run_native(
         if death is not None:
             raise death from error
         seen = telemetry.last_seen() if telemetry is not None else ""
+        # What the deadline was and how to raise it, as the Python engine says (gRPC's C++
+        # library says only "Deadline Exceeded").
+        told = str(error).replace(
+            "DEADLINE_EXCEEDED: Deadline Exceeded",
+            f"DEADLINE_EXCEEDED: the deadline was {bound.describe()}; {RAISE_HINT}",
+        )
         raise BenchmarkError(
-            f"native client, {rpc} {benchmark} of {nbytes} B: {error}"
+            f"native client, {rpc} {benchmark} of {nbytes} B: {told}"
             + (f" (transport: {seen})" if seen else "")
         ) from None
     if measured.wire_bytes != wire or measured.size_bytes != nbytes:
