@@ -428,6 +428,21 @@ def test_too_few_usable_pairs_still_write_what_they_measured(
     assert f"FAILED: pair {usable + 1}: side B exited 3" in text
 
 
+def test_no_usable_pair_leaves_no_older_outputs(pytester: pytest.Pytester) -> None:
+    """With no usable pair there is nothing to write: an older run's outputs are gone, so a
+    CI job's artifacts never show that run's figures as this one's."""
+    a, b = fake_sides(pytester, b="crash:0 crash:1 crash:2")
+    names = ("ab.xml", "ab.jsonl", "ab.html")
+    for name in names:
+        (pytester.path / name).write_text("an older run's\n")
+    outputs = ("--junitxml", names[0], "--results", names[1], "--html", names[2])
+    code = ab_main(
+        ["--pairs", "3", "--dir", "runs", "--a", a, "--b", b, *outputs], out=io.StringIO()
+    )
+    assert code == 2
+    assert not any((pytester.path / name).exists() for name in names)
+
+
 def test_a_side_that_names_no_command_stops_at_start(
     pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -578,6 +578,14 @@ def _run(
     stdout: TextIO,
     stderr: TextIO,
 ) -> int:
+    # An older run's outputs go first, as the plugin removes an older JUnit when it wakes:
+    # a run that ends with nothing to write (no usable pair) leaves none that looks current.
+    # One that cannot be removed is left to its write, which names it after the verdict.
+    for option, _ in _OUTPUTS:
+        path = getattr(args, option)
+        if path:
+            with contextlib.suppress(OSError):
+                Path(path).unlink(missing_ok=True)
     order = _order(args.pairs, args.order, args.seed)
     print(
         f"{PROG}: {args.pairs} pairs ({args.order} order, interleaved by "
