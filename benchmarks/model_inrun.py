@@ -45,7 +45,13 @@ from pathlib import Path
 from pytest_tfgrpc.bench.ps import sync_sgd_step
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.hosts.agent_client import AgentClient
-from pytest_tfgrpc.hosts.emulated import HostAgent, can_build, emulated_fabric, parse_hosts
+from pytest_tfgrpc.hosts.emulated import (
+    HostAgent,
+    HostSpec,
+    can_build,
+    emulated_fabric,
+    parse_hosts,
+)
 from pytest_tfgrpc.model.analytic import predict_step
 from pytest_tfgrpc.model.placement import SHARDINGS, Topology
 from pytest_tfgrpc.model.profiles import load_profile
@@ -97,20 +103,26 @@ class Hosts:
     workers: tuple[Launcher, ...]
 
 
-@contextmanager
-def emulated_hosts(spec: str, rate: str | None) -> Iterator[Hosts]:
-    """The hosts of ``spec`` (``tfgrpc-fabric up --hosts`` syntax) built for the block, with a
-    node agent each (one fresh token), removed however it ends."""
-    ok, why = can_build()
-    if not ok:
-        raise SystemExit(f"--hosts: {why}")
-    hosts = parse_hosts(spec, rate)
+def _roles(hosts: Sequence[HostSpec]) -> dict[str, list[HostSpec]]:
+    """The PS hosts (``ps*``) and the worker hosts (``w*``), each in name order; ValueError
+    for a host that is neither, or a role without a host."""
+    others = [h.name for h in hosts if not h.name.startswith(("ps", "w"))]
+    if others:
+        raise ValueError(f"{', '.join(others)}: neither a PS host (ps*) nor a worker host (w*)")
     roles = {
         role: sorted((h for h in hosts if h.name.startswith(prefix)), key=lambda h: h.name)
         for role, prefix in (("ps", "ps"), ("workers", "w"))
     }
     if not roles["ps"] or not roles["workers"]:
-        raise SystemExit(f"--hosts {spec!r}: name PS hosts ps* and worker hosts w*")
+        raise ValueError("name PS hosts ps* and worker hosts w*")
+    return roles
+
+
+@contextmanager
+def emulated_hosts(hosts: Sequence[HostSpec]) -> Iterator[Hosts]:
+    """``hosts`` built for the block (PS tasks on ``ps*``, workers on ``w*``), with a node
+    agent each (one fresh token), removed however it ends."""
+    roles = _roles(hosts)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         token = secrets.token_hex(24)
         token_file = Path(tmp) / "token"
@@ -261,11 +273,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rate", help="the emulated hosts' link rate where a host names none")
     p.add_argument("--json", help="also write the rows and load averages here")
     args = p.parse_args(argv)
+    try:
+        RunSpec(
+            iterations=args.iterations, warmup=3, max_seconds=args.max_seconds, warmup_seconds=10.0
+        )
+    except ValueError as error:
+        p.error(str(error))
+    specs: tuple[HostSpec, ...] = ()
+    if args.hosts is not None:
+        try:
+            specs = parse_hosts(args.hosts, args.rate)
+            _roles(specs)
+        except ValueError as error:
+            p.error(f"--hosts {args.hosts!r}: {error}")
+        ok, why = can_build()
+        if not ok:
+            p.error(f"--hosts: {why}")
+    elif args.rate is not None:
+        p.error("--rate: the emulated hosts' rate, only with --hosts")
     load_start = os.getloadavg()
     started = time.perf_counter()
     rows = []
     with ExitStack() as stack:
-        hosts = stack.enter_context(emulated_hosts(args.hosts, args.rate)) if args.hosts else None
+        hosts = stack.enter_context(emulated_hosts(specs)) if specs else None
         grid = (
             [(len(hosts.ps), len(hosts.workers))]
             if hosts

@@ -19,6 +19,7 @@ from decimal import Decimal, InvalidOperation
 __all__ = [
     "UnitError",
     "align_columns",
+    "counted",
     "format_duration",
     "format_rate",
     "format_size",
@@ -332,6 +333,12 @@ def format_size(n: float) -> str:
     return _three_digits(
         float(n), ((" B", 1.0), (" KB", 1e3), (" MB", 1e6), (" GB", 1e9), (" TB", 1e12))
     )
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 pair``, ``0 pairs``, ``3 pairs``
+    (``noun`` is the singular; its plural adds an ``s``)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def align_columns(rows: Sequence[Sequence[str]], left: int, separator: str = "  ") -> list[str]:

@@ -417,7 +417,7 @@ def test_too_few_usable_pairs_still_write_what_they_measured(
     code = ab_main(["--pairs", "5", "--dir", "runs", "--a", a, "--b", b, *outputs], out=out)
     text = out.getvalue()
     assert code == 2, text
-    why = f"{usable} usable pairs, a paired test needs 3"
+    why = f"{usable} usable {'pair' if usable == 1 else 'pairs'}, a paired test needs 3"
     assert f"tfgrpc-ab: error: pair {usable + 1}: side B exited 3" in text and why in text
     xml = (pytester.path / "ab.xml").read_text()
     assert f'name="tfgrpc.ab.pairs" value="{usable}"' in xml

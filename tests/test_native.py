@@ -12,6 +12,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,12 +31,14 @@ from pytest_tfgrpc.bench.specs import SpecError
 from pytest_tfgrpc.bench.timing import RunSpec
 from pytest_tfgrpc.native.build import BuildError, build
 from pytest_tfgrpc.native.client import (
+    ClientPause,
     ClientSettings,
     NativeClientError,
     NativeRun,
     StreamSamples,
     decode_run,
     encode_run,
+    run_client,
 )
 from pytest_tfgrpc.results import CpuTime
 from pytest_tfgrpc.roles.native_server import check_engine, start_tensor_server
@@ -257,10 +261,10 @@ def test_the_native_client_takes_the_python_engines_deadline(
 
     monkeypatch.setattr(native_p2p, "run_client", client)
     with pytest.raises(BenchmarkError, match="stopped here"):
-        native_p2p.run_native(server, 4096, call)  # type: ignore[arg-type]
+        native_p2p.run_native(server, 4096, call)
     (settings,) = taken
     wire = 4096 * (2 if both_ways else 1)  # a raw tensor is its bytes on the wire
-    expected = p2p.deadline(server, call.run, wire).seconds  # type: ignore[arg-type]
+    expected = p2p.deadline(server, call.run, wire).seconds
     assert settings.deadline_s == expected
 
 
@@ -316,6 +320,35 @@ def test_a_native_server_death_is_reported_as_such(lo: Fabric) -> None:
         os.kill(handle.pid, signal.SIGKILL)
         with pytest.raises(ServerDied, match="SIGKILL"):
             native_p2p.p2p_latency(handle, [1024], LatencyCall(run=RUN))
+
+
+@needs_native
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_server_that_stops_answering_in_the_warm_up_fails_the_run_at_its_deadline(
+    lo: Fabric, streams: int
+) -> None:
+    """A stopped server (SIGSTOP) fails a warm-up call at the call's deadline (1 s here), and
+    the client ends then: it neither pauses for telemetry nor reads the server's CPU, which
+    would wait on the stopped server for its own 10 s first."""
+    with start_tensor_server(lo, engine="native") as handle:
+        settings = ClientSettings(
+            target=handle.target, benchmark="latency", mode="raw", rpc="unary", size=1024,
+            dtype="float32", iterations=5, warmup=10**6, max_seconds=2.0,
+            warmup_seconds=20.0, deadline_s=1.0, streams=streams,
+        )  # fmt: skip
+        told: list[ClientPause] = []
+        stopper = threading.Timer(0.5, os.kill, (handle.pid, signal.SIGSTOP))
+        stopper.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(NativeClientError, match="DEADLINE_EXCEEDED"):
+                run_client(settings, pause=told.append)
+            took = time.monotonic() - began
+        finally:
+            stopper.join()
+            os.kill(handle.pid, signal.SIGCONT)
+    assert took < 6.0, took  # 0.5 s, then the 1 s deadline; 11.5 s and more before
+    assert told == []  # no pause: nothing was measured
 
 
 @needs_native

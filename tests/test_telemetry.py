@@ -221,6 +221,20 @@ def test_a_probe_whose_connection_is_gone_quotes_its_last_reading() -> None:
     ), seen
 
 
+def test_a_probe_that_never_saw_a_connection_says_so() -> None:
+    """A target that refused every connection (nothing listens there): no reading found one,
+    so the failure says none was seen, not that one is gone."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+    with TransportProbe(f"127.0.0.1:{port}", "lo") as probe:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+        seen = probe.last_seen()
+    assert re.fullmatch(
+        r"after \S+; no connection was seen; this host retransmitted [\d,]+ segments", seen
+    ), seen
+
+
 def _state(sent: int, retrans: int, *, server_side: bool = False) -> TcpState:
     return TcpState(
         local="10.0.0.1:5" if server_side else "10.0.0.2:6",

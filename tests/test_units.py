@@ -6,6 +6,7 @@ import pytest
 
 from pytest_tfgrpc.units import (
     UnitError,
+    counted,
     format_duration,
     format_rate,
     format_size,
@@ -303,3 +304,12 @@ def test_format_rate(Bps: float, text: str) -> None:
 )
 def test_format_size(n: float, text: str) -> None:
     assert format_size(n) == text
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "text"),
+    [(0, "pair", "0 pairs"), (1, "pair", "1 pair"), (2, "usable pair", "2 usable pairs"),
+     (1, "more broken pair", "1 more broken pair"), (1200, "segment", "1,200 segments")],
+)  # fmt: skip
+def test_a_count_is_singular_only_for_one(n: int, noun: str, text: str) -> None:
+    assert counted(n, noun) == text

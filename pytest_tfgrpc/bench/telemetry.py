@@ -470,7 +470,8 @@ class TransportProbe:
         """What the transport showed since the probe was made, read now (after a
         failure): ``after 22 s; 528 retransmissions, RTT 210 ms, qdisc drops 413``; where the
         connection is gone, what it showed when last read and what the host retransmitted
-        since; empty when nothing was read."""
+        since (``no connection was seen`` where no reading ever found one: refused, or never
+        made); empty when nothing was read."""
         if self._first is None or self._reader is None:
             return ""
         try:
@@ -487,7 +488,9 @@ class TransportProbe:
                 parts.append(f"RTT {format_duration(seen.rtt_ns[-1])}")
         elif self._first.host_retransmits is not None and now.host_retransmits is not None:
             grown = now.host_retransmits - self._first.host_retransmits
-            parts.append(f"the connection is gone; this host retransmitted {grown:,} segments")
+            # Gone, where a reading found it; never seen (a connection refused or never made).
+            gone = "the connection is gone" if self._last is not None else "no connection was seen"
+            parts.append(f"{gone}; this host retransmitted {grown:,} segments")
             last = self._last_connection()
             if last is not None:
                 parts.append(last)

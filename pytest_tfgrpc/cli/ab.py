@@ -52,6 +52,7 @@ from pytest_tfgrpc.report.paired import Pair, blind_pairs_warnings, compare_pair
 from pytest_tfgrpc.runlock import MeasurementLock, lock_path, lock_wait_s
 from pytest_tfgrpc.stats.paired import MIN_PAIRS
 from pytest_tfgrpc.turns import ENV_PATH, ENV_SIDE, ENV_TIMEOUT, Turn, Turnstile
+from pytest_tfgrpc.units import counted
 
 __all__ = ["Broken", "main", "run_lockstep", "run_side", "write_turns"]
 
@@ -614,10 +615,14 @@ def _run(
             cause = f"interrupted ({done.interrupted})"
         elif done.broken:
             more = len(done.broken) - 1
-            cause = done.broken[0].describe() + (f" (and {more} more broken pairs)" if more else "")
+            cause = done.broken[0].describe() + (
+                f" (and {counted(more, 'more broken pair')})" if more else ""
+            )
         else:  # pragma: no cover - every pair is usable, broken or interrupted
             cause = "no pairs"
-        too_few = f"{cause}: {len(done.pairs)} usable pairs, a paired test needs {MIN_PAIRS}"
+        too_few = (
+            f"{cause}: {counted(len(done.pairs), 'usable pair')}, a paired test needs {MIN_PAIRS}"
+        )
         print(f"{PROG}: error: {too_few}", file=stderr)
         if not done.pairs:
             return EXIT_BAD_INPUT  # nothing measured to write
@@ -647,7 +652,7 @@ def _run(
         warnings=tuple(warnings),
         notes=tuple(done.notes),
     )
-    lost = f"; {len(done.broken)} broken pairs" if done.broken else ""
+    lost = f"; {counted(len(done.broken), 'broken pair')}" if done.broken else ""
     verdict = f"FAILED: {'; '.join(failures)}" if failures else "OK"
     print(f"{PROG}: {comparison.summary()}{lost}: {verdict}", file=stdout)
     for option, write in _OUTPUTS:

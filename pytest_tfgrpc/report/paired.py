@@ -34,6 +34,7 @@ from pytest_tfgrpc.stats.paired import (
 )
 from pytest_tfgrpc.stats.replicates import ReplicateTest, invalid_values
 from pytest_tfgrpc.stats.significance import DEFAULT_ALPHA
+from pytest_tfgrpc.units import counted
 
 __all__ = [
     "Pair",
@@ -142,7 +143,8 @@ def paired_verdict(
     if len(both) < MIN_PAIRS:
         return verdict(
             Outcome.INCONCLUSIVE,
-            f"{len(both)} pairs with both sides{lacking}: a paired test needs {MIN_PAIRS}",
+            f"{counted(len(both), 'pair')} with both sides{lacking}: "
+            f"a paired test needs {MIN_PAIRS}",
         )
     tested: Callable[[float], ReplicateTest] = lambda level: _as_replicate(  # noqa: E731
         paired_test(a_values, b_values, alpha=level)

@@ -37,6 +37,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <barrier>
 #include <cstdio>
 #include <cstdlib>
@@ -457,7 +458,7 @@ class Pauses {
 // One stream's warm-up and measured loop, in step with the others through `sync` (four
 // phases: every stream warm, the CPU start read, every measured loop ended, the end paused).
 void run_stream(const Settings& s, int index, const Tensor& tensor,
-                std::barrier<>* sync, StreamResult* out) {
+                std::barrier<>* sync, std::atomic<bool>* failed, StreamResult* out) {
   bool arrived = false;
   try {
     auto channel = connect(s, index);
@@ -473,7 +474,8 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
     out->samples.reserve(static_cast<size_t>(s.iterations));
     int64_t start = now_ns();
     int64_t deadline = start + static_cast<int64_t>(s.max_seconds * 1e9);
-    for (int64_t i = 0; i < s.iterations; ++i) {
+    // A stream that failed fails the run: the others stop measuring (outside the timing).
+    for (int64_t i = 0; i < s.iterations && !failed->load(); ++i) {
       int64_t t0 = now_ns();
       op->run();
       int64_t t1 = now_ns();
@@ -488,6 +490,7 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
     op->finish();
   } catch (const std::exception& error) {
     out->error = error.what();
+    failed->store(true);  // before its barrier: the others see it once they pass it
     if (!arrived) sync->arrive_and_drop();
   }
 }
@@ -508,22 +511,27 @@ int run(const Settings& s) {
   pauses.exclude_open_ones();  // the status channel's connection
   std::barrier<> sync(s.streams + 1);
   std::vector<StreamResult> results(static_cast<size_t>(s.streams));
+  std::atomic<bool> failed{false};
   std::vector<std::thread> threads;
   for (int i = 0; i < s.streams; ++i) {
-    threads.emplace_back(run_stream, std::cref(s), i, std::cref(tensor), &sync, &results[i]);
+    threads.emplace_back(run_stream, std::cref(s), i, std::cref(tensor), &sync, &failed,
+                         &results[i]);
   }
   sync.arrive_and_wait();
-  pauses.pause('s');
+  // A stream that failed its warm-up (a server that stopped answering) ends the run now:
+  // neither the pause nor the CPU read, which would wait on that server for its own deadline.
+  bool warm = !failed.load();
+  if (warm) pauses.pause('s');
   Cpu start{};
   std::string cpu_error;
   try {
-    start = read_cpu(status_channel);
+    if (warm) start = read_cpu(status_channel);
   } catch (const std::exception& error) {
     cpu_error = error.what();
   }
   sync.arrive_and_wait();
   sync.arrive_and_wait();
-  pauses.pause('e');
+  if (warm) pauses.pause('e');
   sync.arrive_and_wait();
   for (auto& thread : threads) thread.join();
   for (const auto& result : results) {
