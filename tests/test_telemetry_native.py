@@ -169,7 +169,13 @@ def test_native_through_an_agent_reads_the_servers_side_on_its_host(
     with AgentClient(hosts.agent_targets()[0], hosts.token) as agent:
         server = start_tensor_server(driver, engine="native", launcher=agent.launcher())
         try:
-            result = native_p2p.p2p_bandwidth(server, [MiB4], BandwidthCall(run=RUN))
+            # The kernel may retransmit a segment when the machine is busy (22 seen once under
+            # load): up to three runs, and one of them must record none.
+            for _ in range(3):
+                result = native_p2p.p2p_bandwidth(server, [MiB4], BandwidthCall(run=RUN))
+                seen = result.sizes[0].transport
+                if seen is not None and seen.retransmits == 0:
+                    break
             address, port = split_target(server.target)
             with pytest.raises(AgentError, match=r"process 1 is no role driver .* started"):
                 agent.telemetry(address, port, pid=1)
