@@ -426,6 +426,7 @@ def test_too_few_usable_pairs_still_write_what_they_measured(
     assert why in (pytester.path / "ab.html").read_text()
     assert (pytester.path / "ab.jsonl").read_text().strip()
     assert f"FAILED: pair {usable + 1}: side B exited 3" in text
+    assert text.count(f"broken: pair {usable + 1}:") == 1  # named once, by the report
 
 
 def test_no_usable_pair_leaves_no_older_outputs(pytester: pytest.Pytester) -> None:

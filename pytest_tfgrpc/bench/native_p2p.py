@@ -122,8 +122,8 @@ def run_native(
 
 def _reading(probe: TransportProbe) -> Pause:
     """The client's pause hook: ``probe``'s window opens when the measured phase starts
-    (watching the client's process and the connections it reports from then) and closes
-    when it ends."""
+    (on the connections the client reports then) and closes when it ends; the client side's
+    run-queue wait at each is the one the client read itself."""
 
     def pause(told: ClientPause) -> None:
         probe.reported("client", told.run_queue_wait_ns, read_ns=told.read_ns)

@@ -609,8 +609,6 @@ def _run(
     print(f"{PROG}: {measured}; {elapsed:.1f} s", file=stdout)
     too_few = ""
     if len(done.pairs) < MIN_PAIRS:
-        for broken in done.broken:
-            print(f"broken: {broken.describe()}", file=stdout)
         if done.interrupted:
             cause = f"interrupted ({done.interrupted})"
         elif done.broken:
@@ -623,9 +621,12 @@ def _run(
         too_few = (
             f"{cause}: {counted(len(done.pairs), 'usable pair')}, a paired test needs {MIN_PAIRS}"
         )
+        if not done.pairs:  # nothing measured to write; else the report names them
+            for broken in done.broken:
+                print(f"broken: {broken.describe()}", file=stdout)
         print(f"{PROG}: error: {too_few}", file=stderr)
         if not done.pairs:
-            return EXIT_BAD_INPUT  # nothing measured to write
+            return EXIT_BAD_INPUT
     comparison = compare_pairs(done.pairs, tolerances, alpha=args.alpha)
     if too_few:
         # The pairs measured are kept (the outputs carry them), judged by nothing but this.

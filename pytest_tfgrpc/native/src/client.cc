@@ -472,10 +472,11 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
     sync->arrive_and_wait();  // every stream warm
     sync->arrive_and_wait();  // the phase's CPU start read
     out->samples.reserve(static_cast<size_t>(s.iterations));
+    // Another stream failed its warm-up: the run has failed, so nothing is measured.
+    int64_t iterations = failed->load() ? 0 : s.iterations;
     int64_t start = now_ns();
     int64_t deadline = start + static_cast<int64_t>(s.max_seconds * 1e9);
-    // A stream that failed fails the run: the others stop measuring (outside the timing).
-    for (int64_t i = 0; i < s.iterations && !failed->load(); ++i) {
+    for (int64_t i = 0; i < iterations; ++i) {
       int64_t t0 = now_ns();
       op->run();
       int64_t t1 = now_ns();
@@ -490,7 +491,7 @@ void run_stream(const Settings& s, int index, const Tensor& tensor,
     op->finish();
   } catch (const std::exception& error) {
     out->error = error.what();
-    failed->store(true);  // before its barrier: the others see it once they pass it
+    failed->store(true);  // before its barrier: the others see it once past it
     if (!arrived) sync->arrive_and_drop();
   }
 }
